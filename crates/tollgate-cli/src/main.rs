@@ -1,0 +1,5 @@
+//! The `tollgate` binary.
+
+fn main() {
+    println!("tollgate {}", env!("CARGO_PKG_VERSION"));
+}

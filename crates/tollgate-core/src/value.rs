@@ -1,0 +1,132 @@
+//! The item model shared by every backend: an item is a map from attribute name to [`Value`].
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use serde::{Deserialize, Serialize};
+
+/// One attribute value. Numbers are `i64` (milli-tokens, epoch milliseconds, counters).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Value {
+    /// A number (DynamoDB `N`, restricted to integers).
+    N(i64),
+    /// A string (DynamoDB `S`).
+    S(String),
+    /// A boolean (DynamoDB `BOOL`).
+    Bool(bool),
+    /// A string set (DynamoDB `SS`); never empty when stored.
+    Ss(BTreeSet<String>),
+    /// A map (DynamoDB `M`), used only where needed (metadata).
+    M(BTreeMap<String, Value>),
+    /// A list (DynamoDB `L`).
+    L(Vec<Value>),
+    /// DynamoDB `NULL`.
+    Null,
+}
+
+impl Value {
+    /// Short type tag, as DynamoDB names it.
+    pub fn type_name(&self) -> &'static str {
+        match self {
+            Value::N(_) => "N",
+            Value::S(_) => "S",
+            Value::Bool(_) => "BOOL",
+            Value::Ss(_) => "SS",
+            Value::M(_) => "M",
+            Value::L(_) => "L",
+            Value::Null => "NULL",
+        }
+    }
+
+    /// The number, if this is one.
+    pub fn as_n(&self) -> Option<i64> {
+        match self {
+            Value::N(n) => Some(*n),
+            _ => None,
+        }
+    }
+
+    /// The string, if this is one.
+    pub fn as_s(&self) -> Option<&str> {
+        match self {
+            Value::S(s) => Some(s),
+            _ => None,
+        }
+    }
+
+    /// The boolean, if this is one.
+    pub fn as_bool(&self) -> Option<bool> {
+        match self {
+            Value::Bool(b) => Some(*b),
+            _ => None,
+        }
+    }
+}
+
+impl From<i64> for Value {
+    fn from(n: i64) -> Self {
+        Value::N(n)
+    }
+}
+
+impl From<&str> for Value {
+    fn from(s: &str) -> Self {
+        Value::S(s.to_string())
+    }
+}
+
+impl From<String> for Value {
+    fn from(s: String) -> Self {
+        Value::S(s)
+    }
+}
+
+impl From<bool> for Value {
+    fn from(b: bool) -> Self {
+        Value::Bool(b)
+    }
+}
+
+/// An item: attribute name → value. Includes the key attributes `PK` and `SK`.
+pub type Item = BTreeMap<String, Value>;
+
+/// Name of the partition-key attribute.
+pub const PK: &str = "PK";
+/// Name of the sort-key attribute.
+pub const SK: &str = "SK";
+
+/// The primary key of an item.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+pub struct Key {
+    /// Partition key.
+    pub pk: String,
+    /// Sort key.
+    pub sk: String,
+}
+
+impl Key {
+    /// Build a key.
+    pub fn new(pk: impl Into<String>, sk: impl Into<String>) -> Self {
+        Key {
+            pk: pk.into(),
+            sk: sk.into(),
+        }
+    }
+
+    /// The key of a stored item, if it carries string `PK` and `SK`.
+    pub fn of(item: &Item) -> Option<Key> {
+        Some(Key::new(item.get(PK)?.as_s()?, item.get(SK)?.as_s()?))
+    }
+
+    /// Write the key attributes into an item.
+    pub fn stamp(&self, item: &mut Item) {
+        item.insert(PK.into(), Value::S(self.pk.clone()));
+        item.insert(SK.into(), Value::S(self.sk.clone()));
+    }
+}
+
+impl std::fmt::Display for Key {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}|{}", self.pk, self.sk)
+    }
+}

@@ -1,0 +1,153 @@
+//! DynamoDB's semantics for conditions and updates, as pure functions over an item.
+//!
+//! Every backend that cannot push expressions to a server (MemoryStore, SqliteStore) uses
+//! these, so they agree with each other and with DynamoDB by construction.
+
+use std::cmp::Ordering;
+use std::collections::BTreeSet;
+
+use tollgate_core::expr::{Action, CmpOp, Condition, Operand, SetValue, Update};
+use tollgate_core::value::{Item, Value, PK, SK};
+
+use crate::error::StoreError;
+
+/// Evaluate a condition against the item as it is (`None` = absent; every attribute is then
+/// missing).
+pub fn eval_condition(item: Option<&Item>, cond: &Condition) -> bool {
+    let get = |n: &str| item.and_then(|i| i.get(n));
+    match cond {
+        Condition::Exists(n) => get(n).is_some(),
+        Condition::NotExists(n) => get(n).is_none(),
+        Condition::Cmp(n, op, rhs) => {
+            let Some(l) = get(n) else { return false };
+            let r = match rhs {
+                Operand::Value(v) => v,
+                Operand::Attr(a) => match get(a) {
+                    Some(v) => v,
+                    None => return false,
+                },
+            };
+            compare(l, *op, r)
+        }
+        Condition::And(cs) => cs.iter().all(|c| eval_condition(item, c)),
+        Condition::Or(cs) => cs.iter().any(|c| eval_condition(item, c)),
+        Condition::Not(c) => !eval_condition(item, c),
+    }
+}
+
+fn compare(l: &Value, op: CmpOp, r: &Value) -> bool {
+    let ord = match (l, r) {
+        (Value::N(a), Value::N(b)) => Some(a.cmp(b)),
+        (Value::S(a), Value::S(b)) => Some(a.as_bytes().cmp(b.as_bytes())),
+        _ => None,
+    };
+    match op {
+        // Equality is defined across all types (values of different types are unequal).
+        CmpOp::Eq => l == r,
+        CmpOp::Ne => l != r,
+        CmpOp::Lt => ord == Some(Ordering::Less),
+        CmpOp::Le => matches!(ord, Some(Ordering::Less | Ordering::Equal)),
+        CmpOp::Gt => ord == Some(Ordering::Greater),
+        CmpOp::Ge => matches!(ord, Some(Ordering::Greater | Ordering::Equal)),
+    }
+}
+
+/// Check the update is well formed: no attribute targeted twice, keys never written.
+pub fn validate_update(update: &Update) -> Result<(), StoreError> {
+    let mut seen = BTreeSet::new();
+    for a in &update.actions {
+        let t = a.target();
+        if t == PK || t == SK {
+            return Err(StoreError::Validation(format!(
+                "cannot update key attribute {t}"
+            )));
+        }
+        if !seen.insert(t) {
+            return Err(StoreError::Validation(format!(
+                "two document paths overlap: {t}"
+            )));
+        }
+    }
+    Ok(())
+}
+
+fn eval_set(old: &Item, v: &SetValue) -> Result<Value, StoreError> {
+    match v {
+        SetValue::Value(v) => Ok(v.clone()),
+        SetValue::Path(p) => old.get(p).cloned().ok_or_else(|| {
+            StoreError::Validation(format!(
+                "the provided expression refers to an attribute that does not exist: {p}"
+            ))
+        }),
+        SetValue::IfNotExists(p, d) => Ok(old.get(p).cloned().unwrap_or_else(|| d.clone())),
+        SetValue::Plus(a, b) | SetValue::Minus(a, b) => {
+            let (a, b) = (eval_set(old, a)?, eval_set(old, b)?);
+            let (Value::N(a), Value::N(b)) = (&a, &b) else {
+                return Err(StoreError::Validation(format!(
+                    "incorrect operand type for arithmetic: {} and {}",
+                    a.type_name(),
+                    b.type_name()
+                )));
+            };
+            let r = if matches!(v, SetValue::Plus(..)) {
+                a.checked_add(*b)
+            } else {
+                a.checked_sub(*b)
+            };
+            r.map(Value::N)
+                .ok_or_else(|| StoreError::Validation("number overflow".into()))
+        }
+    }
+}
+
+/// Apply an update to the old item (`None` = absent: the update creates it under `key_item`,
+/// which holds the key attributes). Every right-hand side reads the old item.
+pub fn apply_update(
+    old: Option<&Item>,
+    key_item: &Item,
+    update: &Update,
+) -> Result<Item, StoreError> {
+    validate_update(update)?;
+    let empty = Item::new();
+    let old_ref = old.unwrap_or(&empty);
+    let mut new = old.cloned().unwrap_or_else(|| key_item.clone());
+    for a in &update.actions {
+        match a {
+            Action::Set(n, v) => {
+                let v = eval_set(old_ref, v)?;
+                new.insert(n.clone(), v);
+            }
+            Action::Remove(n) => {
+                new.remove(n);
+            }
+            Action::Add(n, v) => {
+                let merged = match (old_ref.get(n), v) {
+                    (None, Value::N(d)) => Value::N(*d),
+                    (Some(Value::N(a)), Value::N(d)) => Value::N(
+                        a.checked_add(*d)
+                            .ok_or_else(|| StoreError::Validation("number overflow".into()))?,
+                    ),
+                    (None, Value::Ss(s)) => Value::Ss(s.clone()),
+                    (Some(Value::Ss(a)), Value::Ss(s)) => {
+                        Value::Ss(a.union(s).cloned().collect())
+                    }
+                    (Some(o), v) => {
+                        return Err(StoreError::Validation(format!(
+                            "an operand in the update expression has an incorrect data type: ADD {} to {}",
+                            v.type_name(),
+                            o.type_name()
+                        )))
+                    }
+                    (None, v) => {
+                        return Err(StoreError::Validation(format!(
+                            "ADD takes a number or a set, not {}",
+                            v.type_name()
+                        )))
+                    }
+                };
+                new.insert(n.clone(), merged);
+            }
+        }
+    }
+    Ok(new)
+}

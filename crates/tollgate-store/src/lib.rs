@@ -1,0 +1,210 @@
+//! The store contract of tollgate.
+//!
+//! A [`Store`] holds items (maps of attribute → value) under a (PK, SK) key and applies typed
+//! conditional writes with DynamoDB's semantics. [`MemoryStore`] is the reference; other
+//! backends (SQLite, DynamoDB) must pass the same [`conformance`] suite.
+
+pub mod conformance;
+pub mod counting;
+pub mod error;
+pub mod eval;
+pub mod memory;
+
+use async_trait::async_trait;
+pub use error::{CancelReason, StoreError};
+use tollgate_core::expr::{Condition, ReturnValues, Update};
+use tollgate_core::value::{Item, Key};
+
+pub use counting::{Counting, StoreStats};
+pub use memory::MemoryStore;
+
+/// A conditional put of a whole item.
+#[derive(Debug, Clone, PartialEq)]
+pub struct PutRequest {
+    /// Where.
+    pub key: Key,
+    /// The whole item (key attributes are stamped by the store).
+    pub item: Item,
+    /// Must hold on the old item.
+    pub condition: Option<Condition>,
+}
+
+/// A conditional update of one item (creates it when absent and the condition allows).
+#[derive(Debug, Clone, PartialEq)]
+pub struct UpdateRequest {
+    /// Where.
+    pub key: Key,
+    /// What.
+    pub update: Update,
+    /// Must hold on the old item.
+    pub condition: Option<Condition>,
+    /// What to return on success. On a condition failure the old item is always returned
+    /// (`ReturnValuesOnConditionCheckFailure = ALL_OLD`).
+    pub returns: ReturnValues,
+}
+
+/// A conditional delete.
+#[derive(Debug, Clone, PartialEq)]
+pub struct DeleteRequest {
+    /// Where.
+    pub key: Key,
+    /// Must hold on the old item.
+    pub condition: Option<Condition>,
+}
+
+/// One operation of a transaction.
+#[derive(Debug, Clone, PartialEq)]
+pub enum TransactOp {
+    /// A put.
+    Put(PutRequest),
+    /// An update (its `returns` is ignored).
+    Update(UpdateRequest),
+    /// A delete.
+    Delete(DeleteRequest),
+    /// A condition that must hold on an item the transaction does not write.
+    Check {
+        /// Where.
+        key: Key,
+        /// What must hold.
+        condition: Condition,
+    },
+}
+
+impl TransactOp {
+    /// The item this operation addresses.
+    pub fn key(&self) -> &Key {
+        match self {
+            TransactOp::Put(p) => &p.key,
+            TransactOp::Update(u) => &u.key,
+            TransactOp::Delete(d) => &d.key,
+            TransactOp::Check { key, .. } => key,
+        }
+    }
+}
+
+/// Most operations in one transaction (DynamoDB's limit).
+pub const MAX_TRANSACT_OPS: usize = 100;
+
+/// A query over a partition of the table or of a global secondary index.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Query {
+    /// `None` for the table; `Some("GSI1")` etc. for an index whose key attributes are
+    /// `GSI1PK` / `GSI1SK`.
+    pub index: Option<String>,
+    /// The partition key value.
+    pub pk: String,
+    /// Only items whose sort key begins with this.
+    pub sk_prefix: Option<String>,
+    /// Strongly consistent (table queries only).
+    pub consistent: bool,
+}
+
+impl Query {
+    /// A table query.
+    pub fn table(pk: impl Into<String>, sk_prefix: Option<&str>) -> Self {
+        Query {
+            index: None,
+            pk: pk.into(),
+            sk_prefix: sk_prefix.map(str::to_string),
+            consistent: false,
+        }
+    }
+    /// An index query.
+    pub fn index(index: &str, pk: impl Into<String>, sk_prefix: Option<&str>) -> Self {
+        Query {
+            index: Some(index.to_string()),
+            pk: pk.into(),
+            sk_prefix: sk_prefix.map(str::to_string),
+            consistent: false,
+        }
+    }
+}
+
+/// The store contract. Every method is one request to the backing store.
+#[async_trait]
+pub trait Store: Send + Sync {
+    /// Read one item.
+    async fn get(&self, key: &Key, consistent: bool) -> Result<Option<Item>, StoreError>;
+    /// Read several items in one request; results in key order.
+    async fn batch_get(
+        &self,
+        keys: &[Key],
+        consistent: bool,
+    ) -> Result<Vec<Option<Item>>, StoreError>;
+    /// Conditional put.
+    async fn put(&self, req: PutRequest) -> Result<(), StoreError>;
+    /// Conditional update; returns what `req.returns` asks for.
+    async fn update(&self, req: UpdateRequest) -> Result<Option<Item>, StoreError>;
+    /// Conditional delete; returns the old item.
+    async fn delete(&self, req: DeleteRequest) -> Result<Option<Item>, StoreError>;
+    /// All-or-nothing write of up to [`MAX_TRANSACT_OPS`] operations on distinct items.
+    /// `token` makes a resent transaction idempotent (DynamoDB's `ClientRequestToken`).
+    async fn transact_write(
+        &self,
+        ops: Vec<TransactOp>,
+        token: Option<String>,
+    ) -> Result<(), StoreError>;
+    /// Items of one partition (of the table or an index), in sort-key order.
+    async fn query(&self, q: Query) -> Result<Vec<Item>, StoreError>;
+    /// A short name of the backend, for logs and metrics.
+    fn backend(&self) -> &'static str;
+}
+
+/// Check the shape of a transaction every backend must refuse.
+pub fn validate_transaction(ops: &[TransactOp]) -> Result<(), StoreError> {
+    if ops.is_empty() || ops.len() > MAX_TRANSACT_OPS {
+        return Err(StoreError::Validation(format!(
+            "a transaction holds 1 to {MAX_TRANSACT_OPS} operations, not {}",
+            ops.len()
+        )));
+    }
+    let mut seen = std::collections::BTreeSet::new();
+    for op in ops {
+        if !seen.insert(op.key()) {
+            return Err(StoreError::Validation(format!(
+                "transaction addresses {} twice",
+                op.key()
+            )));
+        }
+        if let TransactOp::Update(u) = op {
+            eval::validate_update(&u.update)?;
+        }
+    }
+    Ok(())
+}
+
+#[async_trait]
+impl<S: Store + ?Sized> Store for std::sync::Arc<S> {
+    async fn get(&self, key: &Key, consistent: bool) -> Result<Option<Item>, StoreError> {
+        (**self).get(key, consistent).await
+    }
+    async fn batch_get(
+        &self,
+        keys: &[Key],
+        consistent: bool,
+    ) -> Result<Vec<Option<Item>>, StoreError> {
+        (**self).batch_get(keys, consistent).await
+    }
+    async fn put(&self, req: PutRequest) -> Result<(), StoreError> {
+        (**self).put(req).await
+    }
+    async fn update(&self, req: UpdateRequest) -> Result<Option<Item>, StoreError> {
+        (**self).update(req).await
+    }
+    async fn delete(&self, req: DeleteRequest) -> Result<Option<Item>, StoreError> {
+        (**self).delete(req).await
+    }
+    async fn transact_write(
+        &self,
+        ops: Vec<TransactOp>,
+        token: Option<String>,
+    ) -> Result<(), StoreError> {
+        (**self).transact_write(ops, token).await
+    }
+    async fn query(&self, q: Query) -> Result<Vec<Item>, StoreError> {
+        (**self).query(q).await
+    }
+    fn backend(&self) -> &'static str {
+        (**self).backend()
+    }
+}
