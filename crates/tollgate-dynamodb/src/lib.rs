@@ -1,0 +1,1 @@
+//! tollgate-dynamodb (being built).

@@ -1,0 +1,1 @@
+//! tollgate-server (being built).

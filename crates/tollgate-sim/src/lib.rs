@@ -1,0 +1,1 @@
+//! tollgate-sim (being built).

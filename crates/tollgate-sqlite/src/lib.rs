@@ -1,0 +1,1 @@
+//! tollgate-sqlite (being built).
