@@ -52,10 +52,53 @@ fn compare(l: &Value, op: CmpOp, r: &Value) -> bool {
     }
 }
 
-/// Check the update is well formed: no attribute targeted twice, keys never written.
+/// Check a value may be stored: DynamoDB refuses empty sets, at any depth.
+pub fn validate_value(v: &Value) -> Result<(), StoreError> {
+    match v {
+        Value::Ss(s) if s.is_empty() => Err(StoreError::Validation(
+            "a string set may not be empty".into(),
+        )),
+        Value::M(m) => m.values().try_for_each(validate_value),
+        Value::L(l) => l.iter().try_for_each(validate_value),
+        _ => Ok(()),
+    }
+}
+
+/// Check an item may be stored (no empty sets).
+pub fn validate_item(item: &Item) -> Result<(), StoreError> {
+    item.values().try_for_each(validate_value)
+}
+
+fn validate_set_value(v: &SetValue) -> Result<(), StoreError> {
+    match v {
+        SetValue::Value(v) | SetValue::IfNotExists(_, v) => validate_value(v),
+        SetValue::Path(_) => Ok(()),
+        SetValue::Plus(a, b) | SetValue::Minus(a, b) => {
+            validate_set_value(a)?;
+            validate_set_value(b)
+        }
+    }
+}
+
+/// Check the update is well formed: no attribute targeted twice, keys never written, no
+/// empty set literal, `ADD` only with a number or a set. These are DynamoDB's static checks:
+/// they fail the request before its condition is evaluated.
 pub fn validate_update(update: &Update) -> Result<(), StoreError> {
     let mut seen = BTreeSet::new();
     for a in &update.actions {
+        match a {
+            Action::Set(_, v) => validate_set_value(v)?,
+            Action::Add(_, v) => {
+                if !matches!(v, Value::N(_) | Value::Ss(_)) {
+                    return Err(StoreError::Validation(format!(
+                        "ADD takes a number or a set, not {}",
+                        v.type_name()
+                    )));
+                }
+                validate_value(v)?;
+            }
+            Action::Remove(_) => {}
+        }
         let t = a.target();
         if t == PK || t == SK {
             return Err(StoreError::Validation(format!(
@@ -100,8 +143,30 @@ fn eval_set(old: &Item, v: &SetValue) -> Result<Value, StoreError> {
     }
 }
 
+/// Apply an update the way DynamoDB stores its result: like [`apply_update`], except that an
+/// update made only of `REMOVE` actions on an absent item does not create it (`Ok(None)`).
+pub fn apply_update_stored(
+    old: Option<&Item>,
+    key_item: &Item,
+    update: &Update,
+) -> Result<Option<Item>, StoreError> {
+    let only_removes = !update.actions.is_empty()
+        && update
+            .actions
+            .iter()
+            .all(|a| matches!(a, Action::Remove(_)));
+    if old.is_none() && only_removes {
+        validate_update(update)?;
+        return Ok(None);
+    }
+    apply_update(old, key_item, update).map(Some)
+}
+
 /// Apply an update to the old item (`None` = absent: the update creates it under `key_item`,
 /// which holds the key attributes). Every right-hand side reads the old item.
+///
+/// This always returns an item; backends should store the result of
+/// [`apply_update_stored`], which knows that a remove-only update creates nothing.
 pub fn apply_update(
     old: Option<&Item>,
     key_item: &Item,

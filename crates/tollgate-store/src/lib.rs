@@ -16,7 +16,7 @@ use tollgate_core::expr::{Condition, ReturnValues, Update};
 use tollgate_core::value::{Item, Key};
 
 pub use counting::{Counting, StoreStats};
-pub use memory::MemoryStore;
+pub use memory::{MemoryStore, MillisClock};
 
 /// A conditional put of a whole item.
 #[derive(Debug, Clone, PartialEq)]
@@ -166,11 +166,23 @@ pub fn validate_transaction(ops: &[TransactOp]) -> Result<(), StoreError> {
                 op.key()
             )));
         }
-        if let TransactOp::Update(u) = op {
-            eval::validate_update(&u.update)?;
+        match op {
+            TransactOp::Update(u) => eval::validate_update(&u.update)?,
+            TransactOp::Put(p) => eval::validate_item(&p.item)?,
+            TransactOp::Delete(_) | TransactOp::Check { .. } => {}
         }
     }
     Ok(())
+}
+
+/// Check a transaction's idempotency token: DynamoDB takes 1 to 36 characters.
+pub fn validate_token(token: Option<&str>) -> Result<(), StoreError> {
+    match token {
+        Some(t) if t.is_empty() || t.chars().count() > 36 => Err(StoreError::Validation(
+            format!("a client request token holds 1 to 36 characters, not {}", t.len()),
+        )),
+        _ => Ok(()),
+    }
 }
 
 #[async_trait]

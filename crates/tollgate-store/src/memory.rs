@@ -1,17 +1,17 @@
 //! `MemoryStore`: the reference semantics (DynamoDB's), in one process's memory.
 
-use std::collections::{BTreeMap, HashSet};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 
 use async_trait::async_trait;
 use tollgate_core::expr::{project, ReturnValues};
 use tollgate_core::value::{Item, Key};
 
 use crate::error::{CancelReason, StoreError};
-use crate::eval::{apply_update, eval_condition};
+use crate::eval::{apply_update_stored, eval_condition, validate_item, validate_update};
 use crate::{
-    validate_transaction, DeleteRequest, PutRequest, Query, Store, TransactOp, UpdateRequest,
+    validate_token, validate_transaction, DeleteRequest, PutRequest, Query, Store, TransactOp, UpdateRequest,
 };
 
 #[derive(Debug, Clone, Default)]
@@ -22,25 +22,114 @@ struct Slot {
     prev: Option<Item>,
 }
 
+/// A per-item token bucket of write capacity, in milli-writes.
+#[derive(Debug, Clone, Copy)]
+struct Bucket {
+    milli: i64,
+    at_ms: i64,
+}
+
 #[derive(Debug, Default)]
 struct Inner {
     items: BTreeMap<Key, Slot>,
-    tokens: HashSet<String>,
+    /// Idempotency tokens of applied transactions, with the operations they carried.
+    tokens: HashMap<String, Vec<TransactOp>>,
+    buckets: HashMap<Key, Bucket>,
+}
+
+/// The time source of a write ceiling: epoch milliseconds.
+pub type MillisClock = Arc<dyn Fn() -> i64 + Send + Sync>;
+
+/// A per-item write ceiling: `per_second` writes per second per key, token-bucket style
+/// (a burst of up to `per_second` writes, refilled continuously).
+#[derive(Clone)]
+struct Ceiling {
+    per_second: u32,
+    clock: MillisClock,
+}
+
+impl std::fmt::Debug for Ceiling {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Ceiling")
+            .field("per_second", &self.per_second)
+            .finish_non_exhaustive()
+    }
 }
 
 /// An in-memory store with DynamoDB's semantics for conditions, updates, return values and
 /// transactions. With [`MemoryStore::set_stale_reads`] on, a read that is not strongly
-/// consistent sees each item as it was before its latest write.
+/// consistent sees each item as it was before its latest write. With
+/// [`MemoryStore::with_write_ceiling`], writes to one item beyond a rate fail with
+/// [`StoreError::Throttled`] (DynamoDB's per-partition write limit, scaled down).
 #[derive(Debug, Default)]
 pub struct MemoryStore {
     inner: Mutex<Inner>,
     stale_reads: AtomicBool,
+    ceiling: Option<Ceiling>,
 }
 
 impl MemoryStore {
     /// An empty store.
     pub fn new() -> Self {
         Self::default()
+    }
+
+    /// An empty store that lets each item take at most `per_second` writes per second
+    /// (token bucket: a full bucket holds `per_second` writes and refills continuously),
+    /// timed by `clock` (epoch milliseconds). Every put, update and delete, and every
+    /// operation of a transaction (checks included), takes one write from its item's
+    /// bucket, whether or not its condition holds, as DynamoDB charges failed conditional
+    /// writes. A write whose bucket is empty fails with [`StoreError::Throttled`] and
+    /// changes nothing; a transaction fails as a whole if any of its items is empty.
+    /// Reads are never throttled. `per_second == 0` refuses every write.
+    pub fn with_write_ceiling(per_second: u32, clock: MillisClock) -> Self {
+        MemoryStore {
+            ceiling: Some(Ceiling { per_second, clock }),
+            ..Self::default()
+        }
+    }
+
+    /// Take one write from the bucket of each key, all or none.
+    fn charge(&self, g: &mut Inner, keys: &[&Key]) -> Result<(), StoreError> {
+        let Some(c) = &self.ceiling else {
+            return Ok(());
+        };
+        let now = (c.clock)();
+        let cap = i64::from(c.per_second) * 1000;
+        let refill = |b: Option<&Bucket>| -> Bucket {
+            match b {
+                None => Bucket {
+                    milli: cap,
+                    at_ms: now,
+                },
+                Some(b) => {
+                    let elapsed = now.saturating_sub(b.at_ms).max(0);
+                    Bucket {
+                        milli: b
+                            .milli
+                            .saturating_add(elapsed.saturating_mul(i64::from(c.per_second)))
+                            .min(cap),
+                        at_ms: now.max(b.at_ms),
+                    }
+                }
+            }
+        };
+        let mut next = Vec::with_capacity(keys.len());
+        for k in keys {
+            let b = refill(g.buckets.get(*k));
+            if b.milli < 1000 {
+                return Err(StoreError::Throttled(format!(
+                    "write ceiling of {} per second reached on {k}",
+                    c.per_second
+                )));
+            }
+            next.push(((*k).clone(), b));
+        }
+        for (k, mut b) in next {
+            b.milli -= 1000;
+            g.buckets.insert(k, b);
+        }
+        Ok(())
     }
 
     /// Make eventually consistent reads return the previous version of each item.
@@ -127,9 +216,11 @@ fn plan_op(g: &Inner, op: &TransactOp) -> Result<Option<Option<Item>>, CancelRea
             p.key.stamp(&mut item);
             Ok(Some(Some(item)))
         }
-        TransactOp::Update(u) => apply_update(cur, &key_item(&u.key), &u.update)
-            .map(|i| Some(Some(i)))
-            .map_err(|e| CancelReason::Validation(e.to_string())),
+        TransactOp::Update(u) => match apply_update_stored(cur, &key_item(&u.key), &u.update) {
+            Ok(None) if cur.is_none() => Ok(None),
+            Ok(new) => Ok(Some(new)),
+            Err(e) => Err(CancelReason::Validation(e.to_string())),
+        },
         TransactOp::Delete(_) => Ok(Some(None)),
         TransactOp::Check { .. } => Ok(None),
     }
@@ -152,12 +243,20 @@ impl Store for MemoryStore {
                 "a batch read holds at most 100 keys".into(),
             ));
         }
+        let mut seen = BTreeSet::new();
+        if let Some(dup) = keys.iter().find(|k| !seen.insert(*k)) {
+            return Err(StoreError::Validation(format!(
+                "provided list of item keys contains duplicates: {dup}"
+            )));
+        }
         let g = self.lock();
         Ok(keys.iter().map(|k| self.read(&g, k, consistent)).collect())
     }
 
     async fn put(&self, req: PutRequest) -> Result<(), StoreError> {
+        validate_item(&req.item)?;
         let mut g = self.lock();
+        self.charge(&mut g, &[&req.key])?;
         let cur = g.items.get(&req.key).and_then(|s| s.cur.as_ref());
         if let Some(c) = &req.condition {
             if !eval_condition(cur, c) {
@@ -173,7 +272,10 @@ impl Store for MemoryStore {
     }
 
     async fn update(&self, req: UpdateRequest) -> Result<Option<Item>, StoreError> {
+        // Static checks fail the request before its condition is read (as DynamoDB does).
+        validate_update(&req.update)?;
         let mut g = self.lock();
+        self.charge(&mut g, &[&req.key])?;
         let cur = g.items.get(&req.key).and_then(|s| s.cur.clone());
         if let Some(c) = &req.condition {
             if !eval_condition(cur.as_ref(), c) {
@@ -182,27 +284,31 @@ impl Store for MemoryStore {
                 });
             }
         }
-        let new = apply_update(cur.as_ref(), &key_item(&req.key), &req.update)?;
+        let new = apply_update_stored(cur.as_ref(), &key_item(&req.key), &req.update)?;
         let out = match req.returns {
             ReturnValues::None => None,
-            ReturnValues::AllNew => Some(new.clone()),
+            ReturnValues::AllNew => new.clone(),
             ReturnValues::AllOld => cur.clone(),
-            ReturnValues::UpdatedNew => {
+            ReturnValues::UpdatedNew => new.as_ref().and_then(|new| {
                 let names: Vec<String> = req
                     .update
                     .actions
                     .iter()
                     .map(|a| a.target().to_string())
                     .collect();
-                Some(project(&new, &names))
-            }
+                // DynamoDB omits `Attributes` when nothing it wrote remains.
+                Some(project(new, &names)).filter(|p| !p.is_empty())
+            }),
         };
-        write(&mut g, &req.key, Some(new));
+        if new.is_some() || cur.is_some() {
+            write(&mut g, &req.key, new);
+        }
         Ok(out)
     }
 
     async fn delete(&self, req: DeleteRequest) -> Result<Option<Item>, StoreError> {
         let mut g = self.lock();
+        self.charge(&mut g, &[&req.key])?;
         let cur = g.items.get(&req.key).and_then(|s| s.cur.clone());
         if let Some(c) = &req.condition {
             if !eval_condition(cur.as_ref(), c) {
@@ -223,12 +329,23 @@ impl Store for MemoryStore {
         token: Option<String>,
     ) -> Result<(), StoreError> {
         validate_transaction(&ops)?;
+        validate_token(token.as_deref())?;
         let mut g = self.lock();
         if let Some(t) = &token {
-            if g.tokens.contains(t) {
-                return Ok(());
+            if let Some(seen) = g.tokens.get(t) {
+                // DynamoDB: the same token with other parameters is refused
+                // (IdempotentParameterMismatch); with the same ones it succeeds, unapplied.
+                return if *seen == ops {
+                    Ok(())
+                } else {
+                    Err(StoreError::Validation(format!(
+                        "idempotent parameter mismatch: token {t} was used for another transaction"
+                    )))
+                };
             }
         }
+        let keys: Vec<&Key> = ops.iter().map(TransactOp::key).collect();
+        self.charge(&mut g, &keys)?;
         let mut planned = Vec::with_capacity(ops.len());
         let mut reasons = Vec::with_capacity(ops.len());
         let mut failed = false;
@@ -254,7 +371,7 @@ impl Store for MemoryStore {
             }
         }
         if let Some(t) = token {
-            g.tokens.insert(t);
+            g.tokens.insert(t, ops);
         }
         Ok(())
     }
