@@ -4,5 +4,20 @@
 //! the item image it read, the request, `now` and the configuration, and returns a decision
 //! and a write plan.
 
+pub mod bucket;
+pub mod calendar;
+pub mod error;
 pub mod expr;
+pub mod ids;
+pub mod keys;
+pub mod limit;
+pub mod materialize;
+pub mod refill;
+pub mod status;
 pub mod value;
+pub mod window;
+pub mod writes;
+
+pub use error::RuleError;
+pub use limit::{Limit, LimitSpec, Refill, MILLI};
+pub use status::LimitStatus;

@@ -1,0 +1,268 @@
+//! The bucket item of one (entity, resource, shard), decoded: item-level attributes and the
+//! per-limit states `b_{n}_*` (spec-shards-windows-quotas.md §1.1–1.3).
+
+use std::collections::BTreeMap;
+
+use crate::error::RuleError;
+use crate::ids::WCU;
+use crate::keys::battr;
+use crate::value::{Item, Key, Value};
+
+/// The write-capacity guard: capacity 1000 tokens, refilled 1000 per second, never divided.
+pub const WCU_CAPACITY: i64 = 1_000_000;
+/// Millitokens of `wcu` one speculative write spends.
+pub const WCU_COST: i64 = 1000;
+/// `wcu` refill period in ms.
+pub const WCU_PERIOD_MS: i64 = 1000;
+/// Most shards an entity's resource may spread over.
+pub const MAX_SHARD_COUNT: i64 = 32;
+
+/// Item-level attribute names.
+pub mod attr {
+    /// Last refill stamp and optimistic lock (ms).
+    pub const RF: &str = "rf";
+    /// Valid-until: the fast path may not write at or after it (ms).
+    pub const VU: &str = "vu";
+    /// DynamoDB TTL (epoch seconds).
+    pub const TTL: &str = "ttl";
+    /// Shard count (shard 0 is the source of truth).
+    pub const SHARD_COUNT: &str = "shard_count";
+    /// Hash of the limit parameters the item was materialised with.
+    pub const PH: &str = "ph";
+    /// Entity id.
+    pub const ENTITY: &str = "entity_id";
+    /// Resource.
+    pub const RESOURCE: &str = "resource";
+    /// Shard index.
+    pub const SHARD: &str = "shard";
+}
+
+/// One limit's state on a bucket item. Millitokens and ms.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct LimitState {
+    /// Balance on this shard (may be negative: debt).
+    pub tk: i64,
+    /// Capacity, undivided.
+    pub cp: i64,
+    /// Refill amount per period, undivided (0 for quotas).
+    pub ra: i64,
+    /// Refill period (ms).
+    pub rp: i64,
+    /// Net consumption counter.
+    pub tc: i64,
+    /// Carried refill remainder (see [`crate::refill`]).
+    pub rc: i64,
+    /// Duration-window start.
+    pub ws: Option<i64>,
+    /// Duration-window length (s).
+    pub rsa: Option<i64>,
+    /// Window-applied marker.
+    pub wa: Option<i64>,
+    /// `tc` snapshot taken by a rollover fan-out.
+    pub wtc: Option<i64>,
+    /// Grant count: the shard count this shard's quota grant was sized at.
+    pub gc: Option<i64>,
+    /// Calendar reset cron and zone, for quotas that reset on a calendar.
+    pub rsched: Option<(String, String)>,
+}
+
+/// A decoded bucket item.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct BucketImage {
+    /// Item key (for error messages).
+    pub key: String,
+    /// `rf`.
+    pub rf: i64,
+    /// `vu`.
+    pub vu: Option<i64>,
+    /// `ttl` (epoch s).
+    pub ttl: Option<i64>,
+    /// `shard_count` (1 when absent).
+    pub shard_count: i64,
+    /// Parameter hash.
+    pub ph: Option<String>,
+    /// User limits by name (complete states only).
+    pub limits: BTreeMap<String, LimitState>,
+    /// The `wcu` guard.
+    pub wcu: Option<LimitState>,
+}
+
+const FIELDS: [&str; 13] = [
+    "tk", "cp", "ra", "rp", "tc", "rc", "ws", "rsa", "wa", "wtc", "gc", "rsched", "tz",
+];
+
+fn corrupt(key: &str, attribute: &str, reason: impl Into<String>) -> RuleError {
+    RuleError::Corrupt {
+        key: key.into(),
+        attribute: attribute.into(),
+        reason: reason.into(),
+    }
+}
+
+fn num(item: &Item, key: &str, name: &str) -> Result<Option<i64>, RuleError> {
+    match item.get(name) {
+        None => Ok(None),
+        Some(Value::N(n)) => Ok(Some(*n)),
+        Some(v) => Err(corrupt(
+            key,
+            name,
+            format!("expected a number, found {}", v.type_name()),
+        )),
+    }
+}
+
+fn string(item: &Item, key: &str, name: &str) -> Result<Option<String>, RuleError> {
+    match item.get(name) {
+        None => Ok(None),
+        Some(Value::S(s)) => Ok(Some(s.clone())),
+        Some(v) => Err(corrupt(
+            key,
+            name,
+            format!("expected a string, found {}", v.type_name()),
+        )),
+    }
+}
+
+impl BucketImage {
+    /// Decode a stored bucket item. A wrong type or a missing half of a pair is an error
+    /// naming the attribute.
+    pub fn decode(item: &Item) -> Result<Self, RuleError> {
+        let key = Key::of(item).map(|k| k.to_string()).unwrap_or_default();
+        let k = key.as_str();
+        let rf = num(item, k, attr::RF)?.ok_or_else(|| corrupt(k, attr::RF, "missing"))?;
+        let shard_count = num(item, k, attr::SHARD_COUNT)?.unwrap_or(1);
+        if !(1..=MAX_SHARD_COUNT).contains(&shard_count) {
+            return Err(corrupt(
+                k,
+                attr::SHARD_COUNT,
+                format!("out of range: {shard_count}"),
+            ));
+        }
+        let mut names: Vec<String> = Vec::new();
+        for a in item.keys() {
+            if let Some(rest) = a.strip_prefix("b_") {
+                if let Some((n, f)) = rest.rsplit_once('_') {
+                    if FIELDS.contains(&f) && !names.iter().any(|x| x == n) {
+                        names.push(n.to_string());
+                    }
+                }
+            }
+        }
+        let mut limits = BTreeMap::new();
+        let mut wcu = None;
+        for n in names {
+            let g = |f: &str| num(item, k, &battr(&n, f));
+            let (tk, cp) = (g("tk")?, g("cp")?);
+            let (tk, cp) = match (tk, cp) {
+                (Some(tk), Some(cp)) => (tk, cp),
+                (None, None) => continue,
+                (Some(_), None) => {
+                    return Err(corrupt(k, &battr(&n, "cp"), "missing (tk present)"))
+                }
+                (None, Some(_)) => {
+                    return Err(corrupt(k, &battr(&n, "tk"), "missing (cp present)"))
+                }
+            };
+            let ws = g("ws")?;
+            let rsa = g("rsa")?;
+            if ws.is_some() && rsa.is_none() {
+                return Err(corrupt(k, &battr(&n, "rsa"), "missing (ws present)"));
+            }
+            let rsched = match (
+                string(item, k, &battr(&n, "rsched"))?,
+                string(item, k, &battr(&n, "tz"))?,
+            ) {
+                (Some(c), tz) => Some((c, tz.unwrap_or_else(|| "UTC".into()))),
+                (None, _) => None,
+            };
+            let st = LimitState {
+                tk,
+                cp,
+                ra: g("ra")?.unwrap_or(0),
+                rp: g("rp")?.unwrap_or(0),
+                tc: g("tc")?.unwrap_or(0),
+                rc: g("rc")?.unwrap_or(0),
+                ws,
+                rsa,
+                wa: g("wa")?,
+                wtc: g("wtc")?,
+                gc: g("gc")?,
+                rsched,
+            };
+            if n == WCU {
+                wcu = Some(st);
+            } else {
+                limits.insert(n, st);
+            }
+        }
+        let vu = num(item, k, attr::VU)?;
+        let ttl = num(item, k, attr::TTL)?;
+        let ph = string(item, k, attr::PH)?;
+        Ok(BucketImage {
+            key,
+            rf,
+            vu,
+            ttl,
+            shard_count,
+            ph,
+            limits,
+            wcu,
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn item(pairs: &[(&str, Value)]) -> Item {
+        let mut i: Item = pairs
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.clone()))
+            .collect();
+        Key::new("ns/BUCKET#e#r#0", "#STATE").stamp(&mut i);
+        i
+    }
+
+    #[test]
+    fn decodes_limits_with_underscores_and_wcu() {
+        let i = item(&[
+            ("rf", Value::N(5)),
+            ("b_gpt_tpm_tk", Value::N(7)),
+            ("b_gpt_tpm_cp", Value::N(9)),
+            ("b_wcu_tk", Value::N(1)),
+            ("b_wcu_cp", Value::N(2)),
+            ("b_old_bx", Value::N(3)),
+        ]);
+        let b = BucketImage::decode(&i).unwrap();
+        assert_eq!(b.limits["gpt_tpm"].tk, 7);
+        assert_eq!(b.wcu.unwrap().cp, 2);
+        assert_eq!(b.shard_count, 1);
+    }
+
+    #[test]
+    fn corrupt_attributes_are_named() {
+        let e = BucketImage::decode(&item(&[
+            ("rf", Value::N(5)),
+            ("b_session_tk", Value::N(1)),
+            ("b_session_cp", Value::N(1)),
+            ("b_session_ws", Value::S("1.5".into())),
+            ("b_session_rsa", Value::N(1)),
+        ]))
+        .unwrap_err();
+        assert!(e.to_string().contains("b_session_ws"), "{e}");
+        let e = BucketImage::decode(&item(&[("rf", Value::N(5)), ("b_rpm_tk", Value::N(1))]))
+            .unwrap_err();
+        assert!(e.to_string().contains("b_rpm_cp"), "{e}");
+        let e = BucketImage::decode(&item(&[("rf", Value::S("x".into()))])).unwrap_err();
+        assert!(e.to_string().contains("rf"), "{e}");
+        let e = BucketImage::decode(&item(&[
+            ("rf", Value::N(1)),
+            ("b_s_tk", Value::N(1)),
+            ("b_s_cp", Value::N(1)),
+            ("b_s_ws", Value::N(1)),
+        ]))
+        .unwrap_err();
+        assert!(e.to_string().contains("b_s_rsa"), "{e}");
+    }
+}

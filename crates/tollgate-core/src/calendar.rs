@@ -1,0 +1,147 @@
+//! Calendar resets: a cron expression evaluated in an IANA time zone (DST-correct).
+
+use std::str::FromStr;
+
+use croner::Cron;
+use jiff::tz::TimeZone;
+use jiff::{Timestamp, Zoned};
+
+use crate::error::RuleError;
+
+/// A calendar reset schedule: the quota resets at every instant the cron expression matches
+/// in the time zone.
+#[derive(Debug, Clone)]
+pub struct CalendarReset {
+    expr: String,
+    tz_name: String,
+    cron: Cron,
+    tz: TimeZone,
+}
+
+impl PartialEq for CalendarReset {
+    fn eq(&self, o: &Self) -> bool {
+        self.expr == o.expr && self.tz_name == o.tz_name
+    }
+}
+impl Eq for CalendarReset {}
+
+impl CalendarReset {
+    /// Parse a cron expression (5 fields, or 6 with seconds) and an IANA zone name.
+    pub fn new(expr: &str, tz: &str) -> Result<Self, RuleError> {
+        let bad = |reason: String| RuleError::InvalidLimit {
+            name: String::new(),
+            reason,
+        };
+        let cron = Cron::from_str(expr).map_err(|e| bad(format!("cron {expr:?}: {e}")))?;
+        let zone = TimeZone::get(tz).map_err(|e| bad(format!("time zone {tz:?}: {e}")))?;
+        let c = CalendarReset {
+            expr: expr.to_string(),
+            tz_name: tz.to_string(),
+            cron,
+            tz: zone,
+        };
+        // A schedule that never fires is not a reset.
+        if c.next_edge(0).is_none() {
+            return Err(bad(format!("cron {expr:?} never matches")));
+        }
+        Ok(c)
+    }
+
+    /// The cron expression.
+    pub fn expr(&self) -> &str {
+        &self.expr
+    }
+
+    /// The time zone name.
+    pub fn tz(&self) -> &str {
+        &self.tz_name
+    }
+
+    fn zoned(&self, ms: i64) -> Option<Zoned> {
+        Some(
+            Timestamp::from_millisecond(ms)
+                .ok()?
+                .to_zoned(self.tz.clone()),
+        )
+    }
+
+    /// The latest reset edge at or before `now_ms`, or `None` if there is none.
+    pub fn prev_edge(&self, now_ms: i64) -> Option<i64> {
+        let z = self.zoned(now_ms)?;
+        let p = self.cron.find_previous_occurrence(&z, true).ok()?;
+        Some(p.timestamp().as_millisecond())
+    }
+
+    /// The first reset edge strictly after `now_ms`.
+    pub fn next_edge(&self, now_ms: i64) -> Option<i64> {
+        let z = self.zoned(now_ms)?;
+        let n = self.cron.find_next_occurrence(&z, false).ok()?;
+        Some(n.timestamp().as_millisecond())
+    }
+
+    /// An upper bound of one period, in ms (for TTL horizons): the longest of the next
+    /// three gaps between edges.
+    pub fn period_ms(&self, now_ms: i64) -> i64 {
+        let mut t = now_ms;
+        let mut longest = 0;
+        for _ in 0..3 {
+            let Some(n) = self.next_edge(t) else { break };
+            if t != now_ms {
+                longest = longest.max(n - t);
+            }
+            t = n;
+        }
+        longest.max(1000)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn ms(s: &str) -> i64 {
+        s.parse::<Timestamp>().unwrap().as_millisecond()
+    }
+
+    #[test]
+    fn daily_utc_edges() {
+        let c = CalendarReset::new("0 0 * * *", "UTC").unwrap();
+        let now = ms("2026-11-30T15:04:05.123Z");
+        assert_eq!(c.prev_edge(now), Some(ms("2026-11-30T00:00:00Z")));
+        assert_eq!(c.next_edge(now), Some(ms("2026-12-01T00:00:00Z")));
+        // An edge at exactly now has passed (inclusive), and the next one is a day later.
+        let m = ms("2026-12-01T00:00:00Z");
+        assert_eq!(c.prev_edge(m), Some(m));
+        assert_eq!(c.next_edge(m), Some(ms("2026-12-02T00:00:00Z")));
+        assert_eq!(c.period_ms(now), 86_400_000);
+    }
+
+    #[test]
+    fn midnight_in_berlin_across_spring_forward() {
+        // 2026-03-29: clocks go 02:00 → 03:00 in Europe/Berlin; that day has 23 hours.
+        let c = CalendarReset::new("0 0 * * *", "Europe/Berlin").unwrap();
+        let noon = ms("2026-03-29T10:00:00Z");
+        let prev = c.prev_edge(noon).unwrap();
+        let next = c.next_edge(noon).unwrap();
+        assert_eq!(prev, ms("2026-03-28T23:00:00Z")); // midnight CET (+01:00)
+        assert_eq!(next, ms("2026-03-29T22:00:00Z")); // midnight CEST (+02:00)
+        assert_eq!(next - prev, 23 * 3_600_000);
+    }
+
+    #[test]
+    fn fall_back_day_has_25_hours() {
+        let c = CalendarReset::new("0 0 * * *", "America/New_York").unwrap();
+        let noon = ms("2026-11-01T17:00:00Z");
+        let prev = c.prev_edge(noon).unwrap();
+        let next = c.next_edge(noon).unwrap();
+        assert_eq!(prev, ms("2026-11-01T04:00:00Z"));
+        assert_eq!(next, ms("2026-11-02T05:00:00Z"));
+        assert_eq!(next - prev, 25 * 3_600_000);
+    }
+
+    #[test]
+    fn rejects_bad_input() {
+        assert!(CalendarReset::new("not cron", "UTC").is_err());
+        assert!(CalendarReset::new("0 0 * * *", "Mars/Olympus").is_err());
+    }
+}

@@ -1,0 +1,75 @@
+//! Key layout (spec-shards-windows-quotas.md §2), under a namespace `ns`.
+
+use crate::value::Key;
+
+/// Sort key of a bucket item.
+pub const STATE: &str = "#STATE";
+/// Sort key of an entity's META item.
+pub const META: &str = "#META";
+/// Resource name used for an entity's default config.
+pub const DEFAULT_RESOURCE: &str = "_default_";
+
+/// The bucket item of (entity, resource, shard).
+pub fn bucket(ns: &str, entity: &str, resource: &str, shard: u32) -> Key {
+    Key::new(format!("{ns}/BUCKET#{entity}#{resource}#{shard}"), STATE)
+}
+
+/// The META item of an entity.
+pub fn entity_meta(ns: &str, entity: &str) -> Key {
+    Key::new(format!("{ns}/ENTITY#{entity}"), META)
+}
+
+/// The partition of an entity (META, configs).
+pub fn entity_pk(ns: &str, entity: &str) -> String {
+    format!("{ns}/ENTITY#{entity}")
+}
+
+/// An entity's limit config for a resource (`_default_` for all its resources).
+pub fn entity_config(ns: &str, entity: &str, resource: &str) -> Key {
+    Key::new(entity_pk(ns, entity), format!("#CONFIG#{resource}"))
+}
+
+/// A resource's default limit config.
+pub fn resource_config(ns: &str, resource: &str) -> Key {
+    Key::new(format!("{ns}/RESOURCE#{resource}"), "#CONFIG")
+}
+
+/// The system default config.
+pub fn system_config(ns: &str) -> Key {
+    Key::new(format!("{ns}/SYSTEM#"), "#CONFIG")
+}
+
+/// GSI3 partition of an entity's buckets (`BUCKET#{resource}#{shard}` sort keys).
+pub fn gsi3_entity(ns: &str, entity: &str) -> String {
+    format!("{ns}/ENTITY#{entity}")
+}
+
+/// GSI2 partition of a resource's buckets.
+pub fn gsi2_resource(ns: &str, resource: &str) -> String {
+    format!("{ns}/RESOURCE#{resource}")
+}
+
+/// GSI1 partition of a parent's children.
+pub fn gsi1_parent(ns: &str, parent: &str) -> String {
+    format!("{ns}/PARENT#{parent}")
+}
+
+/// Per-limit bucket attribute `b_{limit}_{field}`.
+pub fn battr(limit: &str, field: &str) -> String {
+    format!("b_{limit}_{field}")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// S1: bucket key and contents layout.
+    #[test]
+    fn bucket_keys() {
+        let k = bucket("ns", "e", "gpt-4", 0);
+        assert_eq!(k.pk, "ns/BUCKET#e#gpt-4#0");
+        assert_eq!(k.sk, "#STATE");
+        assert_ne!(bucket("ns", "e", "gpt-4", 1).pk, k.pk);
+        assert_eq!(battr("session", "tk"), "b_session_tk");
+    }
+}

@@ -1,0 +1,410 @@
+//! Limits: rate limits that drip and quotas that reset (calendar or duration window).
+//!
+//! All amounts are integer millitokens inside; constructors take whole tokens.
+
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+
+use crate::calendar::CalendarReset;
+use crate::error::RuleError;
+use crate::ids::validate_limit_name;
+
+/// Millitokens per token.
+pub const MILLI: i64 = 1000;
+
+/// The largest amount, in tokens, any limit or request may name (keeps milli math in i64).
+pub const MAX_TOKENS: i64 = 1_000_000_000_000;
+
+/// How a limit gets its allowance back.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Refill {
+    /// Drips `amount` millitokens every `period_ms`, continuously (lazy refill).
+    Drip {
+        /// Millitokens per period (> 0).
+        amount: i64,
+        /// Period in ms (> 0).
+        period_ms: i64,
+    },
+    /// Resets to full at every edge of a calendar schedule.
+    Calendar(CalendarReset),
+    /// Resets `reset_after_s` seconds after the first admitted use (idle-restarting window).
+    Window {
+        /// Window length in seconds (> 0).
+        reset_after_s: i64,
+    },
+}
+
+/// One limit of a resource.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Limit {
+    name: String,
+    capacity: i64,
+    refill: Refill,
+}
+
+fn tokens_to_milli(name: &str, what: &str, tokens: i64) -> Result<i64, RuleError> {
+    if tokens <= 0 || tokens > MAX_TOKENS {
+        return Err(RuleError::InvalidLimit {
+            name: name.into(),
+            reason: format!("{what} must be between 1 and {MAX_TOKENS} tokens, not {tokens}"),
+        });
+    }
+    Ok(tokens * MILLI)
+}
+
+impl Limit {
+    /// A rate limit: `capacity` tokens of burst, refilled by `refill_amount` tokens per
+    /// `period`.
+    pub fn rate(
+        name: &str,
+        capacity: i64,
+        refill_amount: i64,
+        period: Duration,
+    ) -> Result<Self, RuleError> {
+        validate_limit_name(name)?;
+        let period_ms = i64::try_from(period.as_millis()).unwrap_or(i64::MAX);
+        if period_ms <= 0 || period_ms > 366 * 86_400_000 {
+            return Err(RuleError::InvalidLimit {
+                name: name.into(),
+                reason: "the refill period must be between 1 ms and 366 days".into(),
+            });
+        }
+        Ok(Limit {
+            name: name.into(),
+            capacity: tokens_to_milli(name, "capacity", capacity)?,
+            refill: Refill::Drip {
+                amount: tokens_to_milli(name, "refill amount", refill_amount)?,
+                period_ms,
+            },
+        })
+    }
+
+    /// `rate` tokens per second (capacity = rate).
+    pub fn per_second(name: &str, rate: i64) -> Result<Self, RuleError> {
+        Self::rate(name, rate, rate, Duration::from_secs(1))
+    }
+    /// `rate` tokens per minute (capacity = rate).
+    pub fn per_minute(name: &str, rate: i64) -> Result<Self, RuleError> {
+        Self::rate(name, rate, rate, Duration::from_secs(60))
+    }
+    /// `rate` tokens per hour (capacity = rate).
+    pub fn per_hour(name: &str, rate: i64) -> Result<Self, RuleError> {
+        Self::rate(name, rate, rate, Duration::from_secs(3600))
+    }
+    /// `rate` tokens per day (capacity = rate).
+    pub fn per_day(name: &str, rate: i64) -> Result<Self, RuleError> {
+        Self::rate(name, rate, rate, Duration::from_secs(86_400))
+    }
+
+    /// A quota of `capacity` tokens that resets to full at every edge of `cron` in `tz`.
+    pub fn quota_calendar(
+        name: &str,
+        capacity: i64,
+        cron: &str,
+        tz: &str,
+    ) -> Result<Self, RuleError> {
+        validate_limit_name(name)?;
+        let cal = CalendarReset::new(cron, tz).map_err(|e| match e {
+            RuleError::InvalidLimit { reason, .. } => RuleError::InvalidLimit {
+                name: name.into(),
+                reason,
+            },
+            e => e,
+        })?;
+        Ok(Limit {
+            name: name.into(),
+            capacity: tokens_to_milli(name, "capacity", capacity)?,
+            refill: Refill::Calendar(cal),
+        })
+    }
+
+    /// A quota of `capacity` tokens per window that opens at the first admitted use and
+    /// ends `reset_after` later (a session cap). Whole seconds, at least 1 s.
+    pub fn quota_after(
+        name: &str,
+        capacity: i64,
+        reset_after: Duration,
+    ) -> Result<Self, RuleError> {
+        validate_limit_name(name)?;
+        let s = i64::try_from(reset_after.as_secs()).unwrap_or(i64::MAX);
+        if s <= 0 || s > 366 * 86_400 || reset_after.subsec_nanos() != 0 {
+            return Err(RuleError::InvalidLimit {
+                name: name.into(),
+                reason: "reset_after must be whole seconds between 1 s and 366 days".into(),
+            });
+        }
+        Ok(Limit {
+            name: name.into(),
+            capacity: tokens_to_milli(name, "capacity", capacity)?,
+            refill: Refill::Window { reset_after_s: s },
+        })
+    }
+
+    /// Build from stored millitoken parameters (config items, bucket items). Enforces the
+    /// rule that a limit either drips or resets, never both and never neither.
+    pub fn from_parts(
+        name: &str,
+        capacity_milli: i64,
+        refill_amount_milli: i64,
+        refill_period_ms: i64,
+        calendar: Option<(&str, &str)>,
+        reset_after_s: Option<i64>,
+    ) -> Result<Self, RuleError> {
+        validate_limit_name(name)?;
+        let bad = |reason: &str| RuleError::InvalidLimit {
+            name: name.into(),
+            reason: reason.into(),
+        };
+        if capacity_milli <= 0 || capacity_milli > MAX_TOKENS * MILLI {
+            return Err(bad("capacity out of range"));
+        }
+        let refill = match (refill_amount_milli > 0, calendar, reset_after_s) {
+            (true, None, None) => {
+                if refill_period_ms <= 0 || refill_amount_milli > MAX_TOKENS * MILLI {
+                    return Err(bad("refill amount or period out of range"));
+                }
+                Refill::Drip {
+                    amount: refill_amount_milli,
+                    period_ms: refill_period_ms,
+                }
+            }
+            (false, Some((c, tz)), None) => {
+                Refill::Calendar(CalendarReset::new(c, tz).map_err(|e| bad(&e.to_string()))?)
+            }
+            (false, None, Some(s)) if s > 0 => Refill::Window { reset_after_s: s },
+            (false, None, None) => return Err(bad("a limit must refill or reset")),
+            (true, _, _) => return Err(bad("a limit cannot both refill and reset")),
+            (false, Some(_), Some(_)) => {
+                return Err(bad("reset_after and a calendar reset are exclusive"))
+            }
+            (false, None, Some(_)) => return Err(bad("reset_after must be positive")),
+        };
+        Ok(Limit {
+            name: name.into(),
+            capacity: capacity_milli,
+            refill,
+        })
+    }
+
+    /// The limit's name.
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+    /// Capacity in millitokens (entity-wide, never divided by shards).
+    pub fn capacity_milli(&self) -> i64 {
+        self.capacity
+    }
+    /// How it refills.
+    pub fn refill(&self) -> &Refill {
+        &self.refill
+    }
+    /// Whether this is a quota (resets rather than drips).
+    pub fn is_quota(&self) -> bool {
+        !matches!(self.refill, Refill::Drip { .. })
+    }
+    /// Stored `ra` (0 for quotas).
+    pub fn ra(&self) -> i64 {
+        match self.refill {
+            Refill::Drip { amount, .. } => amount,
+            _ => 0,
+        }
+    }
+    /// Stored `rp` (the window length in ms for windows, 0 for calendars).
+    pub fn rp(&self) -> i64 {
+        match &self.refill {
+            Refill::Drip { period_ms, .. } => *period_ms,
+            Refill::Window { reset_after_s } => reset_after_s * 1000,
+            Refill::Calendar(_) => 0,
+        }
+    }
+    /// The window length in seconds, for duration quotas.
+    pub fn rsa(&self) -> Option<i64> {
+        match self.refill {
+            Refill::Window { reset_after_s } => Some(reset_after_s),
+            _ => None,
+        }
+    }
+    /// The calendar schedule, for calendar quotas.
+    pub fn calendar(&self) -> Option<&CalendarReset> {
+        match &self.refill {
+            Refill::Calendar(c) => Some(c),
+            _ => None,
+        }
+    }
+    /// A compact description for tools and errors.
+    pub fn describe(&self) -> String {
+        let cap = self.capacity / MILLI;
+        match &self.refill {
+            Refill::Drip { amount, period_ms } => {
+                format!(
+                    "{}: {cap} burst, {} per {} ms",
+                    self.name,
+                    amount / MILLI,
+                    period_ms
+                )
+            }
+            Refill::Calendar(c) => {
+                format!(
+                    "{}: {cap} per period, resets at '{}' {}",
+                    self.name,
+                    c.expr(),
+                    c.tz()
+                )
+            }
+            Refill::Window { reset_after_s } => {
+                format!(
+                    "{}: {cap} per window of {reset_after_s} s after first use",
+                    self.name
+                )
+            }
+        }
+    }
+}
+
+/// A serialisable description of a limit (config items, HTTP and CLI).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct LimitSpec {
+    /// Name.
+    pub name: String,
+    /// Capacity in tokens.
+    pub capacity: i64,
+    /// Refill amount in tokens per period (rate limits).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub refill_amount: Option<i64>,
+    /// Refill period in ms (rate limits).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub refill_period_ms: Option<i64>,
+    /// Calendar reset cron (quotas).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reset_cron: Option<String>,
+    /// Calendar reset time zone (default UTC).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reset_tz: Option<String>,
+    /// Duration window length in seconds (quotas).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reset_after_s: Option<i64>,
+}
+
+impl LimitSpec {
+    /// Validate into a [`Limit`].
+    pub fn to_limit(&self) -> Result<Limit, RuleError> {
+        match (
+            self.refill_amount,
+            self.reset_cron.as_deref(),
+            self.reset_after_s,
+        ) {
+            (Some(a), None, None) => {
+                let p = self.refill_period_ms.unwrap_or(60_000);
+                if p <= 0 {
+                    return Err(RuleError::InvalidLimit {
+                        name: self.name.clone(),
+                        reason: "refill_period_ms must be positive".into(),
+                    });
+                }
+                Limit::rate(
+                    &self.name,
+                    self.capacity,
+                    a,
+                    Duration::from_millis(p as u64),
+                )
+            }
+            (None, Some(c), None) => Limit::quota_calendar(
+                &self.name,
+                self.capacity,
+                c,
+                self.reset_tz.as_deref().unwrap_or("UTC"),
+            ),
+            (None, None, Some(s)) if s > 0 => {
+                Limit::quota_after(&self.name, self.capacity, Duration::from_secs(s as u64))
+            }
+            (None, None, None) => Err(RuleError::InvalidLimit {
+                name: self.name.clone(),
+                reason:
+                    "a limit must refill (refill_amount) or reset (reset_cron or reset_after_s)"
+                        .into(),
+            }),
+            _ => Err(RuleError::InvalidLimit {
+                name: self.name.clone(),
+                reason: "choose exactly one of refill_amount, reset_cron, reset_after_s (positive)"
+                    .into(),
+            }),
+        }
+    }
+}
+
+impl From<&Limit> for LimitSpec {
+    fn from(l: &Limit) -> Self {
+        let mut s = LimitSpec {
+            name: l.name.clone(),
+            capacity: l.capacity / MILLI,
+            refill_amount: None,
+            refill_period_ms: None,
+            reset_cron: None,
+            reset_tz: None,
+            reset_after_s: None,
+        };
+        match &l.refill {
+            Refill::Drip { amount, period_ms } => {
+                s.refill_amount = Some(amount / MILLI);
+                s.refill_period_ms = Some(*period_ms);
+            }
+            Refill::Calendar(c) => {
+                s.reset_cron = Some(c.expr().into());
+                s.reset_tz = Some(c.tz().into());
+            }
+            Refill::Window { reset_after_s } => s.reset_after_s = Some(*reset_after_s),
+        }
+        s
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn constructors() {
+        let l = Limit::per_minute("rpm", 100).unwrap();
+        assert_eq!(l.capacity_milli(), 100_000);
+        assert_eq!(l.ra(), 100_000);
+        assert_eq!(l.rp(), 60_000);
+        assert!(!l.is_quota());
+        let q = Limit::quota_after("session", 10, Duration::from_secs(5 * 3600)).unwrap();
+        assert_eq!(q.rsa(), Some(18_000));
+        assert_eq!(q.ra(), 0);
+        assert!(q.is_quota());
+    }
+
+    /// Scenario 84: ra = 0 without a reset, ra > 0 with a reset, and reset_after with a
+    /// cron reset are all refused.
+    #[test]
+    fn refill_xor_reset() {
+        assert!(Limit::from_parts("q", 1000, 0, 0, None, None).is_err());
+        assert!(Limit::from_parts("q", 1000, 5, 1000, Some(("0 0 * * *", "UTC")), None).is_err());
+        assert!(Limit::from_parts("q", 1000, 0, 0, Some(("0 0 * * *", "UTC")), Some(60)).is_err());
+        assert!(Limit::from_parts("q", 1000, 0, 0, Some(("0 0 * * *", "UTC")), None).is_ok());
+        assert!(Limit::from_parts("q", 1000, 0, 0, None, Some(60)).is_ok());
+    }
+
+    #[test]
+    fn bad_numbers_and_names() {
+        assert!(Limit::per_minute("rpm", 0).is_err());
+        assert!(Limit::per_minute("rpm", -5).is_err());
+        assert!(Limit::per_minute("rpm", MAX_TOKENS + 1).is_err());
+        assert!(Limit::per_minute("wcu", 5).is_err());
+        assert!(Limit::rate("r", 5, 5, Duration::from_millis(0)).is_err());
+        assert!(Limit::quota_after("s", 5, Duration::from_millis(1500)).is_err());
+    }
+
+    #[test]
+    fn spec_round_trip() {
+        for l in [
+            Limit::per_minute("rpm", 100).unwrap(),
+            Limit::quota_calendar("rpd", 1000, "0 0 * * *", "Europe/Berlin").unwrap(),
+            Limit::quota_after("session", 10, Duration::from_secs(18_000)).unwrap(),
+        ] {
+            assert_eq!(LimitSpec::from(&l).to_limit().unwrap(), l);
+        }
+    }
+}

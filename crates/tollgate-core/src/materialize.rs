@@ -1,0 +1,401 @@
+//! Materialisation: what one limit's balance on one shard is at `now`, before consumption —
+//! the lazy refill, a calendar reset, a window opened or rolled, or a seed.
+//!
+//! This is the one place that decides a balance; the slow path writes what it returns and
+//! the fast path's projection (`would_refill_satisfy`) reads it.
+
+use crate::bucket::{LimitState, WCU_CAPACITY, WCU_PERIOD_MS};
+use crate::limit::{Limit, Refill};
+use crate::refill::refill;
+use crate::window;
+
+/// Rule "effective parameters and per-shard share": a limit's share of one shard is
+/// `C // S`; dripping limits also divide their rate (never the period); `wcu` divides
+/// nothing.
+pub fn share(capacity: i64, shard_count: i64) -> i64 {
+    capacity / shard_count.max(1)
+}
+
+/// Per-shard drip rate: `ra // S`, at least 1 milli per period so a shard always refills.
+pub fn shard_rate(ra: i64, shard_count: i64) -> i64 {
+    (ra / shard_count.max(1)).max(1)
+}
+
+/// What happened to the balance on this pass.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Transition {
+    /// A dripping limit refilled (possibly by 0).
+    Refill,
+    /// The limit was absent on the item and is seeded.
+    Seed,
+    /// A calendar edge passed since `rf`: reset to the share.
+    CalendarReset,
+    /// The duration window had ended (or never opened): a new one opens now.
+    WindowOpen,
+    /// A fanned-out window start not yet applied: roll into it.
+    WindowRoll,
+    /// A quota inside its period: balance kept.
+    Kept,
+}
+
+/// How to seed a limit the item does not carry yet.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Seed {
+    /// The balance to start with (a full share, or a grant moved from a sibling).
+    pub balance: i64,
+    /// For windows: the start to adopt (`None` opens one at now).
+    pub join_ws: Option<i64>,
+}
+
+/// One limit, materialised on one shard.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Evaluated {
+    /// Limit name.
+    pub name: String,
+    /// The balance read (0 when seeded).
+    pub read_tk: i64,
+    /// The balance after this pass's transition, before consumption.
+    pub balance: i64,
+    /// The per-shard ceiling.
+    pub ceiling: i64,
+    /// What happened.
+    pub transition: Transition,
+    /// Drip remainder to write (`b_{n}_rc`).
+    pub carry: Option<i64>,
+    /// The window start in force after this pass.
+    pub ws: Option<i64>,
+    /// Window opened on this pass (to stamp `ws`/`rsa` and fan out).
+    pub opened: bool,
+    /// `wa` value to write (a value, never a path).
+    pub wa: Option<i64>,
+    /// `gc` to write (quota granted, reset or rolled on this pass).
+    pub gc: Option<i64>,
+    /// The window length to stamp (s).
+    pub rsa: Option<i64>,
+    /// The read state's `tc` (for projections).
+    pub tc: i64,
+}
+
+impl Evaluated {
+    /// The credit this pass applies: `balance − read_tk`, written as an `ADD`.
+    pub fn credit(&self) -> i64 {
+        self.balance - self.read_tk
+    }
+}
+
+/// The `wcu` guard's state at `now`: a drip of 1000 tokens per second, undivided.
+pub fn evaluate_wcu(state: Option<&LimitState>, rf: i64, now: i64) -> Evaluated {
+    let (tk, rc) = state.map(|s| (s.tk, s.rc)).unwrap_or((WCU_CAPACITY, 0));
+    let r = match state {
+        Some(_) => refill(tk, WCU_CAPACITY, WCU_CAPACITY, WCU_PERIOD_MS, rf, rc, now),
+        None => crate::refill::Refilled {
+            tk: WCU_CAPACITY,
+            carry: 0,
+            added: 0,
+        },
+    };
+    Evaluated {
+        name: crate::ids::WCU.into(),
+        read_tk: state.map(|s| s.tk).unwrap_or(0),
+        balance: r.tk,
+        ceiling: WCU_CAPACITY,
+        transition: if state.is_some() {
+            Transition::Refill
+        } else {
+            Transition::Seed
+        },
+        carry: Some(r.carry),
+        ws: None,
+        opened: false,
+        wa: None,
+        gc: None,
+        rsa: None,
+        tc: state.map(|s| s.tc).unwrap_or(0),
+    }
+}
+
+/// Materialise `limit` on a shard whose item has `state` for it (or none) and stamp `rf`,
+/// with `shard_count` shards, at `now`.
+///
+/// Rules, in one place:
+/// - drip: lazy refill with carry to `C // S` at `ra // S` (§4.2);
+/// - calendar quota: `prev_edge(now) > rf` ⇒ SET to the share, `gc = S` (ADR-137, §4.10);
+/// - window quota: ended (half-open) or never opened ⇒ open at now with the full share,
+///   `ws = wa = now`, `gc = S`; unapplied (`ws > wa`, or `ws > rf` unmarked) ⇒ roll to
+///   `share − max(0, tc − wtc)`, never above the share, `wa = ws`, `gc = S` (ADR-139/140);
+///   otherwise keep, and stamp `wa` with the value read (marks unmarked items);
+/// - a quota inside its period keeps its balance, clamped to its ceiling `C // gc`.
+pub fn evaluate(
+    limit: &Limit,
+    state: Option<&LimitState>,
+    rf: i64,
+    shard_count: i64,
+    now: i64,
+    seed: Option<Seed>,
+) -> Evaluated {
+    let s = shard_count.max(1);
+    let cap = limit.capacity_milli();
+    let part = share(cap, s);
+    let mut e = Evaluated {
+        name: limit.name().to_string(),
+        read_tk: state.map(|st| st.tk).unwrap_or(0),
+        balance: 0,
+        ceiling: part,
+        transition: Transition::Kept,
+        carry: None,
+        ws: None,
+        opened: false,
+        wa: None,
+        gc: None,
+        rsa: limit.rsa(),
+        tc: state.map(|st| st.tc).unwrap_or(0),
+    };
+    let Some(st) = state else {
+        let seed = seed.unwrap_or(Seed {
+            balance: part,
+            join_ws: None,
+        });
+        e.transition = Transition::Seed;
+        e.balance = seed.balance.min(part);
+        match limit.refill() {
+            Refill::Drip { .. } => e.carry = Some(0),
+            Refill::Calendar(_) => e.gc = Some(s),
+            Refill::Window { .. } => {
+                let ws = seed.join_ws.unwrap_or(now);
+                e.opened = seed.join_ws.is_none();
+                e.ws = Some(ws);
+                e.wa = Some(ws);
+                e.gc = Some(s);
+            }
+        }
+        return e;
+    };
+    match limit.refill() {
+        Refill::Drip { amount, period_ms } => {
+            let r = refill(
+                st.tk,
+                part,
+                shard_rate(*amount, s),
+                *period_ms,
+                rf,
+                st.rc,
+                now,
+            );
+            e.balance = r.tk;
+            e.carry = Some(r.carry);
+            e.transition = Transition::Refill;
+        }
+        Refill::Calendar(cal) => {
+            let ceiling = quota_ceiling(cap, st.gc, s);
+            e.ceiling = ceiling;
+            match cal.prev_edge(now) {
+                Some(edge) if edge > rf => {
+                    e.balance = part;
+                    e.gc = Some(s);
+                    e.ceiling = part;
+                    e.transition = Transition::CalendarReset;
+                }
+                _ => e.balance = st.tk.min(ceiling),
+            }
+        }
+        Refill::Window { reset_after_s } => {
+            let len = reset_after_s * 1000;
+            let ceiling = quota_ceiling(cap, st.gc, s);
+            e.ceiling = ceiling;
+            match st.ws {
+                Some(ws) if !window::ended(ws, len, now) => {
+                    e.ws = Some(ws);
+                    if window::unapplied(ws, st.wa, rf) {
+                        e.balance = window::roll_target(part, st.tc, st.wtc);
+                        e.wa = Some(ws);
+                        e.gc = Some(s);
+                        e.ceiling = part;
+                        e.transition = Transition::WindowRoll;
+                    } else {
+                        e.balance = st.tk.min(ceiling);
+                        e.wa = Some(st.wa.unwrap_or(ws));
+                    }
+                }
+                _ => {
+                    e.balance = part;
+                    e.ws = Some(now);
+                    e.wa = Some(now);
+                    e.gc = Some(s);
+                    e.ceiling = part;
+                    e.opened = true;
+                    e.transition = Transition::WindowOpen;
+                }
+            }
+        }
+    }
+    e
+}
+
+/// ADR-145 ceiling of a quota shard: `C // gc` (the shard count its grant was sized at;
+/// the current count where no `gc` is stored).
+pub fn quota_ceiling(capacity: i64, gc: Option<i64>, shard_count: i64) -> i64 {
+    let g = gc.filter(|g| *g >= 1).unwrap_or(shard_count).max(1);
+    capacity / g
+}
+
+/// The instant from which the fast path may no longer write this item: the earliest of the
+/// next calendar edge and the end of every window in force (`vu`). `None` = never.
+pub fn valid_until(limits: &[Limit], evals: &[Evaluated], now: i64) -> Option<i64> {
+    let mut vu: Option<i64> = None;
+    let mut take = |t: i64| vu = Some(vu.map_or(t, |v: i64| v.min(t)));
+    for l in limits {
+        match l.refill() {
+            Refill::Calendar(c) => {
+                if let Some(n) = c.next_edge(now) {
+                    take(n)
+                }
+            }
+            Refill::Window { reset_after_s } => {
+                if let Some(ws) = evals.iter().find(|e| e.name == l.name()).and_then(|e| e.ws) {
+                    take(ws + reset_after_s * 1000)
+                }
+            }
+            Refill::Drip { .. } => {}
+        }
+    }
+    vu
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::Duration;
+
+    const T0: i64 = 1_757_000_000_000;
+    const W: i64 = 18_000_000;
+
+    fn session() -> Limit {
+        Limit::quota_after("session", 10, Duration::from_secs(18_000)).unwrap()
+    }
+
+    fn win(tk: i64, tc: i64, ws: i64, wa: Option<i64>, wtc: Option<i64>) -> LimitState {
+        LimitState {
+            tk,
+            cp: 10_000,
+            tc,
+            ws: Some(ws),
+            rsa: Some(18_000),
+            wa,
+            wtc,
+            gc: Some(2),
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn window_open_roll_keep() {
+        let l = session();
+        // Ended exactly at ws + W (half-open): opens at now with the full share.
+        let e = evaluate(
+            &l,
+            Some(&win(3000, 7000, T0, Some(T0), None)),
+            T0,
+            1,
+            T0 + W,
+            None,
+        );
+        assert_eq!(e.transition, Transition::WindowOpen);
+        assert_eq!(
+            (e.balance, e.ws, e.wa),
+            (10_000, Some(T0 + W), Some(T0 + W))
+        );
+        // Scenario 45: roll target 5000 − max(0, 1000 − 1000) on S = 2.
+        let t1 = T0 + W + 1000;
+        let e = evaluate(
+            &l,
+            Some(&win(0, 1000, t1, Some(T0), Some(1000))),
+            t1,
+            2,
+            t1 + 120_000,
+            None,
+        );
+        assert_eq!(e.transition, Transition::WindowRoll);
+        assert_eq!((e.balance, e.wa, e.gc), (5000, Some(t1), Some(2)));
+        // Scenario 51: a net credit never lifts the target above the share.
+        let e = evaluate(
+            &l,
+            Some(&win(0, 1000, t1, Some(T0), Some(4000))),
+            t1,
+            2,
+            t1 + 1,
+            None,
+        );
+        assert_eq!(e.balance, 5000);
+        // Live and applied: kept, wa stamped with the value read.
+        let e = evaluate(
+            &l,
+            Some(&win(4000, 1000, T0, Some(T0), None)),
+            T0,
+            1,
+            T0 + 5,
+            None,
+        );
+        assert_eq!(
+            (e.transition, e.balance, e.wa),
+            (Transition::Kept, 4000, Some(T0))
+        );
+        // Unmarked (no wa): ws > rf ⇒ roll; ws <= rf ⇒ applied, marked with ws.
+        let e = evaluate(
+            &l,
+            Some(&win(0, 0, T0 + 10, None, None)),
+            T0,
+            1,
+            T0 + 20,
+            None,
+        );
+        assert_eq!(e.transition, Transition::WindowRoll);
+        let e = evaluate(
+            &l,
+            Some(&win(7000, 0, T0, None, None)),
+            T0 + 10,
+            1,
+            T0 + 20,
+            None,
+        );
+        assert_eq!((e.transition, e.wa), (Transition::Kept, Some(T0)));
+    }
+
+    #[test]
+    fn calendar_reset_forgives_debt() {
+        // Scenario 82: tk −4000 before midnight → 10000 after (not 6000).
+        let l = Limit::quota_calendar("daily", 10, "0 0 * * *", "UTC").unwrap();
+        let midnight = 1_764_547_200_000; // 2025-12-01T00:00:00Z
+        let st = LimitState {
+            tk: -4000,
+            cp: 10_000,
+            gc: Some(1),
+            ..Default::default()
+        };
+        let e = evaluate(&l, Some(&st), midnight - 1, 1, midnight, None);
+        assert_eq!(
+            (e.transition, e.balance),
+            (Transition::CalendarReset, 10_000)
+        );
+        let e = evaluate(&l, Some(&st), midnight - 1, 1, midnight - 1, None);
+        assert_eq!((e.transition, e.balance), (Transition::Kept, -4000));
+        // Scenario 83: S = 2 → each shard resets to 5000 with gc = 2.
+        let e = evaluate(&l, Some(&st), midnight - 1, 2, midnight + 5, None);
+        assert_eq!((e.balance, e.gc), (5000, Some(2)));
+    }
+
+    #[test]
+    fn drip_divides_rate_and_capacity() {
+        let l = Limit::per_minute("rpm", 1000).unwrap();
+        let st = LimitState {
+            tk: 0,
+            cp: 1_000_000,
+            ra: 1_000_000,
+            rp: 60_000,
+            ..Default::default()
+        };
+        let e = evaluate(&l, Some(&st), 0, 2, 60_000, None);
+        assert_eq!((e.balance, e.ceiling), (500_000, 500_000));
+        let e = evaluate(&l, Some(&st), 0, 2, 6_000, None);
+        assert_eq!(e.balance, 50_000);
+    }
+}

@@ -1,0 +1,122 @@
+//! What a caller is told: per-limit availability, retry-after and the one reset instant.
+
+use serde::{Deserialize, Serialize};
+
+use crate::limit::{Limit, Refill, MILLI};
+use crate::materialize::{shard_rate, Evaluated};
+use crate::refill::time_to_refill;
+
+/// The state of one limit for one request, entity-wide.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct LimitStatus {
+    /// Limit name.
+    pub limit: String,
+    /// `"rate"` or `"quota"`.
+    pub kind: String,
+    /// Capacity in tokens (entity-wide).
+    pub capacity: i64,
+    /// Tokens available now (entity-wide; negative in debt).
+    pub available: i64,
+    /// Tokens requested.
+    pub requested: i64,
+    /// Whether this limit refused the request.
+    pub exceeded: bool,
+    /// For an exceeded limit: ms until a retry can succeed (never 0). `None` when the
+    /// request can never fit (larger than the capacity).
+    pub retry_after_ms: Option<i64>,
+    /// When the allowance resets: the window end or calendar edge for quotas, the instant
+    /// the bucket is full again for rate limits. `None` when nothing is pending.
+    pub resets_at_ms: Option<i64>,
+}
+
+/// A shard's materialised view of one limit, the unit statuses are summed from.
+#[derive(Debug, Clone)]
+pub struct ShardView<'a> {
+    /// The evaluation at now.
+    pub eval: &'a Evaluated,
+    /// The shard count it was evaluated with.
+    pub shard_count: i64,
+    /// Carried remainder.
+    pub carry: i64,
+}
+
+/// Rule "retry-after and the one reset instant": build a limit's status from the views of
+/// the shards read (one for a fast-path decision, all of them for availability).
+///
+/// - available = Σ balances; capacity = the entity's capacity;
+/// - quotas reset at one instant per entity: the window end `ws + rsa` of the window in
+///   force (the latest start among the shards: shards converge on one), or the next
+///   calendar edge;
+/// - an exceeded rate limit retries when the best shard has dripped the deficit in.
+pub fn limit_status(
+    limit: &Limit,
+    views: &[ShardView<'_>],
+    requested_milli: i64,
+    exceeded: bool,
+    now_ms: i64,
+) -> LimitStatus {
+    let available: i64 = views.iter().map(|v| v.eval.balance).sum();
+    let best = views.iter().map(|v| v.eval.balance).max().unwrap_or(0);
+    let ceiling = views.iter().map(|v| v.eval.ceiling).max().unwrap_or(0);
+    let (kind, resets_at, retry) = match limit.refill() {
+        Refill::Drip { amount, period_ms } => {
+            let s = views.first().map(|v| v.shard_count).unwrap_or(1);
+            let rate = shard_rate(*amount, s);
+            let carry = views.first().map(|v| v.carry).unwrap_or(0);
+            let full_in = views
+                .iter()
+                .filter_map(|v| {
+                    time_to_refill(v.eval.ceiling - v.eval.balance, rate, *period_ms, v.carry)
+                })
+                .max()
+                .unwrap_or(0);
+            let retry = if requested_milli > ceiling {
+                None
+            } else {
+                time_to_refill(requested_milli - best, rate, *period_ms, carry)
+            };
+            ("rate", (full_in > 0).then_some(now_ms + full_in), retry)
+        }
+        Refill::Calendar(c) => {
+            let next = c.next_edge(now_ms);
+            let retry = if requested_milli
+                > limit.capacity_milli() / views.first().map(|v| v.shard_count).unwrap_or(1)
+            {
+                None
+            } else {
+                next.map(|n| (n - now_ms).max(1))
+            };
+            ("quota", next, retry)
+        }
+        Refill::Window { reset_after_s } => {
+            let end = views
+                .iter()
+                .filter_map(|v| v.eval.ws)
+                .max()
+                .map(|ws| ws + reset_after_s * 1000)
+                .filter(|e| *e > now_ms);
+            let retry = if requested_milli
+                > limit.capacity_milli() / views.first().map(|v| v.shard_count).unwrap_or(1)
+            {
+                None
+            } else {
+                end.map(|e| (e - now_ms).max(1))
+            };
+            ("quota", end, retry)
+        }
+    };
+    LimitStatus {
+        limit: limit.name().to_string(),
+        kind: kind.into(),
+        capacity: limit.capacity_milli() / MILLI,
+        available: available.div_euclid(MILLI),
+        requested: requested_milli / MILLI,
+        exceeded,
+        retry_after_ms: if exceeded {
+            retry.map(|r| r.max(1))
+        } else {
+            None
+        },
+        resets_at_ms: resets_at,
+    }
+}

@@ -1,0 +1,410 @@
+//! Write plans: the speculative fast-path write and its failure classification, the
+//! rf-locked normal write, the consumption-only retry, create, and adjust/rollback.
+
+use crate::bucket::{attr, BucketImage, WCU_COST};
+use crate::expr::{Condition, Update};
+use crate::ids::WCU;
+use crate::keys::battr;
+use crate::limit::{Limit, Refill};
+use crate::materialize::{evaluate, Evaluated, Transition};
+use crate::value::{Item, Value};
+
+/// A named amount, in millitokens.
+pub type Amounts = [(String, i64)];
+
+/// TTL handling on slow-path writes (ADR-119/136).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum TtlWrite {
+    /// Entity-level limits: no TTL (REMOVE it).
+    Remove,
+    /// Default-level limits: SET `ttl` to this epoch second.
+    Set(i64),
+}
+
+/// Rule "TTL horizon": the time to recover from empty to full, times the multiplier —
+/// drip `⌈cp / ra⌉ × rp`, calendar the longest period, window exactly `rsa`.
+pub fn ttl_for(limits: &[Limit], now_ms: i64, multiplier: i64) -> Option<i64> {
+    if multiplier <= 0 {
+        return None;
+    }
+    let horizon_ms = limits
+        .iter()
+        .map(|l| match l.refill() {
+            Refill::Drip { amount, period_ms } => {
+                (l.capacity_milli() + amount - 1) / amount * period_ms
+            }
+            Refill::Calendar(c) => c.period_ms(now_ms),
+            Refill::Window { reset_after_s } => reset_after_s * 1000,
+        })
+        .max()?;
+    Some(now_ms / 1000 + horizon_ms / 1000 * multiplier)
+}
+
+/// The speculative write (§4.3): ADD the amounts and one `wcu`, conditioned on the item
+/// existing, every named balance covering its amount (a zero amount still requires
+/// `tk >= 0`), `wcu` covering one write, the item not expired, its parameters current
+/// (`ph`), and `vu` not reached. It reads nothing and touches no `rf`, window or grant.
+pub fn fast_write(amounts: &Amounts, ph: &str, now_ms: i64) -> (Update, Condition) {
+    let mut u = Update::new();
+    let mut c = Condition::exists("PK");
+    for (n, amt) in amounts {
+        u = u.add(battr(n, "tk"), -amt).add(battr(n, "tc"), *amt);
+        c = c.and(Condition::ge(battr(n, "tk"), *amt));
+    }
+    u = u
+        .add(battr(WCU, "tk"), -WCU_COST)
+        .add(battr(WCU, "tc"), WCU_COST);
+    c = c
+        .and(Condition::ge(battr(WCU, "tk"), WCU_COST))
+        .and(Condition::not_exists(attr::TTL).or(Condition::gt(attr::TTL, now_ms / 1000)))
+        .and(Condition::eq(attr::PH, ph))
+        .and(Condition::not_exists(attr::VU).or(Condition::gt(attr::VU, now_ms)));
+    (u, c)
+}
+
+/// Why a speculative write failed, read off the old item (§4.3 classification order).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FastFailure {
+    /// No item: create it on the slow path.
+    Missing,
+    /// Past its TTL but not yet swept: decide on the slow path.
+    Expired,
+    /// `vu` reached (calendar edge, window end, forced slow): slow path.
+    Boundary,
+    /// Stored parameters differ from the caller's limits: slow path re-materialises.
+    ParamsChanged,
+    /// A named limit is not on the item: the slow path seeds it.
+    LimitMissing,
+    /// Only `wcu` is short: the item is hot.
+    WcuExhausted,
+    /// `wcu` and an app limit are short.
+    Both,
+    /// An app limit is short.
+    AppLimit,
+}
+
+/// Classify a failed speculative write from the returned old image.
+pub fn classify_fast_failure(
+    old: Option<&BucketImage>,
+    amounts: &Amounts,
+    ph: &str,
+    now_ms: i64,
+) -> FastFailure {
+    let Some(img) = old else {
+        return FastFailure::Missing;
+    };
+    if img.ttl.is_some_and(|t| t <= now_ms / 1000) {
+        return FastFailure::Expired;
+    }
+    if img.vu.is_some_and(|v| v <= now_ms) {
+        return FastFailure::Boundary;
+    }
+    if img.ph.as_deref() != Some(ph) {
+        return FastFailure::ParamsChanged;
+    }
+    if amounts.iter().any(|(n, _)| !img.limits.contains_key(n)) {
+        return FastFailure::LimitMissing;
+    }
+    let wcu_short = img.wcu.as_ref().is_none_or(|w| w.tk < WCU_COST);
+    let app_short = amounts
+        .iter()
+        .any(|(n, a)| img.limits.get(n).is_some_and(|s| s.tk < *a));
+    match (wcu_short, app_short) {
+        (true, true) => FastFailure::Both,
+        (true, false) => FastFailure::WcuExhausted,
+        _ => FastFailure::AppLimit,
+    }
+}
+
+/// Rule `would_refill_satisfy`: project every named limit from the image at `now` (refill,
+/// calendar edge, ended window, pending roll — the same [`evaluate`] the slow path runs)
+/// and say whether each covers its amount.
+pub fn would_refill_satisfy(
+    img: &BucketImage,
+    limits: &[Limit],
+    amounts: &Amounts,
+    now_ms: i64,
+) -> bool {
+    amounts.iter().all(|(n, a)| {
+        let Some(l) = limits.iter().find(|l| l.name() == n) else {
+            return false;
+        };
+        let e = evaluate(l, img.limits.get(n), img.rf, img.shard_count, now_ms, None);
+        e.balance >= *a
+    })
+}
+
+/// Inputs of an rf-locked write that the item-level rules decide.
+#[derive(Debug, Clone)]
+pub struct ItemStamp<'a> {
+    /// The instant written to `rf` (never backward: max of now, stored rf, windows).
+    pub rf: i64,
+    /// `vu` to SET, or REMOVE when `None`.
+    pub vu: Option<i64>,
+    /// TTL handling.
+    pub ttl: TtlWrite,
+    /// Parameter hash of the limit set.
+    pub ph: &'a str,
+}
+
+fn stamp_params(mut u: Update, l: &Limit) -> Update {
+    let n = l.name();
+    u = u
+        .set(battr(n, "cp"), l.capacity_milli())
+        .set(battr(n, "ra"), l.ra())
+        .set(battr(n, "rp"), l.rp());
+    if let Some(c) = l.calendar() {
+        u = u
+            .set(battr(n, "rsched"), c.expr())
+            .set(battr(n, "tz"), c.tz());
+    }
+    u
+}
+
+/// Rule "monotonic rf": the `rf` an rf-locked write stamps is the largest of now, the
+/// stored `rf`, and every window start in force — never backward (ADR-140).
+pub fn next_rf(now_ms: i64, stored_rf: i64, evals: &[Evaluated]) -> i64 {
+    evals
+        .iter()
+        .filter_map(|e| e.ws)
+        .fold(now_ms.max(stored_rf), i64::max)
+}
+
+/// The rf-locked normal write (§4.4): SET `rf`, `vu`, `ttl`, `ph`, parameters and window /
+/// grant stamps; ADD each limit's credit minus its consumption and the consumption to `tc`.
+/// Condition: `rf` unchanged, and where consumption exceeds the credit, the live balance
+/// still covers the difference (concurrent fast-path debits); seeds require the limit to be
+/// absent.
+pub fn normal_write(
+    expected_rf: i64,
+    stamp: &ItemStamp<'_>,
+    limits: &[Limit],
+    evals: &[Evaluated],
+    wcu: &Evaluated,
+    amounts: &Amounts,
+) -> (Update, Condition) {
+    let mut u = Update::new()
+        .set(attr::RF, stamp.rf)
+        .set(attr::PH, stamp.ph);
+    u = match stamp.vu {
+        Some(v) => u.set(attr::VU, v),
+        None => u.remove(attr::VU),
+    };
+    u = match stamp.ttl {
+        TtlWrite::Set(t) => u.set(attr::TTL, t),
+        TtlWrite::Remove => u.remove(attr::TTL),
+    };
+    let mut c = Condition::eq(attr::RF, expected_rf);
+    for (l, e) in limits.iter().zip(evals) {
+        let n = l.name();
+        let consumed = amounts
+            .iter()
+            .find(|(a, _)| a == n)
+            .map(|(_, v)| *v)
+            .unwrap_or(0);
+        u = stamp_params(u, l);
+        let credit = e.credit();
+        if credit - consumed != 0 || e.transition == Transition::Seed {
+            u = u.add(battr(n, "tk"), credit - consumed);
+        }
+        if consumed != 0 {
+            u = u.add(battr(n, "tc"), consumed);
+        }
+        if let Some(rc) = e.carry {
+            u = u.set(battr(n, "rc"), rc);
+        }
+        if e.opened {
+            if let Some(ws) = e.ws {
+                u = u.set(battr(n, "ws"), ws);
+            }
+        }
+        if let Some(rsa) = e.rsa {
+            u = u.set(battr(n, "rsa"), rsa);
+        }
+        if let Some(wa) = e.wa {
+            u = u.set(battr(n, "wa"), wa);
+        }
+        if let Some(gc) = e.gc {
+            u = u.set(battr(n, "gc"), gc);
+        }
+        if e.transition == Transition::Seed {
+            c = c.and(Condition::not_exists(battr(n, "tk")));
+        } else if consumed > credit {
+            c = c.and(Condition::ge(battr(n, "tk"), consumed - credit));
+        }
+    }
+    // The write-capacity guard refills on every rf-locked write (the original only refilled
+    // it from the aggregator, so a bucket without one doubled forever: §11 #6).
+    if wcu.credit() != 0 || wcu.transition == Transition::Seed {
+        u = u.add(battr(WCU, "tk"), wcu.credit());
+    }
+    if wcu.transition == Transition::Seed {
+        u = u
+            .set(battr(WCU, "cp"), crate::bucket::WCU_CAPACITY)
+            .set(battr(WCU, "ra"), crate::bucket::WCU_CAPACITY)
+            .set(battr(WCU, "rp"), crate::bucket::WCU_PERIOD_MS);
+    }
+    if let Some(rc) = wcu.carry {
+        u = u.set(battr(WCU, "rc"), rc);
+    }
+    (u, c)
+}
+
+/// The consumption-only retry (§4.4), after the rf lock was lost: ADD the amounts, each
+/// conditioned on the live balance covering it. No refill, no `rf`, `vu`, window or grant
+/// stamp.
+pub fn retry_write(amounts: &Amounts) -> (Update, Condition) {
+    let mut u = Update::new();
+    let mut c = Condition::exists("PK");
+    for (n, a) in amounts {
+        if *a != 0 {
+            u = u.add(battr(n, "tk"), -a).add(battr(n, "tc"), *a);
+        }
+        c = c.and(Condition::ge(battr(n, "tk"), *a));
+    }
+    (u, c)
+}
+
+/// Adjust / rollback (path 4): an unconditional ADD of `−delta` to the balance and `+delta`
+/// to `tc` per limit; may drive the balance into debt. Never touches `rf`, windows, grants.
+pub fn adjust_write(deltas: &Amounts) -> Update {
+    let mut u = Update::new();
+    for (n, d) in deltas {
+        if *d != 0 {
+            u = u.add(battr(n, "tk"), -d).add(battr(n, "tc"), *d);
+        }
+    }
+    u
+}
+
+/// Identity attributes of a new bucket item.
+#[derive(Debug, Clone)]
+pub struct BucketIdentity<'a> {
+    /// Namespace.
+    pub ns: &'a str,
+    /// Entity.
+    pub entity: &'a str,
+    /// Resource.
+    pub resource: &'a str,
+    /// Shard index.
+    pub shard: u32,
+    /// Shard count the creator used.
+    pub shard_count: i64,
+}
+
+/// Create (§4.4/§4.6): the whole item, every limit at its evaluated balance minus the
+/// consumption, `rf = max(now, ws)`, `wcu` full, GSI keys; written with
+/// `attribute_not_exists(PK)`.
+pub fn create_item(
+    id: &BucketIdentity<'_>,
+    stamp: &ItemStamp<'_>,
+    limits: &[Limit],
+    evals: &[Evaluated],
+    amounts: &Amounts,
+) -> Item {
+    let mut i = Item::new();
+    let mut put = |k: String, v: Value| {
+        i.insert(k, v);
+    };
+    put(attr::ENTITY.into(), id.entity.into());
+    put(attr::RESOURCE.into(), id.resource.into());
+    put(attr::SHARD.into(), Value::N(id.shard as i64));
+    put(attr::SHARD_COUNT.into(), Value::N(id.shard_count));
+    put(attr::RF.into(), Value::N(stamp.rf));
+    put(attr::PH.into(), stamp.ph.into());
+    if let Some(v) = stamp.vu {
+        put(attr::VU.into(), Value::N(v));
+    }
+    if let TtlWrite::Set(t) = stamp.ttl {
+        put(attr::TTL.into(), Value::N(t));
+    }
+    put(
+        "GSI2PK".into(),
+        crate::keys::gsi2_resource(id.ns, id.resource).into(),
+    );
+    put(
+        "GSI2SK".into(),
+        format!("BUCKET#{}#{}", id.entity, id.shard).into(),
+    );
+    put(
+        "GSI3PK".into(),
+        crate::keys::gsi3_entity(id.ns, id.entity).into(),
+    );
+    put(
+        "GSI3SK".into(),
+        format!("BUCKET#{}#{}", id.resource, id.shard).into(),
+    );
+    put("GSI4PK".into(), id.ns.into());
+    put(
+        "GSI4SK".into(),
+        format!("BUCKET#{}#{}#{}", id.entity, id.resource, id.shard).into(),
+    );
+    for (l, e) in limits.iter().zip(evals) {
+        let n = l.name();
+        let consumed = amounts
+            .iter()
+            .find(|(a, _)| a == n)
+            .map(|(_, v)| *v)
+            .unwrap_or(0);
+        put(battr(n, "tk"), Value::N(e.balance - consumed));
+        put(battr(n, "tc"), Value::N(consumed));
+        put(battr(n, "cp"), Value::N(l.capacity_milli()));
+        put(battr(n, "ra"), Value::N(l.ra()));
+        put(battr(n, "rp"), Value::N(l.rp()));
+        if let Some(c) = l.calendar() {
+            put(battr(n, "rsched"), c.expr().into());
+            put(battr(n, "tz"), c.tz().into());
+        }
+        if let Some(rc) = e.carry {
+            put(battr(n, "rc"), Value::N(rc));
+        }
+        if let Some(ws) = e.ws {
+            put(battr(n, "ws"), Value::N(ws));
+        }
+        if let Some(rsa) = e.rsa {
+            put(battr(n, "rsa"), Value::N(rsa));
+        }
+        if let Some(wa) = e.wa {
+            put(battr(n, "wa"), Value::N(wa));
+        }
+        if let Some(gc) = e.gc {
+            put(battr(n, "gc"), Value::N(gc));
+        }
+    }
+    put(battr(WCU, "tk"), Value::N(crate::bucket::WCU_CAPACITY));
+    put(battr(WCU, "tc"), Value::N(0));
+    put(battr(WCU, "cp"), Value::N(crate::bucket::WCU_CAPACITY));
+    put(battr(WCU, "ra"), Value::N(crate::bucket::WCU_CAPACITY));
+    put(battr(WCU, "rp"), Value::N(crate::bucket::WCU_PERIOD_MS));
+    i
+}
+
+/// A stable hash of a limit set (FNV-1a over a canonical description), stamped on bucket
+/// items as `ph` so the fast path fails over to the slow path — which re-materialises the
+/// stored parameters — as soon as a client holds a changed limit set (param sync, ADR-120).
+pub fn params_hash(limits: &[Limit]) -> String {
+    let mut parts: Vec<String> = limits
+        .iter()
+        .map(|l| {
+            let cal = l
+                .calendar()
+                .map(|c| format!("{}@{}", c.expr(), c.tz()))
+                .unwrap_or_default();
+            format!(
+                "{}:{}:{}:{}:{}",
+                l.name(),
+                l.capacity_milli(),
+                l.ra(),
+                l.rp(),
+                cal
+            )
+        })
+        .collect();
+    parts.sort();
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    for b in parts.join("|").bytes() {
+        h ^= b as u64;
+        h = h.wrapping_mul(0x0000_0100_0000_01b3);
+    }
+    format!("{h:016x}")
+}
