@@ -1,0 +1,45 @@
+//! The store conformance suite on SqliteStore: every check on a fresh temp-file store, and
+//! again on a fresh in-memory store.
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+
+use tollgate_sqlite::SqliteStore;
+use tollgate_store::conformance::run_all;
+use tollgate_store::Store;
+
+fn report(results: Vec<(&'static str, Result<(), String>)>, what: &str) {
+    assert!(!results.is_empty(), "the suite ran no check");
+    let names: Vec<&str> = results.iter().map(|(n, _)| *n).collect();
+    eprintln!("{what}: {} checks ran: {}", names.len(), names.join(", "));
+    let failed: Vec<String> = results
+        .iter()
+        .filter_map(|(n, r)| r.as_ref().err().map(|e| format!("{n}: {e}")))
+        .collect();
+    assert!(
+        failed.is_empty(),
+        "{what}: {} of {} conformance checks failed:\n{}",
+        failed.len(),
+        results.len(),
+        failed.join("\n")
+    );
+}
+
+#[tokio::test]
+async fn conformance_on_temp_files() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let n = AtomicUsize::new(0);
+    let make = || -> Box<dyn Store> {
+        let i = n.fetch_add(1, Ordering::SeqCst);
+        let path = dir.path().join(format!("conf-{i}.db"));
+        Box::new(SqliteStore::open(&path).expect("open temp store"))
+    };
+    report(run_all(&make).await, "file");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn conformance_in_memory_on_multi_thread_runtime() {
+    let make = || -> Box<dyn Store> {
+        Box::new(SqliteStore::open_in_memory().expect("open in-memory store"))
+    };
+    report(run_all(&make).await, "memory");
+}

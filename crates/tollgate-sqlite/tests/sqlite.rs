@@ -1,0 +1,458 @@
+//! SqliteStore beyond the shared conformance suite: persistence, corrupt rows, busy files,
+//! two connections on one file, and a differential run against MemoryStore.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use tollgate_core::expr::{Condition, ReturnValues, SetValue, Update};
+use tollgate_core::value::{Item, Key, Value};
+use tollgate_sqlite::{SqliteConfig, SqliteStore, SCHEMA_VERSION};
+use tollgate_store::{
+    CancelReason, DeleteRequest, MemoryStore, PutRequest, Query, Store, StoreError, TransactOp,
+    UpdateRequest,
+};
+
+fn item(pairs: &[(&str, Value)]) -> Item {
+    pairs
+        .iter()
+        .map(|(k, v)| (k.to_string(), v.clone()))
+        .collect()
+}
+
+fn debit(key: &Key) -> UpdateRequest {
+    UpdateRequest {
+        key: key.clone(),
+        update: Update::new().add("n", -1),
+        condition: Some(Condition::ge("n", 1)),
+        returns: ReturnValues::None,
+    }
+}
+
+async fn put_n(s: &dyn Store, key: &Key, n: i64) {
+    s.put(PutRequest {
+        key: key.clone(),
+        item: item(&[("n", Value::N(n))]),
+        condition: None,
+    })
+    .await
+    .expect("put");
+}
+
+async fn n_of(s: &dyn Store, key: &Key) -> Option<i64> {
+    s.get(key, true)
+        .await
+        .expect("get")
+        .and_then(|i| i.get("n").and_then(Value::as_n))
+}
+
+#[tokio::test]
+async fn writes_survive_reopen_and_schema_version_is_recorded() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("t.db");
+    let k = Key::new("e1", "#STATE");
+    {
+        let s = SqliteStore::open(&path).unwrap();
+        put_n(&s, &k, 42).await;
+        s.transact_write(
+            vec![TransactOp::Put(PutRequest {
+                key: Key::new("e2", "#STATE"),
+                item: Item::new(),
+                condition: None,
+            })],
+            Some("tok-1".into()),
+        )
+        .await
+        .unwrap();
+    }
+    let s = SqliteStore::open(&path).unwrap();
+    assert_eq!(n_of(&s, &k).await, Some(42));
+    // The token survived the reopen: the same transaction is not applied again.
+    s.delete(DeleteRequest {
+        key: Key::new("e2", "#STATE"),
+        condition: None,
+    })
+    .await
+    .unwrap();
+    s.transact_write(
+        vec![TransactOp::Put(PutRequest {
+            key: Key::new("e2", "#STATE"),
+            item: Item::new(),
+            condition: None,
+        })],
+        Some("tok-1".into()),
+    )
+    .await
+    .unwrap();
+    assert_eq!(s.get(&Key::new("e2", "#STATE"), true).await.unwrap(), None);
+    s.integrity_check().unwrap();
+
+    let raw = rusqlite::Connection::open(&path).unwrap();
+    let v: i64 = raw
+        .query_row("PRAGMA user_version", [], |r| r.get(0))
+        .unwrap();
+    assert_eq!(v, SCHEMA_VERSION);
+    let mode: String = raw
+        .query_row("PRAGMA journal_mode", [], |r| r.get(0))
+        .unwrap();
+    assert_eq!(mode, "wal");
+}
+
+#[tokio::test]
+async fn a_newer_schema_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("t.db");
+    drop(SqliteStore::open(&path).unwrap());
+    let raw = rusqlite::Connection::open(&path).unwrap();
+    raw.pragma_update(None, "user_version", SCHEMA_VERSION + 1)
+        .unwrap();
+    drop(raw);
+    match SqliteStore::open(&path) {
+        Err(StoreError::Unavailable(m)) => assert!(m.contains("schema version"), "{m}"),
+        other => panic!("expected Unavailable, got {other:?}"),
+    }
+}
+
+#[tokio::test]
+async fn a_corrupt_row_is_reported_with_its_key_never_a_panic() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("t.db");
+    let s = SqliteStore::open(&path).unwrap();
+    let good = Key::new("p", "a");
+    let bad = Key::new("p", "b");
+    put_n(&s, &good, 1).await;
+    let raw = rusqlite::Connection::open(&path).unwrap();
+    raw.execute(
+        "INSERT INTO items (pk, sk, item, gsi1pk, gsi1sk) VALUES ('p', 'b', '{not json', 'g', 'x')",
+        [],
+    )
+    .unwrap();
+    let is_corrupt = |r: &StoreError| matches!(r, StoreError::Corrupt(m) if m.contains("p|b"));
+
+    let e = s.get(&bad, true).await.unwrap_err();
+    assert!(is_corrupt(&e), "{e:?}");
+    let e = s.batch_get(&[good.clone(), bad.clone()], true).await.unwrap_err();
+    assert!(is_corrupt(&e), "{e:?}");
+    let e = s.query(Query::table("p", None)).await.unwrap_err();
+    assert!(is_corrupt(&e), "{e:?}");
+    let e = s.query(Query::index("GSI1", "g", None)).await.unwrap_err();
+    assert!(is_corrupt(&e), "{e:?}");
+    let e = s.update(debit(&bad)).await.unwrap_err();
+    assert!(is_corrupt(&e), "{e:?}");
+    let e = s
+        .transact_write(
+            vec![
+                TransactOp::Update(debit(&good)),
+                TransactOp::Update(debit(&bad)),
+            ],
+            None,
+        )
+        .await
+        .unwrap_err();
+    assert!(is_corrupt(&e), "{e:?}");
+    // Nothing was written by the refused calls; the good row is still readable.
+    assert_eq!(n_of(&s, &good).await, Some(1));
+
+    // A row whose item is not text at all.
+    raw.execute("UPDATE items SET item = 7 WHERE pk = 'p' AND sk = 'b'", [])
+        .unwrap();
+    let e = s.get(&bad, true).await.unwrap_err();
+    assert!(is_corrupt(&e), "{e:?}");
+}
+
+#[tokio::test]
+async fn a_write_blocked_beyond_the_busy_timeout_is_unavailable() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("t.db");
+    let cfg = SqliteConfig {
+        busy_timeout: Duration::from_millis(100),
+    };
+    let s = SqliteStore::open_with(&path, &cfg).unwrap();
+    let k = Key::new("p", "a");
+    put_n(&s, &k, 3).await;
+    let holder = rusqlite::Connection::open(&path).unwrap();
+    holder.execute_batch("BEGIN IMMEDIATE").unwrap();
+    let e = s.update(debit(&k)).await.unwrap_err();
+    match &e {
+        StoreError::Unavailable(m) => assert!(m.contains("busy"), "{m}"),
+        other => panic!("expected Unavailable, got {other:?}"),
+    }
+    assert!(e.is_unavailable());
+    // Reads do not wait for the writer in WAL mode.
+    assert_eq!(n_of(&s, &k).await, Some(3));
+    holder.execute_batch("ROLLBACK").unwrap();
+    s.update(debit(&k)).await.unwrap();
+    assert_eq!(n_of(&s, &k).await, Some(2));
+}
+
+#[tokio::test]
+async fn two_connections_on_one_file_see_each_other() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("t.db");
+    let a = SqliteStore::open(&path).unwrap();
+    let b = SqliteStore::open(&path).unwrap();
+    let k = Key::new("p", "a");
+    put_n(&a, &k, 5).await;
+    assert_eq!(n_of(&b, &k).await, Some(5));
+    b.update(debit(&k)).await.unwrap();
+    assert_eq!(n_of(&a, &k).await, Some(4));
+    let e = a
+        .put(PutRequest {
+            key: k.clone(),
+            item: Item::new(),
+            condition: Some(Condition::not_exists("PK")),
+        })
+        .await
+        .unwrap_err();
+    match e {
+        StoreError::ConditionFailed { old: Some(old) } => {
+            assert_eq!(old.get("n"), Some(&Value::N(4)))
+        }
+        other => panic!("expected ConditionFailed with the old item, got {other:?}"),
+    }
+}
+
+/// 2 connections × 500 conditional decrements on n = 600: exactly 600 succeed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn conditional_writes_on_two_connections_serialize() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("t.db");
+    let k = Key::new("bucket", "#STATE");
+    let a = SqliteStore::open(&path).unwrap();
+    let b = SqliteStore::open(&path).unwrap();
+    put_n(&a, &k, 600).await;
+    let mut tasks = Vec::new();
+    for s in [a.clone(), b.clone()] {
+        let k = k.clone();
+        tasks.push(tokio::spawn(async move {
+            let (mut ok, mut refused) = (0u32, 0u32);
+            for _ in 0..500 {
+                match s.update(debit(&k)).await {
+                    Ok(_) => ok += 1,
+                    Err(StoreError::ConditionFailed { old }) => {
+                        assert_eq!(old.and_then(|o| o.get("n").cloned()), Some(Value::N(0)));
+                        refused += 1
+                    }
+                    Err(e) => panic!("unexpected error: {e}"),
+                }
+            }
+            (ok, refused)
+        }));
+    }
+    let mut ok = 0;
+    let mut refused = 0;
+    for t in tasks {
+        let (o, r) = t.await.unwrap();
+        ok += o;
+        refused += r;
+    }
+    assert_eq!(ok, 600);
+    assert_eq!(refused, 400);
+    assert_eq!(n_of(&a, &k).await, Some(0));
+    assert_eq!(n_of(&b, &k).await, Some(0));
+}
+
+#[tokio::test]
+async fn a_cancelled_transaction_writes_nothing_and_names_the_failing_op() {
+    let s = SqliteStore::open_in_memory().unwrap();
+    let (p, c) = (Key::new("parent", "#S"), Key::new("child", "#S"));
+    put_n(&s, &p, 10).await;
+    put_n(&s, &c, 0).await;
+    let e = s
+        .transact_write(
+            vec![
+                TransactOp::Update(debit(&p)),
+                TransactOp::Update(debit(&c)),
+                TransactOp::Put(PutRequest {
+                    key: Key::new("audit", "1"),
+                    item: Item::new(),
+                    condition: None,
+                }),
+            ],
+            Some("t".into()),
+        )
+        .await
+        .unwrap_err();
+    match e {
+        StoreError::TransactionCanceled { reasons } => {
+            assert_eq!(reasons.len(), 3);
+            assert_eq!(reasons[0], CancelReason::None);
+            assert!(
+                matches!(&reasons[1], CancelReason::ConditionFailed { old: Some(o) } if o.get("n") == Some(&Value::N(0)))
+            );
+            assert_eq!(reasons[2], CancelReason::None);
+        }
+        other => panic!("expected TransactionCanceled, got {other:?}"),
+    }
+    assert_eq!(n_of(&s, &p).await, Some(10));
+    assert_eq!(s.get(&Key::new("audit", "1"), true).await.unwrap(), None);
+    // The token of a cancelled transaction is not remembered: a resend is evaluated.
+    put_n(&s, &c, 1).await;
+    s.transact_write(
+        vec![TransactOp::Update(debit(&p)), TransactOp::Update(debit(&c))],
+        Some("t".into()),
+    )
+    .await
+    .unwrap();
+    assert_eq!(n_of(&s, &p).await, Some(9));
+    assert_eq!(n_of(&s, &c).await, Some(0));
+}
+
+// ---------------------------------------------------------------------------------------
+// Differential: the same seeded operation sequence on MemoryStore and SqliteStore.
+
+struct Lcg(u64);
+impl Lcg {
+    fn next(&mut self) -> u64 {
+        self.0 = self
+            .0
+            .wrapping_mul(6364136223846793005)
+            .wrapping_add(1442695040888963407);
+        self.0 >> 33
+    }
+    fn below(&mut self, n: u64) -> u64 {
+        self.next() % n
+    }
+}
+
+fn rand_key(r: &mut Lcg) -> Key {
+    let pk = ["e/a", "e/b", "e/ä"][r.below(3) as usize];
+    let sk = ["#STATE", "#LIMIT#x", "#LIMIT#y", "b_1", "B_2", ""][r.below(6) as usize];
+    Key::new(pk, sk)
+}
+
+fn rand_value(r: &mut Lcg) -> Value {
+    match r.below(5) {
+        0 => Value::S(["g1", "g2", "x", "é"][r.below(4) as usize].into()),
+        1 => Value::Bool(r.below(2) == 0),
+        2 => Value::Ss(["a", "b"].iter().take(1 + r.below(2) as usize).map(|s| s.to_string()).collect()),
+        _ => Value::N(r.below(7) as i64 - 2),
+    }
+}
+
+fn rand_attr(r: &mut Lcg) -> &'static str {
+    ["n", "m", "GSI1PK", "GSI1SK", "GSI2PK", "GSI5PK", "GSI5SK", "s"][r.below(8) as usize]
+}
+
+fn rand_condition(r: &mut Lcg) -> Option<Condition> {
+    match r.below(6) {
+        0 => None,
+        1 => Some(Condition::exists(rand_attr(r))),
+        2 => Some(Condition::not_exists("PK")),
+        3 => Some(Condition::ge("n", r.below(4) as i64)),
+        4 => Some(Condition::Not(Box::new(Condition::lt("m", 1)))),
+        _ => Some(Condition::eq(rand_attr(r), rand_value(r))),
+    }
+}
+
+fn rand_update(r: &mut Lcg) -> Update {
+    let mut u = Update::new();
+    let mut used = Vec::new();
+    for _ in 0..1 + r.below(3) {
+        let a = rand_attr(r);
+        if used.contains(&a) && r.below(4) != 0 {
+            continue;
+        }
+        used.push(a);
+        u = match r.below(5) {
+            0 => u.add(a, r.below(5) as i64 - 2),
+            1 => u.remove(a),
+            2 => u.set_expr(
+                a,
+                SetValue::Plus(
+                    Box::new(SetValue::IfNotExists("n".into(), Value::N(0))),
+                    Box::new(SetValue::Value(Value::N(1))),
+                ),
+            ),
+            _ => u.set(a, rand_value(r)),
+        };
+    }
+    u
+}
+
+fn rand_op(r: &mut Lcg) -> TransactOp {
+    let key = rand_key(r);
+    match r.below(4) {
+        0 => TransactOp::Put(PutRequest {
+            key,
+            item: (0..r.below(4))
+                .map(|_| (rand_attr(r).to_string(), rand_value(r)))
+                .collect(),
+            condition: rand_condition(r),
+        }),
+        1 => TransactOp::Delete(DeleteRequest {
+            key,
+            condition: rand_condition(r),
+        }),
+        2 => TransactOp::Check {
+            key,
+            condition: rand_condition(r).unwrap_or(Condition::exists("PK")),
+        },
+        _ => TransactOp::Update(UpdateRequest {
+            key,
+            update: rand_update(r),
+            condition: rand_condition(r),
+            returns: [
+                ReturnValues::None,
+                ReturnValues::AllNew,
+                ReturnValues::AllOld,
+                ReturnValues::UpdatedNew,
+            ][r.below(4) as usize],
+        }),
+    }
+}
+
+async fn step(s: &dyn Store, r: &mut Lcg) -> String {
+    match r.below(8) {
+        0 => format!("{:?}", s.get(&rand_key(r), r.below(2) == 0).await),
+        1 => {
+            let keys: Vec<Key> = (0..r.below(4)).map(|_| rand_key(r)).collect();
+            format!("{:?}", s.batch_get(&keys, true).await)
+        }
+        2 => {
+            let ops: Vec<TransactOp> = (0..1 + r.below(3)).map(|_| rand_op(r)).collect();
+            let token = (r.below(3) == 0).then(|| format!("tok{}", r.below(4)));
+            format!("{:?}", s.transact_write(ops, token).await)
+        }
+        3 => {
+            let prefix = [None, Some(""), Some("#LIMIT"), Some("b"), Some("x")][r.below(5) as usize];
+            let q = match r.below(4) {
+                0 => Query::index("GSI1", ["g1", "g2", "x", "é"][r.below(4) as usize], prefix),
+                1 => Query::index("GSI5", ["g1", "g2", "x", "é"][r.below(4) as usize], prefix),
+                _ => Query::table(["e/a", "e/b", "e/ä"][r.below(3) as usize], prefix),
+            };
+            format!("{:?}", s.query(q).await)
+        }
+        _ => match rand_op(r) {
+            TransactOp::Put(p) => format!("{:?}", s.put(p).await),
+            TransactOp::Update(u) => format!("{:?}", s.update(u).await),
+            TransactOp::Delete(d) => format!("{:?}", s.delete(d).await),
+            TransactOp::Check { key, .. } => format!("{:?}", s.get(&key, true).await),
+        },
+    }
+}
+
+#[tokio::test]
+async fn the_same_operations_give_the_same_results_as_memory_store() {
+    let dir = tempfile::tempdir().unwrap();
+    for seed in 0..20u64 {
+        let mem = Arc::new(MemoryStore::new());
+        let sql = SqliteStore::open(dir.path().join(format!("d{seed}.db"))).unwrap();
+        let (mut r1, mut r2) = (Lcg(seed), Lcg(seed));
+        for i in 0..300 {
+            let a = step(mem.as_ref(), &mut r1).await;
+            let b = step(&sql, &mut r2).await;
+            assert_eq!(a, b, "seed {seed}, step {i}");
+        }
+        for pk in ["e/a", "e/b", "e/ä"] {
+            let a = mem.query(Query::table(pk, None)).await.unwrap();
+            let b = sql.query(Query::table(pk, None)).await.unwrap();
+            assert_eq!(a, b, "seed {seed}: final partition {pk}");
+        }
+        let all: usize = mem.raw_items().len();
+        let mut n = 0;
+        for pk in ["e/a", "e/b", "e/ä"] {
+            n += sql.query(Query::table(pk, None)).await.unwrap().len();
+        }
+        assert_eq!(all, n, "seed {seed}: item count");
+    }
+}
