@@ -7,12 +7,14 @@ use std::time::{SystemTime, UNIX_EPOCH};
 
 use rusqlite::types::ValueRef;
 use rusqlite::{params, Connection, OptionalExtension, Transaction, TransactionBehavior};
+use serde::Serialize;
 use tollgate_core::expr::{project, ReturnValues};
+use tollgate_core::expr::{Condition, Update};
 use tollgate_core::value::{Item, Key};
-use tollgate_store::eval::{apply_update, eval_condition};
+use tollgate_store::eval::{apply_update_stored, eval_condition, validate_item, validate_update};
 use tollgate_store::{
-    validate_transaction, CancelReason, DeleteRequest, PutRequest, Query, StoreError, TransactOp,
-    UpdateRequest,
+    validate_token, validate_transaction, CancelReason, DeleteRequest, PutRequest, Query,
+    StoreError, TransactOp, UpdateRequest,
 };
 
 use crate::error::{from_commit, from_sqlite};
@@ -77,7 +79,11 @@ fn write_item(conn: &Connection, key: &Key, item: Option<&Item>) -> Result<(), S
             .map_err(|e| from_sqlite("delete", e))?;
         return Ok(());
     };
-    debug_assert_eq!(Key::of(item).as_ref(), Some(key), "items are stamped before writing");
+    debug_assert_eq!(
+        Key::of(item).as_ref(),
+        Some(key),
+        "items are stamped before writing"
+    );
     let json = encode(key, item)?;
     let col = |ix: &str, part: &str| {
         item.get(&format!("{ix}{part}"))
@@ -121,6 +127,12 @@ pub fn batch_get(conn: &mut Connection, keys: &[Key]) -> Result<Vec<Option<Item>
             "a batch read holds at most {MAX_BATCH_GET} keys"
         )));
     }
+    let mut seen = std::collections::BTreeSet::new();
+    if let Some(dup) = keys.iter().find(|k| !seen.insert(*k)) {
+        return Err(StoreError::Validation(format!(
+            "provided list of item keys contains duplicates: {dup}"
+        )));
+    }
     let tx = conn
         .transaction_with_behavior(TransactionBehavior::Deferred)
         .map_err(|e| from_sqlite("begin read", e))?;
@@ -141,6 +153,7 @@ fn condition_failed(old: Option<Item>) -> StoreError {
 
 /// `put`.
 pub fn put(conn: &mut Connection, req: PutRequest) -> Result<(), StoreError> {
+    validate_item(&req.item)?;
     let tx = begin_write(conn)?;
     let cur = read_item(&tx, &req.key)?;
     if let Some(c) = &req.condition {
@@ -154,8 +167,10 @@ pub fn put(conn: &mut Connection, req: PutRequest) -> Result<(), StoreError> {
     tx.commit().map_err(from_commit)
 }
 
-/// `update`.
+/// `update`. Static checks fail the request before its condition is read (as DynamoDB
+/// does); a remove-only update of an absent item creates nothing.
 pub fn update(conn: &mut Connection, req: UpdateRequest) -> Result<Option<Item>, StoreError> {
+    validate_update(&req.update)?;
     let tx = begin_write(conn)?;
     let cur = read_item(&tx, &req.key)?;
     if let Some(c) = &req.condition {
@@ -163,22 +178,29 @@ pub fn update(conn: &mut Connection, req: UpdateRequest) -> Result<Option<Item>,
             return Err(condition_failed(cur));
         }
     }
-    let new = apply_update(cur.as_ref(), &key_item(&req.key), &req.update)?;
-    write_item(&tx, &req.key, Some(&new))?;
-    tx.commit().map_err(from_commit)?;
+    let new = apply_update_stored(cur.as_ref(), &key_item(&req.key), &req.update)?;
+    match &new {
+        Some(new) => {
+            write_item(&tx, &req.key, Some(new))?;
+            tx.commit().map_err(from_commit)?;
+        }
+        // Absent before and after: nothing to write, nothing to sync.
+        None => tx.finish().map_err(|e| from_sqlite("end write", e))?,
+    }
     Ok(match req.returns {
         ReturnValues::None => None,
-        ReturnValues::AllNew => Some(new),
+        ReturnValues::AllNew => new,
         ReturnValues::AllOld => cur,
-        ReturnValues::UpdatedNew => {
+        ReturnValues::UpdatedNew => new.as_ref().and_then(|new| {
             let names: Vec<String> = req
                 .update
                 .actions
                 .iter()
                 .map(|a| a.target().to_string())
                 .collect();
-            Some(project(&new, &names))
-        }
+            // DynamoDB omits `Attributes` when nothing it wrote remains.
+            Some(project(new, &names)).filter(|p| !p.is_empty())
+        }),
     })
 }
 
@@ -225,12 +247,42 @@ fn plan_op(op: &TransactOp, cur: Option<&Item>) -> Result<Planned, CancelReason>
             p.key.stamp(&mut item);
             Ok(Some(Some(item)))
         }
-        TransactOp::Update(u) => apply_update(cur, &key_item(&u.key), &u.update)
-            .map(|i| Some(Some(i)))
-            .map_err(|e| CancelReason::Validation(e.to_string())),
+        TransactOp::Update(u) => match apply_update_stored(cur, &key_item(&u.key), &u.update) {
+            // A remove-only update of an absent item writes nothing.
+            Ok(None) => Ok(None),
+            Ok(new) => Ok(Some(new)),
+            Err(e) => Err(CancelReason::Validation(e.to_string())),
+        },
         TransactOp::Delete(_) => Ok(Some(None)),
         TransactOp::Check { .. } => Ok(None),
     }
+}
+
+/// A transaction's operations as stored with its token, to tell a resend (same operations)
+/// from a reuse of the token for other ones. JSON of a mirror of [`TransactOp`]; maps and sets
+/// are ordered, so equal operations give equal text.
+#[derive(Serialize)]
+enum OpFingerprint<'a> {
+    Put(&'a Key, &'a Item, Option<&'a Condition>),
+    Update(&'a Key, &'a Update, Option<&'a Condition>, ReturnValues),
+    Delete(&'a Key, Option<&'a Condition>),
+    Check(&'a Key, &'a Condition),
+}
+
+fn fingerprint(ops: &[TransactOp]) -> Result<String, StoreError> {
+    let mirror: Vec<OpFingerprint<'_>> = ops
+        .iter()
+        .map(|op| match op {
+            TransactOp::Put(p) => OpFingerprint::Put(&p.key, &p.item, p.condition.as_ref()),
+            TransactOp::Update(u) => {
+                OpFingerprint::Update(&u.key, &u.update, u.condition.as_ref(), u.returns)
+            }
+            TransactOp::Delete(d) => OpFingerprint::Delete(&d.key, d.condition.as_ref()),
+            TransactOp::Check { key, condition } => OpFingerprint::Check(key, condition),
+        })
+        .collect();
+    serde_json::to_string(&mirror)
+        .map_err(|e| StoreError::Validation(format!("transaction cannot be encoded: {e}")))
 }
 
 fn now_ms() -> i64 {
@@ -249,15 +301,28 @@ pub fn transact_write(
     token: Option<&str>,
 ) -> Result<(), StoreError> {
     validate_transaction(ops)?;
+    validate_token(token)?;
+    let fingerprint = match token {
+        Some(_) => Some(fingerprint(ops)?),
+        None => None,
+    };
     let tx = begin_write(conn)?;
-    if let Some(t) = token {
-        let seen = tx
-            .prepare_cached("SELECT 1 FROM tokens WHERE token = ?1")
-            .and_then(|mut s| s.query_row(params![t], |_| Ok(())).optional())
+    if let (Some(t), Some(fp)) = (token, &fingerprint) {
+        let seen: Option<String> = tx
+            .prepare_cached("SELECT ops FROM tokens WHERE token = ?1")
+            .and_then(|mut s| s.query_row(params![t], |r| r.get(0)).optional())
             .map_err(|e| from_sqlite("read token", e))?;
-        if seen.is_some() {
+        if let Some(seen) = seen {
             tx.finish().map_err(|e| from_sqlite("end write", e))?;
-            return Ok(());
+            // DynamoDB: the same token with other parameters is refused
+            // (IdempotentParameterMismatch); with the same ones it succeeds, unapplied.
+            return if seen == *fp {
+                Ok(())
+            } else {
+                Err(StoreError::Validation(format!(
+                    "idempotent parameter mismatch: token {t} was used for another transaction"
+                )))
+            };
         }
     }
     // Read everything first: the keys are distinct (validated), so this is the state before
@@ -291,9 +356,9 @@ pub fn transact_write(
             write_item(&tx, op.key(), new.as_ref())?;
         }
     }
-    if let Some(t) = token {
-        tx.prepare_cached("INSERT INTO tokens (token, created_ms) VALUES (?1, ?2)")
-            .and_then(|mut s| s.execute(params![t, now_ms()]))
+    if let (Some(t), Some(fp)) = (token, &fingerprint) {
+        tx.prepare_cached("INSERT INTO tokens (token, ops, created_ms) VALUES (?1, ?2, ?3)")
+            .and_then(|mut s| s.execute(params![t, fp, now_ms()]))
             .map_err(|e| from_sqlite("write token", e))?;
     }
     tx.commit().map_err(from_commit)
@@ -329,8 +394,10 @@ pub fn query(conn: &mut Connection, q: &Query) -> Result<Vec<Item>, StoreError> 
             break;
         }
         let key = Key::new(
-            row.get::<_, String>(0).map_err(|e| from_sqlite("query", e))?,
-            row.get::<_, String>(1).map_err(|e| from_sqlite("query", e))?,
+            row.get::<_, String>(0)
+                .map_err(|e| from_sqlite("query", e))?,
+            row.get::<_, String>(1)
+                .map_err(|e| from_sqlite("query", e))?,
         );
         let raw = row.get_ref(3).map_err(|e| from_sqlite("query", e))?;
         out.push(decode(&key, raw)?);
@@ -355,8 +422,10 @@ fn scan_index(
     let mut out: Vec<(String, Item)> = Vec::new();
     while let Some(row) = rows.next().map_err(|e| from_sqlite("scan", e))? {
         let key = Key::new(
-            row.get::<_, String>(0).map_err(|e| from_sqlite("scan", e))?,
-            row.get::<_, String>(1).map_err(|e| from_sqlite("scan", e))?,
+            row.get::<_, String>(0)
+                .map_err(|e| from_sqlite("scan", e))?,
+            row.get::<_, String>(1)
+                .map_err(|e| from_sqlite("scan", e))?,
         );
         let item = decode(&key, row.get_ref(2).map_err(|e| from_sqlite("scan", e))?)?;
         if item.get(&pk_attr).and_then(|v| v.as_s()) != Some(pk) {

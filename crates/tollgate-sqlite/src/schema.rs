@@ -12,7 +12,8 @@ pub const SCHEMA_VERSION: i64 = 1;
 /// Indexes whose key attributes (`GSI{n}PK` / `GSI{n}SK`) get their own columns.
 pub const INDEXES: [&str; 4] = ["GSI1", "GSI2", "GSI3", "GSI4"];
 
-/// Version 1. Items are stored whole as JSON (`serde_json` of the `Item`); the index key
+/// Version 1. Tokens are kept with the operations they carried (JSON), as `MemoryStore`
+/// keeps them, so a token reused for other operations is refused. Items are stored whole as JSON (`serde_json` of the `Item`); the index key
 /// attributes are copied into columns at write time so index queries use a B-tree. A
 /// column holds the attribute only when it is a string (as DynamoDB and `MemoryStore`
 /// index only string keys); otherwise it is NULL and the item is not in that index.
@@ -33,6 +34,7 @@ CREATE INDEX IF NOT EXISTS items_gsi3 ON items (gsi3pk, gsi3sk) WHERE gsi3pk IS 
 CREATE INDEX IF NOT EXISTS items_gsi4 ON items (gsi4pk, gsi4sk) WHERE gsi4pk IS NOT NULL;
 CREATE TABLE IF NOT EXISTS tokens (
     token      TEXT PRIMARY KEY,
+    ops        TEXT NOT NULL,
     created_ms INTEGER NOT NULL
 ) WITHOUT ROWID;
 ";

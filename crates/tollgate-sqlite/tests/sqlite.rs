@@ -130,7 +130,10 @@ async fn a_corrupt_row_is_reported_with_its_key_never_a_panic() {
 
     let e = s.get(&bad, true).await.unwrap_err();
     assert!(is_corrupt(&e), "{e:?}");
-    let e = s.batch_get(&[good.clone(), bad.clone()], true).await.unwrap_err();
+    let e = s
+        .batch_get(&[good.clone(), bad.clone()], true)
+        .await
+        .unwrap_err();
     assert!(is_corrupt(&e), "{e:?}");
     let e = s.query(Query::table("p", None)).await.unwrap_err();
     assert!(is_corrupt(&e), "{e:?}");
@@ -324,13 +327,21 @@ fn rand_value(r: &mut Lcg) -> Value {
     match r.below(5) {
         0 => Value::S(["g1", "g2", "x", "é"][r.below(4) as usize].into()),
         1 => Value::Bool(r.below(2) == 0),
-        2 => Value::Ss(["a", "b"].iter().take(1 + r.below(2) as usize).map(|s| s.to_string()).collect()),
+        2 => Value::Ss(
+            ["a", "b"]
+                .iter()
+                .take(r.below(3) as usize)
+                .map(|s| s.to_string())
+                .collect(),
+        ),
         _ => Value::N(r.below(7) as i64 - 2),
     }
 }
 
 fn rand_attr(r: &mut Lcg) -> &'static str {
-    ["n", "m", "GSI1PK", "GSI1SK", "GSI2PK", "GSI5PK", "GSI5SK", "s"][r.below(8) as usize]
+    [
+        "n", "m", "GSI1PK", "GSI1SK", "GSI2PK", "GSI5PK", "GSI5SK", "s",
+    ][r.below(8) as usize]
 }
 
 fn rand_condition(r: &mut Lcg) -> Option<Condition> {
@@ -414,7 +425,8 @@ async fn step(s: &dyn Store, r: &mut Lcg) -> String {
             format!("{:?}", s.transact_write(ops, token).await)
         }
         3 => {
-            let prefix = [None, Some(""), Some("#LIMIT"), Some("b"), Some("x")][r.below(5) as usize];
+            let prefix =
+                [None, Some(""), Some("#LIMIT"), Some("b"), Some("x")][r.below(5) as usize];
             let q = match r.below(4) {
                 0 => Query::index("GSI1", ["g1", "g2", "x", "é"][r.below(4) as usize], prefix),
                 1 => Query::index("GSI5", ["g1", "g2", "x", "é"][r.below(4) as usize], prefix),
