@@ -1,1 +1,68 @@
-//! tollgate-dynamodb (being built).
+//! tollgate's DynamoDB backend: [`DynamoDbStore`] implements [`tollgate_store::Store`] over
+//! one table, with the official `aws-sdk-dynamodb`.
+//!
+//! * Typed [`Condition`](tollgate_core::expr::Condition)s and
+//!   [`Update`](tollgate_core::expr::Update)s are rendered into expression strings
+//!   ([`render`]); every attribute name is an `ExpressionAttributeNames` alias (limit names may
+//!   hold `-` and `.`) and every literal an `ExpressionAttributeValues` placeholder.
+//! * Values map to `AttributeValue`s in [`codec`]: numbers are `i64` decimal strings, and a
+//!   stored number that is not an `i64` is [`StoreError::Corrupt`](tollgate_store::StoreError)
+//!   naming the attribute.
+//! * Every conditional write asks for `ReturnValuesOnConditionCheckFailure = ALL_OLD`, so
+//!   `ConditionFailed { old }` and `CancelReason::ConditionFailed { old }` carry the item as
+//!   it was (`None` when absent).
+//! * SDK failures map onto [`StoreError`](tollgate_store::StoreError) by one question: could
+//!   the request have been applied? (see [`error`]).
+//! * [`create_table`] creates the table, its four indexes and TTL, for `tollgate table create`.
+//!
+//! # Non-idempotent writes and retries
+//!
+//! `UpdateItem … ADD` is atomic but not idempotent, and the SDK's default ("standard") retry
+//! mode resends a request whose response was lost or timed out. A debit whose first attempt
+//! was applied would then be charged twice, and a refund paid twice. So:
+//!
+//! * **Single-item writes (`put`, `update`, `delete`) go through a client with
+//!   `RetryConfig::disabled()`.** A timeout, a connection dropped after sending, a 5xx or an
+//!   unreadable response is reported as `StoreError::Ambiguous`: the limiter must decide
+//!   (for example by re-reading with `consistent = true`) instead of blindly resending.
+//!   A connection refused before anything was sent is `Unavailable`.
+//! * **Errors that prove nothing was applied** (`Throttled`, `TransactionConflict`; DynamoDB
+//!   reports them before applying anything) are returned at once, not retried here:
+//!   `StoreError::is_retryable` tells the caller it may resend, and the caller owns the
+//!   back-off and its deadline (an acquire has a latency budget the store cannot see).
+//! * **Transactions keep the SDK's standard retries.** `TransactWriteItems` is idempotent under
+//!   a `ClientRequestToken` for 10 minutes: the caller's token is passed through, and without
+//!   one the SDK generates a token once per call, before its retry loop, so every retry of
+//!   that call carries the same token. A resend after a lost response returns success
+//!   without applying twice. (A resend while the first is still running gets
+//!   `TransactionInProgressException`, reported as `Ambiguous`.)
+//! * **Reads** (`get`, `batch_get`, `query`) keep the standard retries; a read that still fails
+//!   is `Unavailable`, never `Ambiguous`. `batch_get` also resends `UnprocessedKeys` with a
+//!   short exponential back-off (8 attempts), then reports `Throttled`.
+//!
+//! # Semantics worth knowing
+//!
+//! * `GSI3` and `GSI4` project only keys (spec §2): a query on them returns `PK`, `SK` and
+//!   the index keys, not whole items.
+//! * DynamoDB allows one `+`/`-` per `SET` value; nested arithmetic is a `Validation` error.
+//! * A transactional update needs at least one action (DynamoDB requires an update
+//!   expression); an empty one is a `Validation` error.
+//! * `batch_get` accepts any number of keys (chunks of 100, duplicates asked once) and
+//!   returns results in request order.
+//! * Eventually consistent reads are whatever DynamoDB returns; index queries are never
+//!   strongly consistent (DynamoDB does not offer it).
+
+pub mod codec;
+pub mod error;
+pub mod render;
+mod store;
+mod table;
+
+pub use error::DynamoDbError;
+pub use store::{DynamoDbStore, DynamoDbStoreBuilder, BATCH_GET_CHUNK};
+pub use table::{create_table, delete_table, wait_active, ACTIVE_TIMEOUT, INDEXES, TTL_ATTRIBUTE};
+
+/// Re-exported so callers can build timeouts without depending on the SDK directly.
+pub use aws_sdk_dynamodb::config::timeout::TimeoutConfig;
+/// Re-exported for callers of [`create_table`].
+pub use aws_sdk_dynamodb::Client;
