@@ -8,6 +8,7 @@ pub mod conformance;
 pub mod counting;
 pub mod error;
 pub mod eval;
+pub mod faulty;
 pub mod memory;
 
 use async_trait::async_trait;
@@ -16,6 +17,7 @@ use tollgate_core::expr::{Condition, ReturnValues, Update};
 use tollgate_core::value::{Item, Key};
 
 pub use counting::{Counting, StoreStats};
+pub use faulty::{FaultConfig, FaultStats, FaultyStore};
 pub use memory::{MemoryStore, MillisClock};
 
 /// A conditional put of a whole item.
