@@ -606,21 +606,18 @@ pub async fn add_type_mismatch_is_validation(s: &dyn Store) -> CheckResult {
     let k = Key::new("conf/add_mismatch", "#STATE");
     let before = [("s", Value::S("x".into())), ("n", Value::N(1))];
     put(s, &k, &before).await?;
-    let r = update(
-        s,
-        &k,
-        Update::new().add("s", 1),
-        None,
-        ReturnValues::None,
-    )
-    .await;
+    let r = update(s, &k, Update::new().add("s", 1), None, ReturnValues::None).await;
     expect_validation(r, "ADD number to string")?;
     let mut up = Update::new();
     up.actions
         .push(tollgate_core::expr::Action::Add("n".into(), ss(&["a"])));
     let r = update(s, &k, up, None, ReturnValues::None).await;
     expect_validation(r, "ADD set to number")?;
-    ensure_eq(get(s, &k).await?, Some(stored(&k, &before)), "item unchanged")
+    ensure_eq(
+        get(s, &k).await?,
+        Some(stored(&k, &before)),
+        "item unchanged",
+    )
 }
 
 /// `REMOVE a` drops the attribute; removing a missing one is fine.
@@ -642,15 +639,9 @@ pub async fn remove_attribute(s: &dyn Store) -> CheckResult {
 /// An update made only of `REMOVE` actions does not create an absent item.
 pub async fn remove_only_update_does_not_create(s: &dyn Store) -> CheckResult {
     let k = Key::new("conf/remove_only", "#STATE");
-    let r = update(
-        s,
-        &k,
-        Update::new().remove("a"),
-        None,
-        ReturnValues::AllNew,
-    )
-    .await
-    .map_err(e2s)?;
+    let r = update(s, &k, Update::new().remove("a"), None, ReturnValues::AllNew)
+        .await
+        .map_err(e2s)?;
     ensure_eq(r, None, "AllNew of a remove-only update on an absent item")?;
     ensure_eq(get(s, &k).await?, None, "nothing created")
 }
@@ -698,14 +689,7 @@ pub async fn key_attribute_update_is_validation(s: &dyn Store) -> CheckResult {
     )
     .await;
     expect_validation(r, "SET PK")?;
-    let r = update(
-        s,
-        &k,
-        Update::new().remove("SK"),
-        None,
-        ReturnValues::None,
-    )
-    .await;
+    let r = update(s, &k, Update::new().remove("SK"), None, ReturnValues::None).await;
     expect_validation(r, "REMOVE SK")?;
     ensure_eq(
         get(s, &k).await?,
@@ -918,7 +902,10 @@ pub async fn transaction_all_or_nothing(s: &dyn Store) -> CheckResult {
 
 /// `Check` operations gate a transaction without writing their item.
 pub async fn transaction_check_ops(s: &dyn Store) -> CheckResult {
-    let (g, w) = (Key::new("conf/tx_check", "G"), Key::new("conf/tx_check", "W"));
+    let (g, w) = (
+        Key::new("conf/tx_check", "G"),
+        Key::new("conf/tx_check", "W"),
+    );
     let ops = |cond: Condition| {
         vec![
             TransactOp::Check {
@@ -1028,7 +1015,10 @@ pub async fn transaction_idempotency_token(s: &dyn Store) -> CheckResult {
 
 /// An update in a transaction creates an absent item with its key attributes.
 pub async fn transaction_update_creates_item(s: &dyn Store) -> CheckResult {
-    let (a, b) = (Key::new("conf/tx_create", "A"), Key::new("conf/tx_create", "B"));
+    let (a, b) = (
+        Key::new("conf/tx_create", "A"),
+        Key::new("conf/tx_create", "B"),
+    );
     let ops = vec![
         update_op(
             &a,
@@ -1042,7 +1032,10 @@ pub async fn transaction_update_creates_item(s: &dyn Store) -> CheckResult {
     s.transact_write(ops, None).await.map_err(e2s)?;
     ensure_eq(
         get(s, &a).await?,
-        Some(stored(&a, &[("v", Value::S("x".into())), ("n", Value::N(7))])),
+        Some(stored(
+            &a,
+            &[("v", Value::S("x".into())), ("n", Value::N(7))],
+        )),
         "A created",
     )?;
     ensure_eq(
@@ -1055,7 +1048,10 @@ pub async fn transaction_update_creates_item(s: &dyn Store) -> CheckResult {
 /// An update that cannot be evaluated on its item cancels the transaction with a
 /// validation reason at its position.
 pub async fn transaction_validation_reason(s: &dyn Store) -> CheckResult {
-    let (a, b) = (Key::new("conf/tx_valid", "A"), Key::new("conf/tx_valid", "B"));
+    let (a, b) = (
+        Key::new("conf/tx_valid", "A"),
+        Key::new("conf/tx_valid", "B"),
+    );
     put(s, &b, &[("x", Value::N(1))]).await?;
     let ops = vec![
         update_op(&a, Update::new().add("n", 1), None),
@@ -1239,7 +1235,10 @@ pub async fn large_numbers_round_trip(s: &dyn Store) -> CheckResult {
     let new = update(
         s,
         &k,
-        Update::new().add("ms", 1).add("neg", -1).set("max2", i64::MAX - 1),
+        Update::new()
+            .add("ms", 1)
+            .add("neg", -1)
+            .set("max2", i64::MAX - 1),
         Some(Condition::eq("ms", 1_800_000_000_000)),
         ReturnValues::UpdatedNew,
     )
@@ -1260,7 +1259,12 @@ pub async fn large_numbers_round_trip(s: &dyn Store) -> CheckResult {
 pub async fn odd_attribute_names(s: &dyn Store) -> CheckResult {
     let k = Key::new("conf/names", "#STATE");
     let tk = "b_gpt-4.o_tk";
-    put(s, &k, &[(tk, Value::N(10)), ("gpt-4.o", Value::S("x".into()))]).await?;
+    put(
+        s,
+        &k,
+        &[(tk, Value::N(10)), ("gpt-4.o", Value::S("x".into()))],
+    )
+    .await?;
     expect_holds(s, &k, Condition::ge(tk, 10), true).await?;
     expect_holds(s, &k, Condition::exists("gpt-4.o"), true).await?;
     expect_holds(s, &k, Condition::exists("gpt-4"), false).await?;

@@ -180,9 +180,10 @@ pub fn validate_transaction(ops: &[TransactOp]) -> Result<(), StoreError> {
 /// Check a transaction's idempotency token: DynamoDB takes 1 to 36 characters.
 pub fn validate_token(token: Option<&str>) -> Result<(), StoreError> {
     match token {
-        Some(t) if t.is_empty() || t.chars().count() > 36 => Err(StoreError::Validation(
-            format!("a client request token holds 1 to 36 characters, not {}", t.len()),
-        )),
+        Some(t) if t.is_empty() || t.chars().count() > 36 => Err(StoreError::Validation(format!(
+            "a client request token holds 1 to 36 characters, not {}",
+            t.len()
+        ))),
         _ => Ok(()),
     }
 }

@@ -11,7 +11,8 @@ use tollgate_core::value::{Item, Key};
 use crate::error::{CancelReason, StoreError};
 use crate::eval::{apply_update_stored, eval_condition, validate_item, validate_update};
 use crate::{
-    validate_token, validate_transaction, DeleteRequest, PutRequest, Query, Store, TransactOp, UpdateRequest,
+    validate_token, validate_transaction, DeleteRequest, PutRequest, Query, Store, TransactOp,
+    UpdateRequest,
 };
 
 #[derive(Debug, Clone, Default)]

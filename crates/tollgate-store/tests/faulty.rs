@@ -78,16 +78,15 @@ async fn same_seed_same_faults() {
     assert_ne!(ra, rc, "another seed injects other faults");
     let st = a.stats();
     assert!(st.throttles > 0 && st.transaction_conflicts > 0 && st.condition_races > 0);
-    assert!(st.lost_responses > 0 && st.stale_reads > 0 && st.delays > 0, "{st:?}");
+    assert!(
+        st.lost_responses > 0 && st.stale_reads > 0 && st.delays > 0,
+        "{st:?}"
+    );
 }
 
 #[tokio::test]
 async fn lost_response_applies_the_write() {
-    let s = FaultyStore::new(
-        MemoryStore::new(),
-        1,
-        only(|c| c.lost_response = 1.0),
-    );
+    let s = FaultyStore::new(MemoryStore::new(), 1, only(|c| c.lost_response = 1.0));
     let k = Key::new("k", "#STATE");
     let r = s.update(add(&k, None)).await;
     assert!(matches!(r, Err(StoreError::Ambiguous(_))), "{r:?}");
@@ -132,7 +131,10 @@ async fn throttling_applies_nothing() {
             .await,
         Err(StoreError::Throttled(_))
     ));
-    assert!(matches!(s.get(&k, true).await, Err(StoreError::Throttled(_))));
+    assert!(matches!(
+        s.get(&k, true).await,
+        Err(StoreError::Throttled(_))
+    ));
     assert!(matches!(
         s.query(Query::table("k", None)).await,
         Err(StoreError::Throttled(_))
@@ -146,7 +148,10 @@ async fn throttling_applies_nothing() {
         condition: None,
         returns: ReturnValues::None,
     };
-    assert!(matches!(s.update(bad).await, Err(StoreError::Validation(_))));
+    assert!(matches!(
+        s.update(bad).await,
+        Err(StoreError::Validation(_))
+    ));
 }
 
 #[tokio::test]
@@ -196,11 +201,7 @@ async fn transaction_conflicts() {
 
 #[tokio::test]
 async fn condition_races_hit_only_conditional_writes() {
-    let s = FaultyStore::new(
-        MemoryStore::new(),
-        7,
-        only(|c| c.condition_race = 1.0),
-    );
+    let s = FaultyStore::new(MemoryStore::new(), 7, only(|c| c.condition_race = 1.0));
     let (a, b) = (Key::new("a", "#STATE"), Key::new("b", "#STATE"));
     s.update(add(&a, None)).await.expect("unconditional passes");
     let r = s.update(add(&a, Some(Condition::exists("PK")))).await;
@@ -237,11 +238,7 @@ async fn condition_races_hit_only_conditional_writes() {
 #[tokio::test]
 async fn stale_reads_serve_the_previous_version() {
     let s = FaultyStore::new(MemoryStore::new(), 3, only(|c| c.stale_read = 1.0));
-    let (a, b, c) = (
-        Key::new("p", "A"),
-        Key::new("p", "B"),
-        Key::new("p", "C"),
-    );
+    let (a, b, c) = (Key::new("p", "A"), Key::new("p", "B"), Key::new("p", "C"));
     s.update(add(&a, None)).await.expect("a=1");
     s.update(add(&a, None)).await.expect("a=2");
     s.update(add(&b, None)).await.expect("b created");
@@ -254,7 +251,11 @@ async fn stale_reads_serve_the_previous_version() {
     .expect("c deleted");
     assert_eq!(n_of(s.get(&a, true).await.expect("get")), Some(2));
     assert_eq!(n_of(s.get(&a, false).await.expect("get")), Some(1));
-    assert_eq!(s.get(&b, false).await.expect("get"), None, "b not yet visible");
+    assert_eq!(
+        s.get(&b, false).await.expect("get"),
+        None,
+        "b not yet visible"
+    );
     let got = s
         .batch_get(&[a.clone(), b.clone(), c.clone()], false)
         .await
@@ -267,7 +268,10 @@ async fn stale_reads_serve_the_previous_version() {
         .iter()
         .map(|i| {
             (
-                i.get("SK").and_then(Value::as_s).unwrap_or_default().to_string(),
+                i.get("SK")
+                    .and_then(Value::as_s)
+                    .unwrap_or_default()
+                    .to_string(),
                 i.get("n").and_then(Value::as_n),
             )
         })

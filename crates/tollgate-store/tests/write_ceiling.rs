@@ -40,24 +40,39 @@ async fn burst_then_throttle_then_refill() {
     }
     let r = s.update(add(&a)).await;
     assert!(matches!(r, Err(StoreError::Throttled(_))), "{r:?}");
-    assert_eq!(n(&s, &a).await, Some(3), "a throttled write changes nothing");
+    assert_eq!(
+        n(&s, &a).await,
+        Some(3),
+        "a throttled write changes nothing"
+    );
     // Another item has its own bucket; reads are never throttled.
-    s.update(add(&Key::new("b", "#STATE"))).await.expect("own bucket");
+    s.update(add(&Key::new("b", "#STATE")))
+        .await
+        .expect("own bucket");
     for _ in 0..10 {
         s.get(&a, true).await.expect("reads pass");
     }
     // 333 ms refill 999 milli-writes: not yet one write.
     now.fetch_add(333, Ordering::SeqCst);
-    assert!(matches!(s.update(add(&a)).await, Err(StoreError::Throttled(_))));
+    assert!(matches!(
+        s.update(add(&a)).await,
+        Err(StoreError::Throttled(_))
+    ));
     now.fetch_add(1, Ordering::SeqCst);
     s.update(add(&a)).await.expect("refilled one write");
-    assert!(matches!(s.update(add(&a)).await, Err(StoreError::Throttled(_))));
+    assert!(matches!(
+        s.update(add(&a)).await,
+        Err(StoreError::Throttled(_))
+    ));
     // A long idle time refills at most a full bucket.
     now.fetch_add(60_000, Ordering::SeqCst);
     for _ in 0..3 {
         s.update(add(&a)).await.expect("full bucket again");
     }
-    assert!(matches!(s.update(add(&a)).await, Err(StoreError::Throttled(_))));
+    assert!(matches!(
+        s.update(add(&a)).await,
+        Err(StoreError::Throttled(_))
+    ));
     assert_eq!(n(&s, &a).await, Some(7));
 }
 
@@ -116,9 +131,14 @@ async fn transactions_charge_every_item_all_or_nothing() {
     // b's bucket was not charged by the refused transaction: two writes remain.
     s.update(add(&b)).await.expect("b 1");
     s.update(add(&b)).await.expect("b 2");
-    assert!(matches!(s.update(add(&b)).await, Err(StoreError::Throttled(_))));
+    assert!(matches!(
+        s.update(add(&b)).await,
+        Err(StoreError::Throttled(_))
+    ));
     now.fetch_add(500, Ordering::SeqCst);
-    s.transact_write(tx(), None).await.expect("one write each refilled");
+    s.transact_write(tx(), None)
+        .await
+        .expect("one write each refilled");
     assert_eq!(n(&s, &b).await, Some(3));
 }
 
@@ -126,13 +146,20 @@ async fn transactions_charge_every_item_all_or_nothing() {
 async fn zero_ceiling_refuses_writes_and_no_ceiling_never_throttles() {
     let (s, _) = store(0);
     let k = Key::new("k", "#STATE");
-    assert!(matches!(s.update(add(&k)).await, Err(StoreError::Throttled(_))));
+    assert!(matches!(
+        s.update(add(&k)).await,
+        Err(StoreError::Throttled(_))
+    ));
     let plain = MemoryStore::new();
     for _ in 0..1000 {
         plain.update(add(&k)).await.expect("no ceiling");
     }
     assert_eq!(
-        plain.get(&k, true).await.expect("get").and_then(|i| i.get("n").cloned()),
+        plain
+            .get(&k, true)
+            .await
+            .expect("get")
+            .and_then(|i| i.get("n").cloned()),
         Some(Value::N(1000))
     );
 }
