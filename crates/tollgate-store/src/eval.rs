@@ -216,3 +216,62 @@ pub fn apply_update(
     }
     Ok(new)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tollgate_core::value::Key;
+
+    fn key_item() -> Item {
+        let mut i = Item::new();
+        Key::new("p", "s").stamp(&mut i);
+        i
+    }
+
+    #[test]
+    fn remove_only_update_creates_nothing_but_an_empty_update_does() {
+        let k = key_item();
+        let r = apply_update_stored(None, &k, &Update::new().remove("a"));
+        assert_eq!(r, Ok(None));
+        let r = apply_update_stored(None, &k, &Update::new());
+        assert_eq!(r, Ok(Some(k.clone())));
+        let mut old = k.clone();
+        old.insert("a".into(), Value::N(1));
+        let r = apply_update_stored(Some(&old), &k, &Update::new().remove("a"));
+        assert_eq!(r, Ok(Some(k)));
+    }
+
+    #[test]
+    fn static_checks() {
+        let empty = Value::Ss(BTreeSet::new());
+        assert!(validate_value(&empty).is_err());
+        assert!(validate_value(&Value::L(vec![Value::M(
+            [("x".to_string(), empty.clone())].into_iter().collect()
+        )]))
+        .is_err());
+        assert!(validate_update(&Update::new().set("a", empty)).is_err());
+        let mut up = Update::new();
+        up.actions
+            .push(Action::Add("a".into(), Value::S("x".into())));
+        assert!(validate_update(&up).is_err());
+        assert!(validate_update(&Update::new().set("a", 1).remove("a")).is_err());
+        assert!(validate_update(&Update::new().add("SK", 1)).is_err());
+        assert!(validate_update(&Update::new().set("a", 1).add("b", 1)).is_ok());
+    }
+
+    #[test]
+    fn comparisons() {
+        let mut i = key_item();
+        i.insert("n".into(), Value::N(3));
+        i.insert("s".into(), Value::S("b".into()));
+        let t = |c: Condition| eval_condition(Some(&i), &c);
+        assert!(t(Condition::lt("n", 4)));
+        assert!(!t(Condition::lt("n", "4")));
+        assert!(t(Condition::cmp("n", CmpOp::Ne, "3")));
+        assert!(!t(Condition::cmp("missing", CmpOp::Ne, 3)));
+        assert!(t(Condition::Not(Box::new(Condition::eq("missing", 3)))));
+        assert!(t(Condition::gt("s", "a")) && t(Condition::lt("s", "ba")));
+        assert!(t(Condition::And(vec![])) && !t(Condition::Or(vec![])));
+        assert!(!eval_condition(None, &Condition::exists("PK")));
+    }
+}
