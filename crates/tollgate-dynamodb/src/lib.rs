@@ -47,8 +47,12 @@
 //! * DynamoDB allows one `+`/`-` per `SET` value; nested arithmetic is a `Validation` error.
 //! * A transactional update needs at least one action (DynamoDB requires an update
 //!   expression); an empty one is a `Validation` error.
-//! * `batch_get` accepts any number of keys (chunks of 100, duplicates asked once) and
-//!   returns results in request order.
+//! * `batch_get` accepts any number of keys (sent in chunks of 100) and returns results in
+//!   request order; a key given twice is a `Validation` error, as in DynamoDB.
+//! * An update made only of `REMOVE` actions never creates an absent item: it is sent with
+//!   `attribute_exists(PK)` added, and a failure on an absent item whose own condition holds
+//!   there is reported as success with nothing returned (the service behaves so; DynamoDB
+//!   Local would create the bare key item). Inside a transaction no such rewrite is possible.
 //! * Eventually consistent reads are whatever DynamoDB returns; index queries are never
 //!   strongly consistent (DynamoDB does not offer it).
 

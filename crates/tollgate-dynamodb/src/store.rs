@@ -17,9 +17,9 @@ use aws_sdk_dynamodb::types::{
     ReturnValuesOnConditionCheckFailure, TransactWriteItem,
 };
 use aws_sdk_dynamodb::Client;
-use tollgate_core::expr::{Condition, ReturnValues};
-use tollgate_core::value::{Item, Key};
-use tollgate_store::eval::validate_update;
+use tollgate_core::expr::{Action, Condition, ReturnValues};
+use tollgate_core::value::{Item, Key, PK};
+use tollgate_store::eval::{eval_condition, validate_update};
 use tollgate_store::{
     validate_transaction, CancelReason, DeleteRequest, PutRequest, Query, Store, StoreError,
     TransactOp, UpdateRequest,
@@ -329,15 +329,14 @@ impl Store for DynamoDbStore {
         consistent: bool,
     ) -> Result<Vec<Option<Item>>, StoreError> {
         let mut found: HashMap<Key, Item> = HashMap::new();
-        // DynamoDB refuses duplicate keys in one request: ask for each key once.
-        let mut unique: Vec<&Key> = Vec::with_capacity(keys.len());
+        // DynamoDB refuses duplicate keys in one request; refuse them across chunks too.
         let mut seen = std::collections::HashSet::new();
-        for k in keys {
-            if seen.insert(k) {
-                unique.push(k);
-            }
+        if let Some(dup) = keys.iter().find(|k| !seen.insert(*k)) {
+            return Err(StoreError::Validation(format!(
+                "provided list of item keys contains duplicates: {dup}"
+            )));
         }
-        for chunk in unique.chunks(BATCH_GET_CHUNK) {
+        for chunk in keys.chunks(BATCH_GET_CHUNK) {
             let mut pending: Vec<AvMap> = chunk.iter().map(|k| key_to_av(k)).collect();
             let mut attempt = 0u32;
             while !pending.is_empty() {
@@ -410,8 +409,23 @@ impl Store for DynamoDbStore {
 
     async fn update(&self, req: UpdateRequest) -> Result<Option<Item>, StoreError> {
         validate_update(&req.update)?;
+        // An update of only REMOVE actions must not create an absent item (the contract,
+        // and DynamoDB's service; DynamoDB Local creates the bare key item). Send it with
+        // `attribute_exists(PK)` added, and read a failure on an absent item whose own
+        // condition holds there as "nothing to do".
+        let only_removes = !req.update.actions.is_empty()
+            && req
+                .update
+                .actions
+                .iter()
+                .all(|a| matches!(a, Action::Remove(_)));
+        let sent_condition = match (&req.condition, only_removes) {
+            (Some(c), true) => Some(c.clone().and(Condition::exists(PK))),
+            (None, true) => Some(Condition::exists(PK)),
+            (c, false) => c.clone(),
+        };
         let mut p = Placeholders::new();
-        let c = cond(&mut p, req.condition.as_ref())?;
+        let c = cond(&mut p, sent_condition.as_ref())?;
         let u = render::update(&mut p, &req.update)?;
         let rv = match req.returns {
             ReturnValues::None => ReturnValue::None,
@@ -435,19 +449,30 @@ impl Store for DynamoDbStore {
         let out = match res {
             Ok(o) => o,
             Err(e) => {
-                return Err(match e.as_service_error() {
+                return match e.as_service_error() {
                     Some(UpdateItemError::ConditionalCheckFailedException(c)) => {
-                        condition_failed(c.item())
+                        match condition_failed(c.item()) {
+                            StoreError::ConditionFailed { old: None }
+                                if only_removes
+                                    && req
+                                        .condition
+                                        .as_ref()
+                                        .is_none_or(|c| eval_condition(None, c)) =>
+                            {
+                                Ok(None)
+                            }
+                            other => Err(other),
+                        }
                     }
-                    _ => map_sdk(e, Effect::Write),
-                })
+                    _ => Err(map_sdk(e, Effect::Write)),
+                }
             }
         };
         let attrs = out.attributes().map(item_from_av).transpose()?;
         Ok(match req.returns {
             ReturnValues::None => None,
-            ReturnValues::AllOld => attrs.filter(|i| !i.is_empty()),
-            ReturnValues::AllNew | ReturnValues::UpdatedNew => Some(attrs.unwrap_or_default()),
+            ReturnValues::AllOld | ReturnValues::UpdatedNew => attrs.filter(|i| !i.is_empty()),
+            ReturnValues::AllNew => Some(attrs.unwrap_or_default()),
         })
     }
 

@@ -284,7 +284,9 @@ async fn transaction_reasons_and_tokens() {
             }),
         ]
     };
-    let token = Some("tollgate-test-token-1".to_string());
+    // Tokens live server-wide for 10 minutes: a fixed token reused against another table
+    // would be an IdempotentParameterMismatch, so make it unique per run.
+    let token = Some(common::table_name("token"));
     s.transact_write(ops(), token.clone()).await.expect("first");
     s.transact_write(ops(), token).await.expect("replay");
     let got = s.get(&a, true).await.expect("get").expect("a");
@@ -332,22 +334,24 @@ impl SkSuffix for Key {
 async fn batch_get_chunks_and_keeps_request_order() {
     let ep = endpoint_or_skip!("batch_get_chunks_and_keeps_request_order");
     let s = common::fresh_store(&ep, "batch").await;
-    let ops: Vec<TransactOp> = (0..100)
-        .filter(|i| i % 3 != 0)
-        .map(|i| {
-            TransactOp::Put(PutRequest {
-                key: Key::new(format!("k{i}"), "s"),
-                item: item(&[("i", Value::N(i))]),
-                condition: None,
+    let seeded: Vec<i64> = (0..250).filter(|i| i % 3 != 0).collect();
+    for chunk in seeded.chunks(100) {
+        let ops: Vec<TransactOp> = chunk
+            .iter()
+            .map(|&i| {
+                TransactOp::Put(PutRequest {
+                    key: Key::new(format!("k{i}"), "s"),
+                    item: item(&[("i", Value::N(i))]),
+                    condition: None,
+                })
             })
-        })
-        .collect();
-    s.transact_write(ops, None).await.expect("seed");
-    let mut keys: Vec<Key> = (0..250)
+            .collect();
+        s.transact_write(ops, None).await.expect("seed");
+    }
+    let keys: Vec<Key> = (0..250)
         .rev()
-        .map(|i| Key::new(format!("k{}", i % 100), "s"))
+        .map(|i| Key::new(format!("k{i}"), "s"))
         .collect();
-    keys.push(Key::new("k1", "s"));
     let got = s.batch_get(&keys, true).await.expect("batch_get");
     assert_eq!(got.len(), keys.len());
     for (k, g) in keys.iter().zip(&got) {
@@ -358,6 +362,13 @@ async fn batch_get_chunks_and_keeps_request_order() {
             assert_eq!(g.as_ref().and_then(|g| g.get("i")), Some(&Value::N(i)));
         }
     }
+    // A key twice, even in different chunks of 100, is refused like DynamoDB refuses it.
+    let mut dup = keys.clone();
+    dup.push(keys[0].clone());
+    assert!(matches!(
+        s.batch_get(&dup, true).await,
+        Err(StoreError::Validation(_))
+    ));
     drop_table(&s).await;
 }
 
