@@ -1,0 +1,811 @@
+//! Acquire: the speculative fast path, the rf-locked slow path, create, the
+//! consumption-only retry, shard probing and doubling.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use tollgate_core::bucket::{attr, BucketImage, MAX_SHARD_COUNT};
+use tollgate_core::expr::{Condition, ReturnValues, Update};
+use tollgate_core::ids::{validate_entity_id, validate_limit_name, validate_resource};
+use tollgate_core::keys;
+use tollgate_core::limit::{Limit, MAX_TOKENS, MILLI};
+use tollgate_core::materialize::{evaluate, evaluate_wcu, valid_until, Evaluated, Seed};
+use tollgate_core::status::{limit_status, ShardView};
+use tollgate_core::value::Key;
+use tollgate_core::writes::{
+    classify_fast_failure, create_item, fast_write, next_rf, normal_write, params_hash,
+    retry_write, ttl_for, would_refill_satisfy, BucketIdentity, FastFailure, ItemStamp, TtlWrite,
+};
+use tollgate_core::{LimitStatus, RuleError};
+use tollgate_store::{PutRequest, StoreError, UpdateRequest};
+
+use crate::config::{OnUnavailable, Source};
+use crate::error::{Error, Exceeded, Result};
+use crate::lease::Lease;
+use crate::limiter::{Inner, Limiter, Stats};
+use crate::shards;
+
+/// Per-call options of an acquire.
+#[derive(Debug, Clone, Default)]
+pub struct AcquireOptions {
+    /// Use these limits instead of the stored ones.
+    pub limits: Option<Vec<Limit>>,
+    /// Override the fail-open / fail-closed policy for this call.
+    pub on_unavailable: Option<OnUnavailable>,
+}
+
+/// A validated request.
+pub(crate) struct Request {
+    pub entity: String,
+    pub resource: String,
+    /// Named amounts in millitokens.
+    pub amounts: Vec<(String, i64)>,
+    pub limits: Vec<Limit>,
+    pub ph: String,
+    pub ttl: TtlWrite,
+}
+
+/// Validate names and amounts (tokens → millitokens): negative, huge or duplicate amounts
+/// and malformed names are refused before anything is read.
+pub(crate) fn validate_amounts(amounts: &[(&str, i64)]) -> Result<Vec<(String, i64)>> {
+    let mut out: Vec<(String, i64)> = Vec::with_capacity(amounts.len());
+    for (n, a) in amounts {
+        validate_limit_name(n)?;
+        if *a < 0 {
+            return Err(Error::Invalid(RuleError::InvalidAmount {
+                limit: n.to_string(),
+                reason: "amounts must not be negative (use a lease adjustment to refund)",
+            }));
+        }
+        if *a > MAX_TOKENS {
+            return Err(Error::Invalid(RuleError::InvalidAmount {
+                limit: n.to_string(),
+                reason: "amount too large",
+            }));
+        }
+        if out.iter().any(|(x, _)| x == n) {
+            return Err(Error::Invalid(RuleError::InvalidAmount {
+                limit: n.to_string(),
+                reason: "named twice",
+            }));
+        }
+        out.push((n.to_string(), a * MILLI));
+    }
+    Ok(out)
+}
+
+enum Fast {
+    Granted(Lease),
+    Slow(u32),
+    Rejected(Box<Exceeded>),
+}
+
+impl Limiter {
+    /// Acquire `amounts` (tokens per limit) of `resource` for `entity` with the stored limits.
+    pub async fn acquire(
+        &self,
+        entity: &str,
+        resource: &str,
+        amounts: &[(&str, i64)],
+    ) -> Result<Lease> {
+        self.acquire_with(entity, resource, amounts, AcquireOptions::default())
+            .await
+    }
+
+    /// Acquire with per-call options.
+    pub async fn acquire_with(
+        &self,
+        entity: &str,
+        resource: &str,
+        amounts: &[(&str, i64)],
+        opts: AcquireOptions,
+    ) -> Result<Lease> {
+        validate_entity_id(entity)?;
+        validate_resource(resource)?;
+        let amounts = validate_amounts(amounts)?;
+        let inner = &self.inner;
+        let mut policy = opts.on_unavailable;
+        let r = async {
+            let now = inner.clock.now_ms();
+            let (limits, source) = match opts.limits {
+                Some(l) => (l, Source::Override),
+                None => {
+                    let res = inner
+                        .config
+                        .resolve(inner.store.as_ref(), inner.ns(), entity, resource, now)
+                        .await?;
+                    if policy.is_none() {
+                        policy = res.on_unavailable;
+                    }
+                    (res.limits, res.source)
+                }
+            };
+            let req = inner.request(entity, resource, amounts, limits, source, now)?;
+            inner.acquire(&req).await
+        }
+        .await;
+        match r {
+            Err(Error::Unavailable(e))
+                if policy.unwrap_or(inner.opts.on_unavailable) == OnUnavailable::Allow =>
+            {
+                tracing::warn!(error = %e, entity, resource, "store unavailable: admitting (on_unavailable = allow)");
+                Stats::bump(&inner.stats.degraded);
+                Ok(Lease::degraded(entity, resource))
+            }
+            r => r,
+        }
+    }
+}
+
+fn backoff(attempt: u32) -> Duration {
+    Duration::from_millis(25u64 << attempt.min(3))
+}
+
+impl Inner {
+    pub(crate) fn request(
+        &self,
+        entity: &str,
+        resource: &str,
+        amounts: Vec<(String, i64)>,
+        limits: Vec<Limit>,
+        source: Source,
+        now: i64,
+    ) -> Result<Request> {
+        if limits.is_empty() {
+            return Err(Error::NoLimits {
+                entity: entity.into(),
+                resource: resource.into(),
+            });
+        }
+        for (n, _) in &amounts {
+            if !limits.iter().any(|l| l.name() == n) {
+                return Err(Error::UnknownLimit {
+                    limit: n.clone(),
+                    resource: resource.into(),
+                    known: limits
+                        .iter()
+                        .map(|l| l.name())
+                        .collect::<Vec<_>>()
+                        .join(", "),
+                });
+            }
+        }
+        let ttl = match source {
+            Source::Entity => TtlWrite::Remove,
+            _ => match ttl_for(&limits, now, self.opts.ttl_multiplier) {
+                Some(t) => TtlWrite::Set(t),
+                None => TtlWrite::Remove,
+            },
+        };
+        Ok(Request {
+            entity: entity.into(),
+            resource: resource.into(),
+            ph: params_hash(&limits),
+            amounts,
+            limits,
+            ttl,
+        })
+    }
+
+    pub(crate) fn bucket_key(&self, req: &Request, shard: u32) -> Key {
+        keys::bucket(self.ns(), &req.entity, &req.resource, shard)
+    }
+
+    pub(crate) async fn acquire(self: &Arc<Self>, req: &Request) -> Result<Lease> {
+        let now = self.clock.now_ms();
+        let cached = self.shards.get(&req.entity, &req.resource);
+        let r = match cached {
+            Some(s) if self.opts.speculative => match self.local_decision(req, s, now) {
+                Err(x) => {
+                    Stats::bump(&self.stats.local_rejections);
+                    Err(Error::RateLimitExceeded(x))
+                }
+                Ok(shard) => match self.fast(req, shard, s, now).await? {
+                    Fast::Granted(l) => Ok(l),
+                    Fast::Rejected(x) => Err(Error::RateLimitExceeded(x)),
+                    Fast::Slow(shard) => self.slow(req, shard).await,
+                },
+            },
+            Some(s) => {
+                let shard = self.rng.draw(0, s as u32);
+                self.slow(req, shard).await
+            }
+            None => self.slow(req, 0).await,
+        };
+        if let Err(Error::RateLimitExceeded(_)) = &r {
+            Stats::bump(&self.stats.rejections);
+        }
+        r
+    }
+
+    /// ADR-147: refuse with no store request when every shard's trusted view is short;
+    /// otherwise draw a shard not known to be short.
+    fn local_decision(
+        &self,
+        req: &Request,
+        s: i64,
+        now: i64,
+    ) -> std::result::Result<u32, Box<Exceeded>> {
+        let mut open = Vec::new();
+        let mut views = Vec::new();
+        for shard in 0..s as u32 {
+            match self.rejections.view(&req.entity, &req.resource, shard, now) {
+                Some(img) if !would_refill_satisfy(&img, &req.limits, &req.amounts, now) => {
+                    views.push(img)
+                }
+                _ => open.push(shard),
+            }
+        }
+        if open.is_empty() {
+            return Err(self.exceeded(req, &views.iter().map(Some).collect::<Vec<_>>(), s, now));
+        }
+        Ok(open[self.rng.draw(0, open.len() as u32) as usize])
+    }
+
+    /// The speculative write on one shard, then probes and doubling as §4.3 says.
+    async fn fast(self: &Arc<Self>, req: &Request, shard: u32, s: i64, now: i64) -> Result<Fast> {
+        let mut tried = vec![shard];
+        let mut images: Vec<BucketImage> = Vec::new();
+        let mut cur = shard;
+        loop {
+            match self.fast_once(req, cur, now).await? {
+                Ok(lease) => return Ok(Fast::Granted(lease)),
+                Err(None) => {
+                    // Throttled: the partition is hot. Spread out if we can.
+                    let new_s = self.bump(req, s).await?;
+                    if new_s > s {
+                        return Ok(Fast::Slow(self.rng.draw(s as u32, new_s as u32)));
+                    }
+                    return Ok(Fast::Slow(cur));
+                }
+                Err(Some((failure, img))) => match failure {
+                    FastFailure::Missing
+                    | FastFailure::Expired
+                    | FastFailure::Boundary
+                    | FastFailure::ParamsChanged
+                    | FastFailure::LimitMissing => return Ok(Fast::Slow(cur)),
+                    FastFailure::WcuExhausted | FastFailure::Both => {
+                        let img = img.ok_or_else(|| Error::Corrupt("no image".into()))?;
+                        if would_refill_satisfy(&img, &req.limits, &req.amounts, now) {
+                            // Rule #480: only a write-capacity shortfall doubles, never an
+                            // app-limit rejection.
+                            let wcu = evaluate_wcu(img.wcu.as_ref(), img.rf, now);
+                            if !shards::should_double(wcu.balance, img.shard_count) {
+                                return Ok(Fast::Slow(cur));
+                            }
+                            let new_s = self.bump(req, img.shard_count.max(s)).await?;
+                            if new_s > s {
+                                return Ok(Fast::Slow(self.rng.draw(s as u32, new_s as u32)));
+                            }
+                            return Ok(Fast::Slow(cur));
+                        }
+                        images.push(img);
+                    }
+                    FastFailure::AppLimit => {
+                        let img = img.ok_or_else(|| Error::Corrupt("no image".into()))?;
+                        if would_refill_satisfy(&img, &req.limits, &req.amounts, now) {
+                            return Ok(Fast::Slow(cur));
+                        }
+                        self.rejections
+                            .record(&req.entity, &req.resource, cur, img.clone(), now);
+                        images.push(img);
+                    }
+                },
+            }
+            // Probe up to 2 untried shards before refusing (ADR-134).
+            let s_now = self
+                .shards
+                .get(&req.entity, &req.resource)
+                .unwrap_or(s)
+                .max(s);
+            if s_now <= 1 || tried.len() >= 3 || tried.len() as i64 >= s_now {
+                break;
+            }
+            let untried: Vec<u32> = (0..s_now as u32).filter(|x| !tried.contains(x)).collect();
+            cur = untried[self.rng.draw(0, untried.len() as u32) as usize];
+            tried.push(cur);
+        }
+        let s_now = self
+            .shards
+            .get(&req.entity, &req.resource)
+            .unwrap_or(s)
+            .max(s);
+        let x = if s_now > 1 {
+            self.entity_exceeded(req, s_now, now).await?
+        } else {
+            self.exceeded(
+                req,
+                &images.iter().map(Some).collect::<Vec<_>>(),
+                s_now,
+                now,
+            )
+        };
+        Ok(Fast::Rejected(x))
+    }
+
+    /// One speculative write. `Ok(Ok(lease))` admitted; `Ok(Err(Some(..)))` refused with the
+    /// classified old image; `Ok(Err(None))` throttled.
+    #[allow(clippy::type_complexity)]
+    async fn fast_once(
+        self: &Arc<Self>,
+        req: &Request,
+        shard: u32,
+        now: i64,
+    ) -> Result<std::result::Result<Lease, Option<(FastFailure, Option<BucketImage>)>>> {
+        let key = self.bucket_key(req, shard);
+        let (update, condition) = fast_write(&req.amounts, &req.ph, now);
+        let r = self
+            .store
+            .update(UpdateRequest {
+                key: key.clone(),
+                update,
+                condition: Some(condition),
+                returns: ReturnValues::AllNew,
+            })
+            .await;
+        match r {
+            Ok(new) => {
+                let img = new
+                    .as_ref()
+                    .map(BucketImage::decode)
+                    .transpose()?
+                    .ok_or_else(|| Error::Corrupt(format!("{key}: no item returned")))?;
+                self.shards
+                    .raise(&req.entity, &req.resource, img.shard_count);
+                Stats::bump(&self.stats.fast_admits);
+                let evals = self.evaluate_all(req, &img, now);
+                Ok(Ok(self.lease(
+                    req,
+                    shard,
+                    key,
+                    &evals,
+                    img.shard_count,
+                    now,
+                )))
+            }
+            Err(StoreError::ConditionFailed { old }) => {
+                let img = old.as_deref().map(BucketImage::decode).transpose()?;
+                if let Some(i) = &img {
+                    self.shards.raise(&req.entity, &req.resource, i.shard_count);
+                }
+                let f = classify_fast_failure(img.as_ref(), &req.amounts, &req.ph, now);
+                Ok(Err(Some((f, img))))
+            }
+            Err(StoreError::Throttled(_)) => Ok(Err(None)),
+            Err(e) => Err(e.into()),
+        }
+    }
+
+    pub(crate) fn evaluate_all(
+        &self,
+        req: &Request,
+        img: &BucketImage,
+        now: i64,
+    ) -> Vec<Evaluated> {
+        req.limits
+            .iter()
+            .map(|l| {
+                evaluate(
+                    l,
+                    img.limits.get(l.name()),
+                    img.rf,
+                    img.shard_count,
+                    now,
+                    None,
+                )
+            })
+            .collect()
+    }
+
+    fn lease(
+        self: &Arc<Self>,
+        req: &Request,
+        shard: u32,
+        key: Key,
+        evals: &[Evaluated],
+        s: i64,
+        now: i64,
+    ) -> Lease {
+        let mut ceilings = BTreeMap::new();
+        let mut statuses = Vec::new();
+        for (l, e) in req.limits.iter().zip(evals) {
+            ceilings.insert(l.name().to_string(), e.ceiling);
+            if let Some((_, a)) = req.amounts.iter().find(|(n, _)| n == l.name()) {
+                let view = ShardView {
+                    eval: e,
+                    shard_count: s,
+                    carry: e.carry.unwrap_or(0),
+                };
+                statuses.push(limit_status(l, &[view], *a, false, now));
+            }
+        }
+        Lease::granted(
+            self.clone(),
+            &req.entity,
+            &req.resource,
+            shard,
+            key,
+            req.limits.clone(),
+            ceilings,
+            req.amounts.clone(),
+            statuses,
+        )
+    }
+
+    /// Statuses of a refusal from the shard images at hand.
+    pub(crate) fn exceeded(
+        &self,
+        req: &Request,
+        images: &[Option<&BucketImage>],
+        s: i64,
+        now: i64,
+    ) -> Box<Exceeded> {
+        let mut statuses = self.statuses(req, images, s, now, Some(&req.amounts));
+        if !statuses.iter().any(|s| s.exceeded) {
+            // The shards refused, but the view read since shows enough (a refill or refund
+            // landed in between): the named limits are still the refusal's cause.
+            for st in &mut statuses {
+                st.exceeded = true;
+                st.retry_after_ms = Some(st.retry_after_ms.unwrap_or(1).max(1));
+            }
+        }
+        Box::new(Exceeded::new(&req.entity, &req.resource, statuses))
+    }
+
+    /// Entity-wide statuses of the limits `req` names, summed over the shard images given
+    /// (index = shard). A missing shard counts as a fresh one for dripping limits, and for
+    /// quotas only when no shard exists at all (a quota shard is funded by a move, not a
+    /// mint). A limit is exceeded when `judged` names it and no shard covers its amount.
+    pub(crate) fn statuses(
+        &self,
+        req: &Request,
+        images: &[Option<&BucketImage>],
+        s: i64,
+        now: i64,
+        judged: Option<&[(String, i64)]>,
+    ) -> Vec<LimitStatus> {
+        let none_exist = images.iter().all(|i| i.is_none());
+        let mut out = Vec::new();
+        for (l, a) in req.limits.iter().filter_map(|l| {
+            req.amounts
+                .iter()
+                .find(|(n, _)| n == l.name())
+                .map(|(_, a)| (l, *a))
+        }) {
+            let seeded = !l.is_quota() || none_exist;
+            let evals: Vec<Evaluated> = images
+                .iter()
+                .filter_map(|img| match img {
+                    Some(img) => Some(evaluate(
+                        l,
+                        img.limits.get(l.name()),
+                        img.rf,
+                        s.max(img.shard_count),
+                        now,
+                        None,
+                    )),
+                    None if seeded => Some(evaluate(l, None, now, s, now, None)),
+                    None => None,
+                })
+                .collect();
+            let views: Vec<ShardView<'_>> = evals
+                .iter()
+                .map(|e| ShardView {
+                    eval: e,
+                    shard_count: s,
+                    carry: e.carry.unwrap_or(0),
+                })
+                .collect();
+            let best = evals.iter().map(|e| e.balance).max().unwrap_or(0);
+            let exceeded = judged
+                .and_then(|j| j.iter().find(|(n, _)| n == l.name()))
+                .is_some_and(|(_, want)| best < *want);
+            out.push(limit_status(l, &views, a, exceeded, now));
+        }
+        out
+    }
+
+    /// A refusal that speaks of the entity: read every shard (one batch read).
+    async fn entity_exceeded(&self, req: &Request, s: i64, now: i64) -> Result<Box<Exceeded>> {
+        let keys: Vec<Key> = (0..s as u32).map(|i| self.bucket_key(req, i)).collect();
+        let items = self.store.batch_get(&keys, false).await?;
+        let images: Vec<Option<BucketImage>> = items
+            .iter()
+            .map(|i| i.as_ref().map(BucketImage::decode).transpose())
+            .collect::<std::result::Result<_, _>>()?;
+        let refs: Vec<Option<&BucketImage>> = images.iter().map(|i| i.as_ref()).collect();
+        Ok(self.exceeded(req, &refs, s, now))
+    }
+
+    /// The slow path on one shard: a consistent read, then create, the rf-locked normal
+    /// write, or — when the lock was lost — the consumption-only retry.
+    pub(crate) async fn slow(self: &Arc<Self>, req: &Request, shard: u32) -> Result<Lease> {
+        let key = self.bucket_key(req, shard);
+        let mut attempt = 0;
+        loop {
+            let r = self.slow_once(req, shard, &key).await;
+            match r {
+                Err(Error::Unavailable(e)) if e.is_retryable() && attempt < 3 => {
+                    tokio::time::sleep(backoff(attempt)).await;
+                    attempt += 1;
+                }
+                r => return r,
+            }
+        }
+    }
+
+    async fn slow_once(self: &Arc<Self>, req: &Request, shard: u32, key: &Key) -> Result<Lease> {
+        let now = self.clock.now_ms();
+        let item = self.store.get(key, true).await?;
+        let Some(item) = item else {
+            return self.create(req, shard, key, now).await;
+        };
+        let img = BucketImage::decode(&item)?;
+        let s = self
+            .shards
+            .get(&req.entity, &req.resource)
+            .unwrap_or(1)
+            .max(img.shard_count);
+        self.shards.raise(&req.entity, &req.resource, s);
+        let mut evals = Vec::with_capacity(req.limits.len());
+        for l in &req.limits {
+            let st = img.limits.get(l.name());
+            let seed = match st {
+                None => Some(self.plan_seed(req, l, shard, s, now).await?),
+                Some(_) => None,
+            };
+            evals.push(evaluate(l, st, img.rf, s, now, seed));
+        }
+        if let Some(x) = self.refuse(req, &evals, s, now) {
+            self.rejections
+                .record(&req.entity, &req.resource, shard, img, now);
+            return Err(Error::RateLimitExceeded(x));
+        }
+        let wcu = evaluate_wcu(img.wcu.as_ref(), img.rf, now);
+        let stamp = ItemStamp {
+            rf: next_rf(now, img.rf, &evals),
+            vu: valid_until(&req.limits, &evals, now),
+            ttl: req.ttl,
+            ph: &req.ph,
+        };
+        let (update, condition) =
+            normal_write(img.rf, &stamp, &req.limits, &evals, &wcu, &req.amounts);
+        let r = self
+            .store
+            .update(UpdateRequest {
+                key: key.clone(),
+                update,
+                condition: Some(condition),
+                returns: ReturnValues::None,
+            })
+            .await;
+        match r {
+            Ok(_) => {
+                Stats::bump(&self.stats.slow_admits);
+                self.rejections.forget(&req.entity, &req.resource, shard);
+                self.after_materialise(req, shard, s, &evals).await;
+                Ok(self.lease(req, shard, key.clone(), &evals, s, now))
+            }
+            Err(StoreError::ConditionFailed { .. }) => self.retry(req, shard, key, s, now).await,
+            Err(e) => Err(e.into()),
+        }
+    }
+
+    /// Refuse when a named limit's materialised balance does not cover its amount.
+    fn refuse(
+        &self,
+        req: &Request,
+        evals: &[Evaluated],
+        s: i64,
+        now: i64,
+    ) -> Option<Box<Exceeded>> {
+        let short = req.limits.iter().zip(evals).any(|(l, e)| {
+            req.amounts
+                .iter()
+                .any(|(n, a)| n == l.name() && e.balance < *a)
+        });
+        if !short {
+            return None;
+        }
+        let mut statuses = Vec::new();
+        for (l, e) in req.limits.iter().zip(evals) {
+            if let Some((_, a)) = req.amounts.iter().find(|(n, _)| n == l.name()) {
+                let view = ShardView {
+                    eval: e,
+                    shard_count: s,
+                    carry: e.carry.unwrap_or(0),
+                };
+                statuses.push(limit_status(l, &[view], *a, e.balance < *a, now));
+            }
+        }
+        Some(Box::new(Exceeded::new(
+            &req.entity,
+            &req.resource,
+            statuses,
+        )))
+    }
+
+    /// The consumption-only retry after a lost rf lock or create race.
+    async fn retry(
+        self: &Arc<Self>,
+        req: &Request,
+        shard: u32,
+        key: &Key,
+        s: i64,
+        now: i64,
+    ) -> Result<Lease> {
+        let (update, condition) = retry_write(&req.amounts);
+        let r = self
+            .store
+            .update(UpdateRequest {
+                key: key.clone(),
+                update,
+                condition: Some(condition),
+                returns: ReturnValues::AllNew,
+            })
+            .await;
+        match r {
+            Ok(new) => {
+                let img = new
+                    .as_ref()
+                    .map(BucketImage::decode)
+                    .transpose()?
+                    .ok_or_else(|| Error::Corrupt(format!("{key}: no item returned")))?;
+                Stats::bump(&self.stats.slow_admits);
+                let evals = self.evaluate_all(req, &img, now);
+                Ok(self.lease(req, shard, key.clone(), &evals, s, now))
+            }
+            Err(StoreError::ConditionFailed { old }) => {
+                let img = old.as_deref().map(BucketImage::decode).transpose()?;
+                Err(Error::RateLimitExceeded(self.exceeded(
+                    req,
+                    &[img.as_ref()],
+                    s,
+                    now,
+                )))
+            }
+            Err(e) => Err(e.into()),
+        }
+    }
+
+    /// Create a missing shard item (Put if absent). Losing the race falls back to the
+    /// consumption-only retry on the winner's item.
+    async fn create(
+        self: &Arc<Self>,
+        req: &Request,
+        shard: u32,
+        key: &Key,
+        now: i64,
+    ) -> Result<Lease> {
+        let cached = self.shards.get(&req.entity, &req.resource).unwrap_or(1);
+        let s = if shard == 0 {
+            cached
+        } else {
+            cached
+                .max(self.shard0_count(req).await?)
+                .max(shard as i64 + 1)
+        };
+        let mut evals = Vec::with_capacity(req.limits.len());
+        for l in &req.limits {
+            let seed = self.plan_seed(req, l, shard, s, now).await?;
+            evals.push(evaluate(l, None, now, s, now, Some(seed)));
+        }
+        let stamp = ItemStamp {
+            rf: next_rf(now, now, &evals),
+            vu: valid_until(&req.limits, &evals, now),
+            ttl: req.ttl,
+            ph: &req.ph,
+        };
+        if let Some(x) = self.refuse(req, &evals, s, now) {
+            return Err(Error::RateLimitExceeded(x));
+        }
+        let id = BucketIdentity {
+            ns: self.ns(),
+            entity: &req.entity,
+            resource: &req.resource,
+            shard,
+            shard_count: s,
+        };
+        let item = create_item(&id, &stamp, &req.limits, &evals, &req.amounts);
+        let r = self
+            .store
+            .put(PutRequest {
+                key: key.clone(),
+                item,
+                condition: Some(Condition::not_exists("PK")),
+            })
+            .await;
+        match r {
+            Ok(()) => {
+                Stats::bump(&self.stats.slow_admits);
+                self.shards.raise(&req.entity, &req.resource, s);
+                self.after_materialise(req, shard, s, &evals).await;
+                Ok(self.lease(req, shard, key.clone(), &evals, s, now))
+            }
+            Err(StoreError::ConditionFailed { .. }) => self.retry(req, shard, key, s, now).await,
+            Err(e) => Err(e.into()),
+        }
+    }
+
+    /// Shard 0's stored count (strongly consistent), 1 if it has no item.
+    async fn shard0_count(&self, req: &Request) -> Result<i64> {
+        let k = self.bucket_key(req, 0);
+        Ok(match self.store.get(&k, true).await? {
+            Some(i) => BucketImage::decode(&i)?.shard_count,
+            None => 1,
+        })
+    }
+
+    /// How a limit absent from a shard's item is seeded: a full share (sharded quotas and
+    /// windows are planned by the sharding rules).
+    async fn plan_seed(
+        &self,
+        req: &Request,
+        l: &Limit,
+        shard: u32,
+        s: i64,
+        now: i64,
+    ) -> Result<Seed> {
+        shards::plan_seed(self, req, l, shard, s, now).await
+    }
+
+    /// Work that follows a landed materialising write: propagate opened windows.
+    async fn after_materialise(&self, req: &Request, shard: u32, s: i64, evals: &[Evaluated]) {
+        shards::fan_out(self, req, shard, s, evals).await;
+    }
+
+    /// Double the shard count on shard 0 by compare-and-set (never above 32, never lowered;
+    /// a loser adopts the winner's count), then propagate the count to the other shards.
+    pub(crate) async fn bump(&self, req: &Request, old: i64) -> Result<i64> {
+        if old >= MAX_SHARD_COUNT {
+            return Ok(old);
+        }
+        let new = old * 2;
+        let key = self.bucket_key(req, 0);
+        let cond = Condition::exists("PK").and(if old == 1 {
+            Condition::not_exists(attr::SHARD_COUNT).or(Condition::eq(attr::SHARD_COUNT, 1))
+        } else {
+            Condition::eq(attr::SHARD_COUNT, old)
+        });
+        let r = self
+            .store
+            .update(UpdateRequest {
+                key,
+                update: Update::new().set(attr::SHARD_COUNT, new),
+                condition: Some(cond),
+                returns: ReturnValues::None,
+            })
+            .await;
+        let got = match r {
+            Ok(_) => {
+                Stats::bump(&self.stats.doublings);
+                tracing::info!(old, new, "shard count doubled");
+                for s in 1..old as u32 {
+                    let r = self
+                        .store
+                        .update(UpdateRequest {
+                            key: self.bucket_key(req, s),
+                            update: Update::new().set(attr::SHARD_COUNT, new),
+                            condition: Some(
+                                Condition::exists("PK").and(Condition::lt(attr::SHARD_COUNT, new)),
+                            ),
+                            returns: ReturnValues::None,
+                        })
+                        .await;
+                    if let Err(e) = r {
+                        tracing::debug!(error = %e, shard = s, "shard count propagation skipped");
+                    }
+                }
+                new
+            }
+            Err(StoreError::ConditionFailed { old: item }) => match item {
+                Some(i) => BucketImage::decode(&i)?.shard_count.max(old),
+                None => old,
+            },
+            Err(e) => return Err(e.into()),
+        };
+        self.shards.raise(&req.entity, &req.resource, got);
+        Ok(got)
+    }
+}

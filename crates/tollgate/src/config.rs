@@ -1,0 +1,348 @@
+//! Stored limits at four levels and their resolution (entity+resource → entity default →
+//! resource → system; the first level that defines limits wins whole), with a TTL cache.
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::Mutex;
+
+use tollgate_core::error::RuleError;
+use tollgate_core::keys;
+use tollgate_core::value::{Item, Key, Value};
+use tollgate_core::Limit;
+use tollgate_store::Store;
+
+use crate::error::{Error, Result};
+
+/// Where limits are stored.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub enum Scope {
+    /// System defaults for every entity and resource.
+    System,
+    /// Defaults of one resource.
+    Resource(String),
+    /// One entity: for one resource, or for all its resources (`None`).
+    Entity(String, Option<String>),
+}
+
+impl Scope {
+    /// The config item's key.
+    pub fn key(&self, ns: &str) -> Key {
+        match self {
+            Scope::System => keys::system_config(ns),
+            Scope::Resource(r) => keys::resource_config(ns, r),
+            Scope::Entity(e, r) => {
+                keys::entity_config(ns, e, r.as_deref().unwrap_or(keys::DEFAULT_RESOURCE))
+            }
+        }
+    }
+
+    /// Validate the ids in the scope.
+    pub fn validate(&self) -> Result<()> {
+        match self {
+            Scope::System => Ok(()),
+            Scope::Resource(r) => Ok(tollgate_core::ids::validate_resource(r)?),
+            Scope::Entity(e, r) => {
+                tollgate_core::ids::validate_entity_id(e)?;
+                if let Some(r) = r {
+                    tollgate_core::ids::validate_resource(r)?;
+                }
+                Ok(())
+            }
+        }
+    }
+}
+
+/// The level resolved limits came from. Entity-level limits make buckets that never expire;
+/// the others make buckets with a TTL (ADR-119/136).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Source {
+    /// Passed with the call.
+    Override,
+    /// Entity + resource.
+    Entity,
+    /// Entity default.
+    EntityDefault,
+    /// Resource default.
+    Resource,
+    /// System default.
+    System,
+}
+
+/// What the store should do when it cannot be reached.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum OnUnavailable {
+    /// Fail closed: return [`Error::Unavailable`].
+    #[default]
+    Block,
+    /// Fail open: admit with a degraded lease that writes nothing.
+    Allow,
+}
+
+impl std::str::FromStr for OnUnavailable {
+    type Err = String;
+    fn from_str(s: &str) -> std::result::Result<Self, String> {
+        match s {
+            "block" => Ok(OnUnavailable::Block),
+            "allow" => Ok(OnUnavailable::Allow),
+            _ => Err(format!("on_unavailable is 'block' or 'allow', not {s:?}")),
+        }
+    }
+}
+
+const ON_UNAVAILABLE: &str = "on_unavailable";
+
+/// Encode limits into a config item. Windowed quotas go under `w_` (ADR-142), the rest
+/// under `l_`.
+pub fn encode(limits: &[Limit], on_unavailable: Option<OnUnavailable>) -> Item {
+    let mut i = Item::new();
+    for l in limits {
+        let p = if l.rsa().is_some() { "w" } else { "l" };
+        let n = l.name();
+        i.insert(format!("{p}_{n}_cp"), Value::N(l.capacity_milli()));
+        i.insert(format!("{p}_{n}_ra"), Value::N(l.ra()));
+        i.insert(format!("{p}_{n}_rp"), Value::N(l.rp()));
+        if let Some(rsa) = l.rsa() {
+            i.insert(format!("{p}_{n}_rsa"), Value::N(rsa));
+        }
+        if let Some(c) = l.calendar() {
+            i.insert(format!("{p}_{n}_rsched"), Value::S(c.expr().into()));
+            i.insert(format!("{p}_{n}_tz"), Value::S(c.tz().into()));
+        }
+    }
+    if let Some(o) = on_unavailable {
+        let v = match o {
+            OnUnavailable::Block => "block",
+            OnUnavailable::Allow => "allow",
+        };
+        i.insert(ON_UNAVAILABLE.into(), Value::S(v.into()));
+    }
+    i
+}
+
+fn corrupt(key: &str, attribute: &str, reason: &str) -> Error {
+    Error::from(RuleError::Corrupt {
+        key: key.into(),
+        attribute: attribute.into(),
+        reason: reason.into(),
+    })
+}
+
+/// Decode a config item's limits. The same name under both prefixes, a `w_` limit without
+/// `rsa`, or a wrong type is corrupt (naming the attribute).
+pub fn decode(item: &Item) -> Result<(Vec<Limit>, Option<OnUnavailable>)> {
+    let key = Key::of(item).map(|k| k.to_string()).unwrap_or_default();
+    let mut by_name: BTreeMap<(String, char), ()> = BTreeMap::new();
+    for a in item.keys() {
+        for p in ['l', 'w'] {
+            if let Some(rest) = a.strip_prefix(&format!("{p}_")) {
+                if let Some(n) = rest.strip_suffix("_cp") {
+                    by_name.insert((n.to_string(), p), ());
+                }
+            }
+        }
+    }
+    let mut out = Vec::new();
+    for (n, p) in by_name.keys() {
+        if *p == 'l' && by_name.contains_key(&(n.clone(), 'w')) {
+            return Err(corrupt(
+                &key,
+                &format!("w_{n}_cp"),
+                "limit stored under both l_ and w_",
+            ));
+        }
+        let num = |f: &str| -> Result<Option<i64>> {
+            let a = format!("{p}_{n}_{f}");
+            match item.get(&a) {
+                None => Ok(None),
+                Some(Value::N(v)) => Ok(Some(*v)),
+                Some(_) => Err(corrupt(&key, &a, "expected a number")),
+            }
+        };
+        let text = |f: &str| -> Result<Option<String>> {
+            let a = format!("{p}_{n}_{f}");
+            match item.get(&a) {
+                None => Ok(None),
+                Some(Value::S(v)) => Ok(Some(v.clone())),
+                Some(_) => Err(corrupt(&key, &a, "expected a string")),
+            }
+        };
+        let cp = num("cp")?.unwrap_or(0);
+        let ra = num("ra")?.unwrap_or(0);
+        let rp = num("rp")?.unwrap_or(0);
+        let rsa = num("rsa")?;
+        if *p == 'w' && rsa.is_none() {
+            return Err(corrupt(&key, &format!("w_{n}_rsa"), "missing"));
+        }
+        let cron = text("rsched")?;
+        let tz = text("tz")?.unwrap_or_else(|| "UTC".into());
+        let cal = cron.as_deref().map(|c| (c, tz.as_str()));
+        let l = Limit::from_parts(n, cp, ra, rp, cal, rsa)
+            .map_err(|e| corrupt(&key, &format!("{p}_{n}_cp"), &e.to_string()))?;
+        out.push(l);
+    }
+    let on = match item.get(ON_UNAVAILABLE) {
+        None => None,
+        Some(Value::S(s)) => Some(
+            s.parse()
+                .map_err(|e: String| corrupt(&key, ON_UNAVAILABLE, &e))?,
+        ),
+        Some(_) => return Err(corrupt(&key, ON_UNAVAILABLE, "expected a string")),
+    };
+    Ok((out, on))
+}
+
+#[derive(Debug, Clone)]
+struct Entry {
+    expires_at: i64,
+    limits: Vec<Limit>,
+    on_unavailable: Option<OnUnavailable>,
+}
+
+/// Resolved limits for one call.
+#[derive(Debug, Clone)]
+pub struct Resolved {
+    /// The limits.
+    pub limits: Vec<Limit>,
+    /// Where they came from.
+    pub source: Source,
+    /// The system-level `on_unavailable`, if stored.
+    pub on_unavailable: Option<OnUnavailable>,
+}
+
+/// A TTL cache of config items (negative entries included), keyed by item key.
+#[derive(Debug, Default)]
+pub struct ConfigCache {
+    ttl_ms: i64,
+    entries: Mutex<HashMap<Key, Entry>>,
+}
+
+impl ConfigCache {
+    /// A cache whose entries live `ttl_ms` (0 disables caching).
+    pub fn new(ttl_ms: i64) -> Self {
+        ConfigCache {
+            ttl_ms,
+            entries: Mutex::new(HashMap::new()),
+        }
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<Key, Entry>> {
+        self.entries.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Forget one config item.
+    pub fn evict(&self, key: &Key) {
+        self.lock().remove(key);
+    }
+
+    /// Forget everything.
+    pub fn clear(&self) {
+        self.lock().clear();
+    }
+
+    /// Resolve limits for (entity, resource): one eventually consistent batch read of the
+    /// levels not cached.
+    pub async fn resolve(
+        &self,
+        store: &dyn Store,
+        ns: &str,
+        entity: &str,
+        resource: &str,
+        now: i64,
+    ) -> Result<Resolved> {
+        let levels = [
+            (keys::entity_config(ns, entity, resource), Source::Entity),
+            (
+                keys::entity_config(ns, entity, keys::DEFAULT_RESOURCE),
+                Source::EntityDefault,
+            ),
+            (keys::resource_config(ns, resource), Source::Resource),
+            (keys::system_config(ns), Source::System),
+        ];
+        let mut found: Vec<Option<Entry>> = {
+            let g = self.lock();
+            levels
+                .iter()
+                .map(|(k, _)| g.get(k).filter(|e| e.expires_at > now).cloned())
+                .collect()
+        };
+        let missing: Vec<Key> = levels
+            .iter()
+            .zip(&found)
+            .filter(|(_, f)| f.is_none())
+            .map(|((k, _), _)| k.clone())
+            .collect();
+        if !missing.is_empty() {
+            let items = store.batch_get(&missing, false).await?;
+            let mut g = self.lock();
+            for (k, item) in missing.iter().zip(items) {
+                let (limits, on) = match item {
+                    Some(i) => decode(&i)?,
+                    None => (Vec::new(), None),
+                };
+                let e = Entry {
+                    expires_at: now + self.ttl_ms,
+                    limits,
+                    on_unavailable: on,
+                };
+                if self.ttl_ms > 0 {
+                    g.insert(k.clone(), e.clone());
+                }
+                if let Some(pos) = levels.iter().position(|(lk, _)| lk == k) {
+                    found[pos] = Some(e);
+                }
+            }
+        }
+        let on_unavailable = found[3].as_ref().and_then(|e| e.on_unavailable);
+        for ((_, src), f) in levels.iter().zip(found) {
+            if let Some(e) = f {
+                if !e.limits.is_empty() {
+                    return Ok(Resolved {
+                        limits: e.limits,
+                        source: *src,
+                        on_unavailable,
+                    });
+                }
+            }
+        }
+        Ok(Resolved {
+            limits: Vec::new(),
+            source: Source::System,
+            on_unavailable,
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::Duration;
+
+    #[test]
+    fn round_trip_and_corruption() {
+        let limits = vec![
+            Limit::per_minute("rpm", 100).unwrap(),
+            Limit::quota_calendar("rpd", 1000, "0 0 * * *", "Europe/Berlin").unwrap(),
+            Limit::quota_after("session", 10, Duration::from_secs(18_000)).unwrap(),
+        ];
+        let mut item = encode(&limits, Some(OnUnavailable::Allow));
+        assert!(item.contains_key("w_session_rsa"));
+        let (mut back, on) = decode(&item).unwrap();
+        back.sort_by(|a, b| a.name().cmp(b.name()));
+        let mut want = limits.clone();
+        want.sort_by(|a, b| a.name().cmp(b.name()));
+        assert_eq!(back, want);
+        assert_eq!(on, Some(OnUnavailable::Allow));
+        item.insert("l_session_cp".into(), Value::N(5));
+        let e = decode(&item).unwrap_err().to_string();
+        assert!(e.contains("w_session_cp"), "{e}");
+        let mut item = encode(&limits, None);
+        item.remove("w_session_rsa");
+        assert!(decode(&item)
+            .unwrap_err()
+            .to_string()
+            .contains("w_session_rsa"));
+        let mut item = encode(&limits, None);
+        item.insert("l_rpm_ra".into(), Value::S("x".into()));
+        assert!(decode(&item).unwrap_err().to_string().contains("l_rpm_ra"));
+    }
+}

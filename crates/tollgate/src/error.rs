@@ -1,0 +1,146 @@
+//! The one error type of the limiter.
+
+use serde::Serialize;
+use tollgate_core::{LimitStatus, RuleError};
+use tollgate_store::StoreError;
+
+/// A refused request: every limit checked, with the violations marked.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct Exceeded {
+    /// Entity.
+    pub entity: String,
+    /// Resource.
+    pub resource: String,
+    /// Every limit the request named, exceeded or not.
+    pub statuses: Vec<LimitStatus>,
+    /// When a retry can succeed: the largest retry-after among the violations; `None` when
+    /// the request can never fit.
+    pub retry_after_ms: Option<i64>,
+    /// The reset instant of the violation that decides the retry.
+    pub resets_at_ms: Option<i64>,
+}
+
+impl Exceeded {
+    /// Build from statuses (at least one must be exceeded).
+    pub fn new(entity: &str, resource: &str, statuses: Vec<LimitStatus>) -> Self {
+        let violations: Vec<&LimitStatus> = statuses.iter().filter(|s| s.exceeded).collect();
+        let never = violations.iter().any(|s| s.retry_after_ms.is_none());
+        let primary = violations
+            .iter()
+            .max_by_key(|s| s.retry_after_ms.unwrap_or(i64::MAX));
+        Exceeded {
+            entity: entity.into(),
+            resource: resource.into(),
+            retry_after_ms: if never {
+                None
+            } else {
+                primary.and_then(|s| s.retry_after_ms)
+            },
+            resets_at_ms: primary.and_then(|s| s.resets_at_ms),
+            statuses,
+        }
+    }
+
+    /// Names of the exceeded limits.
+    pub fn violations(&self) -> Vec<&str> {
+        self.statuses
+            .iter()
+            .filter(|s| s.exceeded)
+            .map(|s| s.limit.as_str())
+            .collect()
+    }
+}
+
+impl std::fmt::Display for Exceeded {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "rate limit exceeded for {}/{}: [{}]",
+            self.entity,
+            self.resource,
+            self.violations().join(", ")
+        )?;
+        match self.retry_after_ms {
+            Some(ms) => write!(f, "; retry after {:.3} s", ms as f64 / 1000.0),
+            None => write!(
+                f,
+                "; the request exceeds the capacity and can never be admitted"
+            ),
+        }
+    }
+}
+
+/// Errors of the limiter.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// The request was refused by one or more limits.
+    #[error("{0}")]
+    RateLimitExceeded(Box<Exceeded>),
+    /// An id, name, limit or amount was malformed.
+    #[error(transparent)]
+    Invalid(RuleError),
+    /// An amount named a limit the resource does not have.
+    #[error("unknown limit {limit:?} for resource {resource:?} (known: {known})")]
+    UnknownLimit {
+        /// The name given.
+        limit: String,
+        /// The resource.
+        resource: String,
+        /// The limits it does have.
+        known: String,
+    },
+    /// No limits are configured at any level for (entity, resource).
+    #[error("no limits configured for entity {entity:?} and resource {resource:?}")]
+    NoLimits {
+        /// Entity.
+        entity: String,
+        /// Resource.
+        resource: String,
+    },
+    /// The entity already exists.
+    #[error("entity {0:?} already exists")]
+    EntityExists(String),
+    /// The entity does not exist.
+    #[error("entity {0:?} not found")]
+    EntityNotFound(String),
+    /// The lease was already committed or rolled back.
+    #[error("lease is no longer active")]
+    LeaseClosed,
+    /// A stored item could not be decoded.
+    #[error("corrupt stored data: {0}")]
+    Corrupt(String),
+    /// The store could not be used (and `on_unavailable` is `block`).
+    #[error("rate limiter unavailable: {0}")]
+    Unavailable(StoreError),
+}
+
+impl Error {
+    /// The refusal, if this is one.
+    pub fn exceeded(&self) -> Option<&Exceeded> {
+        match self {
+            Error::RateLimitExceeded(e) => Some(e),
+            _ => None,
+        }
+    }
+}
+
+impl From<RuleError> for Error {
+    fn from(e: RuleError) -> Self {
+        match e {
+            RuleError::Corrupt { .. } => Error::Corrupt(e.to_string()),
+            e => Error::Invalid(e),
+        }
+    }
+}
+
+impl From<StoreError> for Error {
+    fn from(e: StoreError) -> Self {
+        match e {
+            StoreError::Corrupt(m) => Error::Corrupt(m),
+            e => Error::Unavailable(e),
+        }
+    }
+}
+
+/// Result alias.
+pub type Result<T, E = Error> = std::result::Result<T, E>;

@@ -1,0 +1,261 @@
+//! Leases: what an acquire debited, reconciled afterwards (adjust → commit, or rollback).
+//!
+//! Rule for a lease dropped without `commit` or `rollback`: the debit made by the acquire
+//! stands (admission was decided and written when the lease was granted), adjustments that
+//! were never committed are discarded, and a warning is logged. Dropping a lease therefore
+//! never refunds and never charges more than the estimate.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use tollgate_core::bucket::{attr, BucketImage};
+use tollgate_core::expr::{Condition, ReturnValues, Update};
+use tollgate_core::limit::{MAX_TOKENS, MILLI};
+use tollgate_core::value::Key;
+use tollgate_core::writes::adjust_write;
+use tollgate_core::{Limit, LimitStatus, RuleError};
+use tollgate_store::{StoreError, UpdateRequest};
+
+use crate::error::{Error, Result};
+use crate::limiter::Inner;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum State {
+    Open,
+    Closed,
+}
+
+/// A granted request. Amounts are in tokens.
+#[derive(Debug)]
+pub struct Lease {
+    pub(crate) lim: Option<Arc<Inner>>,
+    pub(crate) entity: String,
+    pub(crate) resource: String,
+    pub(crate) shard: u32,
+    pub(crate) key: Key,
+    pub(crate) limits: Vec<Limit>,
+    pub(crate) ceilings: BTreeMap<String, i64>,
+    pub(crate) initial: Vec<(String, i64)>,
+    pub(crate) pending: BTreeMap<String, i64>,
+    pub(crate) statuses: Vec<LimitStatus>,
+    state: State,
+}
+
+impl Lease {
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn granted(
+        lim: Arc<Inner>,
+        entity: &str,
+        resource: &str,
+        shard: u32,
+        key: Key,
+        limits: Vec<Limit>,
+        ceilings: BTreeMap<String, i64>,
+        initial: Vec<(String, i64)>,
+        statuses: Vec<LimitStatus>,
+    ) -> Self {
+        Lease {
+            lim: Some(lim),
+            entity: entity.into(),
+            resource: resource.into(),
+            shard,
+            key,
+            limits,
+            ceilings,
+            initial,
+            pending: BTreeMap::new(),
+            statuses,
+            state: State::Open,
+        }
+    }
+
+    /// A lease granted without the store (`on_unavailable = allow`): writes nothing.
+    pub(crate) fn degraded(entity: &str, resource: &str) -> Self {
+        Lease {
+            lim: None,
+            entity: entity.into(),
+            resource: resource.into(),
+            shard: 0,
+            key: Key::new("", ""),
+            limits: Vec::new(),
+            ceilings: BTreeMap::new(),
+            initial: Vec::new(),
+            pending: BTreeMap::new(),
+            statuses: Vec::new(),
+            state: State::Open,
+        }
+    }
+
+    /// Whether the store was unreachable and the request was admitted without it.
+    pub fn is_degraded(&self) -> bool {
+        self.lim.is_none()
+    }
+
+    /// The entity.
+    pub fn entity(&self) -> &str {
+        &self.entity
+    }
+
+    /// The resource.
+    pub fn resource(&self) -> &str {
+        &self.resource
+    }
+
+    /// The shard the acquire debited.
+    pub fn shard(&self) -> u32 {
+        self.shard
+    }
+
+    /// Statuses of the limits the acquire named, as admitted.
+    pub fn statuses(&self) -> &[LimitStatus] {
+        &self.statuses
+    }
+
+    /// Tokens consumed per limit: the acquire's debit plus adjustments so far.
+    pub fn consumed(&self) -> BTreeMap<String, i64> {
+        let mut out: BTreeMap<String, i64> = BTreeMap::new();
+        for (n, m) in &self.initial {
+            *out.entry(n.clone()).or_default() += m;
+        }
+        for (n, m) in &self.pending {
+            *out.entry(n.clone()).or_default() += m;
+        }
+        out.into_iter().map(|(n, m)| (n, m / MILLI)).collect()
+    }
+
+    /// Whether commit or rollback already ran.
+    pub fn is_closed(&self) -> bool {
+        self.state == State::Closed
+    }
+
+    /// Record that `delta` more tokens (negative: fewer) were used of `limit` — any limit of
+    /// the resource, including one the acquire did not name. Never refused for lack of
+    /// balance (debt is allowed); written by [`Lease::commit`].
+    pub fn adjust(&mut self, limit: &str, delta: i64) -> Result<()> {
+        if self.state == State::Closed {
+            return Err(Error::LeaseClosed);
+        }
+        if delta.abs() > MAX_TOKENS {
+            return Err(Error::Invalid(RuleError::InvalidAmount {
+                limit: limit.into(),
+                reason: "adjustment out of range",
+            }));
+        }
+        if self.lim.is_none() {
+            return Ok(());
+        }
+        if !self.limits.iter().any(|l| l.name() == limit) {
+            return Err(Error::UnknownLimit {
+                limit: limit.into(),
+                resource: self.resource.clone(),
+                known: self
+                    .limits
+                    .iter()
+                    .map(|l| l.name())
+                    .collect::<Vec<_>>()
+                    .join(", "),
+            });
+        }
+        let e = self.pending.entry(limit.to_string()).or_default();
+        *e = e.saturating_add(delta * MILLI);
+        if *e == 0 {
+            self.pending.remove(limit);
+        }
+        Ok(())
+    }
+
+    /// Write the adjustments (one unconditional ADD on the debited shard). After an
+    /// ambiguous store failure the lease is closed: resending could charge twice.
+    pub async fn commit(&mut self) -> Result<()> {
+        if self.state == State::Closed {
+            return Err(Error::LeaseClosed);
+        }
+        let deltas: Vec<(String, i64)> =
+            self.pending.iter().map(|(k, v)| (k.clone(), *v)).collect();
+        let r = self.write(&deltas).await;
+        self.close_after(&r);
+        r
+    }
+
+    /// Refund everything the acquire debited (exactly), discarding adjustments.
+    pub async fn rollback(&mut self) -> Result<()> {
+        if self.state == State::Closed {
+            return Err(Error::LeaseClosed);
+        }
+        let deltas: Vec<(String, i64)> =
+            self.initial.iter().map(|(k, v)| (k.clone(), -v)).collect();
+        let r = self.write(&deltas).await;
+        self.close_after(&r);
+        r
+    }
+
+    fn close_after(&mut self, r: &Result<()>) {
+        match r {
+            Ok(()) | Err(Error::Unavailable(StoreError::Ambiguous(_))) => {
+                self.state = State::Closed;
+                self.pending.clear();
+            }
+            Err(_) => {}
+        }
+    }
+
+    async fn write(&self, deltas: &[(String, i64)]) -> Result<()> {
+        let Some(lim) = &self.lim else {
+            return Ok(());
+        };
+        if deltas.iter().all(|(_, d)| *d == 0) {
+            return Ok(());
+        }
+        lim.rejections
+            .forget(&self.entity, &self.resource, self.shard);
+        let req = UpdateRequest {
+            key: self.key.clone(),
+            update: adjust_write(deltas),
+            condition: Some(Condition::exists("PK")),
+            returns: ReturnValues::AllNew,
+        };
+        let new = match lim.store.update(req).await {
+            Ok(n) => n,
+            Err(StoreError::ConditionFailed { .. }) => {
+                tracing::warn!(key = %self.key, "lease target bucket is gone; adjustment dropped");
+                return Ok(());
+            }
+            Err(e) => return Err(e.into()),
+        };
+        lim.rejections
+            .forget(&self.entity, &self.resource, self.shard);
+        // A refund that leaves a balance above its ceiling (e.g. after a reset) forces the
+        // next acquire onto the slow path, which clamps it (scenario 8).
+        if let Some(img) = new.as_ref().and_then(|i| BucketImage::decode(i).ok()) {
+            let above = img
+                .limits
+                .iter()
+                .any(|(n, s)| self.ceilings.get(n).is_some_and(|c| s.tk > *c));
+            if above {
+                let req = UpdateRequest {
+                    key: self.key.clone(),
+                    update: Update::new().set(attr::VU, 0),
+                    condition: Some(Condition::exists("PK")),
+                    returns: ReturnValues::None,
+                };
+                if let Err(e) = lim.store.update(req).await {
+                    tracing::debug!(error = %e, "could not force the slow path after a refund");
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+impl Drop for Lease {
+    fn drop(&mut self) {
+        if self.state == State::Open && !self.pending.is_empty() {
+            tracing::warn!(
+                entity = %self.entity,
+                resource = %self.resource,
+                "lease dropped without commit or rollback: the acquire's debit stands, {} uncommitted adjustment(s) discarded",
+                self.pending.len()
+            );
+        }
+    }
+}

@@ -1,0 +1,493 @@
+//! The `Limiter`: acquire / lease / check_availability / administration over any Store.
+
+use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use tollgate_core::expr::Condition;
+use tollgate_core::ids::{validate_entity_id, validate_limit_name};
+use tollgate_core::keys;
+use tollgate_core::value::{Item, Value};
+use tollgate_core::{Limit, RuleError};
+use tollgate_store::{DeleteRequest, PutRequest, Query, Store, StoreError};
+
+use crate::caches::{RejectionCache, ShardCounts};
+use crate::clock::{Clock, SeededRng, ShardRng, SystemClock};
+use crate::config::{self, ConfigCache, OnUnavailable, Scope};
+use crate::error::{Error, Result};
+
+/// Limiter settings.
+#[derive(Debug, Clone)]
+pub struct Options {
+    /// Namespace prefix of every key.
+    pub namespace: String,
+    /// How long resolved limits are cached (0 disables the cache).
+    pub config_cache_ttl: Duration,
+    /// Policy when the store cannot be reached and the system config says nothing.
+    pub on_unavailable: OnUnavailable,
+    /// Use the speculative fast path (one conditional write, no read).
+    pub speculative: bool,
+    /// TTL multiplier for buckets whose limits come from defaults (0: no TTL).
+    pub ttl_multiplier: i64,
+    /// How long a seen bucket may refuse requests locally (0 disables it).
+    pub rejection_cache_ttl: Duration,
+}
+
+impl Default for Options {
+    fn default() -> Self {
+        Options {
+            namespace: "default".into(),
+            config_cache_ttl: Duration::from_secs(60),
+            on_unavailable: OnUnavailable::Block,
+            speculative: true,
+            ttl_multiplier: 7,
+            rejection_cache_ttl: Duration::from_secs(1),
+        }
+    }
+}
+
+/// Counters of what the limiter did (not store requests: see `tollgate_store::Counting`).
+#[derive(Debug, Default)]
+pub struct Stats {
+    pub(crate) fast_admits: AtomicU64,
+    pub(crate) slow_admits: AtomicU64,
+    pub(crate) rejections: AtomicU64,
+    pub(crate) local_rejections: AtomicU64,
+    pub(crate) doublings: AtomicU64,
+    pub(crate) fanout_writes: AtomicU64,
+    pub(crate) fanout_failures: AtomicU64,
+    pub(crate) degraded: AtomicU64,
+}
+
+/// A snapshot of [`Stats`].
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize)]
+pub struct StatsSnapshot {
+    /// Admitted by the speculative write.
+    pub fast_admits: u64,
+    /// Admitted by the slow path (read + rf-locked write, create or retry).
+    pub slow_admits: u64,
+    /// Refused.
+    pub rejections: u64,
+    /// Refused with no store request (rejection cache).
+    pub local_rejections: u64,
+    /// Shard-count doublings this process won.
+    pub doublings: u64,
+    /// Rollover fan-out writes that landed.
+    pub fanout_writes: u64,
+    /// Rollover fan-out writes refused by their condition or failed.
+    pub fanout_failures: u64,
+    /// Degraded (fail-open) leases.
+    pub degraded: u64,
+}
+
+impl Stats {
+    pub(crate) fn bump(c: &AtomicU64) {
+        c.fetch_add(1, Ordering::Relaxed);
+    }
+    fn snapshot(&self) -> StatsSnapshot {
+        let l = |c: &AtomicU64| c.load(Ordering::Relaxed);
+        StatsSnapshot {
+            fast_admits: l(&self.fast_admits),
+            slow_admits: l(&self.slow_admits),
+            rejections: l(&self.rejections),
+            local_rejections: l(&self.local_rejections),
+            doublings: l(&self.doublings),
+            fanout_writes: l(&self.fanout_writes),
+            fanout_failures: l(&self.fanout_failures),
+            degraded: l(&self.degraded),
+        }
+    }
+}
+
+/// Shared state behind a [`Limiter`] handle.
+pub struct Inner {
+    pub(crate) store: Arc<dyn Store>,
+    pub(crate) clock: Arc<dyn Clock>,
+    pub(crate) rng: Arc<dyn ShardRng>,
+    pub(crate) opts: Options,
+    pub(crate) config: ConfigCache,
+    pub(crate) shards: ShardCounts,
+    pub(crate) rejections: RejectionCache,
+    pub(crate) stats: Stats,
+}
+
+impl std::fmt::Debug for Inner {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Limiter")
+            .field("backend", &self.store.backend())
+            .field("opts", &self.opts)
+            .finish()
+    }
+}
+
+impl Inner {
+    pub(crate) fn ns(&self) -> &str {
+        &self.opts.namespace
+    }
+}
+
+/// The rate limiter. Cheap to clone; every clone shares caches and the store.
+#[derive(Debug, Clone)]
+pub struct Limiter {
+    pub(crate) inner: Arc<Inner>,
+}
+
+/// Builds a [`Limiter`].
+pub struct LimiterBuilder {
+    store: Arc<dyn Store>,
+    clock: Arc<dyn Clock>,
+    rng: Arc<dyn ShardRng>,
+    opts: Options,
+}
+
+impl LimiterBuilder {
+    /// Inject a clock.
+    pub fn clock(mut self, c: Arc<dyn Clock>) -> Self {
+        self.clock = c;
+        self
+    }
+    /// Inject the shard-draw RNG.
+    pub fn rng(mut self, r: Arc<dyn ShardRng>) -> Self {
+        self.rng = r;
+        self
+    }
+    /// Set every option.
+    pub fn options(mut self, o: Options) -> Self {
+        self.opts = o;
+        self
+    }
+    /// Namespace.
+    pub fn namespace(mut self, ns: &str) -> Self {
+        self.opts.namespace = ns.into();
+        self
+    }
+    /// Config cache TTL.
+    pub fn config_cache_ttl(mut self, ttl: Duration) -> Self {
+        self.opts.config_cache_ttl = ttl;
+        self
+    }
+    /// Default fail-open / fail-closed policy.
+    pub fn on_unavailable(mut self, o: OnUnavailable) -> Self {
+        self.opts.on_unavailable = o;
+        self
+    }
+    /// Enable or disable the speculative fast path.
+    pub fn speculative(mut self, on: bool) -> Self {
+        self.opts.speculative = on;
+        self
+    }
+    /// Rejection cache TTL (0 disables it).
+    pub fn rejection_cache_ttl(mut self, ttl: Duration) -> Self {
+        self.opts.rejection_cache_ttl = ttl;
+        self
+    }
+    /// Build.
+    pub fn build(self) -> Result<Limiter> {
+        validate_entity_id(&self.opts.namespace)?;
+        let ttl_ms = i64::try_from(self.opts.config_cache_ttl.as_millis()).unwrap_or(i64::MAX);
+        let rej_ms = i64::try_from(self.opts.rejection_cache_ttl.as_millis()).unwrap_or(i64::MAX);
+        Ok(Limiter {
+            inner: Arc::new(Inner {
+                store: self.store,
+                clock: self.clock,
+                rng: self.rng,
+                config: ConfigCache::new(ttl_ms),
+                shards: ShardCounts::default(),
+                rejections: RejectionCache::new(rej_ms),
+                stats: Stats::default(),
+                opts: self.opts,
+            }),
+        })
+    }
+}
+
+/// An entity (a user, key or tenant).
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct Entity {
+    /// Id.
+    pub id: String,
+    /// Display name (defaults to the id).
+    pub name: String,
+    /// Parent entity, if any.
+    pub parent_id: Option<String>,
+    /// Free-form metadata.
+    pub metadata: BTreeMap<String, String>,
+    /// Creation time (epoch ms).
+    pub created_at_ms: i64,
+}
+
+impl Limiter {
+    /// Start building a limiter over `store`.
+    pub fn builder(store: Arc<dyn Store>) -> LimiterBuilder {
+        LimiterBuilder {
+            store,
+            clock: Arc::new(SystemClock),
+            rng: Arc::new(SeededRng::new(rand::random())),
+            opts: Options::default(),
+        }
+    }
+
+    /// A limiter over `store` with default options.
+    pub fn new(store: Arc<dyn Store>) -> Result<Self> {
+        Self::builder(store).build()
+    }
+
+    /// What the limiter did so far.
+    pub fn stats(&self) -> StatsSnapshot {
+        self.inner.stats.snapshot()
+    }
+
+    /// The store's backend name.
+    pub fn backend(&self) -> &'static str {
+        self.inner.store.backend()
+    }
+
+    /// The store.
+    pub fn store(&self) -> &Arc<dyn Store> {
+        &self.inner.store
+    }
+
+    /// Now, by the injected clock.
+    pub fn now_ms(&self) -> i64 {
+        self.inner.clock.now_ms()
+    }
+
+    /// Create an entity. Fails with [`Error::EntityExists`] if it exists.
+    pub async fn create_entity(
+        &self,
+        id: &str,
+        name: Option<&str>,
+        parent_id: Option<&str>,
+        metadata: BTreeMap<String, String>,
+    ) -> Result<Entity> {
+        validate_entity_id(id)?;
+        if let Some(p) = parent_id {
+            validate_entity_id(p)?;
+            if p == id {
+                return Err(Error::Invalid(RuleError::InvalidIdentifier {
+                    value: p.into(),
+                    reason: "an entity cannot be its own parent",
+                }));
+            }
+        }
+        let ns = self.inner.ns();
+        let e = Entity {
+            id: id.into(),
+            name: name.unwrap_or(id).into(),
+            parent_id: parent_id.map(str::to_string),
+            metadata,
+            created_at_ms: self.now_ms(),
+        };
+        let mut item = Item::new();
+        item.insert("entity_id".into(), e.id.clone().into());
+        item.insert("name".into(), e.name.clone().into());
+        item.insert("created_at".into(), Value::N(e.created_at_ms));
+        item.insert(
+            "metadata".into(),
+            Value::M(
+                e.metadata
+                    .iter()
+                    .map(|(k, v)| (k.clone(), Value::S(v.clone())))
+                    .collect(),
+            ),
+        );
+        match &e.parent_id {
+            Some(p) => {
+                item.insert("parent_id".into(), p.clone().into());
+                item.insert("GSI1PK".into(), keys::gsi1_parent(ns, p).into());
+                item.insert("GSI1SK".into(), format!("CHILD#{id}").into());
+            }
+            None => {
+                item.insert("parent_id".into(), Value::Null);
+            }
+        }
+        match self
+            .inner
+            .store
+            .put(PutRequest {
+                key: keys::entity_meta(ns, id),
+                item,
+                condition: Some(Condition::not_exists("PK")),
+            })
+            .await
+        {
+            Ok(()) => Ok(e),
+            Err(StoreError::ConditionFailed { .. }) => Err(Error::EntityExists(id.into())),
+            Err(err) => Err(err.into()),
+        }
+    }
+
+    /// Read an entity (`None` if absent).
+    pub async fn get_entity(&self, id: &str) -> Result<Option<Entity>> {
+        validate_entity_id(id)?;
+        let key = keys::entity_meta(self.inner.ns(), id);
+        let Some(i) = self.inner.store.get(&key, true).await? else {
+            return Ok(None);
+        };
+        let s = |a: &str| i.get(a).and_then(Value::as_s).map(str::to_string);
+        let metadata = match i.get("metadata") {
+            Some(Value::M(m)) => m
+                .iter()
+                .filter_map(|(k, v)| v.as_s().map(|v| (k.clone(), v.to_string())))
+                .collect(),
+            _ => BTreeMap::new(),
+        };
+        Ok(Some(Entity {
+            id: id.into(),
+            name: s("name").unwrap_or_else(|| id.into()),
+            parent_id: s("parent_id"),
+            metadata,
+            created_at_ms: i.get("created_at").and_then(Value::as_n).unwrap_or(0),
+        }))
+    }
+
+    /// Children of an entity.
+    pub async fn children(&self, id: &str) -> Result<Vec<String>> {
+        validate_entity_id(id)?;
+        let items = self
+            .inner
+            .store
+            .query(Query::index(
+                "GSI1",
+                keys::gsi1_parent(self.inner.ns(), id),
+                Some("CHILD#"),
+            ))
+            .await?;
+        Ok(items
+            .iter()
+            .filter_map(|i| i.get("entity_id").and_then(Value::as_s).map(str::to_string))
+            .collect())
+    }
+
+    /// Delete an entity: its META, its stored limits and every bucket. Returns how many
+    /// items were deleted (0 if it did not exist).
+    pub async fn delete_entity(&self, id: &str) -> Result<usize> {
+        validate_entity_id(id)?;
+        let ns = self.inner.ns();
+        let store = &self.inner.store;
+        let mut keys_to_delete = Vec::new();
+        for i in store
+            .query(Query::table(keys::entity_pk(ns, id), None))
+            .await?
+        {
+            if let Some(k) = tollgate_core::value::Key::of(&i) {
+                keys_to_delete.push(k);
+            }
+        }
+        for i in store
+            .query(Query::index(
+                "GSI3",
+                keys::gsi3_entity(ns, id),
+                Some("BUCKET#"),
+            ))
+            .await?
+        {
+            if let Some(k) = tollgate_core::value::Key::of(&i) {
+                keys_to_delete.push(k);
+            }
+        }
+        for k in &keys_to_delete {
+            store
+                .delete(DeleteRequest {
+                    key: k.clone(),
+                    condition: None,
+                })
+                .await?;
+        }
+        self.inner.shards.forget_entity(id);
+        self.inner.config.clear();
+        self.inner.rejections.clear();
+        Ok(keys_to_delete.len())
+    }
+
+    /// Store limits at a scope (replacing what was there). Existing buckets pick the new
+    /// parameters up on their next acquire (the parameter hash on each bucket sends the fast
+    /// path to the slow path, which re-materialises): at once in this process, within the
+    /// config cache TTL elsewhere.
+    pub async fn set_limits(
+        &self,
+        scope: &Scope,
+        limits: &[Limit],
+        on_unavailable: Option<OnUnavailable>,
+    ) -> Result<()> {
+        scope.validate()?;
+        let mut names = std::collections::BTreeSet::new();
+        for l in limits {
+            validate_limit_name(l.name())?;
+            if !names.insert(l.name()) {
+                return Err(Error::Invalid(RuleError::InvalidLimit {
+                    name: l.name().into(),
+                    reason: "named twice".into(),
+                }));
+            }
+        }
+        if on_unavailable.is_some() && *scope != Scope::System {
+            return Err(Error::Invalid(RuleError::InvalidLimit {
+                name: "on_unavailable".into(),
+                reason: "on_unavailable is stored at the system level only".into(),
+            }));
+        }
+        let key = scope.key(self.inner.ns());
+        self.inner
+            .store
+            .put(PutRequest {
+                key,
+                item: config::encode(limits, on_unavailable),
+                condition: None,
+            })
+            .await?;
+        self.inner.config.clear();
+        self.inner.rejections.clear();
+        Ok(())
+    }
+
+    /// Limits stored at a scope (empty if none).
+    pub async fn get_limits(&self, scope: &Scope) -> Result<(Vec<Limit>, Option<OnUnavailable>)> {
+        scope.validate()?;
+        match self
+            .inner
+            .store
+            .get(&scope.key(self.inner.ns()), true)
+            .await?
+        {
+            Some(i) => config::decode(&i),
+            None => Ok((Vec::new(), None)),
+        }
+    }
+
+    /// Delete the limits stored at a scope; `true` if there were any.
+    pub async fn delete_limits(&self, scope: &Scope) -> Result<bool> {
+        scope.validate()?;
+        let old = self
+            .inner
+            .store
+            .delete(DeleteRequest {
+                key: scope.key(self.inner.ns()),
+                condition: None,
+            })
+            .await?;
+        self.inner.config.clear();
+        self.inner.rejections.clear();
+        Ok(old.is_some())
+    }
+
+    /// Resolve the limits that apply to (entity, resource).
+    pub async fn resolve_limits(&self, entity: &str, resource: &str) -> Result<Vec<Limit>> {
+        validate_entity_id(entity)?;
+        tollgate_core::ids::validate_resource(resource)?;
+        let now = self.now_ms();
+        Ok(self
+            .inner
+            .config
+            .resolve(
+                self.inner.store.as_ref(),
+                self.inner.ns(),
+                entity,
+                resource,
+                now,
+            )
+            .await?
+            .limits)
+    }
+}
