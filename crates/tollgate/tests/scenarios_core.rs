@@ -1,0 +1,607 @@
+//! Scenarios 1–10 and 19–26 of spec-shards-windows-quotas.md §5, L1–L4 of
+//! history-and-scenarios.md §5.2 (unsharded), calendar resets across DST, and store request
+//! counts — on MemoryStore with a manual clock.
+
+mod common;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use common::*;
+use tollgate::{AcquireOptions, Error, Limit, Scope};
+use tollgate_core::bucket::BucketImage;
+use tollgate_core::expr::ReturnValues;
+use tollgate_core::materialize::{evaluate, evaluate_wcu, valid_until};
+use tollgate_core::writes::{normal_write, params_hash, retry_write, ItemStamp, TtlWrite};
+use tollgate_store::{Store, StoreError, UpdateRequest};
+
+fn session() -> Limit {
+    Limit::quota_after("session", 10, Duration::from_secs(18_000)).unwrap()
+}
+
+async fn entity_limits(h: &H, e: &str, r: &str, limits: &[Limit]) {
+    h.lim
+        .set_limits(&Scope::Entity(e.into(), Some(r.into())), limits, None)
+        .await
+        .unwrap();
+}
+
+fn rejected(r: Result<tollgate::Lease, Error>) -> Box<tollgate::Exceeded> {
+    match r {
+        Err(Error::RateLimitExceeded(x)) => x,
+        Err(e) => panic!("expected a rejection, got {e}"),
+        Ok(_) => panic!("expected a rejection, got a lease"),
+    }
+}
+
+/// Scenario 1 through the limiter: a drained rate limit refills lazily at its rate.
+#[tokio::test]
+async fn s01_refill_through_the_limiter() {
+    let h = harness(T0);
+    entity_limits(&h, "e", "api", &[Limit::per_minute("rpm", 100).unwrap()]).await;
+    h.lim.acquire("e", "api", &[("rpm", 100)]).await.unwrap();
+    assert_eq!(h.n("e", "api", 0, "b_rpm_tk"), Some(0));
+    let x = rejected(h.lim.acquire("e", "api", &[("rpm", 1)]).await);
+    assert_eq!(x.statuses[0].retry_after_ms, Some(600));
+    h.at(T0 + 30_000);
+    h.lim.acquire("e", "api", &[("rpm", 50)]).await.unwrap();
+    assert_eq!(h.n("e", "api", 0, "b_rpm_tk"), Some(0));
+    assert!(h.lim.acquire("e", "api", &[("rpm", 1)]).await.is_err());
+}
+
+/// Scenario 4: the normal write composes with a concurrent fast-path debit (ADD), and its
+/// floor refuses when concurrent debits left too little.
+#[tokio::test]
+async fn s04_fast_path_composes_with_slow_path() {
+    for (fast_debit, lands, final_tk) in [(1000, true, 1000), (3000, false, 2000)] {
+        let h = harness(T0);
+        entity_limits(&h, "e", "api", &[Limit::per_hour("rpm", 5).unwrap()]).await;
+        h.lim.acquire("e", "api", &[("rpm", 0)]).await.unwrap();
+        let limits = vec![Limit::per_hour("rpm", 5).unwrap()];
+        let img = BucketImage::decode(&h.item("e", "api", 0)).unwrap();
+        assert_eq!(img.limits["rpm"].tk, 5000);
+        let evals: Vec<_> = limits
+            .iter()
+            .map(|l| evaluate(l, img.limits.get("rpm"), img.rf, 1, T0, None))
+            .collect();
+        assert_eq!(evals[0].credit(), 0);
+        let wcu = evaluate_wcu(img.wcu.as_ref(), img.rf, T0);
+        let ph = params_hash(&limits);
+        let stamp = ItemStamp {
+            rf: T0,
+            vu: valid_until(&limits, &evals, T0),
+            ttl: TtlWrite::Remove,
+            ph: &ph,
+        };
+        let amounts = vec![("rpm".to_string(), 3000)];
+        let (u, c) = normal_write(img.rf, &stamp, &limits, &evals, &wcu, &amounts);
+        // Meanwhile a fast-path write debits without touching rf.
+        h.set_n("e", "api", 0, "b_rpm_tk", 5000 - fast_debit);
+        let r = h
+            .store
+            .update(UpdateRequest {
+                key: h.key("e", "api", 0),
+                update: u,
+                condition: Some(c),
+                returns: ReturnValues::None,
+            })
+            .await;
+        assert_eq!(r.is_ok(), lands);
+        assert_eq!(h.n("e", "api", 0, "b_rpm_tk"), Some(final_tk));
+    }
+}
+
+/// Scenario 5: the retry write never changes rf, vu, ws, wa or gc.
+#[tokio::test]
+async fn s05_retry_touches_only_balances() {
+    let h = harness(T0);
+    entity_limits(&h, "e", "api", &[session()]).await;
+    h.lim.acquire("e", "api", &[("session", 1)]).await.unwrap();
+    let before = h.item("e", "api", 0);
+    let (u, c) = retry_write(&[("session".to_string(), 2000)]);
+    h.store
+        .update(UpdateRequest {
+            key: h.key("e", "api", 0),
+            update: u,
+            condition: Some(c),
+            returns: ReturnValues::None,
+        })
+        .await
+        .unwrap();
+    let after = h.item("e", "api", 0);
+    for a in ["rf", "vu", "b_session_ws", "b_session_wa", "b_session_gc"] {
+        assert_eq!(before.get(a), after.get(a), "{a}");
+    }
+    assert_eq!(h.n("e", "api", 0, "b_session_tk"), Some(7000));
+    assert_eq!(h.n("e", "api", 0, "b_session_tc"), Some(3000));
+    // Failing the floor: nothing changes.
+    let (u, c) = retry_write(&[("session".to_string(), 8000)]);
+    let r = h
+        .store
+        .update(UpdateRequest {
+            key: h.key("e", "api", 0),
+            update: u,
+            condition: Some(c),
+            returns: ReturnValues::None,
+        })
+        .await;
+    assert!(matches!(r, Err(StoreError::ConditionFailed { .. })));
+}
+
+/// Scenario 6: adjust and rollback, exactly.
+#[tokio::test]
+async fn s06_adjust_and_rollback() {
+    let h = harness(T0);
+    entity_limits(&h, "e", "api", &[Limit::per_day("tpd", 10).unwrap()]).await;
+    let mut a = h.lim.acquire("e", "api", &[("tpd", 5)]).await.unwrap();
+    assert_eq!(h.n("e", "api", 0, "b_tpd_tk"), Some(5000));
+    a.adjust("tpd", 3).unwrap();
+    a.commit().await.unwrap();
+    assert_eq!(h.n("e", "api", 0, "b_tpd_tk"), Some(2000));
+    assert_eq!(h.n("e", "api", 0, "b_tpd_tc"), Some(8000));
+    let mut b = h.lim.acquire("e", "api", &[("tpd", 0)]).await.unwrap();
+    b.adjust("tpd", -2).unwrap();
+    b.commit().await.unwrap();
+    assert_eq!(h.n("e", "api", 0, "b_tpd_tk"), Some(4000));
+    assert_eq!(h.n("e", "api", 0, "b_tpd_tc"), Some(6000));
+    // Rollback restores tk and tc exactly.
+    let mut c = h.lim.acquire("e", "api", &[("tpd", 4)]).await.unwrap();
+    c.adjust("tpd", 9).unwrap();
+    c.rollback().await.unwrap();
+    assert_eq!(h.n("e", "api", 0, "b_tpd_tk"), Some(4000));
+    assert_eq!(h.n("e", "api", 0, "b_tpd_tc"), Some(6000));
+    assert!(matches!(c.commit().await, Err(Error::LeaseClosed)));
+}
+
+/// Scenario 7 and L4: zero estimates admit on a zero balance and adjust into debt.
+#[tokio::test]
+async fn s07_zero_estimate_lease() {
+    let h = harness(T0);
+    entity_limits(&h, "e", "api", &[Limit::per_day("tpd", 5).unwrap()]).await;
+    h.lim.acquire("e", "api", &[("tpd", 5)]).await.unwrap();
+    assert_eq!(h.n("e", "api", 0, "b_tpd_tk"), Some(0));
+    let writes = h.stats().writes();
+    let mut l = h.lim.acquire("e", "api", &[("tpd", 0)]).await.unwrap();
+    assert_eq!(h.stats().writes(), writes + 1, "the fast path admitted it");
+    l.adjust("tpd", 4).unwrap();
+    l.commit().await.unwrap();
+    assert_eq!(h.n("e", "api", 0, "b_tpd_tk"), Some(-4000));
+    assert_eq!(h.n("e", "api", 0, "b_tpd_tc"), Some(9000));
+    // A zero estimate on a negative balance is refused.
+    assert!(h.lim.acquire("e", "api", &[("tpd", 0)]).await.is_err());
+}
+
+/// L4: zero estimates reconciled, twice, on both paths.
+#[tokio::test]
+async fn l4_zero_estimates_both_paths() {
+    for speculative in [true, false] {
+        let mut o = opts();
+        o.speculative = speculative;
+        let h = harness_with(T0, o);
+        entity_limits(
+            &h,
+            "e",
+            "llm",
+            &[Limit::per_day("rpm", 1000).unwrap(), Limit::per_day("tpm", 1000).unwrap()],
+        )
+        .await;
+        for _ in 0..2 {
+            let mut l = h.lim.acquire("e", "llm", &[("rpm", 0)]).await.unwrap();
+            l.adjust("rpm", 10).unwrap();
+            assert_eq!(l.consumed()["rpm"], 10);
+            l.commit().await.unwrap();
+        }
+        assert_eq!(h.n("e", "llm", 0, "b_rpm_tk"), Some(980_000));
+        for _ in 0..2 {
+            // tpm was not named on entry: the adjustment still lands (the original drops it).
+            let mut l = h.lim.acquire("e", "llm", &[("rpm", 1)]).await.unwrap();
+            l.adjust("tpm", 10).unwrap();
+            l.commit().await.unwrap();
+        }
+        assert_eq!(h.n("e", "llm", 0, "b_rpm_tk"), Some(978_000));
+        assert_eq!(h.n("e", "llm", 0, "b_tpm_tk"), Some(980_000));
+        let mut l = h.lim.acquire("e", "llm", &[("tpm", 0)]).await.unwrap();
+        l.adjust("tpm", 50).unwrap();
+        l.adjust("tpm", -20).unwrap();
+        l.commit().await.unwrap();
+        assert_eq!(h.n("e", "llm", 0, "b_tpm_tk"), Some(950_000));
+    }
+}
+
+/// L1/L2: leases over the limit, release, closed leases, unknown limits.
+#[tokio::test]
+async fn l1_l2_lease_operations() {
+    let h = harness(T0);
+    entity_limits(&h, "e", "llm", &[Limit::per_minute("tpm", 1000).unwrap()]).await;
+    let mut l = h.lim.acquire("e", "llm", &[("tpm", 500)]).await.unwrap();
+    l.adjust("tpm", 1000).unwrap();
+    assert_eq!(l.consumed()["tpm"], 1500);
+    l.adjust("tpm", -1200).unwrap();
+    assert_eq!(l.consumed()["tpm"], 300);
+    assert!(matches!(l.adjust("nope", 1), Err(Error::UnknownLimit { .. })));
+    l.adjust("tpm", 0).unwrap();
+    l.commit().await.unwrap();
+    assert_eq!(h.n("e", "llm", 0, "b_tpm_tk"), Some(700_000));
+    assert!(matches!(l.adjust("tpm", 1), Err(Error::LeaseClosed)));
+    assert!(matches!(l.commit().await, Err(Error::LeaseClosed)));
+    assert!(matches!(l.rollback().await, Err(Error::LeaseClosed)));
+}
+
+/// The documented rule for a dropped lease: the debit stands, uncommitted adjustments are
+/// discarded.
+#[tokio::test]
+async fn dropped_lease_keeps_its_debit_only() {
+    let h = harness(T0);
+    entity_limits(&h, "e", "llm", &[Limit::per_day("tpd", 100).unwrap()]).await;
+    {
+        let mut l = h.lim.acquire("e", "llm", &[("tpd", 10)]).await.unwrap();
+        l.adjust("tpd", 50).unwrap();
+    }
+    assert_eq!(h.n("e", "llm", 0, "b_tpd_tk"), Some(90_000));
+    assert_eq!(h.n("e", "llm", 0, "b_tpd_tc"), Some(10_000));
+}
+
+/// L3: a lost rf lock ends in the consumption-only retry, guarded by the balance.
+#[tokio::test]
+async fn l3_lost_lock_retries_consumption_only() {
+    let mut o = opts();
+    o.speculative = false;
+    let h = harness_with(T0, o);
+    entity_limits(&h, "e", "api", &[Limit::per_minute("rpm", 10).unwrap()]).await;
+    h.lim.acquire("e", "api", &[("rpm", 1)]).await.unwrap();
+    // Another writer moves rf between our read and write: emulate with a store hook.
+    let hooked = Arc::new(hook::Hook::new(h.store.clone(), h.key("e", "api", 0)));
+    let lim = tollgate::Limiter::builder(hooked.clone())
+        .clock(h.clock.clone())
+        .options(tollgate::Options {
+            speculative: false,
+            ..opts()
+        })
+        .build()
+        .unwrap();
+    h.at(T0 + 6000);
+    let lease = lim.acquire("e", "api", &[("rpm", 2)]).await.unwrap();
+    assert_eq!(lease.consumed()["rpm"], 2);
+    // The refill credit (1 token for 6 s) was not applied: 9 − 2 = 7; rf is the other
+    // writer's value.
+    assert_eq!(h.n("e", "api", 0, "b_rpm_tk"), Some(7000));
+    assert_eq!(h.n("e", "api", 0, "rf"), Some(T0 + 1));
+    assert_eq!(h.n("e", "api", 0, "b_rpm_tc"), Some(3000));
+}
+
+mod hook {
+    //! A store that moves `rf` on one item right before the first conditional update.
+    use std::sync::atomic::{AtomicBool, Ordering};
+    use std::sync::Arc;
+
+    use async_trait::async_trait;
+    use tollgate_core::value::{Item, Key, Value};
+    use tollgate_store::*;
+
+    pub struct Hook {
+        inner: Arc<Counting<MemoryStore>>,
+        key: Key,
+        fired: AtomicBool,
+    }
+    impl Hook {
+        pub fn new(inner: Arc<Counting<MemoryStore>>, key: Key) -> Self {
+            Hook { inner, key, fired: AtomicBool::new(false) }
+        }
+    }
+    #[async_trait]
+    impl Store for Hook {
+        async fn get(&self, k: &Key, c: bool) -> Result<Option<Item>, StoreError> {
+            self.inner.get(k, c).await
+        }
+        async fn batch_get(&self, k: &[Key], c: bool) -> Result<Vec<Option<Item>>, StoreError> {
+            self.inner.batch_get(k, c).await
+        }
+        async fn put(&self, r: PutRequest) -> Result<(), StoreError> {
+            self.inner.put(r).await
+        }
+        async fn update(&self, r: UpdateRequest) -> Result<Option<Item>, StoreError> {
+            if r.key == self.key && !self.fired.swap(true, Ordering::SeqCst) {
+                let mut i = self.inner.inner().raw_get(&self.key).unwrap();
+                let rf = i.get("rf").and_then(Value::as_n).unwrap();
+                i.insert("rf".into(), Value::N(rf + 1));
+                self.inner.inner().raw_put(&self.key, i);
+            }
+            self.inner.update(r).await
+        }
+        async fn delete(&self, r: DeleteRequest) -> Result<Option<Item>, StoreError> {
+            self.inner.delete(r).await
+        }
+        async fn transact_write(&self, o: Vec<TransactOp>, t: Option<String>) -> Result<(), StoreError> {
+            self.inner.transact_write(o, t).await
+        }
+        async fn query(&self, q: Query) -> Result<Vec<Item>, StoreError> {
+            self.inner.query(q).await
+        }
+        fn backend(&self) -> &'static str {
+            "hook"
+        }
+    }
+}
+
+/// Scenario 8: a refund above the ceiling forces the slow path, which clamps.
+#[tokio::test]
+async fn s08_refund_above_ceiling_is_clamped() {
+    let h = harness(T0);
+    let daily = Limit::quota_calendar("daily", 10, "0 0 * * *", "UTC").unwrap();
+    entity_limits(&h, "e", "api", &[daily]).await;
+    let midnight = 1_757_030_400_000; // 2025-09-05T00:00:00Z, after T0
+    let mut l = h.lim.acquire("e", "api", &[("daily", 4)]).await.unwrap();
+    h.at(midnight + 1000);
+    h.lim.acquire("e", "api", &[("daily", 1)]).await.unwrap(); // reset: 10 − 1
+    assert_eq!(h.n("e", "api", 0, "b_daily_tk"), Some(9000));
+    l.rollback().await.unwrap(); // refunds 4 from yesterday: 13 > 10
+    assert_eq!(h.n("e", "api", 0, "b_daily_tk"), Some(13_000));
+    assert_eq!(h.n("e", "api", 0, "vu"), Some(0));
+    h.lim.acquire("e", "api", &[("daily", 1)]).await.unwrap();
+    assert_eq!(h.n("e", "api", 0, "b_daily_tk"), Some(9000));
+}
+
+/// Scenario 9: the fast path's condition set — expired TTL, vu reached, vu absent, vu = 0.
+#[tokio::test]
+async fn s09_fast_condition_set() {
+    let h = harness(T0);
+    entity_limits(&h, "e", "api", &[Limit::per_minute("rpm", 100).unwrap()]).await;
+    h.lim.acquire("e", "api", &[("rpm", 1)]).await.unwrap();
+    assert_eq!(h.n("e", "api", 0, "vu"), None, "a drip-only item has no vu");
+    let s = h.stats();
+    h.lim.acquire("e", "api", &[("rpm", 1)]).await.unwrap();
+    assert_eq!(h.stats().since(&s).reads(), 0, "vu absent → fast path");
+    for (attr, v) in [("vu", 0), ("vu", T0), ("ttl", T0 / 1000)] {
+        h.set_n("e", "api", 0, attr, v);
+        let s = h.stats();
+        h.lim.acquire("e", "api", &[("rpm", 1)]).await.unwrap();
+        let d = h.stats().since(&s);
+        assert_eq!((d.updates, d.gets), (2, 1), "{attr}={v}: failed fast write, read, normal write");
+        h.remove("e", "api", 0, attr);
+    }
+}
+
+/// Scenario 10: each fast write debits wcu by exactly 1000; at 999 it fails and, with a
+/// fresh wcu refill due, the slow path admits.
+#[tokio::test]
+async fn s10_wcu_accounting() {
+    let h = harness(T0);
+    entity_limits(&h, "e", "api", &[Limit::per_minute("rpm", 100).unwrap()]).await;
+    h.lim.acquire("e", "api", &[("rpm", 1)]).await.unwrap();
+    let (tk, tc) = (h.n("e", "api", 0, "b_wcu_tk").unwrap(), h.n("e", "api", 0, "b_wcu_tc").unwrap());
+    h.lim.acquire("e", "api", &[("rpm", 1)]).await.unwrap();
+    assert_eq!(h.n("e", "api", 0, "b_wcu_tk"), Some(tk - 1000));
+    assert_eq!(h.n("e", "api", 0, "b_wcu_tc"), Some(tc + 1000));
+    h.set_n("e", "api", 0, "b_wcu_tk", 999);
+    h.at(T0 + 500); // 500 tokens of wcu refill due: no doubling, the slow path admits
+    h.lim.acquire("e", "api", &[("rpm", 1)]).await.unwrap();
+    assert_eq!(h.n("e", "api", 0, "shard_count"), Some(1));
+    assert_eq!(h.n("e", "api", 0, "b_wcu_tk"), Some(999 + 500_000));
+}
+
+/// Scenario 19: create marks the window.
+#[tokio::test]
+async fn s19_create_marks() {
+    let h = harness(T0);
+    entity_limits(&h, "e", "llm", &[session()]).await;
+    h.lim.acquire("e", "llm", &[("session", 1)]).await.unwrap();
+    let g = |a: &str| h.n("e", "llm", 0, a);
+    assert_eq!(g("b_session_ws"), Some(T0));
+    assert_eq!(g("b_session_wa"), Some(T0));
+    assert_eq!(g("b_session_rsa"), Some(18_000));
+    assert_eq!(g("b_session_tk"), Some(9000));
+    assert_eq!(g("b_session_tc"), Some(1000));
+    assert_eq!(g("rf"), Some(T0));
+    assert_eq!(g("vu"), Some(T0 + W));
+    assert_eq!(g("b_session_gc"), Some(1));
+}
+
+/// Scenario 20: a zero-token acquire anchors the window.
+#[tokio::test]
+async fn s20_zero_token_anchor() {
+    let h = harness(T0);
+    entity_limits(&h, "e", "llm", &[session()]).await;
+    h.lim.acquire("e", "llm", &[("session", 0)]).await.unwrap();
+    assert_eq!(h.n("e", "llm", 0, "b_session_ws"), Some(T0));
+    assert_eq!(h.n("e", "llm", 0, "b_session_tk"), Some(10_000));
+}
+
+/// Scenarios 21 and 24: the window is half-open and the fast path cannot cross its end.
+#[tokio::test]
+async fn s21_s24_half_open_end() {
+    let h = harness(T0);
+    entity_limits(&h, "e", "llm", &[session()]).await;
+    h.lim.acquire("e", "llm", &[("session", 1)]).await.unwrap();
+    h.at(T0 + W - 1);
+    let s = h.stats();
+    h.lim.acquire("e", "llm", &[("session", 1)]).await.unwrap();
+    assert_eq!(h.stats().since(&s).gets, 0, "inside the window: fast path (no bucket read)");
+    assert_eq!(h.n("e", "llm", 0, "b_session_tk"), Some(8000));
+    h.at(T0 + W);
+    let s = h.stats();
+    h.lim.acquire("e", "llm", &[("session", 1)]).await.unwrap();
+    let d = h.stats().since(&s);
+    assert_eq!((d.updates, d.gets), (2, 1), "boundary: fast write fails, slow path opens");
+    assert_eq!(h.n("e", "llm", 0, "b_session_ws"), Some(T0 + W));
+    assert_eq!(h.n("e", "llm", 0, "b_session_tk"), Some(9000));
+    assert_eq!(h.n("e", "llm", 0, "vu"), Some(T0 + 2 * W));
+}
+
+/// Scenario 22: idle restart — the next window starts at the next use, not at the end.
+#[tokio::test]
+async fn s22_idle_restart() {
+    let h = harness(T0);
+    entity_limits(&h, "e", "llm", &[session()]).await;
+    h.lim.acquire("e", "llm", &[("session", 1)]).await.unwrap();
+    h.at(T0 + 8 * 3_600_000);
+    h.lim.acquire("e", "llm", &[("session", 1)]).await.unwrap();
+    assert_eq!(h.n("e", "llm", 0, "b_session_ws"), Some(T0 + 8 * 3_600_000));
+    assert_eq!(h.n("e", "llm", 0, "b_session_tk"), Some(9000));
+    assert_eq!(h.n("e", "llm", 0, "vu"), Some(T0 + 13 * 3_600_000));
+}
+
+/// Scenario 23: a rejected request never anchors a window.
+#[tokio::test]
+async fn s23_rejection_does_not_anchor() {
+    let h = harness(T0);
+    entity_limits(&h, "e", "llm", &[session()]).await;
+    h.lim.acquire("e", "llm", &[("session", 1)]).await.unwrap();
+    h.at(T0 + 6 * 3_600_000);
+    let x = rejected(h.lim.acquire("e", "llm", &[("session", 11)]).await);
+    assert_eq!(x.retry_after_ms, None, "11 > 10 can never fit");
+    assert_eq!(h.n("e", "llm", 0, "b_session_ws"), Some(T0));
+    h.at(T0 + 9 * 3_600_000);
+    h.lim.acquire("e", "llm", &[("session", 1)]).await.unwrap();
+    assert_eq!(h.n("e", "llm", 0, "b_session_ws"), Some(T0 + 9 * 3_600_000));
+}
+
+/// Scenario 25: retry_after and resets_at of a window quota.
+#[tokio::test]
+async fn s25_retry_after_and_resets_at() {
+    let h = harness(T0);
+    entity_limits(&h, "e", "llm", &[session()]).await;
+    h.lim.acquire("e", "llm", &[("session", 10)]).await.unwrap();
+    h.at(T0 + 3_600_000);
+    let x = rejected(h.lim.acquire("e", "llm", &[("session", 1)]).await);
+    assert_eq!(x.resets_at_ms, Some(T0 + W));
+    assert_eq!(x.retry_after_ms, Some(4 * 3_600_000));
+    assert_eq!(x.statuses[0].retry_after_ms, Some(4 * 3_600_000));
+    let a = h.lim.check_availability("e", "llm", None).await.unwrap();
+    assert_eq!(a.resets_at_ms, Some(T0 + W));
+    assert_eq!(a.limits[0].available, 0);
+}
+
+/// Scenario 26: TTL horizon — default-level windows get now + 5 h × 7; entity-level none.
+#[tokio::test]
+async fn s26_ttl_horizon() {
+    let h = harness(T0);
+    h.lim
+        .set_limits(&Scope::Resource("llm".into()), &[session()], None)
+        .await
+        .unwrap();
+    h.lim.acquire("e", "llm", &[("session", 1)]).await.unwrap();
+    assert_eq!(h.n("e", "llm", 0, "ttl"), Some(T0 / 1000 + 126_000));
+    entity_limits(&h, "f", "llm", &[session()]).await;
+    h.lim.acquire("f", "llm", &[("session", 1)]).await.unwrap();
+    assert_eq!(h.n("f", "llm", 0, "ttl"), None);
+}
+
+/// Calendar quota across the spring-forward change in Europe/Berlin: the day after has 23
+/// hours, and the reset instant reported is the real next midnight.
+#[tokio::test]
+async fn calendar_reset_across_dst() {
+    let t = |s: &str| s.parse::<jiff::Timestamp>().unwrap().as_millisecond();
+    let h = harness(t("2026-03-28T22:30:00Z"));
+    let daily = Limit::quota_calendar("daily", 3, "0 0 * * *", "Europe/Berlin").unwrap();
+    entity_limits(&h, "e", "api", &[daily]).await;
+    h.lim.acquire("e", "api", &[("daily", 3)]).await.unwrap();
+    let x = rejected(h.lim.acquire("e", "api", &[("daily", 1)]).await);
+    assert_eq!(x.resets_at_ms, Some(t("2026-03-28T23:00:00Z")));
+    h.at(t("2026-03-28T23:00:00Z"));
+    h.lim.acquire("e", "api", &[("daily", 3)]).await.unwrap();
+    let x = rejected(h.lim.acquire("e", "api", &[("daily", 1)]).await);
+    assert_eq!(x.resets_at_ms, Some(t("2026-03-29T22:00:00Z")), "23 hours later");
+    h.at(t("2026-03-29T21:59:59Z"));
+    assert!(h.lim.acquire("e", "api", &[("daily", 1)]).await.is_err());
+    h.at(t("2026-03-29T22:00:00Z"));
+    h.lim.acquire("e", "api", &[("daily", 1)]).await.unwrap();
+    assert_eq!(h.n("e", "api", 0, "b_daily_tk"), Some(2000));
+}
+
+/// Store requests per operation: a warm admitted acquire costs 1 write and 0 reads; a
+/// rejection decided locally costs 0.
+#[tokio::test]
+async fn request_counts() {
+    let h = harness(T0);
+    entity_limits(&h, "e", "api", &[Limit::per_minute("rpm", 3).unwrap(), Limit::per_minute("tpm", 1000).unwrap()]).await;
+    h.lim.acquire("e", "api", &[("rpm", 1)]).await.unwrap(); // cold: config + read + create
+    let s = h.stats();
+    h.lim.acquire("e", "api", &[("rpm", 1), ("tpm", 10)]).await.unwrap();
+    let d = h.stats().since(&s);
+    assert_eq!((d.writes(), d.reads()), (1, 0));
+    h.lim.acquire("e", "api", &[("rpm", 1)]).await.unwrap();
+    let s = h.stats();
+    assert!(h.lim.acquire("e", "api", &[("rpm", 1)]).await.is_err());
+    let d = h.stats().since(&s);
+    assert_eq!((d.writes(), d.reads()), (1, 0), "the failed conditional write decides");
+    let s = h.stats();
+    let x = rejected(h.lim.acquire("e", "api", &[("rpm", 1)]).await);
+    assert_eq!(h.stats().since(&s).total(), 0, "decided locally from the rejection cache");
+    assert!(x.retry_after_ms.unwrap() > 0);
+    assert_eq!(h.lim.stats().local_rejections, 1);
+    // The cache never admits: after the refill, the request goes to the store.
+    h.at(T0 + 30_000);
+    let s = h.stats();
+    h.lim.acquire("e", "api", &[("rpm", 1)]).await.unwrap();
+    assert!(h.stats().since(&s).total() > 0);
+}
+
+/// Bad input gets a typed error and writes nothing.
+#[tokio::test]
+async fn bad_input_is_refused() {
+    let h = harness(T0);
+    entity_limits(&h, "e", "api", &[Limit::per_minute("rpm", 3).unwrap()]).await;
+    let s = h.stats();
+    assert!(matches!(h.lim.acquire("e", "api", &[("rpm", -1)]).await, Err(Error::Invalid(_))));
+    assert!(matches!(h.lim.acquire("e", "api", &[("rpm", i64::MAX)]).await, Err(Error::Invalid(_))));
+    assert!(matches!(h.lim.acquire("e#1", "api", &[("rpm", 1)]).await, Err(Error::Invalid(_))));
+    assert!(matches!(h.lim.acquire("e", "a pi", &[("rpm", 1)]).await, Err(Error::Invalid(_))));
+    assert!(matches!(h.lim.acquire("e", "api", &[("wcu", 1)]).await, Err(Error::Invalid(_))));
+    assert!(matches!(h.lim.acquire("e", "api", &[("rpm", 1), ("rpm", 1)]).await, Err(Error::Invalid(_))));
+    assert_eq!(h.stats().since(&s).writes(), 0);
+    assert!(matches!(h.lim.acquire("e", "api", &[("tpm", 1)]).await, Err(Error::UnknownLimit { .. })));
+    assert!(matches!(h.lim.acquire("e", "other", &[("rpm", 1)]).await, Err(Error::NoLimits { .. })));
+    assert_eq!(h.stats().since(&s).writes(), 0);
+}
+
+/// A corrupt stored item yields an error naming the attribute, never a panic.
+#[tokio::test]
+async fn corrupt_item_names_the_attribute() {
+    let h = harness(T0);
+    entity_limits(&h, "e", "llm", &[session()]).await;
+    h.lim.acquire("e", "llm", &[("session", 1)]).await.unwrap();
+    let k = h.key("e", "llm", 0);
+    let mut i = h.store.inner().raw_get(&k).unwrap();
+    i.insert("b_session_ws".into(), tollgate_core::value::Value::S("1.5".into()));
+    i.insert("vu".into(), tollgate_core::value::Value::N(0));
+    h.store.inner().raw_put(&k, i);
+    let e = h.lim.acquire("e", "llm", &[("session", 1)]).await.unwrap_err();
+    assert!(matches!(e, Error::Corrupt(_)));
+    assert!(e.to_string().contains("b_session_ws"), "{e}");
+}
+
+/// Limits stored at several levels resolve most specific first; changing them reaches an
+/// existing bucket (param sync); the per-call override wins.
+#[tokio::test]
+async fn limit_levels_and_param_sync() {
+    let h = harness(T0);
+    h.lim.set_limits(&Scope::System, &[Limit::per_minute("rpm", 1).unwrap()], None).await.unwrap();
+    h.lim.set_limits(&Scope::Resource("api".into()), &[Limit::per_minute("rpm", 2).unwrap()], None).await.unwrap();
+    h.lim.set_limits(&Scope::Entity("e".into(), None), &[Limit::per_minute("rpm", 3).unwrap()], None).await.unwrap();
+    let cap = |l: Vec<Limit>| l[0].capacity_milli() / 1000;
+    assert_eq!(cap(h.lim.resolve_limits("e", "api").await.unwrap()), 3);
+    assert_eq!(cap(h.lim.resolve_limits("f", "api").await.unwrap()), 2);
+    assert_eq!(cap(h.lim.resolve_limits("f", "other").await.unwrap()), 1);
+    entity_limits(&h, "e", "api", &[Limit::per_minute("rpm", 4).unwrap()]).await;
+    assert_eq!(cap(h.lim.resolve_limits("e", "api").await.unwrap()), 4);
+    for _ in 0..4 {
+        h.lim.acquire("e", "api", &[("rpm", 1)]).await.unwrap();
+    }
+    assert!(h.lim.acquire("e", "api", &[("rpm", 1)]).await.is_err());
+    // Raise the limit: the existing bucket follows the new parameters at once — its
+    // balance is not topped up, it refills at the new rate toward the new ceiling.
+    entity_limits(&h, "e", "api", &[Limit::per_minute("rpm", 10).unwrap()]).await;
+    let x = rejected(h.lim.acquire("e", "api", &[("rpm", 1)]).await);
+    assert_eq!((x.statuses[0].capacity, x.retry_after_ms), (10, Some(6000)));
+    h.at(T0 + 6000);
+    h.lim.acquire("e", "api", &[("rpm", 1)]).await.unwrap();
+    assert_eq!(h.n("e", "api", 0, "b_rpm_cp"), Some(10_000));
+    // A limit added later is seeded full (the original rejected forever: §11 #1).
+    entity_limits(&h, "e", "api", &[Limit::per_minute("rpm", 10).unwrap(), Limit::per_minute("tpm", 1000).unwrap()]).await;
+    h.at(T0 + 12_000);
+    h.lim.acquire("e", "api", &[("rpm", 1), ("tpm", 1)]).await.unwrap();
+    assert_eq!(h.n("e", "api", 0, "b_tpm_tk"), Some(999_000));
+    let o = AcquireOptions { limits: Some(vec![Limit::per_minute("rpm", 1000).unwrap()]), on_unavailable: None };
+    h.lim.acquire_with("g", "api", &[("rpm", 100)], o).await.unwrap();
+    assert_eq!(h.n("g", "api", 0, "b_rpm_cp"), Some(1_000_000));
+}
