@@ -12,6 +12,7 @@ pub mod ids;
 pub mod keys;
 pub mod limit;
 pub mod materialize;
+pub mod mutants;
 pub mod refill;
 pub mod status;
 pub mod value;

@@ -13,8 +13,8 @@ pub fn ended(ws: i64, len_ms: i64, now: i64) -> bool {
 /// `ws > wa`, or `ws > rf` on an item without `wa`.
 pub fn unapplied(ws: i64, wa: Option<i64>, rf: i64) -> bool {
     match wa {
-        Some(wa) => ws > wa,
-        None => ws > rf,
+        Some(wa) if !crate::mutants::off(crate::mutants::Mutant::WaMarker) => ws > wa,
+        _ => ws > rf,
     }
 }
 
@@ -22,8 +22,10 @@ pub fn unapplied(ws: i64, wa: Option<i64>, rf: i64) -> bool {
 /// (`wtc` absent) charges nothing.
 pub fn roll_target(share: i64, tc: i64, wtc: Option<i64>) -> i64 {
     match wtc {
-        Some(w) => share - (tc - w).max(0),
-        None => share,
+        Some(w) if !crate::mutants::off(crate::mutants::Mutant::WtcCharge) => {
+            share - (tc - w).max(0)
+        }
+        _ => share,
     }
 }
 
@@ -32,9 +34,14 @@ pub fn roll_target(share: i64, tc: i64, wtc: Option<i64>) -> i64 {
 /// ended-window floor) — so concurrent openers cannot reset each other inside one window.
 pub fn fanout_condition(limit: &str, new_ws: i64, rsa_s: i64) -> Condition {
     let ws = battr(limit, "ws");
+    let floor = if !crate::mutants::off(crate::mutants::Mutant::WindowFloor) {
+        Condition::le(ws.clone(), new_ws - rsa_s * 1000)
+    } else {
+        Condition::lt(ws.clone(), new_ws)
+    };
     Condition::exists("PK")
         .and(Condition::exists(battr(limit, "wa")).or(Condition::lt("rf", new_ws)))
-        .and(Condition::not_exists(ws.clone()).or(Condition::le(ws, new_ws - rsa_s * 1000)))
+        .and(Condition::not_exists(ws).or(floor))
 }
 
 #[cfg(test)]

@@ -164,6 +164,9 @@ fn stamp_params(mut u: Update, l: &Limit) -> Update {
 /// Rule "monotonic rf": the `rf` an rf-locked write stamps is the largest of now, the
 /// stored `rf`, and every window start in force — never backward (ADR-140).
 pub fn next_rf(now_ms: i64, stored_rf: i64, evals: &[Evaluated]) -> i64 {
+    if crate::mutants::off(crate::mutants::Mutant::MonotonicRf) {
+        return now_ms;
+    }
     evals
         .iter()
         .filter_map(|e| e.ws)
@@ -194,7 +197,11 @@ pub fn normal_write(
         TtlWrite::Set(t) => u.set(attr::TTL, t),
         TtlWrite::Remove => u.remove(attr::TTL),
     };
-    let mut c = Condition::eq(attr::RF, expected_rf);
+    let mut c = if !crate::mutants::off(crate::mutants::Mutant::RfLock) {
+        Condition::eq(attr::RF, expected_rf)
+    } else {
+        Condition::exists("PK")
+    };
     for (l, e) in limits.iter().zip(evals) {
         let n = l.name();
         let consumed = amounts

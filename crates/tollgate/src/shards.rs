@@ -49,7 +49,10 @@ pub(crate) async fn plan_seed(
         }),
         Refill::Window { reset_after_s } => {
             let k = inner.bucket_key(req, 0);
-            let ws0 = match inner.store.get(&k, true).await? {
+            let consistent = !tollgate_core::mutants::off(
+                tollgate_core::mutants::Mutant::ConsistentSiblingRead,
+            );
+            let ws0 = match inner.store.get(&k, consistent).await? {
                 Some(i) => BucketImage::decode(&i)?
                     .limits
                     .get(l.name())

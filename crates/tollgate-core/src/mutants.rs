@@ -1,0 +1,107 @@
+//! Mutation switches for the deterministic simulator (`tollgate-sim --mutant NAME`).
+//!
+//! Each [`Mutant`] names one guard of the sharding and window rules. A rule site reads
+//! `if !mutants::off(Mutant::X) { guard } else { the unguarded variant }`. Without the cargo
+//! feature `mutants`, [`off`] is a `const fn` returning `false`, so release builds compile the
+//! guards only and pay nothing. With the feature (the simulator enables it), one process-global
+//! setting disables the chosen guards, so the simulator can show that its invariants catch the
+//! bug each guard prevents.
+
+/// A guard the simulator can disable.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Mutant {
+    /// ADR-139/140 ended-window floor of the fan-out condition (falls back to `ws < new`).
+    WindowFloor,
+    /// ADR-140 roll predicate on `wa` (falls back to `ws > rf` only).
+    WaMarker,
+    /// ADR-140 roll target charging `tc − wtc` (falls back to the plain share).
+    WtcCharge,
+    /// ADR-140 monotonic `rf` (falls back to the writer's own `now`).
+    MonotonicRf,
+    /// ADR-139 strongly consistent read of shard 0 when seeding a window on a new shard.
+    ConsistentSiblingRead,
+    /// ADR-145 grant move (a quota on a new shard is funded by a sibling, not minted).
+    GrantMove,
+    /// The `rf = expected` lock of the slow path's normal write.
+    RfLock,
+}
+
+impl Mutant {
+    /// Every mutant, in declaration order.
+    pub const ALL: [Mutant; 7] = [
+        Mutant::WindowFloor,
+        Mutant::WaMarker,
+        Mutant::WtcCharge,
+        Mutant::MonotonicRf,
+        Mutant::ConsistentSiblingRead,
+        Mutant::GrantMove,
+        Mutant::RfLock,
+    ];
+
+    /// The name used on the command line.
+    pub fn name(self) -> &'static str {
+        match self {
+            Mutant::WindowFloor => "WindowFloor",
+            Mutant::WaMarker => "WaMarker",
+            Mutant::WtcCharge => "WtcCharge",
+            Mutant::MonotonicRf => "MonotonicRf",
+            Mutant::ConsistentSiblingRead => "ConsistentSiblingRead",
+            Mutant::GrantMove => "GrantMove",
+            Mutant::RfLock => "RfLock",
+        }
+    }
+
+    /// Parse a name (case-insensitive; `-` and `_` ignored).
+    pub fn parse(s: &str) -> Option<Mutant> {
+        let norm = |x: &str| {
+            x.chars()
+                .filter(|c| *c != '-' && *c != '_')
+                .collect::<String>()
+                .to_ascii_lowercase()
+        };
+        let want = norm(s);
+        Mutant::ALL.into_iter().find(|m| norm(m.name()) == want)
+    }
+
+    #[cfg(feature = "mutants")]
+    fn bit(self) -> u32 {
+        1 << (self as u32)
+    }
+}
+
+#[cfg(feature = "mutants")]
+static DISABLED: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+
+/// Disable exactly the guards in `ms` (an empty slice restores every guard). Process-global.
+#[cfg(feature = "mutants")]
+pub fn set(ms: &[Mutant]) {
+    let bits = ms.iter().fold(0, |a, m| a | m.bit());
+    DISABLED.store(bits, std::sync::atomic::Ordering::SeqCst);
+}
+
+/// Whether the guard `m` is disabled.
+#[cfg(feature = "mutants")]
+pub fn off(m: Mutant) -> bool {
+    DISABLED.load(std::sync::atomic::Ordering::Relaxed) & m.bit() != 0
+}
+
+/// Whether the guard `m` is disabled: never, in builds without the `mutants` feature.
+#[cfg(not(feature = "mutants"))]
+#[inline(always)]
+pub const fn off(_m: Mutant) -> bool {
+    false
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names_round_trip() {
+        for m in Mutant::ALL {
+            assert_eq!(Mutant::parse(m.name()), Some(m));
+        }
+        assert_eq!(Mutant::parse("wtc-charge"), Some(Mutant::WtcCharge));
+        assert_eq!(Mutant::parse("nope"), None);
+    }
+}
