@@ -468,3 +468,53 @@ async fn the_same_operations_give_the_same_results_as_memory_store() {
         assert_eq!(all, n, "seed {seed}: item count");
     }
 }
+
+/// Several connections opening a new file at once: the schema is created exactly once and
+/// every opener works (the busy timeout covers the WAL switch and the schema transaction).
+#[tokio::test]
+async fn concurrent_first_opens_of_a_new_file() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("new.db");
+    let handles: Vec<_> = (0..6)
+        .map(|i| {
+            let path = path.clone();
+            std::thread::spawn(move || {
+                let s = SqliteStore::open(&path).expect("open");
+                let rt = tokio::runtime::Builder::new_current_thread()
+                    .build()
+                    .unwrap();
+                rt.block_on(put_n(&s, &Key::new("opener", i.to_string()), i));
+            })
+        })
+        .collect();
+    for h in handles {
+        h.join().unwrap();
+    }
+    let s = SqliteStore::open(&path).unwrap();
+    assert_eq!(
+        s.query(Query::table("opener", None)).await.unwrap().len(),
+        6
+    );
+    s.integrity_check().unwrap();
+}
+
+/// Outside any tokio runtime the store still works (the call runs inline).
+#[test]
+fn works_without_a_tokio_runtime() {
+    let s = SqliteStore::open_in_memory().unwrap();
+    let k = Key::new("p", "a");
+    let fut = async {
+        put_n(&s, &k, 2).await;
+        s.update(debit(&k)).await.unwrap();
+        n_of(&s, &k).await
+    };
+    use std::future::Future;
+    // A minimal executor: the store's futures complete without a runtime.
+    let waker = std::task::Waker::noop();
+    let mut cx = std::task::Context::from_waker(waker);
+    let mut fut = std::pin::pin!(fut);
+    match fut.as_mut().poll(&mut cx) {
+        std::task::Poll::Ready(n) => assert_eq!(n, Some(1)),
+        std::task::Poll::Pending => panic!("the store's future did not complete inline"),
+    }
+}
