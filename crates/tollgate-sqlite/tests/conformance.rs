@@ -4,24 +4,16 @@
 use std::sync::atomic::{AtomicUsize, Ordering};
 
 use tollgate_sqlite::SqliteStore;
-use tollgate_store::conformance::run_all;
+use tollgate_store::conformance::{self, run_all, CheckResult};
 use tollgate_store::Store;
 
-fn report(results: Vec<(&'static str, Result<(), String>)>, what: &str) {
+fn report(results: Vec<(&'static str, CheckResult)>, what: &str) {
     assert!(!results.is_empty(), "the suite ran no check");
     let names: Vec<&str> = results.iter().map(|(n, _)| *n).collect();
     eprintln!("{what}: {} checks ran: {}", names.len(), names.join(", "));
-    let failed: Vec<String> = results
-        .iter()
-        .filter_map(|(n, r)| r.as_ref().err().map(|e| format!("{n}: {e}")))
-        .collect();
-    assert!(
-        failed.is_empty(),
-        "{what}: {} of {} conformance checks failed:\n{}",
-        failed.len(),
-        results.len(),
-        failed.join("\n")
-    );
+    if let Err(failed) = conformance::report(&results) {
+        panic!("{what}: {failed}");
+    }
 }
 
 #[tokio::test]
