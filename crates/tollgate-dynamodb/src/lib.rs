@@ -47,6 +47,8 @@
 //! * DynamoDB allows one `+`/`-` per `SET` value; nested arithmetic is a `Validation` error.
 //! * A transactional update needs at least one action (DynamoDB requires an update
 //!   expression); an empty one is a `Validation` error.
+//! * DynamoDB takes `ClientRequestToken`s of at most 36 characters: a longer caller token is
+//!   replaced by a stable 32-hex-digit digest ([`request_token`]).
 //! * `batch_get` accepts any number of keys (sent in chunks of 100) and returns results in
 //!   request order; a key given twice is a `Validation` error, as in DynamoDB.
 //! * An update made only of `REMOVE` actions never creates an absent item: it is sent with
@@ -63,7 +65,9 @@ mod store;
 mod table;
 
 pub use error::DynamoDbError;
-pub use store::{DynamoDbStore, DynamoDbStoreBuilder, BATCH_GET_CHUNK};
+pub use store::{
+    request_token, DynamoDbStore, DynamoDbStoreBuilder, BATCH_GET_CHUNK, MAX_TOKEN_LEN,
+};
 pub use table::{create_table, delete_table, wait_active, ACTIVE_TIMEOUT, INDEXES, TTL_ATTRIBUTE};
 
 /// Re-exported so callers can build timeouts without depending on the SDK directly.

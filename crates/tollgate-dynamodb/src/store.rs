@@ -285,6 +285,32 @@ fn transact_item(table: &str, op: &TransactOp) -> Result<TransactWriteItem, Stor
     })
 }
 
+/// Longest `ClientRequestToken` DynamoDB accepts.
+pub const MAX_TOKEN_LEN: usize = 36;
+
+/// The `ClientRequestToken` for a caller's token. DynamoDB takes 1 to 36 characters; a
+/// longer token (or one with characters outside printable ASCII) is replaced by a
+/// deterministic 32-hex-digit digest of it (two FNV-1a 64-bit hashes), so the same token
+/// always maps to the same request token, in every process and version.
+pub fn request_token(token: String) -> String {
+    let ok = |t: &str| {
+        !t.is_empty() && t.len() <= MAX_TOKEN_LEN && t.bytes().all(|b| (0x21..=0x7e).contains(&b))
+    };
+    if ok(&token) {
+        return token;
+    }
+    let fnv = |seed: u64| {
+        token.bytes().fold(seed, |h, b| {
+            (h ^ u64::from(b)).wrapping_mul(0x0000_0100_0000_01b3)
+        })
+    };
+    format!(
+        "{:016x}{:016x}",
+        fnv(0xcbf2_9ce4_8422_2325),
+        fnv(0x6c62_272e_07bb_0142)
+    )
+}
+
 /// One cancellation reason of a cancelled transaction.
 fn cancel_reason(r: &CancellationReason) -> CancelReason {
     let msg = || r.message().unwrap_or_default().to_string();
@@ -337,7 +363,7 @@ impl Store for DynamoDbStore {
             )));
         }
         for chunk in keys.chunks(BATCH_GET_CHUNK) {
-            let mut pending: Vec<AvMap> = chunk.iter().map(|k| key_to_av(k)).collect();
+            let mut pending: Vec<AvMap> = chunk.iter().map(key_to_av).collect();
             let mut attempt = 0u32;
             while !pending.is_empty() {
                 if attempt > 0 {
@@ -522,7 +548,7 @@ impl Store for DynamoDbStore {
             .client
             .transact_write_items()
             .set_transact_items(Some(items))
-            .set_client_request_token(token)
+            .set_client_request_token(token.map(request_token))
             .send()
             .await;
         match res {
@@ -589,5 +615,22 @@ impl Store for DynamoDbStore {
 
     fn backend(&self) -> &'static str {
         "dynamodb"
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn short_tokens_pass_through_and_long_ones_are_digested() {
+        assert_eq!(request_token("abc-123".into()), "abc-123");
+        let long = "x".repeat(80);
+        let d = request_token(long.clone());
+        assert_eq!(d.len(), 32);
+        assert_eq!(d, request_token(long));
+        assert_ne!(d, request_token("y".repeat(80)));
+        assert_eq!(request_token("with space".into()).len(), 32);
+        assert_eq!(request_token(String::new()).len(), 32);
     }
 }
