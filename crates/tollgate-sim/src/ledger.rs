@@ -1,0 +1,688 @@
+//! The ground-truth ledger: every client operation (acquire, lease commit, rollback), every
+//! change of `tc` the store saw (from the images before and after each write), shard
+//! creations and older-writer `rf` stamps — and the invariant checks over them.
+//!
+//! Invariants (each violation names one):
+//!
+//! - `rf-monotonic`: a write by a current limiter never lowers a bucket item's `rf`.
+//! - `consumed-once`: an operation that succeeded moved `tc` by exactly its amounts (an
+//!   acquire by its amounts, a commit by its adjustments, a rollback by minus the debit); an
+//!   operation that failed moved nothing — unless one of its writes was applied with its
+//!   response lost, which is reported as a *residual* (the caller was told "error" but `tc`
+//!   moved), not as a violation.
+//! - `tc-total`: at the end, Σ `tc` over every shard of every (entity, resource, limit) equals
+//!   the sum of every `tc` change the ledger saw (no write escaped it).
+//! - `window-allowance`: for a duration-window quota, admissions are attributed to the window
+//!   start `ws` on the shard item they landed on; starts are grouped into phases (a phase
+//!   begins at the smallest start not yet grouped and holds every start less than one window
+//!   length later — a shard can adopt at most one start per phase); admitted per phase ≤ C.
+//! - `calendar-allowance`: for a calendar quota, admissions are attributed to the period of
+//!   the item's `rf` after the write; admitted per period ≤ C.
+//! - `rate-allowance`: for a dripping limit, at every admission, net admitted so far ≤ Σ over
+//!   created shards of (share at creation + rate share × (true time + skew bound − the `rf`
+//!   stamped at creation)) + what older writers' backward `rf` stamps re-credited.
+//!
+//! "Admitted" is what callers were told was granted: successful acquires, less refunds
+//! (rollback, negative adjustment) that landed on the same shard in the same window/period
+//! (refunds that land elsewhere cannot be re-spent and are not credited). Positive
+//! adjustments are debt, which the limiter allows by design; they are not counted.
+
+use std::collections::BTreeMap;
+
+use tollgate_core::value::{Item, Key, Value};
+use tollgate_core::{Limit, Refill};
+
+/// What a client operation was.
+#[derive(Debug, Clone)]
+pub enum OpKind {
+    /// An acquire of named amounts (millitokens).
+    Acquire {
+        /// Entity.
+        entity: String,
+        /// Resource.
+        resource: String,
+        /// Named amounts (milli).
+        amounts: Vec<(String, i64)>,
+    },
+    /// A lease commit of adjustments (milli, positive = consumed more).
+    Commit {
+        /// The acquire operation that granted the lease.
+        lease_of: usize,
+        /// Adjustments.
+        deltas: Vec<(String, i64)>,
+    },
+    /// A lease rollback (milli, the debits to refund).
+    Rollback {
+        /// The acquire operation that granted the lease.
+        lease_of: usize,
+        /// The debits refunded (positive numbers).
+        debits: Vec<(String, i64)>,
+    },
+    /// The quiesce check's own acquires (amount 0).
+    Check,
+}
+
+/// One operation and its outcome.
+#[derive(Debug, Clone)]
+pub struct OpRec {
+    /// Client index.
+    pub client: usize,
+    /// What it was.
+    pub kind: OpKind,
+    /// `Some(true)` succeeded, `Some(false)` failed, `None` still running.
+    pub ok: Option<bool>,
+    /// The error, if it failed.
+    pub err: Option<String>,
+    /// Simulated time when it started.
+    pub t: i64,
+}
+
+/// One change of a limit's `tc` on one shard item.
+#[derive(Debug, Clone)]
+pub struct TcEvent {
+    /// The operation whose write it was.
+    pub op: Option<usize>,
+    /// Entity.
+    pub entity: String,
+    /// Resource.
+    pub resource: String,
+    /// Shard.
+    pub shard: u32,
+    /// Limit.
+    pub limit: String,
+    /// Change of `tc` (milli).
+    pub delta: i64,
+    /// The limit's window start on the item after the write.
+    pub ws: Option<i64>,
+    /// The item's `rf` after the write.
+    pub rf: i64,
+    /// True time of the write.
+    pub t: i64,
+    /// Scheduler step.
+    pub step: u64,
+    /// The write's response was lost (the caller saw `Ambiguous`).
+    pub lost: bool,
+}
+
+/// A bucket item came into being.
+#[derive(Debug, Clone)]
+pub struct Creation {
+    /// Entity.
+    pub entity: String,
+    /// Resource.
+    pub resource: String,
+    /// Shard.
+    pub shard: u32,
+    /// The shard count stamped at creation.
+    pub shard_count: i64,
+    /// The `rf` stamped at creation (the refill baseline, a client's clock reading).
+    pub rf: i64,
+    /// True time.
+    pub t: i64,
+    /// Scheduler step.
+    pub step: u64,
+}
+
+/// An older writer's `rf` stamp.
+#[derive(Debug, Clone)]
+pub struct OldRf {
+    /// Entity.
+    pub entity: String,
+    /// Resource.
+    pub resource: String,
+    /// Shard.
+    pub shard: u32,
+    /// `rf` before.
+    pub before: i64,
+    /// `rf` written.
+    pub after: i64,
+    /// Scheduler step.
+    pub step: u64,
+}
+
+/// A broken invariant.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Violation {
+    /// The invariant's name.
+    pub invariant: &'static str,
+    /// What happened, with numbers.
+    pub detail: String,
+}
+
+/// Everything the run saw.
+#[derive(Debug, Default)]
+pub struct Ledger {
+    /// Operations, indexed by id.
+    pub ops: Vec<OpRec>,
+    /// `tc` changes.
+    pub tc: Vec<TcEvent>,
+    /// Shard creations.
+    pub creations: Vec<Creation>,
+    /// Older-writer stamps.
+    pub old_rf: Vec<OldRf>,
+    /// Violations found.
+    pub violations: Vec<Violation>,
+    /// Documented residuals (not violations): lost responses whose write applied.
+    pub residuals: Vec<String>,
+}
+
+/// `(entity, resource, shard)` of a bucket key `{ns}/BUCKET#{entity}#{resource}#{shard}`.
+pub fn parse_bucket(k: &Key) -> Option<(String, String, u32)> {
+    let rest = k.pk.split_once("/BUCKET#")?.1;
+    let mut parts = rest.rsplitn(3, '#');
+    let shard = parts.next()?.parse().ok()?;
+    let resource = parts.next()?.to_string();
+    let entity = parts.next()?.to_string();
+    Some((entity, resource, shard))
+}
+
+fn n(item: &Item, a: &str) -> Option<i64> {
+    item.get(a).and_then(Value::as_n)
+}
+
+/// Limit names carried on a bucket item (`b_{name}_tc`), the write-capacity guard excluded.
+pub fn limits_on(item: &Item) -> Vec<String> {
+    item.keys()
+        .filter_map(|k| k.strip_prefix("b_")?.strip_suffix("_tc"))
+        .filter(|n| *n != "wcu")
+        .map(str::to_string)
+        .collect()
+}
+
+type Slot = (String, String, String);
+
+impl Ledger {
+    /// Start an operation; returns its id.
+    pub fn begin(&mut self, client: usize, kind: OpKind, t: i64) -> usize {
+        self.ops.push(OpRec {
+            client,
+            kind,
+            ok: None,
+            err: None,
+            t,
+        });
+        self.ops.len() - 1
+    }
+
+    /// Finish an operation.
+    pub fn end(&mut self, op: usize, err: Option<String>) {
+        if let Some(o) = self.ops.get_mut(op) {
+            o.ok = Some(err.is_none());
+            o.err = err;
+        }
+    }
+
+    /// A write by a current limiter: check `rf`, note creations and `tc` changes.
+    #[allow(clippy::too_many_arguments)]
+    pub fn record_write(
+        &mut self,
+        client: usize,
+        op: Option<usize>,
+        key: &Key,
+        before: Option<&Item>,
+        after: Option<&Item>,
+        t: i64,
+        step: u64,
+        lost: bool,
+    ) {
+        let Some((entity, resource, shard)) = parse_bucket(key) else {
+            return;
+        };
+        if before == after {
+            return;
+        }
+        if let (Some(b), Some(a)) = (before, after) {
+            if let (Some(rb), Some(ra)) = (n(b, "rf"), n(a, "rf")) {
+                if ra < rb {
+                    self.violations.push(Violation {
+                        invariant: "rf-monotonic",
+                        detail: format!(
+                            "step {step}: client c{client} moved rf of {entity}/{resource}#{shard} back from {rb} to {ra} ({} ms)",
+                            ra - rb
+                        ),
+                    });
+                }
+            }
+        }
+        let Some(a) = after else { return };
+        if before.is_none() {
+            self.creations.push(Creation {
+                entity: entity.clone(),
+                resource: resource.clone(),
+                shard,
+                shard_count: n(a, "shard_count").unwrap_or(1),
+                rf: n(a, "rf").unwrap_or(t),
+                t,
+                step,
+            });
+        }
+        let rf = n(a, "rf").unwrap_or(0);
+        for l in limits_on(a) {
+            let tc_a = n(a, &format!("b_{l}_tc")).unwrap_or(0);
+            let tc_b = before
+                .and_then(|b| n(b, &format!("b_{l}_tc")))
+                .unwrap_or(0);
+            if tc_a != tc_b {
+                self.tc.push(TcEvent {
+                    op,
+                    entity: entity.clone(),
+                    resource: resource.clone(),
+                    shard,
+                    limit: l.clone(),
+                    delta: tc_a - tc_b,
+                    ws: n(a, &format!("b_{l}_ws")),
+                    rf,
+                    t,
+                    step,
+                    lost,
+                });
+            }
+        }
+    }
+
+    /// An older writer's raw write (exempt from `rf-monotonic`; its backward stamps are
+    /// credited to dripping limits' allowance).
+    pub fn record_old_writer(&mut self, key: &Key, before: &Item, after: &Item, step: u64) {
+        let Some((entity, resource, shard)) = parse_bucket(key) else {
+            return;
+        };
+        if let (Some(b), Some(a)) = (n(before, "rf"), n(after, "rf")) {
+            self.old_rf.push(OldRf {
+                entity,
+                resource,
+                shard,
+                before: b,
+                after: a,
+                step,
+            });
+        }
+    }
+
+    fn violate(&mut self, invariant: &'static str, detail: String) {
+        self.violations.push(Violation { invariant, detail });
+    }
+
+    /// Run every end-of-run check. `limits` per resource; `items` = every stored item;
+    /// `skew` = the clock-skew bound (ms).
+    pub fn finish(&mut self, limits: &BTreeMap<String, Vec<Limit>>, items: &[Item], skew: i64) {
+        self.check_consumed_once(limits);
+        self.check_tc_total(items);
+        let adm = self.admissions();
+        for (res, ls) in limits {
+            for l in ls {
+                match l.refill() {
+                    Refill::Window { reset_after_s } => {
+                        self.check_window(res, l, reset_after_s * 1000, &adm)
+                    }
+                    Refill::Calendar(_) => self.check_calendar(res, l, &adm),
+                    Refill::Drip { amount, period_ms } => {
+                        self.check_rate(res, l, *amount, *period_ms, skew, &adm)
+                    }
+                }
+            }
+        }
+    }
+
+    fn check_consumed_once(&mut self, limits: &BTreeMap<String, Vec<Limit>>) {
+        let mut by_op: BTreeMap<usize, (BTreeMap<String, i64>, bool)> = BTreeMap::new();
+        for e in &self.tc {
+            if let Some(op) = e.op {
+                let slot = by_op.entry(op).or_default();
+                *slot.0.entry(e.limit.clone()).or_default() += e.delta;
+                slot.1 |= e.lost;
+            } else {
+                let d = format!(
+                    "step {}: tc of {}/{}#{} {} moved by {} outside any client operation",
+                    e.step, e.entity, e.resource, e.shard, e.limit, e.delta
+                );
+                self.violations.push(Violation {
+                    invariant: "consumed-once",
+                    detail: d,
+                });
+            }
+        }
+        let mut found = Vec::new();
+        let mut residuals = Vec::new();
+        for (id, op) in self.ops.iter().enumerate() {
+            let (moved, lost) = by_op.get(&id).cloned().unwrap_or_default();
+            let moved: BTreeMap<String, i64> = moved.into_iter().filter(|(_, v)| *v != 0).collect();
+            let expected: BTreeMap<String, i64> = match (&op.kind, op.ok) {
+                (_, Some(false)) | (_, None) => BTreeMap::new(),
+                (OpKind::Acquire { amounts, .. }, _) => amounts.iter().cloned().collect(),
+                (OpKind::Commit { deltas, .. }, _) => deltas.iter().cloned().collect(),
+                (OpKind::Rollback { debits, .. }, _) => {
+                    debits.iter().map(|(k, v)| (k.clone(), -v)).collect()
+                }
+                (OpKind::Check, _) => BTreeMap::new(),
+            };
+            let expected: BTreeMap<String, i64> =
+                expected.into_iter().filter(|(_, v)| *v != 0).collect();
+            if moved == expected {
+                continue;
+            }
+            if op.ok != Some(true) && lost {
+                residuals.push(format!(
+                    "op {id} (c{} {}) failed with {} but its write applied: tc moved {:?} (lost response, caller told error)",
+                    op.client,
+                    kind_name(&op.kind),
+                    op.err.as_deref().unwrap_or("?"),
+                    moved
+                ));
+                continue;
+            }
+            found.push(format!(
+                "op {id} (c{} {} {}): tc moved {:?}, expected {:?}{}",
+                op.client,
+                kind_name(&op.kind),
+                if op.ok == Some(true) { "ok" } else { "failed" },
+                moved,
+                expected,
+                op.err.as_deref().map(|e| format!(" (error: {e})")).unwrap_or_default()
+            ));
+        }
+        let _ = limits;
+        for d in found {
+            self.violate("consumed-once", d);
+        }
+        self.residuals.extend(residuals);
+    }
+
+    fn check_tc_total(&mut self, items: &[Item]) {
+        let mut seen: BTreeMap<Slot, i64> = BTreeMap::new();
+        for e in &self.tc {
+            *seen
+                .entry((e.entity.clone(), e.resource.clone(), e.limit.clone()))
+                .or_default() += e.delta;
+        }
+        let mut stored: BTreeMap<Slot, i64> = BTreeMap::new();
+        for i in items {
+            let Some(k) = Key::of(i) else { continue };
+            let Some((e, r, _)) = parse_bucket(&k) else {
+                continue;
+            };
+            for l in limits_on(i) {
+                let tc = n(i, &format!("b_{l}_tc")).unwrap_or(0);
+                *stored.entry((e.clone(), r.clone(), l)).or_default() += tc;
+            }
+        }
+        let keys: std::collections::BTreeSet<&Slot> = seen.keys().chain(stored.keys()).collect();
+        let mut out = Vec::new();
+        for k in keys {
+            let a = seen.get(k).copied().unwrap_or(0);
+            let b = stored.get(k).copied().unwrap_or(0);
+            if a != b {
+                out.push(format!(
+                    "{}/{} {}: Σ tc stored {} ≠ Σ tc changes seen {}",
+                    k.0, k.1, k.2, b, a
+                ));
+            }
+        }
+        for d in out {
+            self.violate("tc-total", d);
+        }
+    }
+
+    /// Admission records of successful operations: `(slot, shard, ws, rf, t, step, amount)`;
+    /// positive for acquires, negative for refunds credited to the acquire's shard and
+    /// window/period (see the module docs).
+    fn admissions(&self) -> Vec<Admission> {
+        let mut out = Vec::new();
+        // Where each acquire's debit landed, per limit.
+        let mut landed: BTreeMap<(usize, String), (u32, Option<i64>, i64)> = BTreeMap::new();
+        for e in &self.tc {
+            let Some(op) = e.op else { continue };
+            let Some(rec) = self.ops.get(op) else { continue };
+            if rec.ok != Some(true) {
+                continue;
+            }
+            match &rec.kind {
+                OpKind::Acquire { .. } => {
+                    landed.insert((op, e.limit.clone()), (e.shard, e.ws, e.rf));
+                    out.push(Admission {
+                        slot: (e.entity.clone(), e.resource.clone(), e.limit.clone()),
+                        shard: e.shard,
+                        ws: e.ws,
+                        rf: e.rf,
+                        step: e.step,
+                        t: e.t,
+                        amount: e.delta,
+                        refund_of: None,
+                    });
+                }
+                OpKind::Commit { lease_of, .. } | OpKind::Rollback { lease_of, .. }
+                    if e.delta < 0 =>
+                {
+                    if let Some(&(shard, ws, rf)) = landed.get(&(*lease_of, e.limit.clone())) {
+                        if shard == e.shard {
+                            out.push(Admission {
+                                slot: (e.entity.clone(), e.resource.clone(), e.limit.clone()),
+                                shard: e.shard,
+                                ws: e.ws,
+                                rf: e.rf,
+                                step: e.step,
+                                t: e.t,
+                                amount: e.delta,
+                                refund_of: Some((ws, rf)),
+                            });
+                        }
+                    }
+                }
+                _ => {}
+            }
+        }
+        out
+    }
+
+    fn check_window(&mut self, res: &str, l: &Limit, len: i64, adm: &[Admission]) {
+        let cap = l.capacity_milli();
+        let mut per: BTreeMap<(String, i64), i64> = BTreeMap::new();
+        let mut entities: BTreeMap<String, Vec<&Admission>> = BTreeMap::new();
+        for a in adm
+            .iter()
+            .filter(|a| a.slot.1 == res && a.slot.2 == l.name())
+        {
+            entities.entry(a.slot.0.clone()).or_default().push(a);
+        }
+        let mut out = Vec::new();
+        for (ent, list) in entities {
+            // Phases over the starts debited by acquires.
+            let mut starts: Vec<i64> = list
+                .iter()
+                .filter(|a| a.refund_of.is_none())
+                .filter_map(|a| a.ws)
+                .collect();
+            starts.sort_unstable();
+            starts.dedup();
+            let mut phases: Vec<i64> = Vec::new();
+            for s in starts {
+                if phases.last().is_none_or(|p| s >= p + len) {
+                    phases.push(s);
+                }
+            }
+            let phase_of = |ws: i64| -> Option<i64> {
+                let i = phases.partition_point(|p| *p <= ws);
+                i.checked_sub(1).map(|i| phases[i])
+            };
+            for a in &list {
+                let ws = match a.refund_of {
+                    // A refund counts only if its shard still holds the acquire's window.
+                    Some((ws_acq, _)) if ws_acq == a.ws => a.ws,
+                    Some(_) => None,
+                    None => a.ws,
+                };
+                if let Some(p) = ws.and_then(phase_of) {
+                    *per.entry((ent.clone(), p)).or_default() += a.amount;
+                } else if a.refund_of.is_none() {
+                    out.push(format!(
+                        "step {}: {ent}/{res} {} admitted {} on shard {} with no window start",
+                        a.step,
+                        l.name(),
+                        a.amount,
+                        a.shard
+                    ));
+                }
+            }
+        }
+        for ((ent, p), total) in per {
+            if total > cap {
+                out.push(format!(
+                    "{ent}/{res} {}: the window phase starting at ws={p} admitted {} > capacity {} (tokens)",
+                    l.name(),
+                    fmt_milli(total),
+                    fmt_milli(cap)
+                ));
+            }
+        }
+        for d in out {
+            self.violate("window-allowance", d);
+        }
+    }
+
+    fn check_calendar(&mut self, res: &str, l: &Limit, adm: &[Admission]) {
+        let Some(cal) = l.calendar() else { return };
+        let cap = l.capacity_milli();
+        let period = |rf: i64| cal.prev_edge(rf).unwrap_or(i64::MIN);
+        let mut per: BTreeMap<(String, i64), i64> = BTreeMap::new();
+        for a in adm
+            .iter()
+            .filter(|a| a.slot.1 == res && a.slot.2 == l.name())
+        {
+            let p = match a.refund_of {
+                Some((_, rf_acq)) if period(rf_acq) == period(a.rf) => period(a.rf),
+                Some(_) => continue,
+                None => period(a.rf),
+            };
+            *per.entry((a.slot.0.clone(), p)).or_default() += a.amount;
+        }
+        let mut out = Vec::new();
+        for ((ent, p), total) in per {
+            if total > cap {
+                out.push(format!(
+                    "{ent}/{res} {}: the period starting at {p} admitted {} > capacity {} (tokens)",
+                    l.name(),
+                    fmt_milli(total),
+                    fmt_milli(cap)
+                ));
+            }
+        }
+        for d in out {
+            self.violate("calendar-allowance", d);
+        }
+    }
+
+    fn check_rate(
+        &mut self,
+        res: &str,
+        l: &Limit,
+        ra: i64,
+        rp: i64,
+        skew: i64,
+        adm: &[Admission],
+    ) {
+        let cap = l.capacity_milli();
+        let mut out = Vec::new();
+        let mut entities: BTreeMap<&str, Vec<&Admission>> = BTreeMap::new();
+        for a in adm
+            .iter()
+            .filter(|a| a.slot.1 == res && a.slot.2 == l.name())
+        {
+            entities.entry(a.slot.0.as_str()).or_default().push(a);
+        }
+        for (ent, mut list) in entities {
+            list.sort_by_key(|a| a.step);
+            let creations: Vec<&Creation> = self
+                .creations
+                .iter()
+                .filter(|c| c.entity == ent && c.resource == res)
+                .collect();
+            let mut net = 0i64;
+            for a in list {
+                net += a.amount;
+                if a.amount <= 0 {
+                    continue;
+                }
+                // Allowance at this admission.
+                let mut allow: i128 = 0;
+                let mut s_at: BTreeMap<u32, i64> = BTreeMap::new();
+                for c in creations.iter().filter(|c| c.step <= a.step) {
+                    let s = c.shard_count.max(1);
+                    s_at.insert(c.shard, s);
+                    let rate = (ra / s).max(1);
+                    // Refill is credited from the created rf up to a writer's reading,
+                    // which is at most true time + skew.
+                    let elapsed = i128::from((a.t + skew - c.rf).max(0));
+                    allow += i128::from(cap / s)
+                        + i128::from(rate) * elapsed / i128::from(rp)
+                        + 1000;
+                }
+                for o in self.old_rf.iter().filter(|o| {
+                    o.entity == ent && o.resource == res && o.step <= a.step && o.after < o.before
+                }) {
+                    let s = s_at.get(&o.shard).copied().unwrap_or(1);
+                    let rate = (ra / s).max(1);
+                    allow += i128::from(rate) * i128::from(o.before - o.after) / i128::from(rp)
+                        + 1000;
+                }
+                if i128::from(net) > allow {
+                    out.push(format!(
+                        "step {}: {ent}/{res} {}: net admitted {} > allowance {} (capacity {}, {} shards created)",
+                        a.step,
+                        l.name(),
+                        fmt_milli(net),
+                        fmt_milli(i64::try_from(allow).unwrap_or(i64::MAX)),
+                        fmt_milli(cap),
+                        s_at.len()
+                    ));
+                    break;
+                }
+            }
+        }
+        for d in out {
+            self.violate("rate-allowance", d);
+        }
+    }
+}
+
+/// One admission (or credited refund) of one limit.
+#[derive(Debug, Clone)]
+struct Admission {
+    slot: Slot,
+    shard: u32,
+    ws: Option<i64>,
+    rf: i64,
+    step: u64,
+    t: i64,
+    amount: i64,
+    /// For refunds: the (ws, rf) where the refunded acquire landed.
+    refund_of: Option<(Option<i64>, i64)>,
+}
+
+fn kind_name(k: &OpKind) -> &'static str {
+    match k {
+        OpKind::Acquire { .. } => "acquire",
+        OpKind::Commit { .. } => "commit",
+        OpKind::Rollback { .. } => "rollback",
+        OpKind::Check => "check",
+    }
+}
+
+/// Millitokens as tokens with three decimals.
+pub fn fmt_milli(m: i64) -> String {
+    if m % 1000 == 0 {
+        format!("{}", m / 1000)
+    } else {
+        format!("{:.3}", m as f64 / 1000.0)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn bucket_keys_parse() {
+        let k = tollgate_core::keys::bucket("sim", "e0", "res", 7);
+        assert_eq!(parse_bucket(&k), Some(("e0".into(), "res".into(), 7)));
+        assert_eq!(parse_bucket(&Key::new("sim/SYSTEM#", "#CONFIG")), None);
+    }
+}

@@ -1,0 +1,283 @@
+//! One seeded run: build the workload, drive the clients under the scheduler, quiesce, and
+//! check the ledger.
+
+use std::collections::BTreeMap;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use rand::rngs::SmallRng;
+use rand::{Rng, SeedableRng};
+use tollgate::{Limiter, Options, SeededRng};
+use tollgate_core::value::Value;
+use tollgate_store::{FaultConfig, FaultStats, FaultyStore, MemoryStore};
+
+use crate::ledger::Violation;
+use crate::sched::{drive, hash_item, Shared, SimStore, SkewClock, Task};
+use crate::workload::{self, NS, WORKLOADS};
+
+/// What to run.
+#[derive(Debug, Clone, Default)]
+pub struct RunConfig {
+    /// The seed.
+    pub seed: u64,
+    /// Clients (default: drawn from the seed).
+    pub clients: Option<usize>,
+    /// Workload (default: rotate through [`WORKLOADS`] by seed).
+    pub workload: Option<&'static str>,
+    /// Keep a readable trace.
+    pub trace: bool,
+}
+
+/// Faults injected in one run.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Faults {
+    /// By the FaultyStore.
+    pub store: FaultStats,
+    /// Scheduler delays.
+    pub delays: u64,
+    /// Fan-out writes lost.
+    pub lost_fanouts: u64,
+    /// Older-writer and `wcu`-drain raw writes.
+    pub raw_writes: u64,
+}
+
+impl Faults {
+    /// Every injected fault.
+    pub fn total(&self) -> u64 {
+        self.store.total() + self.delays + self.lost_fanouts + self.raw_writes
+    }
+    /// Add another run's counts.
+    pub fn add(&mut self, o: &Faults) {
+        let s = &mut self.store;
+        s.condition_races += o.store.condition_races;
+        s.transaction_conflicts += o.store.transaction_conflicts;
+        s.throttles += o.store.throttles;
+        s.lost_responses += o.store.lost_responses;
+        s.stale_reads += o.store.stale_reads;
+        s.delays += o.store.delays;
+        self.delays += o.delays;
+        self.lost_fanouts += o.lost_fanouts;
+        self.raw_writes += o.raw_writes;
+    }
+}
+
+/// The outcome of one seed.
+#[derive(Debug, Clone)]
+pub struct SeedReport {
+    /// The seed.
+    pub seed: u64,
+    /// Workload name.
+    pub workload: &'static str,
+    /// Clients.
+    pub clients: usize,
+    /// Broken invariants.
+    pub violations: Vec<Violation>,
+    /// Documented residuals (lost responses whose write applied).
+    pub residuals: Vec<String>,
+    /// Hash of the whole run (scheduling, outcomes, final store).
+    pub hash: u64,
+    /// Store requests executed.
+    pub store_ops: u64,
+    /// Acquires granted.
+    pub admitted: u64,
+    /// Acquires refused or failed.
+    pub refused: u64,
+    /// Faults injected.
+    pub faults: Faults,
+    /// Largest shard count reached.
+    pub max_shards: i64,
+    /// The readable trace (when asked for).
+    pub trace: Vec<String>,
+}
+
+/// Pick the workload of a seed.
+pub fn workload_of(seed: u64, fixed: Option<&'static str>) -> &'static str {
+    fixed.unwrap_or(WORKLOADS[(seed % WORKLOADS.len() as u64) as usize])
+}
+
+/// Run one seed.
+pub fn run_seed(cfg: &RunConfig) -> SeedReport {
+    let mut rng = SmallRng::seed_from_u64(cfg.seed ^ 0x9e37_79b9_7f4a_7c15);
+    let wl = workload_of(cfg.seed, cfg.workload);
+    let spec = Arc::new(workload::build(wl, &mut rng, cfg.clients));
+    let p = spec.fault_p;
+    let fc = FaultConfig {
+        condition_race: p,
+        transaction_conflict: p,
+        throttle: p,
+        lost_response: p / 2.0,
+        stale_read: (p * 4.0).min(1.0),
+        delay: 0.0,
+        max_delay: Duration::ZERO,
+    };
+    let mem = Arc::new(MemoryStore::new());
+    let faulty = FaultyStore::new(mem.clone(), rng.gen(), fc);
+    let participants = spec.clients + 2;
+    let sh = Shared::new(
+        mem.clone(),
+        faulty,
+        spec.start_ms,
+        SmallRng::seed_from_u64(rng.gen()),
+        spec.knobs,
+        participants,
+        cfg.trace,
+    );
+    let mut violations = Vec::new();
+    let rt = match tokio::runtime::Builder::new_current_thread()
+        .enable_time()
+        .start_paused(true)
+        .build()
+    {
+        Ok(rt) => rt,
+        Err(e) => {
+            return failed(cfg, &spec, format!("cannot build a runtime: {e}"));
+        }
+    };
+    if let Err(e) = rt.block_on(workload::setup(mem.clone(), &spec)) {
+        return failed(cfg, &spec, format!("setup failed: {e}"));
+    }
+    let mut tasks: Vec<(usize, Task)> = Vec::new();
+    for c in 0..spec.clients {
+        let skew = if spec.skew > 0 {
+            rng.gen_range(-spec.skew..=spec.skew)
+        } else {
+            0
+        };
+        let clock = Arc::new(SkewClock {
+            base: sh.now.clone(),
+            skew,
+        });
+        let opts = Options {
+            namespace: NS.into(),
+            config_cache_ttl: Duration::from_secs(3600),
+            speculative: rng.gen_bool(spec.speculative_p),
+            ..Options::default()
+        };
+        let store = Arc::new(SimStore {
+            client: c,
+            sh: sh.clone(),
+        });
+        let lim = match Limiter::builder(store)
+            .clock(clock)
+            .rng(Arc::new(SeededRng::new(rng.gen())))
+            .options(opts)
+            .build()
+        {
+            Ok(l) => l,
+            Err(e) => return failed(cfg, &spec, format!("limiter: {e}")),
+        };
+        if let Some(t) = sh.lock().trace.as_mut() {
+            t.push(format!("client c{c}: clock skew {skew} ms"));
+        }
+        let crng = SmallRng::seed_from_u64(rng.gen());
+        tasks.push((
+            c,
+            Box::pin(workload::client(sh.clone(), c, lim, spec.clone(), crng)),
+        ));
+    }
+    let chaos_skew = if spec.skew > 0 {
+        rng.gen_range(-spec.skew..=spec.skew)
+    } else {
+        0
+    };
+    if spec.old_writes + spec.wcu_drains > 0 {
+        let crng = SmallRng::seed_from_u64(rng.gen());
+        tasks.push((
+            spec.clients,
+            Box::pin(workload::chaos(
+                sh.clone(),
+                spec.clients,
+                spec.clone(),
+                crng,
+                chaos_skew,
+            )),
+        ));
+    }
+    rt.block_on(drive(&sh, tasks));
+
+    // Quiesce: faults off, then the one-reset-instant check.
+    sh.faulty.set_enabled(false);
+    {
+        let mut g = sh.lock();
+        g.knobs.lost_fanout_p = 0.0;
+        g.knobs.delay_p = 0.0;
+        g.knobs.advance_p = 0.0;
+        if let Some(t) = g.trace.as_mut() {
+            t.push("--- quiesce: faults off, every window ended ---".into());
+        }
+    }
+    let out = Arc::new(Mutex::new(Vec::new()));
+    rt.block_on(drive(
+        &sh,
+        vec![(
+            spec.clients + 1,
+            Box::pin(workload::quiesce(
+                sh.clone(),
+                spec.clients + 1,
+                spec.clone(),
+                out.clone(),
+            )) as Task,
+        )],
+    ));
+    violations.extend(out.lock().unwrap_or_else(|e| e.into_inner()).drain(..));
+
+    let items = mem.raw_items();
+    let limits: BTreeMap<String, Vec<tollgate_core::Limit>> =
+        [(spec.resource.clone(), spec.limits.clone())].into();
+    let mut g = sh.lock();
+    let st = &mut *g;
+    st.ledger.finish(&limits, &items, spec.skew);
+    violations.extend(st.ledger.violations.drain(..));
+    let mut hash = st.hash;
+    let mut max_shards = 1;
+    for i in &items {
+        hash = hash_item(hash, Some(i));
+        if let Some(s) = i.get("shard_count").and_then(Value::as_n) {
+            max_shards = max_shards.max(s);
+        }
+    }
+    let (admitted, refused) = st.ledger.ops.iter().fold((0, 0), |(a, r), o| match (&o.kind, o.ok) {
+        (crate::ledger::OpKind::Acquire { .. }, Some(true)) => (a + 1, r),
+        (crate::ledger::OpKind::Acquire { .. }, _) => (a, r + 1),
+        _ => (a, r),
+    });
+    SeedReport {
+        seed: cfg.seed,
+        workload: wl,
+        clients: spec.clients,
+        violations,
+        residuals: std::mem::take(&mut st.ledger.residuals),
+        hash,
+        store_ops: st.store_ops,
+        admitted,
+        refused,
+        faults: Faults {
+            store: sh.faulty.stats(),
+            delays: st.delays,
+            lost_fanouts: st.lost_fanouts,
+            raw_writes: st.raw_writes,
+        },
+        max_shards,
+        trace: st.trace.take().unwrap_or_default(),
+    }
+}
+
+fn failed(cfg: &RunConfig, spec: &workload::Spec, why: String) -> SeedReport {
+    SeedReport {
+        seed: cfg.seed,
+        workload: spec.name,
+        clients: spec.clients,
+        violations: vec![Violation {
+            invariant: "harness",
+            detail: why,
+        }],
+        residuals: Vec::new(),
+        hash: 0,
+        store_ops: 0,
+        admitted: 0,
+        refused: 0,
+        faults: Faults::default(),
+        max_shards: 0,
+        trace: Vec::new(),
+    }
+}

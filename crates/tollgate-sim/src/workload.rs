@@ -1,0 +1,467 @@
+//! Workloads: the limits, entities, time scale and client behaviour of one seeded run, and
+//! the actors that drive them (clients, the older writer / hot-spot actor, the quiesce check).
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use rand::rngs::SmallRng;
+use rand::seq::SliceRandom;
+use rand::Rng;
+use tollgate::{Error, Limiter, PinnedRng, Scope};
+use tollgate_core::keys;
+use tollgate_core::value::{Item, Value};
+use tollgate_core::{Limit, Refill};
+use tollgate_store::StoreError;
+
+use crate::ledger::{OpKind, Violation};
+use crate::sched::{Knobs, Shared};
+
+/// Namespace of every simulated key.
+pub const NS: &str = "sim";
+
+/// T0 of the project's unit tests (2025-09-04T15:33:20Z).
+pub const T0: i64 = 1_757_000_000_000;
+
+/// The first UTC midnight after [`T0`].
+pub const MIDNIGHT: i64 = 1_757_030_400_000;
+
+/// Names of the workloads, in the order `--workload all` rotates through them.
+pub const WORKLOADS: [&str; 6] = ["rate", "calendar", "window", "multi", "lease", "hot"];
+
+/// One run's workload, drawn from the seed.
+#[derive(Debug, Clone)]
+pub struct Spec {
+    /// Workload name.
+    pub name: &'static str,
+    /// The one resource every client uses.
+    pub resource: String,
+    /// Its limits (stored at the resource level).
+    pub limits: Vec<Limit>,
+    /// Entities (the first is the hot one).
+    pub entities: Vec<String>,
+    /// True time at the start.
+    pub start_ms: i64,
+    /// Clients.
+    pub clients: usize,
+    /// Acquires per client.
+    pub ops_per_client: usize,
+    /// Probability that a granted acquire is followed by an adjust/commit or rollback.
+    pub lease_p: f64,
+    /// Raw writes that drive a shard's `wcu` far below zero (forcing a doubling).
+    pub wcu_drains: usize,
+    /// Older-writer writes (`SET rf = own clock, REMOVE vu`).
+    pub old_writes: usize,
+    /// Clock-skew bound (ms): every clock is true time + a skew in `[-skew, skew]`.
+    pub skew: i64,
+    /// Probability of the speculative fast path being on for a client.
+    pub speculative_p: f64,
+    /// Scheduler knobs.
+    pub knobs: Knobs,
+    /// Per-request fault probability of the FaultyStore.
+    pub fault_p: f64,
+}
+
+fn secs(s: i64) -> Duration {
+    Duration::from_secs(s.unsigned_abs())
+}
+
+/// Build the workload `name` from the seed's RNG.
+pub fn build(name: &'static str, rng: &mut SmallRng, clients: Option<usize>) -> Spec {
+    let skew = *[0, 50, 500, 2000].choose(rng).unwrap_or(&0);
+    let fault_p = *[0.0, 0.005, 0.02, 0.05].choose(rng).unwrap_or(&0.0);
+    let old = rng.gen_bool(0.5);
+    let n_ent = rng.gen_range(1..=2);
+    let entities: Vec<String> = (0..n_ent).map(|i| format!("e{i}")).collect();
+    let clients = clients.unwrap_or_else(|| rng.gen_range(2..=5));
+    let mut s = Spec {
+        name,
+        resource: format!("r-{name}"),
+        limits: Vec::new(),
+        entities,
+        start_ms: T0,
+        clients,
+        ops_per_client: rng.gen_range(12..=30),
+        lease_p: 0.0,
+        wcu_drains: 0,
+        old_writes: if old { rng.gen_range(2..=8) } else { 0 },
+        skew,
+        speculative_p: 0.85,
+        knobs: Knobs {
+            advance_p: 0.3,
+            max_step_ms: 1000,
+            delay_p: if fault_p > 0.0 { 0.05 } else { 0.0 },
+            lost_fanout_p: if fault_p > 0.0 { 0.1 } else { 0.0 },
+        },
+        fault_p,
+    };
+    let window = |rng: &mut SmallRng, cap: i64| -> (Limit, i64) {
+        let w = *[60, 120, 300].choose(rng).unwrap_or(&60);
+        (
+            Limit::quota_after("session", cap, secs(w)).expect("valid window limit"),
+            w * 1000,
+        )
+    };
+    let daily = |cap: i64| Limit::quota_calendar("rpd", cap, "0 0 * * *", "UTC").expect("valid");
+    match name {
+        "rate" => {
+            let cap = rng.gen_range(5..=20);
+            s.limits = vec![
+                Limit::rate("rps", cap, cap, secs(10)).expect("valid rate"),
+                Limit::rate("tpm", 200, 200, secs(60)).expect("valid rate"),
+            ];
+            s.knobs.max_step_ms = 2000;
+        }
+        "calendar" => {
+            s.limits = vec![daily(rng.gen_range(10..=40))];
+            s.start_ms = MIDNIGHT - rng.gen_range(60_000..=1_200_000);
+            s.knobs.max_step_ms = 40_000;
+        }
+        "window" => {
+            let cap = rng.gen_range(8..=30);
+            let (l, w) = window(rng, cap);
+            s.limits = vec![l];
+            s.knobs.max_step_ms = w / 10;
+        }
+        "multi" => {
+            let cap = rng.gen_range(10..=30);
+            let (l, w) = window(rng, cap);
+            s.limits = vec![
+                Limit::rate("rps", 10, 10, secs(5)).expect("valid rate"),
+                l,
+                daily(rng.gen_range(20..=60)),
+            ];
+            s.start_ms = MIDNIGHT - rng.gen_range(60_000..=600_000);
+            s.knobs.max_step_ms = w / 10;
+        }
+        "lease" => {
+            let cap = rng.gen_range(10..=30);
+            let (l, w) = window(rng, cap);
+            s.limits = vec![
+                l,
+                Limit::rate("tpm", 100, 100, secs(60)).expect("valid rate"),
+                daily(rng.gen_range(20..=60)),
+            ];
+            s.start_ms = MIDNIGHT - rng.gen_range(60_000..=600_000);
+            s.lease_p = 0.6;
+            s.knobs.max_step_ms = w / 10;
+        }
+        _ => {
+            // hot: one entity hammered, doubled up to 32 shards by drained `wcu`.
+            let cap = rng.gen_range(64..=160);
+            let (l, w) = window(rng, cap);
+            s.limits = vec![l, daily(rng.gen_range(64..=160))];
+            s.entities = vec!["hot".into()];
+            s.start_ms = MIDNIGHT - rng.gen_range(60_000..=600_000);
+            s.clients = clients.max(3);
+            s.ops_per_client = rng.gen_range(25..=45);
+            s.wcu_drains = rng.gen_range(3..=8);
+            s.lease_p = 0.2;
+            s.knobs.max_step_ms = w / 15;
+        }
+    }
+    s
+}
+
+/// Store the workload's limits at the resource level (directly, before the run).
+pub async fn setup(mem: Arc<tollgate_store::MemoryStore>, spec: &Spec) -> Result<(), Error> {
+    let lim = Limiter::builder(mem).namespace(NS).build()?;
+    lim.set_limits(&Scope::Resource(spec.resource.clone()), &spec.limits, None)
+        .await
+}
+
+/// Pick the amounts (tokens) of one acquire.
+fn amounts(spec: &Spec, rng: &mut SmallRng) -> Vec<(String, i64)> {
+    let mut out = Vec::new();
+    for l in &spec.limits {
+        let name = l.name().to_string();
+        let a = match l.refill() {
+            Refill::Drip { .. } if name == "tpm" => rng.gen_range(1..=20),
+            Refill::Drip { .. } => 1,
+            Refill::Calendar(_) => rng.gen_range(1..=3),
+            Refill::Window { .. } => rng.gen_range(0..=3),
+        };
+        out.push((name, a));
+    }
+    if out.len() > 1 {
+        // Several limits per acquire: name a non-empty random subset.
+        let keep = rng.gen_range(1..=out.len());
+        out.shuffle(rng);
+        out.truncate(keep);
+        out.sort();
+    }
+    out
+}
+
+fn milli(a: &[(String, i64)]) -> Vec<(String, i64)> {
+    a.iter().map(|(n, v)| (n.clone(), v * 1000)).collect()
+}
+
+fn err_text(e: &Error) -> String {
+    match e {
+        Error::RateLimitExceeded(x) => format!("rate limited [{}]", x.violations().join(",")),
+        Error::Unavailable(s) => format!("unavailable: {s}"),
+        other => other.to_string(),
+    }
+}
+
+/// One simulated client: acquires, leases with adjust/commit or rollback, and the retry a
+/// real client makes after a lost response.
+pub async fn client(sh: Arc<Shared>, id: usize, lim: Limiter, spec: Arc<Spec>, mut rng: SmallRng) {
+    for _ in 0..spec.ops_per_client {
+        for _ in 0..rng.gen_range(0..3) {
+            sh.turn(id).await;
+        }
+        let ent = if rng.gen_bool(0.7) {
+            spec.entities[0].clone()
+        } else {
+            spec.entities[rng.gen_range(0..spec.entities.len())].clone()
+        };
+        let amts = amounts(&spec, &mut rng);
+        let refs: Vec<(&str, i64)> = amts.iter().map(|(n, a)| (n.as_str(), *a)).collect();
+        let mut retried = false;
+        loop {
+            let op = sh.begin_op(
+                id,
+                OpKind::Acquire {
+                    entity: ent.clone(),
+                    resource: spec.resource.clone(),
+                    amounts: milli(&amts),
+                },
+            );
+            let r = lim.acquire(&ent, &spec.resource, &refs).await;
+            sh.end_op(id, op, r.as_ref().err().map(err_text));
+            match r {
+                Ok(mut lease) => {
+                    if rng.gen_bool(spec.lease_p) {
+                        lease_action(&sh, id, op, &mut lease, &spec, &amts, &mut rng).await;
+                    }
+                    break;
+                }
+                Err(Error::Unavailable(StoreError::Ambiguous(_))) if !retried => {
+                    // The caller cannot tell whether it was admitted: it asks again.
+                    retried = true;
+                }
+                Err(_) => break,
+            }
+        }
+    }
+}
+
+async fn lease_action(
+    sh: &Arc<Shared>,
+    id: usize,
+    acq: usize,
+    lease: &mut tollgate::Lease,
+    spec: &Spec,
+    amts: &[(String, i64)],
+    rng: &mut SmallRng,
+) {
+    for _ in 0..rng.gen_range(0..3) {
+        sh.turn(id).await;
+    }
+    if rng.gen_bool(0.35) {
+        let op = sh.begin_op(
+            id,
+            OpKind::Rollback {
+                lease_of: acq,
+                debits: milli(amts),
+            },
+        );
+        let r = lease.rollback().await;
+        sh.end_op(id, op, r.as_ref().err().map(err_text));
+        return;
+    }
+    let mut deltas: Vec<(String, i64)> = Vec::new();
+    for _ in 0..rng.gen_range(1..=2) {
+        let l = &spec.limits[rng.gen_range(0..spec.limits.len())];
+        let named = amts
+            .iter()
+            .find(|(n, _)| n == l.name())
+            .map(|(_, a)| *a)
+            .unwrap_or(0);
+        // Refund at most what was debited (net of earlier adjustments); consume more freely.
+        let already = deltas
+            .iter()
+            .filter(|(n, _)| n == l.name())
+            .map(|(_, d)| *d)
+            .sum::<i64>();
+        let d = rng.gen_range(-(named + already)..=3);
+        if d != 0 && lease.adjust(l.name(), d).is_ok() {
+            deltas.push((l.name().to_string(), d));
+        }
+    }
+    let mut net: std::collections::BTreeMap<String, i64> = Default::default();
+    for (n, d) in deltas {
+        *net.entry(n).or_default() += d * 1000;
+    }
+    let op = sh.begin_op(
+        id,
+        OpKind::Commit {
+            lease_of: acq,
+            deltas: net.into_iter().collect(),
+        },
+    );
+    let r = lease.commit().await;
+    sh.end_op(id, op, r.as_ref().err().map(err_text));
+}
+
+/// The older writer and hot-spot actor: at seeded moments, a raw `SET rf = its own clock,
+/// REMOVE vu` (touching nothing else) on a bucket item, or a raw drain of a shard's `wcu`.
+pub async fn chaos(sh: Arc<Shared>, id: usize, spec: Arc<Spec>, mut rng: SmallRng, skew: i64) {
+    let mut plan: Vec<bool> = std::iter::repeat_n(true, spec.old_writes)
+        .chain(std::iter::repeat_n(false, spec.wcu_drains))
+        .collect();
+    plan.shuffle(&mut rng);
+    for old in plan {
+        for _ in 0..rng.gen_range(3..=25) {
+            sh.turn(id).await;
+        }
+        sh.turn(id).await;
+        let ent = &spec.entities[rng.gen_range(0..spec.entities.len())];
+        let k0 = keys::bucket(NS, ent, &spec.resource, 0);
+        let s = sh
+            .mem
+            .raw_get(&k0)
+            .and_then(|i| i.get("shard_count").and_then(Value::as_n))
+            .unwrap_or(1);
+        let shard = rng.gen_range(0..s.max(1)) as u32;
+        let key = keys::bucket(NS, ent, &spec.resource, shard);
+        let Some(before) = sh.mem.raw_get(&key) else {
+            continue;
+        };
+        let mut after: Item = before.clone();
+        if old {
+            after.insert("rf".into(), Value::N(sh.now() + skew));
+            after.remove("vu");
+        } else {
+            after.insert("b_wcu_tk".into(), Value::N(-10_000_000));
+        }
+        sh.mem.raw_put(&key, after.clone());
+        sh.raw_write(
+            if old { "OLD-WRITER" } else { "WCU-DRAIN" },
+            &key,
+            &before,
+            &after,
+            old,
+        );
+    }
+}
+
+/// After the workload: with faults off and every window ended, one zero acquire per shard
+/// (shard 0 first: it opens a window and fans it out; every other shard rolls into it or
+/// joins it), then every shard must carry the same `ws` (and `wa`), availability must report
+/// `ws + rsa` as the window's reset instant, and the shards must hold at most one allowance.
+pub async fn quiesce(sh: Arc<Shared>, id: usize, spec: Arc<Spec>, out: Arc<std::sync::Mutex<Vec<Violation>>>) {
+    let windows: Vec<(String, i64, i64)> = spec
+        .limits
+        .iter()
+        .filter_map(|l| match l.refill() {
+            Refill::Window { reset_after_s } => {
+                Some((l.name().to_string(), reset_after_s * 1000, l.capacity_milli()))
+            }
+            _ => None,
+        })
+        .collect();
+    let mut bad = Vec::new();
+    for (name, len, cap) in &windows {
+        for ent in &spec.entities {
+            let k0 = keys::bucket(NS, ent, &spec.resource, 0);
+            let Some(i0) = sh.mem.raw_get(&k0) else {
+                continue;
+            };
+            let s = i0.get("shard_count").and_then(Value::as_n).unwrap_or(1);
+            let mut latest = sh.now();
+            for j in 0..s as u32 {
+                if let Some(i) = sh.mem.raw_get(&keys::bucket(NS, ent, &spec.resource, j)) {
+                    for a in ["rf", &format!("b_{name}_ws")] {
+                        if let Some(v) = i.get(a).and_then(Value::as_n) {
+                            latest = latest.max(v + len);
+                        }
+                    }
+                }
+            }
+            sh.advance_to(latest + 2 * spec.skew + 1000);
+            let pin = Arc::new(PinnedRng::new(0));
+            let clock = Arc::new(crate::sched::SkewClock {
+                base: sh.now.clone(),
+                skew: 0,
+            });
+            let Ok(lim) = Limiter::builder(Arc::new(crate::sched::SimStore {
+                client: id,
+                sh: sh.clone(),
+            }))
+            .namespace(NS)
+            .clock(clock)
+            .rng(pin.clone())
+            .speculative(false)
+            .build() else {
+                continue;
+            };
+            for j in 0..s as u32 {
+                pin.pin(j);
+                let op = sh.begin_op(id, OpKind::Check);
+                let r = lim.acquire(ent, &spec.resource, &[(name.as_str(), 0)]).await;
+                sh.end_op(id, op, r.as_ref().err().map(err_text));
+                if let Err(e) = r {
+                    bad.push(format!("{ent}: quiesce acquire(0) on shard {j} failed: {}", err_text(&e)));
+                }
+            }
+            let mut starts = Vec::new();
+            let mut held = 0;
+            for j in 0..s as u32 {
+                let Some(i) = sh.mem.raw_get(&keys::bucket(NS, ent, &spec.resource, j)) else {
+                    continue;
+                };
+                let g = |a: &str| i.get(&format!("b_{name}_{a}")).and_then(Value::as_n);
+                starts.push((j, g("ws"), g("wa")));
+                held += g("tk").unwrap_or(0);
+            }
+            let ws0 = starts.first().and_then(|s| s.1);
+            let disagree: Vec<String> = starts
+                .iter()
+                .filter(|(_, ws, wa)| *ws != ws0 || *wa != ws0)
+                .map(|(j, ws, wa)| format!("shard {j}: ws={ws:?} wa={wa:?}"))
+                .collect();
+            if !disagree.is_empty() {
+                bad.push(format!(
+                    "{ent}/{} {name}: shards disagree with shard 0's ws={ws0:?} once quiet: {}",
+                    spec.resource,
+                    disagree.join(", ")
+                ));
+            }
+            if held > *cap {
+                bad.push(format!(
+                    "{ent}/{} {name}: a fresh window holds {} > capacity {} over {} shards",
+                    spec.resource,
+                    crate::ledger::fmt_milli(held),
+                    crate::ledger::fmt_milli(*cap),
+                    s
+                ));
+            }
+            match lim.check_availability(ent, &spec.resource, None).await {
+                Ok(av) => {
+                    let got = av
+                        .limits
+                        .iter()
+                        .find(|st| st.limit == *name)
+                        .and_then(|st| st.resets_at_ms);
+                    let want = ws0.map(|w| w + len);
+                    if got != want {
+                        bad.push(format!(
+                            "{ent}/{} {name}: check_availability resets_at={got:?}, expected ws+rsa={want:?}",
+                            spec.resource
+                        ));
+                    }
+                }
+                Err(e) => bad.push(format!("{ent}: check_availability failed: {}", err_text(&e))),
+            }
+        }
+    }
+    let mut g = out.lock().unwrap_or_else(|e| e.into_inner());
+    for d in bad {
+        g.push(Violation {
+            invariant: "one-reset-instant",
+            detail: d,
+        });
+    }
+}
