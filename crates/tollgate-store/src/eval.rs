@@ -19,12 +19,16 @@ pub fn eval_condition(item: Option<&Item>, cond: &Condition) -> bool {
         Condition::Exists(n) => get(n).is_some(),
         Condition::NotExists(n) => get(n).is_none(),
         Condition::Cmp(n, op, rhs) => {
-            let Some(l) = get(n) else { return false };
+            // A missing operand makes every comparison false except `<>`, which DynamoDB
+            // (as DynamoDB Local shows) evaluates to true.
+            let Some(l) = get(n) else {
+                return *op == CmpOp::Ne;
+            };
             let r = match rhs {
                 Operand::Value(v) => v,
                 Operand::Attr(a) => match get(a) {
                     Some(v) => v,
-                    None => return false,
+                    None => return *op == CmpOp::Ne,
                 },
             };
             compare(l, *op, r)
@@ -268,7 +272,7 @@ mod tests {
         assert!(t(Condition::lt("n", 4)));
         assert!(!t(Condition::lt("n", "4")));
         assert!(t(Condition::cmp("n", CmpOp::Ne, "3")));
-        assert!(!t(Condition::cmp("missing", CmpOp::Ne, 3)));
+        assert!(t(Condition::cmp("missing", CmpOp::Ne, 3)));
         assert!(t(Condition::Not(Box::new(Condition::eq("missing", 3)))));
         assert!(t(Condition::gt("s", "a")) && t(Condition::lt("s", "ba")));
         assert!(t(Condition::And(vec![])) && !t(Condition::Or(vec![])));

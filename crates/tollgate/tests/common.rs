@@ -40,7 +40,12 @@ pub fn harness_with(t0: i64, o: Options) -> H {
         .options(o)
         .build()
         .unwrap();
-    H { store, clock, rng, lim }
+    H {
+        store,
+        clock,
+        rng,
+        lim,
+    }
 }
 
 impl H {

@@ -182,7 +182,10 @@ async fn l4_zero_estimates_both_paths() {
             &h,
             "e",
             "llm",
-            &[Limit::per_day("rpm", 1000).unwrap(), Limit::per_day("tpm", 1000).unwrap()],
+            &[
+                Limit::per_day("rpm", 1000).unwrap(),
+                Limit::per_day("tpm", 1000).unwrap(),
+            ],
         )
         .await;
         for _ in 0..2 {
@@ -218,7 +221,10 @@ async fn l1_l2_lease_operations() {
     assert_eq!(l.consumed()["tpm"], 1500);
     l.adjust("tpm", -1200).unwrap();
     assert_eq!(l.consumed()["tpm"], 300);
-    assert!(matches!(l.adjust("nope", 1), Err(Error::UnknownLimit { .. })));
+    assert!(matches!(
+        l.adjust("nope", 1),
+        Err(Error::UnknownLimit { .. })
+    ));
     l.adjust("tpm", 0).unwrap();
     l.commit().await.unwrap();
     assert_eq!(h.n("e", "llm", 0, "b_tpm_tk"), Some(700_000));
@@ -285,7 +291,11 @@ mod hook {
     }
     impl Hook {
         pub fn new(inner: Arc<Counting<MemoryStore>>, key: Key) -> Self {
-            Hook { inner, key, fired: AtomicBool::new(false) }
+            Hook {
+                inner,
+                key,
+                fired: AtomicBool::new(false),
+            }
         }
     }
     #[async_trait]
@@ -311,7 +321,11 @@ mod hook {
         async fn delete(&self, r: DeleteRequest) -> Result<Option<Item>, StoreError> {
             self.inner.delete(r).await
         }
-        async fn transact_write(&self, o: Vec<TransactOp>, t: Option<String>) -> Result<(), StoreError> {
+        async fn transact_write(
+            &self,
+            o: Vec<TransactOp>,
+            t: Option<String>,
+        ) -> Result<(), StoreError> {
             self.inner.transact_write(o, t).await
         }
         async fn query(&self, q: Query) -> Result<Vec<Item>, StoreError> {
@@ -356,7 +370,11 @@ async fn s09_fast_condition_set() {
         let s = h.stats();
         h.lim.acquire("e", "api", &[("rpm", 1)]).await.unwrap();
         let d = h.stats().since(&s);
-        assert_eq!((d.updates, d.gets), (2, 1), "{attr}={v}: failed fast write, read, normal write");
+        assert_eq!(
+            (d.updates, d.gets),
+            (2, 1),
+            "{attr}={v}: failed fast write, read, normal write"
+        );
         h.remove("e", "api", 0, attr);
     }
 }
@@ -368,7 +386,10 @@ async fn s10_wcu_accounting() {
     let h = harness(T0);
     entity_limits(&h, "e", "api", &[Limit::per_minute("rpm", 100).unwrap()]).await;
     h.lim.acquire("e", "api", &[("rpm", 1)]).await.unwrap();
-    let (tk, tc) = (h.n("e", "api", 0, "b_wcu_tk").unwrap(), h.n("e", "api", 0, "b_wcu_tc").unwrap());
+    let (tk, tc) = (
+        h.n("e", "api", 0, "b_wcu_tk").unwrap(),
+        h.n("e", "api", 0, "b_wcu_tc").unwrap(),
+    );
     h.lim.acquire("e", "api", &[("rpm", 1)]).await.unwrap();
     assert_eq!(h.n("e", "api", 0, "b_wcu_tk"), Some(tk - 1000));
     assert_eq!(h.n("e", "api", 0, "b_wcu_tc"), Some(tc + 1000));
@@ -415,13 +436,21 @@ async fn s21_s24_half_open_end() {
     h.at(T0 + W - 1);
     let s = h.stats();
     h.lim.acquire("e", "llm", &[("session", 1)]).await.unwrap();
-    assert_eq!(h.stats().since(&s).gets, 0, "inside the window: fast path (no bucket read)");
+    assert_eq!(
+        h.stats().since(&s).gets,
+        0,
+        "inside the window: fast path (no bucket read)"
+    );
     assert_eq!(h.n("e", "llm", 0, "b_session_tk"), Some(8000));
     h.at(T0 + W);
     let s = h.stats();
     h.lim.acquire("e", "llm", &[("session", 1)]).await.unwrap();
     let d = h.stats().since(&s);
-    assert_eq!((d.updates, d.gets), (2, 1), "boundary: fast write fails, slow path opens");
+    assert_eq!(
+        (d.updates, d.gets),
+        (2, 1),
+        "boundary: fast write fails, slow path opens"
+    );
     assert_eq!(h.n("e", "llm", 0, "b_session_ws"), Some(T0 + W));
     assert_eq!(h.n("e", "llm", 0, "b_session_tk"), Some(9000));
     assert_eq!(h.n("e", "llm", 0, "vu"), Some(T0 + 2 * W));
@@ -500,7 +529,11 @@ async fn calendar_reset_across_dst() {
     h.at(t("2026-03-28T23:00:00Z"));
     h.lim.acquire("e", "api", &[("daily", 3)]).await.unwrap();
     let x = rejected(h.lim.acquire("e", "api", &[("daily", 1)]).await);
-    assert_eq!(x.resets_at_ms, Some(t("2026-03-29T22:00:00Z")), "23 hours later");
+    assert_eq!(
+        x.resets_at_ms,
+        Some(t("2026-03-29T22:00:00Z")),
+        "23 hours later"
+    );
     h.at(t("2026-03-29T21:59:59Z"));
     assert!(h.lim.acquire("e", "api", &[("daily", 1)]).await.is_err());
     h.at(t("2026-03-29T22:00:00Z"));
@@ -513,20 +546,40 @@ async fn calendar_reset_across_dst() {
 #[tokio::test]
 async fn request_counts() {
     let h = harness(T0);
-    entity_limits(&h, "e", "api", &[Limit::per_minute("rpm", 3).unwrap(), Limit::per_minute("tpm", 1000).unwrap()]).await;
+    entity_limits(
+        &h,
+        "e",
+        "api",
+        &[
+            Limit::per_minute("rpm", 3).unwrap(),
+            Limit::per_minute("tpm", 1000).unwrap(),
+        ],
+    )
+    .await;
     h.lim.acquire("e", "api", &[("rpm", 1)]).await.unwrap(); // cold: config + read + create
     let s = h.stats();
-    h.lim.acquire("e", "api", &[("rpm", 1), ("tpm", 10)]).await.unwrap();
+    h.lim
+        .acquire("e", "api", &[("rpm", 1), ("tpm", 10)])
+        .await
+        .unwrap();
     let d = h.stats().since(&s);
     assert_eq!((d.writes(), d.reads()), (1, 0));
     h.lim.acquire("e", "api", &[("rpm", 1)]).await.unwrap();
     let s = h.stats();
     assert!(h.lim.acquire("e", "api", &[("rpm", 1)]).await.is_err());
     let d = h.stats().since(&s);
-    assert_eq!((d.writes(), d.reads()), (1, 0), "the failed conditional write decides");
+    assert_eq!(
+        (d.writes(), d.reads()),
+        (1, 0),
+        "the failed conditional write decides"
+    );
     let s = h.stats();
     let x = rejected(h.lim.acquire("e", "api", &[("rpm", 1)]).await);
-    assert_eq!(h.stats().since(&s).total(), 0, "decided locally from the rejection cache");
+    assert_eq!(
+        h.stats().since(&s).total(),
+        0,
+        "decided locally from the rejection cache"
+    );
     assert!(x.retry_after_ms.unwrap() > 0);
     assert_eq!(h.lim.stats().local_rejections, 1);
     // The cache never admits: after the refill, the request goes to the store.
@@ -542,15 +595,39 @@ async fn bad_input_is_refused() {
     let h = harness(T0);
     entity_limits(&h, "e", "api", &[Limit::per_minute("rpm", 3).unwrap()]).await;
     let s = h.stats();
-    assert!(matches!(h.lim.acquire("e", "api", &[("rpm", -1)]).await, Err(Error::Invalid(_))));
-    assert!(matches!(h.lim.acquire("e", "api", &[("rpm", i64::MAX)]).await, Err(Error::Invalid(_))));
-    assert!(matches!(h.lim.acquire("e#1", "api", &[("rpm", 1)]).await, Err(Error::Invalid(_))));
-    assert!(matches!(h.lim.acquire("e", "a pi", &[("rpm", 1)]).await, Err(Error::Invalid(_))));
-    assert!(matches!(h.lim.acquire("e", "api", &[("wcu", 1)]).await, Err(Error::Invalid(_))));
-    assert!(matches!(h.lim.acquire("e", "api", &[("rpm", 1), ("rpm", 1)]).await, Err(Error::Invalid(_))));
+    assert!(matches!(
+        h.lim.acquire("e", "api", &[("rpm", -1)]).await,
+        Err(Error::Invalid(_))
+    ));
+    assert!(matches!(
+        h.lim.acquire("e", "api", &[("rpm", i64::MAX)]).await,
+        Err(Error::Invalid(_))
+    ));
+    assert!(matches!(
+        h.lim.acquire("e#1", "api", &[("rpm", 1)]).await,
+        Err(Error::Invalid(_))
+    ));
+    assert!(matches!(
+        h.lim.acquire("e", "a pi", &[("rpm", 1)]).await,
+        Err(Error::Invalid(_))
+    ));
+    assert!(matches!(
+        h.lim.acquire("e", "api", &[("wcu", 1)]).await,
+        Err(Error::Invalid(_))
+    ));
+    assert!(matches!(
+        h.lim.acquire("e", "api", &[("rpm", 1), ("rpm", 1)]).await,
+        Err(Error::Invalid(_))
+    ));
     assert_eq!(h.stats().since(&s).writes(), 0);
-    assert!(matches!(h.lim.acquire("e", "api", &[("tpm", 1)]).await, Err(Error::UnknownLimit { .. })));
-    assert!(matches!(h.lim.acquire("e", "other", &[("rpm", 1)]).await, Err(Error::NoLimits { .. })));
+    assert!(matches!(
+        h.lim.acquire("e", "api", &[("tpm", 1)]).await,
+        Err(Error::UnknownLimit { .. })
+    ));
+    assert!(matches!(
+        h.lim.acquire("e", "other", &[("rpm", 1)]).await,
+        Err(Error::NoLimits { .. })
+    ));
     assert_eq!(h.stats().since(&s).writes(), 0);
 }
 
@@ -562,10 +639,17 @@ async fn corrupt_item_names_the_attribute() {
     h.lim.acquire("e", "llm", &[("session", 1)]).await.unwrap();
     let k = h.key("e", "llm", 0);
     let mut i = h.store.inner().raw_get(&k).unwrap();
-    i.insert("b_session_ws".into(), tollgate_core::value::Value::S("1.5".into()));
+    i.insert(
+        "b_session_ws".into(),
+        tollgate_core::value::Value::S("1.5".into()),
+    );
     i.insert("vu".into(), tollgate_core::value::Value::N(0));
     h.store.inner().raw_put(&k, i);
-    let e = h.lim.acquire("e", "llm", &[("session", 1)]).await.unwrap_err();
+    let e = h
+        .lim
+        .acquire("e", "llm", &[("session", 1)])
+        .await
+        .unwrap_err();
     assert!(matches!(e, Error::Corrupt(_)));
     assert!(e.to_string().contains("b_session_ws"), "{e}");
 }
@@ -575,9 +659,30 @@ async fn corrupt_item_names_the_attribute() {
 #[tokio::test]
 async fn limit_levels_and_param_sync() {
     let h = harness(T0);
-    h.lim.set_limits(&Scope::System, &[Limit::per_minute("rpm", 1).unwrap()], None).await.unwrap();
-    h.lim.set_limits(&Scope::Resource("api".into()), &[Limit::per_minute("rpm", 2).unwrap()], None).await.unwrap();
-    h.lim.set_limits(&Scope::Entity("e".into(), None), &[Limit::per_minute("rpm", 3).unwrap()], None).await.unwrap();
+    h.lim
+        .set_limits(
+            &Scope::System,
+            &[Limit::per_minute("rpm", 1).unwrap()],
+            None,
+        )
+        .await
+        .unwrap();
+    h.lim
+        .set_limits(
+            &Scope::Resource("api".into()),
+            &[Limit::per_minute("rpm", 2).unwrap()],
+            None,
+        )
+        .await
+        .unwrap();
+    h.lim
+        .set_limits(
+            &Scope::Entity("e".into(), None),
+            &[Limit::per_minute("rpm", 3).unwrap()],
+            None,
+        )
+        .await
+        .unwrap();
     let cap = |l: Vec<Limit>| l[0].capacity_milli() / 1000;
     assert_eq!(cap(h.lim.resolve_limits("e", "api").await.unwrap()), 3);
     assert_eq!(cap(h.lim.resolve_limits("f", "api").await.unwrap()), 2);
@@ -597,11 +702,29 @@ async fn limit_levels_and_param_sync() {
     h.lim.acquire("e", "api", &[("rpm", 1)]).await.unwrap();
     assert_eq!(h.n("e", "api", 0, "b_rpm_cp"), Some(10_000));
     // A limit added later is seeded full (the original rejected forever: §11 #1).
-    entity_limits(&h, "e", "api", &[Limit::per_minute("rpm", 10).unwrap(), Limit::per_minute("tpm", 1000).unwrap()]).await;
+    entity_limits(
+        &h,
+        "e",
+        "api",
+        &[
+            Limit::per_minute("rpm", 10).unwrap(),
+            Limit::per_minute("tpm", 1000).unwrap(),
+        ],
+    )
+    .await;
     h.at(T0 + 12_000);
-    h.lim.acquire("e", "api", &[("rpm", 1), ("tpm", 1)]).await.unwrap();
+    h.lim
+        .acquire("e", "api", &[("rpm", 1), ("tpm", 1)])
+        .await
+        .unwrap();
     assert_eq!(h.n("e", "api", 0, "b_tpm_tk"), Some(999_000));
-    let o = AcquireOptions { limits: Some(vec![Limit::per_minute("rpm", 1000).unwrap()]), on_unavailable: None };
-    h.lim.acquire_with("g", "api", &[("rpm", 100)], o).await.unwrap();
+    let o = AcquireOptions {
+        limits: Some(vec![Limit::per_minute("rpm", 1000).unwrap()]),
+        on_unavailable: None,
+    };
+    h.lim
+        .acquire_with("g", "api", &[("rpm", 100)], o)
+        .await
+        .unwrap();
     assert_eq!(h.n("g", "api", 0, "b_rpm_cp"), Some(1_000_000));
 }
