@@ -8,6 +8,7 @@ pub mod bucket;
 pub mod calendar;
 pub mod error;
 pub mod expr;
+pub mod grant;
 pub mod ids;
 pub mod keys;
 pub mod limit;

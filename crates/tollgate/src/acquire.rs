@@ -10,7 +10,7 @@ use tollgate_core::expr::{Condition, ReturnValues, Update};
 use tollgate_core::ids::{validate_entity_id, validate_limit_name, validate_resource};
 use tollgate_core::keys;
 use tollgate_core::limit::{Limit, MAX_TOKENS, MILLI};
-use tollgate_core::materialize::{evaluate, evaluate_wcu, valid_until, Evaluated, Seed};
+use tollgate_core::materialize::{evaluate, evaluate_wcu, valid_until, Evaluated};
 use tollgate_core::status::{limit_status, ShardView};
 use tollgate_core::value::Key;
 use tollgate_core::writes::{
@@ -18,7 +18,7 @@ use tollgate_core::writes::{
     retry_write, ttl_for, would_refill_satisfy, BucketIdentity, FastFailure, ItemStamp, TtlWrite,
 };
 use tollgate_core::{LimitStatus, RuleError};
-use tollgate_store::{PutRequest, StoreError, UpdateRequest};
+use tollgate_store::{CancelReason, PutRequest, StoreError, TransactOp, UpdateRequest};
 
 use crate::config::{OnUnavailable, Source};
 use crate::error::{Error, Exceeded, Result};
@@ -74,6 +74,9 @@ pub(crate) fn validate_amounts(amounts: &[(&str, i64)]) -> Result<Vec<(String, i
     }
     Ok(out)
 }
+
+/// The slot's own conditional write failed (rf lock lost, or the create race lost).
+struct LostLock;
 
 enum Fast {
     Granted(Lease),
@@ -536,32 +539,77 @@ impl Inner {
     }
 
     async fn slow_once(self: &Arc<Self>, req: &Request, shard: u32, key: &Key) -> Result<Lease> {
+        // ADR-145: a lost move re-plans once, then seeds with moves disabled.
+        let mut moves = true;
+        let mut replanned = false;
+        loop {
+            match self.slow_attempt(req, shard, key, moves).await {
+                Err(Error::MoveLost) if !replanned => replanned = true,
+                Err(Error::MoveLost) if moves => moves = false,
+                Err(Error::MoveLost) => {
+                    return Err(Error::Unavailable(StoreError::TransactionConflict))
+                }
+                r => return r,
+            }
+        }
+    }
+
+    async fn slow_attempt(
+        self: &Arc<Self>,
+        req: &Request,
+        shard: u32,
+        key: &Key,
+        moves: bool,
+    ) -> Result<Lease> {
         let now = self.clock.now_ms();
         let item = self.store.get(key, true).await?;
         let Some(item) = item else {
-            return self.create(req, shard, key, now).await;
+            return self.create(req, shard, key, now, moves).await;
         };
         let img = BucketImage::decode(&item)?;
-        let s = self
-            .shards
-            .get(&req.entity, &req.resource)
-            .unwrap_or(1)
-            .max(img.shard_count);
+        let cached = self.shards.get(&req.entity, &req.resource).unwrap_or(1);
+        let missing: Vec<&Limit> = req
+            .limits
+            .iter()
+            .filter(|l| !img.limits.contains_key(l.name()))
+            .collect();
+        let plan = if missing.is_empty() {
+            shards::SeedPlan::default()
+        } else {
+            shards::plan_seeds(
+                self,
+                req,
+                &missing,
+                shard,
+                cached.max(img.shard_count),
+                now,
+                moves,
+            )
+            .await?
+        };
+        let s = cached.max(img.shard_count).max(plan.shard_count);
         self.shards.raise(&req.entity, &req.resource, s);
-        let mut evals = Vec::with_capacity(req.limits.len());
-        for l in &req.limits {
-            let st = img.limits.get(l.name());
-            let seed = match st {
-                None => Some(self.plan_seed(req, l, shard, s, now).await?),
-                Some(_) => None,
-            };
-            evals.push(evaluate(l, st, img.rf, s, now, seed));
-        }
-        if let Some(x) = self.refuse(req, &evals, s, now) {
+        let evals: Vec<Evaluated> = req
+            .limits
+            .iter()
+            .map(|l| {
+                let st = img.limits.get(l.name());
+                evaluate(l, st, img.rf, s, now, plan.seed(l.name()))
+            })
+            .collect();
+        let refusal = self.refuse(req, &evals, s, now);
+        if let (Some(x), true) = (&refusal, plan.moves.is_empty()) {
             self.rejections
                 .record(&req.entity, &req.resource, shard, img, now);
-            return Err(Error::RateLimitExceeded(x));
+            return Err(Error::RateLimitExceeded(x.clone()));
         }
+        // A refused request whose seed planned a move still commits the move, with nothing
+        // consumed (the grant is the slot's either way).
+        let amounts: Vec<(String, i64)> = if refusal.is_some() {
+            Vec::new()
+        } else {
+            req.amounts.clone()
+        };
         let wcu = evaluate_wcu(img.wcu.as_ref(), img.rf, now);
         let stamp = ItemStamp {
             rf: next_rf(now, img.rf, &evals),
@@ -569,25 +617,66 @@ impl Inner {
             ttl: req.ttl,
             ph: &req.ph,
         };
-        let (update, condition) =
-            normal_write(img.rf, &stamp, &req.limits, &evals, &wcu, &req.amounts);
-        let r = self
-            .store
-            .update(UpdateRequest {
-                key: key.clone(),
-                update,
-                condition: Some(condition),
-                returns: ReturnValues::None,
-            })
-            .await;
-        match r {
-            Ok(_) => {
+        let (update, condition) = normal_write(img.rf, &stamp, &req.limits, &evals, &wcu, &amounts);
+        let write = UpdateRequest {
+            key: key.clone(),
+            update,
+            condition: Some(condition),
+            returns: ReturnValues::None,
+        };
+        let landed = if plan.moves.is_empty() {
+            match self.store.update(write).await {
+                Ok(_) => Ok(()),
+                Err(StoreError::ConditionFailed { .. }) => Err(LostLock),
+                Err(e) => return Err(e.into()),
+            }
+        } else {
+            let mut ops = vec![TransactOp::Update(write)];
+            ops.extend(shards::move_ops(self, req, &plan.moves));
+            self.transact(ops).await?
+        };
+        match (landed, refusal) {
+            (Ok(()), Some(x)) => Err(Error::RateLimitExceeded(x)),
+            (Ok(()), None) => {
                 Stats::bump(&self.stats.slow_admits);
                 self.rejections.forget(&req.entity, &req.resource, shard);
+                for m in &plan.moves {
+                    self.rejections.forget(&req.entity, &req.resource, m.shard);
+                }
                 self.after_materialise(req, shard, s, &evals).await;
                 Ok(self.lease(req, shard, key.clone(), &evals, s, now))
             }
-            Err(StoreError::ConditionFailed { .. }) => self.retry(req, shard, key, s, now).await,
+            (Err(LostLock), _) => self.retry(req, shard, key, s, now).await,
+        }
+    }
+
+    /// Commit a transaction whose first operation is the slot's own write. `Err(LostLock)`
+    /// when that write's condition failed (lost rf lock or create race); `MoveLost` when a
+    /// donor's condition failed.
+    async fn transact(&self, ops: Vec<TransactOp>) -> Result<std::result::Result<(), LostLock>> {
+        match self.store.transact_write(ops, None).await {
+            Ok(()) => Ok(Ok(())),
+            Err(StoreError::TransactionCanceled { reasons }) => {
+                let failed = |r: &CancelReason| matches!(r, CancelReason::ConditionFailed { .. });
+                if reasons.first().is_some_and(failed) {
+                    Ok(Err(LostLock))
+                } else if reasons.iter().skip(1).any(failed) {
+                    Err(Error::MoveLost)
+                } else if reasons
+                    .iter()
+                    .any(|r| matches!(r, CancelReason::TransactionConflict))
+                {
+                    Err(Error::Unavailable(StoreError::TransactionConflict))
+                } else if reasons.iter().any(|r| matches!(r, CancelReason::Throttled)) {
+                    Err(Error::Unavailable(StoreError::Throttled(
+                        "transaction".into(),
+                    )))
+                } else {
+                    Err(Error::Unavailable(StoreError::Validation(format!(
+                        "transaction cancelled: {reasons:?}"
+                    ))))
+                }
+            }
             Err(e) => Err(e.into()),
         }
     }
@@ -669,37 +758,50 @@ impl Inner {
         }
     }
 
-    /// Create a missing shard item (Put if absent). Losing the race falls back to the
-    /// consumption-only retry on the winner's item.
+    /// Create a missing shard item (Put if absent, in one transaction with the moves that
+    /// fund its quotas). Losing the race falls back to the consumption-only retry on the
+    /// winner's item.
     async fn create(
         self: &Arc<Self>,
         req: &Request,
         shard: u32,
         key: &Key,
         now: i64,
+        moves: bool,
     ) -> Result<Lease> {
         let cached = self.shards.get(&req.entity, &req.resource).unwrap_or(1);
-        let s = if shard == 0 {
-            cached
-        } else {
-            cached
-                .max(self.shard0_count(req).await?)
-                .max(shard as i64 + 1)
-        };
-        let mut evals = Vec::with_capacity(req.limits.len());
-        for l in &req.limits {
-            let seed = self.plan_seed(req, l, shard, s, now).await?;
-            evals.push(evaluate(l, None, now, s, now, Some(seed)));
+        let all: Vec<&Limit> = req.limits.iter().collect();
+        let plan = shards::plan_seeds(
+            self,
+            req,
+            &all,
+            shard,
+            cached.max(shard as i64 + 1),
+            now,
+            moves,
+        )
+        .await?;
+        let s = plan.shard_count;
+        let evals: Vec<Evaluated> = req
+            .limits
+            .iter()
+            .map(|l| evaluate(l, None, now, s, now, plan.seed(l.name())))
+            .collect();
+        let refusal = self.refuse(req, &evals, s, now);
+        if let (Some(x), true) = (&refusal, plan.moves.is_empty()) {
+            return Err(Error::RateLimitExceeded(x.clone()));
         }
+        let amounts: Vec<(String, i64)> = if refusal.is_some() {
+            Vec::new()
+        } else {
+            req.amounts.clone()
+        };
         let stamp = ItemStamp {
             rf: next_rf(now, now, &evals),
             vu: valid_until(&req.limits, &evals, now),
             ttl: req.ttl,
             ph: &req.ph,
         };
-        if let Some(x) = self.refuse(req, &evals, s, now) {
-            return Err(Error::RateLimitExceeded(x));
-        }
         let id = BucketIdentity {
             ns: self.ns(),
             entity: &req.entity,
@@ -707,47 +809,38 @@ impl Inner {
             shard,
             shard_count: s,
         };
-        let item = create_item(&id, &stamp, &req.limits, &evals, &req.amounts);
-        let r = self
-            .store
-            .put(PutRequest {
-                key: key.clone(),
-                item,
-                condition: Some(Condition::not_exists("PK")),
-            })
-            .await;
-        match r {
-            Ok(()) => {
+        let put = PutRequest {
+            key: key.clone(),
+            item: create_item(&id, &stamp, &req.limits, &evals, &amounts),
+            condition: Some(Condition::not_exists("PK")),
+        };
+        let landed = if plan.moves.is_empty() {
+            match self.store.put(put).await {
+                Ok(()) => Ok(()),
+                Err(StoreError::ConditionFailed { .. }) => Err(LostLock),
+                Err(e) => return Err(e.into()),
+            }
+        } else {
+            let mut ops = vec![TransactOp::Put(put)];
+            ops.extend(shards::move_ops(self, req, &plan.moves));
+            self.transact(ops).await?
+        };
+        match (landed, refusal) {
+            (Ok(()), Some(x)) => {
+                self.shards.raise(&req.entity, &req.resource, s);
+                Err(Error::RateLimitExceeded(x))
+            }
+            (Ok(()), None) => {
                 Stats::bump(&self.stats.slow_admits);
                 self.shards.raise(&req.entity, &req.resource, s);
+                for m in &plan.moves {
+                    self.rejections.forget(&req.entity, &req.resource, m.shard);
+                }
                 self.after_materialise(req, shard, s, &evals).await;
                 Ok(self.lease(req, shard, key.clone(), &evals, s, now))
             }
-            Err(StoreError::ConditionFailed { .. }) => self.retry(req, shard, key, s, now).await,
-            Err(e) => Err(e.into()),
+            (Err(LostLock), _) => self.retry(req, shard, key, s, now).await,
         }
-    }
-
-    /// Shard 0's stored count (strongly consistent), 1 if it has no item.
-    async fn shard0_count(&self, req: &Request) -> Result<i64> {
-        let k = self.bucket_key(req, 0);
-        Ok(match self.store.get(&k, true).await? {
-            Some(i) => BucketImage::decode(&i)?.shard_count,
-            None => 1,
-        })
-    }
-
-    /// How a limit absent from a shard's item is seeded: a full share (sharded quotas and
-    /// windows are planned by the sharding rules).
-    async fn plan_seed(
-        &self,
-        req: &Request,
-        l: &Limit,
-        shard: u32,
-        s: i64,
-        now: i64,
-    ) -> Result<Seed> {
-        shards::plan_seed(self, req, l, shard, s, now).await
     }
 
     /// Work that follows a landed materialising write: propagate opened windows.

@@ -109,6 +109,10 @@ pub enum Error {
     /// A stored item could not be decoded.
     #[error("corrupt stored data: {0}")]
     Corrupt(String),
+    /// Internal: a planned quota move lost its donor race (re-planned by the caller).
+    #[doc(hidden)]
+    #[error("quota move lost its race")]
+    MoveLost,
     /// The store could not be used (and `on_unavailable` is `block`).
     #[error("rate limiter unavailable: {0}")]
     Unavailable(StoreError),

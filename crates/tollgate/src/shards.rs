@@ -2,13 +2,17 @@
 //! live window, quota grants) and the rollover fan-out of an opened window (ADR-139/140).
 
 use tollgate_core::bucket::{BucketImage, WCU_CAPACITY};
-use tollgate_core::expr::{ReturnValues, SetValue, Update};
+use tollgate_core::expr::{Condition, ReturnValues, SetValue, Update};
+use tollgate_core::grant::{
+    donor_condition, plan_quota_grant, quota_grant_is_current, Grant, Sibling,
+};
 use tollgate_core::keys::battr;
 use tollgate_core::limit::{Limit, Refill};
 use tollgate_core::materialize::{share, Evaluated, Seed};
+use tollgate_core::mutants::{self, Mutant};
 use tollgate_core::value::Value;
 use tollgate_core::window;
-use tollgate_store::UpdateRequest;
+use tollgate_store::{TransactOp, UpdateRequest};
 
 use crate::acquire::Request;
 use crate::error::Result;
@@ -20,61 +24,181 @@ pub fn should_double(projected_wcu: i64, shard_count: i64) -> bool {
     shard_count < tollgate_core::bucket::MAX_SHARD_COUNT && projected_wcu * 5 < WCU_CAPACITY
 }
 
-/// How to seed limit `l` on `shard` of `s` shards.
+/// A donor debit planned with a seed (ADR-145 move): committed in the same transaction
+/// as the write that creates or seeds the slot.
+#[derive(Debug, Clone)]
+pub(crate) struct Move {
+    /// Donor shard.
+    pub shard: u32,
+    /// Quota name.
+    pub limit: String,
+    /// Millitokens moved.
+    pub amount: i64,
+    /// The donor's condition (same generation, same period, still holds the amount).
+    pub condition: Condition,
+}
+
+/// How the limits missing on one shard are seeded, with the moves that fund them.
+#[derive(Debug, Clone, Default)]
+pub(crate) struct SeedPlan {
+    /// Seed per limit name.
+    pub seeds: Vec<(String, Seed)>,
+    /// Donor debits.
+    pub moves: Vec<Move>,
+    /// The shard count the plan was sized at.
+    pub shard_count: i64,
+}
+
+impl SeedPlan {
+    pub(crate) fn seed(&self, name: &str) -> Option<Seed> {
+        self.seeds.iter().find(|(n, _)| n == name).map(|(_, s)| *s)
+    }
+}
+
+/// Plan how to seed `missing` limits on `shard`, caller's count `s_caller`.
 ///
-/// - dripping limits: a full share;
-/// - a window on shard 0, or where shard 0 has no live window: open a fresh share now (the
-///   opener then fans the start out);
-/// - a window on shard > 0 while shard 0's window is live: join it (ADR-139: a strongly
-///   consistent read, since a stale pre-roll start looks ended and would mint a share);
-/// - quotas on a shard > 0 are funded by a move from a covering sibling (ADR-145); without
-///   a planned move this build grants nothing rather than mint a share.
-pub(crate) async fn plan_seed(
+/// - dripping limits: a full share, and no sibling read (a drip-only create reads nothing);
+/// - quotas on an unsharded entity: a fresh share (windows open at now);
+/// - quotas with siblings (ADR-145): read the siblings strongly consistently, size at the
+///   largest count seen, and move the grant from the covering current sibling; a slot no
+///   current sibling covers gets a fresh share;
+/// - windows (ADR-139/140): a shard joins shard 0's live window; it opens its own only when
+///   shard 0's window has ended or it has none.
+///
+/// With `moves` off (a second lost move), quotas covered by a sibling get nothing.
+pub(crate) async fn plan_seeds(
     inner: &Inner,
     req: &Request,
-    l: &Limit,
+    missing: &[&Limit],
+    shard: u32,
+    s_caller: i64,
+    now: i64,
+    moves: bool,
+) -> Result<SeedPlan> {
+    let mut plan = SeedPlan {
+        shard_count: s_caller.max(1),
+        ..SeedPlan::default()
+    };
+    let quotas: Vec<&Limit> = missing.iter().copied().filter(|l| l.is_quota()).collect();
+    let sharded = shard > 0 || s_caller > 1;
+    let mut images: Vec<(u32, BucketImage)> = Vec::new();
+    if !quotas.is_empty() && sharded {
+        images = read_siblings(inner, req, shard, s_caller).await?;
+        let seen = images.iter().map(|(_, i)| i.shard_count).max().unwrap_or(1);
+        if seen > s_caller {
+            images = read_siblings(inner, req, shard, seen).await?;
+        }
+        plan.shard_count = s_caller.max(seen).max(shard as i64 + 1);
+    }
+    let s = plan.shard_count;
+    for l in missing {
+        let part = share(l.capacity_milli(), s);
+        if !l.is_quota() || !sharded {
+            plan.seeds.push((
+                l.name().into(),
+                Seed {
+                    balance: part,
+                    join_ws: None,
+                },
+            ));
+            continue;
+        }
+        let join_ws = match l.refill() {
+            Refill::Window { reset_after_s } => images
+                .iter()
+                .find(|(i, _)| *i == 0)
+                .and_then(|(_, img)| img.limits.get(l.name()))
+                .and_then(|st| st.ws)
+                .filter(|ws| !window::ended(*ws, reset_after_s * 1000, now)),
+            _ => None,
+        };
+        let siblings: Vec<Sibling> = images
+            .iter()
+            .filter_map(|(i, img)| {
+                let st = img.limits.get(l.name())?;
+                Some(Sibling {
+                    shard: *i,
+                    tk: st.tk,
+                    gc: st.gc.filter(|g| *g >= 1).unwrap_or(img.shard_count),
+                    current: quota_grant_is_current(l, st, img.rf, now),
+                })
+            })
+            .collect();
+        let grant = if mutants::off(Mutant::GrantMove) {
+            Grant {
+                donor: None,
+                tokens: part,
+            }
+        } else {
+            plan_quota_grant(&siblings, shard, part)
+        };
+        let tokens = match grant.donor {
+            None => grant.tokens,
+            Some(_) if !moves => 0,
+            Some((d, gc)) => {
+                if grant.tokens > 0 {
+                    if let Some((_, img)) = images.iter().find(|(i, _)| *i == d) {
+                        if let Some(st) = img.limits.get(l.name()) {
+                            plan.moves.push(Move {
+                                shard: d,
+                                limit: l.name().into(),
+                                amount: grant.tokens,
+                                condition: donor_condition(l, grant.tokens, gc, st, img.rf, now),
+                            });
+                        }
+                    }
+                }
+                grant.tokens
+            }
+        };
+        plan.seeds.push((
+            l.name().into(),
+            Seed {
+                balance: tokens,
+                join_ws,
+            },
+        ));
+    }
+    Ok(plan)
+}
+
+/// The other shards' items, read strongly consistently (a stale image would look like an
+/// ended window or an unspent grant and mint allowance: ADR-139 W9, ADR-145).
+async fn read_siblings(
+    inner: &Inner,
+    req: &Request,
     shard: u32,
     s: i64,
-    now: i64,
-) -> Result<Seed> {
-    let part = share(l.capacity_milli(), s);
-    match l.refill() {
-        Refill::Drip { .. } => Ok(Seed {
-            balance: part,
-            join_ws: None,
-        }),
-        _ if shard == 0 || s <= 1 => Ok(Seed {
-            balance: part,
-            join_ws: None,
-        }),
-        Refill::Window { reset_after_s } => {
-            let k = inner.bucket_key(req, 0);
-            let consistent = !tollgate_core::mutants::off(
-                tollgate_core::mutants::Mutant::ConsistentSiblingRead,
-            );
-            let ws0 = match inner.store.get(&k, consistent).await? {
-                Some(i) => BucketImage::decode(&i)?
-                    .limits
-                    .get(l.name())
-                    .and_then(|st| st.ws),
-                None => None,
-            };
-            match ws0 {
-                Some(ws) if !window::ended(ws, reset_after_s * 1000, now) => Ok(Seed {
-                    balance: 0,
-                    join_ws: Some(ws),
-                }),
-                _ => Ok(Seed {
-                    balance: 0,
-                    join_ws: None,
-                }),
-            }
-        }
-        Refill::Calendar(_) => Ok(Seed {
-            balance: 0,
-            join_ws: None,
-        }),
+) -> Result<Vec<(u32, BucketImage)>> {
+    let ids: Vec<u32> = (0..s as u32).filter(|i| *i != shard).collect();
+    if ids.is_empty() {
+        return Ok(Vec::new());
     }
+    let keys: Vec<_> = ids.iter().map(|i| inner.bucket_key(req, *i)).collect();
+    let consistent = !mutants::off(Mutant::ConsistentSiblingRead);
+    let items = inner.store.batch_get(&keys, consistent).await?;
+    let mut out = Vec::new();
+    for (i, item) in ids.into_iter().zip(items) {
+        if let Some(item) = item {
+            out.push((i, BucketImage::decode(&item)?));
+        }
+    }
+    Ok(out)
+}
+
+/// Donor debits as transaction operations.
+pub(crate) fn move_ops(inner: &Inner, req: &Request, moves: &[Move]) -> Vec<TransactOp> {
+    moves
+        .iter()
+        .map(|m| {
+            TransactOp::Update(UpdateRequest {
+                key: inner.bucket_key(req, m.shard),
+                update: Update::new().add(battr(&m.limit, "tk"), -m.amount),
+                condition: Some(m.condition.clone()),
+                returns: ReturnValues::None,
+            })
+        })
+        .collect()
 }
 
 /// ADR-139/140 rollover fan-out: after a landed write that opened a window on one shard,

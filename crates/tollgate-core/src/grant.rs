@@ -1,0 +1,234 @@
+//! ADR-145: a sharded quota conserves its allowance. A new or seeded quota shard is funded
+//! by a move from a covering sibling, not minted.
+
+use crate::bucket::LimitState;
+use crate::expr::Condition;
+use crate::keys::battr;
+use crate::limit::{Limit, Refill};
+use crate::window;
+
+/// A sibling shard's quota state, as read (strongly consistently).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Sibling {
+    /// Shard index.
+    pub shard: u32,
+    /// Its balance.
+    pub tk: i64,
+    /// Its grant count (`gc`; the item's shard count where absent).
+    pub gc: i64,
+    /// Whether its grant is for the current period or window.
+    pub current: bool,
+}
+
+/// The plan for funding one slot.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Grant {
+    /// The donor shard and its `gc`, when a sibling covers the slot.
+    pub donor: Option<(u32, i64)>,
+    /// Millitokens the new slot starts with.
+    pub tokens: i64,
+}
+
+/// Rule "quota grants and moves" (ADR-145): a current sibling `i` covers slot `j` iff
+/// `j % gc_i == i % gc_i`; the covering sibling with the largest `gc` (closest ancestor,
+/// ties to the lowest id) donates `min(share, max(0, tk))`; with no covering sibling the
+/// slot gets a fresh share.
+pub fn plan_quota_grant(siblings: &[Sibling], slot: u32, share: i64) -> Grant {
+    let donor = siblings
+        .iter()
+        .filter(|s| s.shard != slot && s.current && s.gc >= 1)
+        .filter(|s| slot as i64 % s.gc == s.shard as i64 % s.gc)
+        .max_by(|a, b| a.gc.cmp(&b.gc).then(b.shard.cmp(&a.shard)));
+    match donor {
+        None => Grant {
+            donor: None,
+            tokens: share,
+        },
+        Some(d) => Grant {
+            donor: Some((d.shard, d.gc)),
+            tokens: share.min(d.tk.max(0)),
+        },
+    }
+}
+
+/// Whether a shard's grant of `limit` belongs to the current period: a live window that
+/// this shard has applied (`ws <= wa`, or `ws <= rf` unmarked), or a calendar quota reset
+/// since the latest edge (`edge <= rf`, or no edge in reach).
+pub fn quota_grant_is_current(limit: &Limit, st: &LimitState, rf: i64, now: i64) -> bool {
+    match limit.refill() {
+        Refill::Window { reset_after_s } => match st.ws {
+            Some(ws) => !window::ended(ws, reset_after_s * 1000, now) && ws <= st.wa.unwrap_or(rf),
+            None => false,
+        },
+        Refill::Calendar(c) => c.prev_edge(now).is_none_or(|edge| edge <= rf),
+        Refill::Drip { .. } => false,
+    }
+}
+
+/// The donor's debit condition: it still exists, still holds the amount, is still in the
+/// same grant generation (`gc`) and the same period (calendar: `rf` at or after the edge;
+/// window: `wa` still the window start it was read with).
+pub fn donor_condition(
+    limit: &Limit,
+    amount: i64,
+    gc: i64,
+    st: &LimitState,
+    rf: i64,
+    now: i64,
+) -> Condition {
+    let n = limit.name();
+    let mut c = Condition::exists("PK")
+        .and(Condition::ge(battr(n, "tk"), amount))
+        .and(Condition::eq(battr(n, "gc"), gc));
+    match limit.refill() {
+        Refill::Calendar(cal) => {
+            if let Some(edge) = cal.prev_edge(now) {
+                c = c.and(Condition::ge("rf", edge));
+            }
+        }
+        Refill::Window { .. } => {
+            c = match st.wa {
+                Some(wa) => c.and(Condition::eq(battr(n, "wa"), wa)),
+                None => c.and(Condition::eq("rf", rf)),
+            };
+        }
+        Refill::Drip { .. } => {}
+    }
+    c
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const C: i64 = 1_000_000;
+
+    fn sib(shard: u32, tk: i64, gc: i64) -> Sibling {
+        Sibling {
+            shard,
+            tk,
+            gc,
+            current: true,
+        }
+    }
+
+    /// Scenarios 66–74 (Q16): the planner table.
+    #[test]
+    fn planner_table() {
+        let p = plan_quota_grant;
+        assert_eq!(
+            p(&[], 0, C),
+            Grant {
+                donor: None,
+                tokens: C
+            }
+        );
+        assert_eq!(
+            p(&[sib(0, C, 1)], 1, C / 2),
+            Grant {
+                donor: Some((0, 1)),
+                tokens: C / 2
+            }
+        );
+        assert_eq!(
+            p(&[sib(1, 0, 2), sib(0, C / 2, 2)], 3, C / 4),
+            Grant {
+                donor: Some((1, 2)),
+                tokens: 0
+            }
+        );
+        assert_eq!(
+            p(&[sib(0, C / 4, 4)], 3, C / 4),
+            Grant {
+                donor: None,
+                tokens: C / 4
+            }
+        );
+        let stale = Sibling {
+            current: false,
+            ..sib(1, C / 2, 2)
+        };
+        assert_eq!(p(&[stale], 3, C / 4).donor, None);
+        assert_eq!(
+            p(&[sib(0, C, 1), sib(1, C / 2, 2)], 3, C / 4).donor,
+            Some((1, 2))
+        );
+        assert_eq!(
+            p(&[sib(0, C, 1)], 5, C / 8),
+            Grant {
+                donor: Some((0, 1)),
+                tokens: C / 8
+            }
+        );
+        assert_eq!(
+            p(&[sib(3, C / 4, 2), sib(1, C / 4, 2)], 5, C / 8).donor,
+            Some((1, 2))
+        );
+        assert_eq!(
+            p(&[sib(0, -5000, 1)], 1, C / 2),
+            Grant {
+                donor: Some((0, 1)),
+                tokens: 0
+            }
+        );
+    }
+
+    /// Scenario 75: quota_grant_is_current.
+    #[test]
+    fn grant_currency() {
+        let w = 1_757_000_000_000;
+        let session =
+            Limit::quota_after("session", 10, std::time::Duration::from_secs(18_000)).unwrap();
+        let st = |ws: Option<i64>, wa: Option<i64>| LimitState {
+            ws,
+            wa,
+            rsa: Some(18_000),
+            ..Default::default()
+        };
+        assert!(quota_grant_is_current(
+            &session,
+            &st(Some(w), None),
+            w,
+            w + 1000
+        ));
+        assert!(!quota_grant_is_current(
+            &session,
+            &st(Some(w), None),
+            w - 1,
+            w + 1000
+        ));
+        assert!(!quota_grant_is_current(
+            &session,
+            &st(None, None),
+            w,
+            w + 1000
+        ));
+        assert!(quota_grant_is_current(
+            &session,
+            &st(Some(w), Some(w)),
+            0,
+            w + 1000
+        ));
+        assert!(!quota_grant_is_current(
+            &session,
+            &st(Some(w), Some(w - 1)),
+            0,
+            w + 1000
+        ));
+        assert!(!quota_grant_is_current(
+            &session,
+            &st(Some(w), Some(w)),
+            w,
+            w + 18_000_000
+        ));
+        let daily = Limit::quota_calendar("d", 10, "0 0 * * *", "UTC").unwrap();
+        let m = 1_764_547_200_000; // a midnight
+        let d = LimitState::default();
+        assert!(quota_grant_is_current(&daily, &d, m, m + 5000));
+        assert!(!quota_grant_is_current(&daily, &d, m - 1, m + 5000));
+        // 29 February: the last edge can be years back; a grant taken after it is current.
+        let leap = Limit::quota_calendar("l", 10, "0 0 29 2 *", "UTC").unwrap();
+        let mid_2027 = 1_813_000_000_000;
+        assert!(quota_grant_is_current(&leap, &d, mid_2027 - 1000, mid_2027));
+    }
+}
