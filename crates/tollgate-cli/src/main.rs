@@ -1,5 +1,627 @@
-//! The `tollgate` binary.
+//! The `tollgate` binary: run the HTTP server, and operate a limiter from the shell.
+//!
+//! Exit codes: 0 ok, 1 other failure, 2 bad input (clap usage errors too), 3 rejected by a
+//! limit, 4 store unavailable or store error.
 
-fn main() {
-    println!("tollgate {}", env!("CARGO_PKG_VERSION"));
+mod bench;
+mod demo;
+mod fail;
+mod spec;
+mod store;
+
+use std::collections::BTreeMap;
+use std::io::Write;
+use std::process::ExitCode;
+use std::time::Duration;
+
+use clap::{Args, Parser, Subcommand};
+use serde_json::json;
+use tollgate::{Availability, Limit, LimitSpec, LimitStatus, Limiter, OnUnavailable, Scope};
+
+use crate::fail::Failure;
+use crate::store::StoreSpec;
+
+const LIMIT_SYNTAX: &str = "\
+LIMIT SYNTAX
+  NAME:rate=AMOUNT/PERIOD[,burst=TOKENS]     rate limit (token bucket; burst = capacity,
+                                             default AMOUNT)
+  NAME:quota=TOKENS,cron=\"EXPR\"[,tz=ZONE]    quota reset on a calendar (5-field cron,
+                                             IANA zone, default UTC)
+  NAME:quota=TOKENS,after=DURATION           quota whose window opens at first use
+  PERIOD is s|sec|second|min|minute|h|hour|d|day or a DURATION;
+  DURATION is whole numbers with units ms, s, m, h, d: 500ms, 90s, 5h, 1h30m.
+
+EXAMPLES
+  tollgate limits set --resource gpt-4 rpm:rate=60/min tpm:rate=100000/min,burst=200000
+  tollgate limits set --entity user-1 --for-resource gpt-4 'rpd:quota=1000,cron=\"0 0 * * *\",tz=Europe/Berlin'
+  tollgate limits set --system session:quota=10,after=5h";
+
+const EXIT_CODES: &str = "\
+EXIT CODES
+  0 ok   1 other failure   2 bad input   3 rejected (rate limited)   4 store unavailable";
+
+/// tollgate: a distributed rate limiter and quota engine.
+#[derive(Debug, Parser)]
+#[command(name = "tollgate", version, about, after_help = EXIT_CODES)]
+struct Cli {
+    /// Print JSON (one document on stdout) instead of readable text.
+    #[arg(long, global = true)]
+    json: bool,
+    #[command(subcommand)]
+    cmd: Cmd,
+}
+
+/// Which store to use.
+#[derive(Debug, Clone, Args)]
+struct StoreArgs {
+    /// memory | sqlite:PATH | dynamodb:TABLE
+    #[arg(long, env = "TOLLGATE_STORE", default_value = "sqlite:./tollgate.db")]
+    store: StoreSpec,
+    /// DynamoDB endpoint URL (DynamoDB Local, a VPC endpoint).
+    #[arg(long, env = "TOLLGATE_ENDPOINT")]
+    endpoint: Option<String>,
+    /// Key namespace inside the store.
+    #[arg(long, env = "TOLLGATE_NAMESPACE", default_value = "default")]
+    namespace: String,
+}
+
+impl StoreArgs {
+    async fn limiter(&self) -> Result<Limiter, Failure> {
+        let store = store::open(&self.store, self.endpoint.as_deref()).await?;
+        Ok(Limiter::builder(store).namespace(&self.namespace).build()?)
+    }
+}
+
+#[derive(Debug, Subcommand)]
+enum Cmd {
+    /// Run the HTTP server (JSON API, 429 + Retry-After + RateLimit headers, /metrics).
+    Serve {
+        #[command(flatten)]
+        store: StoreArgs,
+        /// Address to listen on (port 0 picks a free port; the address is printed).
+        #[arg(long, env = "TOLLGATE_LISTEN", default_value = "127.0.0.1:8080")]
+        listen: String,
+        /// How long an open lease is held; at expiry it is committed (debit stands,
+        /// adjustments written).
+        #[arg(long, default_value = "300s", value_parser = spec::parse_duration)]
+        lease_ttl: Duration,
+    },
+    /// Acquire amounts now (the lease is committed at once). Exit 3 when rejected.
+    Acquire {
+        /// Entity id.
+        entity: String,
+        /// Resource name.
+        resource: String,
+        /// Amounts as NAME=TOKENS (e.g. rpm=1 tpm=500).
+        #[arg(value_parser = spec::parse_amount, required = true)]
+        amounts: Vec<(String, i64)>,
+        #[command(flatten)]
+        store: StoreArgs,
+    },
+    /// Show availability (no write); with amounts, whether they would be admitted.
+    Check {
+        /// Entity id.
+        entity: String,
+        /// Resource name.
+        resource: String,
+        /// Amounts as NAME=TOKENS.
+        #[arg(value_parser = spec::parse_amount)]
+        amounts: Vec<(String, i64)>,
+        #[command(flatten)]
+        store: StoreArgs,
+    },
+    /// Set, show or delete stored limits (system, resource or entity level).
+    #[command(after_help = LIMIT_SYNTAX)]
+    Limits {
+        #[command(subcommand)]
+        cmd: LimitsCmd,
+    },
+    /// Create, show or delete entities.
+    Entity {
+        #[command(subcommand)]
+        cmd: EntityCmd,
+    },
+    /// DynamoDB table administration.
+    Table {
+        #[command(subcommand)]
+        cmd: TableCmd,
+    },
+    /// A self-contained demo: a server over a temporary SQLite file, limits, requests until
+    /// a 429, a lease adjusted and committed.
+    Demo,
+    /// Load-generate acquires against a running server (loopback only) and report
+    /// requests/s and latency percentiles.
+    BenchHttp(bench::BenchArgs),
+}
+
+/// The level limits are stored at.
+#[derive(Debug, Clone, Args)]
+#[group(required = true, multiple = false, id = "level")]
+struct Level {
+    /// System defaults.
+    #[arg(long)]
+    system: bool,
+    /// A resource's defaults.
+    #[arg(long, value_name = "R")]
+    resource: Option<String>,
+    /// An entity's limits (its default for every resource, or with --for-resource).
+    #[arg(long, value_name = "E")]
+    entity: Option<String>,
+}
+
+#[derive(Debug, Clone, Args)]
+struct ScopeArgs {
+    #[command(flatten)]
+    level: Level,
+    /// With --entity: the limits for this one resource.
+    #[arg(long, value_name = "R", requires = "entity", conflicts_with_all = ["system", "resource"])]
+    for_resource: Option<String>,
+}
+
+impl ScopeArgs {
+    fn scope(&self) -> Scope {
+        match (&self.level.resource, &self.level.entity) {
+            (Some(r), _) => Scope::Resource(r.clone()),
+            (None, Some(e)) => Scope::Entity(e.clone(), self.for_resource.clone()),
+            (None, None) => Scope::System,
+        }
+    }
+}
+
+#[derive(Debug, Subcommand)]
+enum LimitsCmd {
+    /// Store limits at a level (replacing what was there).
+    #[command(after_help = LIMIT_SYNTAX)]
+    Set {
+        #[command(flatten)]
+        scope: ScopeArgs,
+        /// Limits (see LIMIT SYNTAX below).
+        #[arg(value_parser = spec::parse_limit, required = true, value_name = "LIMIT")]
+        limits: Vec<Limit>,
+        /// System level only: admit (allow) or refuse (block) when the store is down.
+        #[arg(long, value_parser = ["block", "allow"])]
+        on_unavailable: Option<String>,
+        #[command(flatten)]
+        store: StoreArgs,
+    },
+    /// Show the limits stored at a level.
+    Get {
+        #[command(flatten)]
+        scope: ScopeArgs,
+        #[command(flatten)]
+        store: StoreArgs,
+    },
+    /// Delete the limits stored at a level.
+    Delete {
+        #[command(flatten)]
+        scope: ScopeArgs,
+        #[command(flatten)]
+        store: StoreArgs,
+    },
+}
+
+#[derive(Debug, Subcommand)]
+enum EntityCmd {
+    /// Create an entity (exit 1 if it exists).
+    Create {
+        /// Entity id.
+        id: String,
+        /// Display name.
+        #[arg(long)]
+        name: Option<String>,
+        /// Parent entity id.
+        #[arg(long)]
+        parent: Option<String>,
+        /// Metadata as KEY=VALUE (repeatable).
+        #[arg(long = "meta", value_parser = parse_kv)]
+        metadata: Vec<(String, String)>,
+        #[command(flatten)]
+        store: StoreArgs,
+    },
+    /// Show an entity (exit 1 if absent).
+    Get {
+        /// Entity id.
+        id: String,
+        #[command(flatten)]
+        store: StoreArgs,
+    },
+    /// Delete an entity, its limits and its buckets (exit 1 if absent).
+    Delete {
+        /// Entity id.
+        id: String,
+        #[command(flatten)]
+        store: StoreArgs,
+    },
+}
+
+#[derive(Debug, Subcommand)]
+enum TableCmd {
+    /// Create the DynamoDB table (with its indexes and TTL) if it does not exist.
+    Create {
+        /// Table name.
+        #[arg(long)]
+        table: String,
+        /// Endpoint URL (e.g. DynamoDB Local).
+        #[arg(long, env = "TOLLGATE_ENDPOINT")]
+        endpoint: Option<String>,
+    },
+}
+
+fn parse_kv(s: &str) -> Result<(String, String), String> {
+    s.split_once('=')
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .ok_or_else(|| format!("{s:?}: expected KEY=VALUE"))
+}
+
+fn init_tracing(default: &str) {
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default));
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .try_init();
+}
+
+fn main() -> ExitCode {
+    let cli = match Cli::try_parse() {
+        Ok(c) => c,
+        Err(e) => {
+            let _ = e.print();
+            return ExitCode::from(if e.use_stderr() { fail::BAD_INPUT } else { fail::OK });
+        }
+    };
+    let is_serve = matches!(cli.cmd, Cmd::Serve { .. });
+    init_tracing(if is_serve { "info" } else { "warn" });
+    let rt = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("tollgate: cannot start the runtime: {e}");
+            return ExitCode::from(fail::OTHER);
+        }
+    };
+    let json = cli.json;
+    match rt.block_on(run(cli)) {
+        Ok(()) => ExitCode::from(fail::OK),
+        Err(f) => {
+            report_failure(&f, json);
+            ExitCode::from(f.exit_code())
+        }
+    }
+}
+
+fn report_failure(f: &Failure, json: bool) {
+    match (f, json) {
+        (Failure::Rejected(x), true) => print_json(&json!({
+            "admitted": false,
+            "error": "rate_limit_exceeded",
+            "message": x.to_string(),
+            "retry_after_ms": x.retry_after_ms,
+            "resets_at_ms": x.resets_at_ms,
+            "limits": x.statuses,
+        })),
+        (Failure::Rejected(x), false) => {
+            println!("rejected: {x}");
+            print_statuses(&x.statuses, now_ms());
+        }
+        (f, true) => print_json(&json!({ "error": f.code(), "message": f.to_string() })),
+        (f, false) => eprintln!("tollgate: {f}"),
+    }
+}
+
+fn print_json(v: &serde_json::Value) {
+    let mut out = std::io::stdout().lock();
+    let _ = serde_json::to_writer_pretty(&mut out, v);
+    let _ = writeln!(out);
+}
+
+fn now_ms() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_millis() as i64)
+        .unwrap_or(0)
+}
+
+fn fmt_in(ms: i64) -> String {
+    if ms < 1000 {
+        format!("{ms} ms")
+    } else {
+        format!("{:.1} s", ms as f64 / 1000.0)
+    }
+}
+
+/// Print a readable table of statuses.
+pub(crate) fn print_statuses(statuses: &[LimitStatus], now: i64) {
+    for s in statuses {
+        let mut line = format!(
+            "  {:<12} {:<5} available {:>10} / {:<10} requested {:<8}",
+            s.limit, s.kind, s.available, s.capacity, s.requested
+        );
+        if s.exceeded {
+            match s.retry_after_ms {
+                Some(ms) => line.push_str(&format!(" EXCEEDED, retry in {}", fmt_in(ms))),
+                None => line.push_str(" EXCEEDED, larger than the capacity"),
+            }
+        } else if let Some(at) = s.resets_at_ms {
+            line.push_str(&format!(" resets in {}", fmt_in((at - now).max(0))));
+        }
+        println!("{}", line.trim_end());
+    }
+}
+
+fn borrow(a: &[(String, i64)]) -> Vec<(&str, i64)> {
+    a.iter().map(|(n, v)| (n.as_str(), *v)).collect()
+}
+
+async fn shutdown_signal() {
+    let ctrl_c = async {
+        if let Err(e) = tokio::signal::ctrl_c().await {
+            tracing::warn!(error = %e, "cannot listen for Ctrl-C");
+            std::future::pending::<()>().await;
+        }
+    };
+    #[cfg(unix)]
+    let term = async {
+        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(mut s) => {
+                s.recv().await;
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, "cannot listen for SIGTERM");
+                std::future::pending::<()>().await;
+            }
+        }
+    };
+    #[cfg(not(unix))]
+    let term = std::future::pending::<()>();
+    tokio::select! {
+        _ = ctrl_c => {},
+        _ = term => {},
+    }
+    tracing::info!("shutting down");
+}
+
+async fn run(cli: Cli) -> Result<(), Failure> {
+    let json = cli.json;
+    match cli.cmd {
+        Cmd::Serve {
+            store,
+            listen,
+            lease_ttl,
+        } => {
+            if lease_ttl.is_zero() {
+                return Err(Failure::BadInput("--lease-ttl must be positive".into()));
+            }
+            let limiter = store.limiter().await?;
+            let listener = tokio::net::TcpListener::bind(&listen)
+                .await
+                .map_err(|e| Failure::BadInput(format!("cannot listen on {listen}: {e}")))?;
+            let addr = listener
+                .local_addr()
+                .map_err(|e| Failure::Other(e.into()))?;
+            let cfg = tollgate_server::ServerConfig {
+                lease_ttl,
+                ..Default::default()
+            };
+            if json {
+                print_json(&json!({ "listening": format!("http://{addr}"), "store": store.store.to_string() }));
+            } else {
+                println!("tollgate listening on http://{addr} (store {})", store.store);
+            }
+            let _ = std::io::stdout().flush();
+            tracing::info!(%addr, store = %store.store, "listening");
+            tollgate_server::serve_with(limiter, listener, cfg, shutdown_signal())
+                .await
+                .map_err(|e| Failure::Other(e.into()))
+        }
+        Cmd::Acquire {
+            entity,
+            resource,
+            amounts,
+            store,
+        } => {
+            let limiter = store.limiter().await?;
+            let mut lease = limiter
+                .acquire(&entity, &resource, &borrow(&amounts))
+                .await?;
+            let statuses = lease.statuses().to_vec();
+            let degraded = lease.is_degraded();
+            lease.commit().await?;
+            if json {
+                print_json(&json!({
+                    "admitted": true,
+                    "entity": entity,
+                    "resource": resource,
+                    "degraded": degraded,
+                    "statuses": statuses,
+                }));
+            } else {
+                println!(
+                    "admitted: {entity} / {resource}{}",
+                    if degraded { " (degraded: store unavailable)" } else { "" }
+                );
+                print_statuses(&statuses, limiter.now_ms());
+            }
+            Ok(())
+        }
+        Cmd::Check {
+            entity,
+            resource,
+            amounts,
+            store,
+        } => {
+            let limiter = store.limiter().await?;
+            let asked = borrow(&amounts);
+            let a = limiter
+                .check_availability(
+                    &entity,
+                    &resource,
+                    (!amounts.is_empty()).then_some(asked.as_slice()),
+                )
+                .await?;
+            print_availability(&a, json, limiter.now_ms());
+            Ok(())
+        }
+        Cmd::Limits { cmd } => limits(cmd, json).await,
+        Cmd::Entity { cmd } => entity(cmd, json).await,
+        Cmd::Table {
+            cmd: TableCmd::Create { table, endpoint },
+        } => {
+            store::create_table(&table, endpoint.as_deref()).await?;
+            if json {
+                print_json(&json!({ "table": table, "created": true }));
+            } else {
+                println!("table {table} is ready");
+            }
+            Ok(())
+        }
+        Cmd::Demo => demo::run(json).await,
+        Cmd::BenchHttp(args) => bench::run(args, json).await,
+    }
+}
+
+fn print_availability(a: &Availability, json: bool, now: i64) {
+    if json {
+        print_json(&serde_json::to_value(a).unwrap_or_default());
+        return;
+    }
+    println!(
+        "{} / {}: {}",
+        a.entity,
+        a.resource,
+        if a.allowed { "allowed" } else { "would be rejected" }
+    );
+    print_statuses(&a.limits, now);
+    if let Some(ms) = a.retry_after_ms {
+        println!("  retry in {}", fmt_in(ms));
+    }
+}
+
+fn scope_label(s: &Scope) -> String {
+    match s {
+        Scope::System => "system".into(),
+        Scope::Resource(r) => format!("resource {r}"),
+        Scope::Entity(e, None) => format!("entity {e} (default)"),
+        Scope::Entity(e, Some(r)) => format!("entity {e}, resource {r}"),
+    }
+}
+
+async fn limits(cmd: LimitsCmd, json: bool) -> Result<(), Failure> {
+    match cmd {
+        LimitsCmd::Set {
+            scope,
+            limits,
+            on_unavailable,
+            store,
+        } => {
+            let on: Option<OnUnavailable> = on_unavailable
+                .map(|s| s.parse().map_err(Failure::BadInput))
+                .transpose()?;
+            let scope = scope.scope();
+            let limiter = store.limiter().await?;
+            limiter.set_limits(&scope, &limits, on).await?;
+            print_limits(&scope, &limits, on, json, "set");
+            Ok(())
+        }
+        LimitsCmd::Get { scope, store } => {
+            let scope = scope.scope();
+            let limiter = store.limiter().await?;
+            let (limits, on) = limiter.get_limits(&scope).await?;
+            print_limits(&scope, &limits, on, json, "stored");
+            Ok(())
+        }
+        LimitsCmd::Delete { scope, store } => {
+            let scope = scope.scope();
+            let limiter = store.limiter().await?;
+            let deleted = limiter.delete_limits(&scope).await?;
+            if json {
+                print_json(&json!({ "scope": scope_label(&scope), "deleted": deleted }));
+            } else if deleted {
+                println!("deleted the limits of {}", scope_label(&scope));
+            } else {
+                println!("{} had no limits", scope_label(&scope));
+            }
+            Ok(())
+        }
+    }
+}
+
+fn print_limits(scope: &Scope, limits: &[Limit], on: Option<OnUnavailable>, json: bool, verb: &str) {
+    if json {
+        print_json(&json!({
+            "scope": scope_label(scope),
+            "limits": limits.iter().map(LimitSpec::from).collect::<Vec<_>>(),
+            "syntax": limits.iter().map(spec::format_limit).collect::<Vec<_>>(),
+            "on_unavailable": on,
+        }));
+        return;
+    }
+    if limits.is_empty() {
+        println!("{}: no limits {verb}", scope_label(scope));
+    } else {
+        println!("{}: {} limit(s) {verb}", scope_label(scope), limits.len());
+        for l in limits {
+            println!("  {}", spec::format_limit(l));
+        }
+    }
+    if let Some(o) = on {
+        println!("  on_unavailable={}", if o == OnUnavailable::Allow { "allow" } else { "block" });
+    }
+}
+
+async fn entity(cmd: EntityCmd, json: bool) -> Result<(), Failure> {
+    let show = |e: &tollgate::Entity| {
+        if json {
+            print_json(&serde_json::to_value(e).unwrap_or_default());
+        } else {
+            println!("entity {}", e.id);
+            println!("  name        {}", e.name);
+            if let Some(p) = &e.parent_id {
+                println!("  parent      {p}");
+            }
+            for (k, v) in &e.metadata {
+                println!("  meta        {k}={v}");
+            }
+            println!("  created_at  {} ms", e.created_at_ms);
+        }
+    };
+    match cmd {
+        EntityCmd::Create {
+            id,
+            name,
+            parent,
+            metadata,
+            store,
+        } => {
+            let limiter = store.limiter().await?;
+            let meta: BTreeMap<String, String> = metadata.into_iter().collect();
+            let e = limiter
+                .create_entity(&id, name.as_deref(), parent.as_deref(), meta)
+                .await?;
+            show(&e);
+            Ok(())
+        }
+        EntityCmd::Get { id, store } => {
+            let limiter = store.limiter().await?;
+            match limiter.get_entity(&id).await? {
+                Some(e) => {
+                    show(&e);
+                    Ok(())
+                }
+                None => Err(tollgate::Error::EntityNotFound(id).into()),
+            }
+        }
+        EntityCmd::Delete { id, store } => {
+            let limiter = store.limiter().await?;
+            let n = limiter.delete_entity(&id).await?;
+            if n == 0 {
+                return Err(tollgate::Error::EntityNotFound(id).into());
+            }
+            if json {
+                print_json(&json!({ "id": id, "deleted_items": n }));
+            } else {
+                println!("deleted entity {id} ({n} item(s))");
+            }
+            Ok(())
+        }
+    }
 }

@@ -1,0 +1,297 @@
+//! The command line's limit syntax, amounts and durations.
+//!
+//! ```text
+//! NAME:rate=AMOUNT/PERIOD[,burst=TOKENS]          a rate limit (token bucket)
+//! NAME:quota=TOKENS,cron="EXPR"[,tz=ZONE]         a quota reset on a calendar (default tz UTC)
+//! NAME:quota=TOKENS,after=DURATION                a quota whose window opens at first use
+//!
+//! PERIOD    s | sec | second | min | minute | h | hour | d | day, or a DURATION
+//! DURATION  whole numbers with units ms, s, m, h, d: 500ms, 90s, 5h, 1h30m
+//! ```
+//!
+//! Examples: `rpm:rate=60/min`, `tpm:rate=100000/min,burst=200000`,
+//! `rpd:quota=1000,cron="0 0 * * *",tz=Europe/Berlin`, `session:quota=10,after=5h`.
+//! `burst` is the bucket's capacity (default: the refill amount).
+
+use std::time::Duration;
+
+use tollgate::Limit;
+use tollgate_core::Refill;
+
+/// Parse a duration such as `500ms`, `90s`, `5h`, `1h30m`, `2d`.
+pub fn parse_duration(s: &str) -> Result<Duration, String> {
+    let s = s.trim();
+    if s.is_empty() {
+        return Err("empty duration".into());
+    }
+    let mut total_ms: u64 = 0;
+    let mut rest = s;
+    while !rest.is_empty() {
+        let digits = rest.chars().take_while(|c| c.is_ascii_digit()).count();
+        if digits == 0 {
+            return Err(format!("bad duration {s:?}: expected a number at {rest:?}"));
+        }
+        let n: u64 = rest[..digits]
+            .parse()
+            .map_err(|_| format!("bad duration {s:?}: number too large"))?;
+        rest = &rest[digits..];
+        let unit_len = rest
+            .chars()
+            .take_while(|c| c.is_ascii_alphabetic())
+            .count();
+        let unit = &rest[..unit_len];
+        rest = &rest[unit_len..];
+        let ms_per: u64 = match unit {
+            "ms" => 1,
+            "s" | "sec" => 1000,
+            "m" | "min" => 60_000,
+            "h" => 3_600_000,
+            "d" => 86_400_000,
+            "" => return Err(format!("bad duration {s:?}: a unit is needed (ms, s, m, h, d)")),
+            u => return Err(format!("bad duration {s:?}: unknown unit {u:?} (ms, s, m, h, d)")),
+        };
+        total_ms = n
+            .checked_mul(ms_per)
+            .and_then(|v| total_ms.checked_add(v))
+            .ok_or_else(|| format!("bad duration {s:?}: too long"))?;
+    }
+    Ok(Duration::from_millis(total_ms))
+}
+
+/// Format milliseconds as the shortest duration this syntax reads back (`1h30m`, `500ms`).
+pub fn format_duration_ms(ms: i64) -> String {
+    if ms <= 0 {
+        return "0s".into();
+    }
+    let mut out = String::new();
+    let mut left = ms;
+    for (unit, per) in [("d", 86_400_000), ("h", 3_600_000), ("m", 60_000), ("s", 1000), ("ms", 1)] {
+        if left >= per {
+            out.push_str(&format!("{}{unit}", left / per));
+            left %= per;
+        }
+    }
+    out
+}
+
+fn parse_period(p: &str) -> Result<Duration, String> {
+    match p {
+        "s" | "sec" | "second" => Ok(Duration::from_secs(1)),
+        "min" | "minute" => Ok(Duration::from_secs(60)),
+        "h" | "hour" => Ok(Duration::from_secs(3600)),
+        "d" | "day" => Ok(Duration::from_secs(86_400)),
+        other => parse_duration(other),
+    }
+}
+
+fn format_period(ms: i64) -> String {
+    match ms {
+        1000 => "s".into(),
+        60_000 => "min".into(),
+        3_600_000 => "h".into(),
+        86_400_000 => "d".into(),
+        ms => format_duration_ms(ms),
+    }
+}
+
+/// Split `k=v,k="v, with commas",…` on commas outside double quotes.
+fn split_params(s: &str) -> Result<Vec<(String, String)>, String> {
+    let mut parts = Vec::new();
+    let mut cur = String::new();
+    let mut quoted = false;
+    for c in s.chars() {
+        match c {
+            '"' => {
+                quoted = !quoted;
+                cur.push(c);
+            }
+            ',' if !quoted => parts.push(std::mem::take(&mut cur)),
+            c => cur.push(c),
+        }
+    }
+    if quoted {
+        return Err("unterminated double quote".into());
+    }
+    parts.push(cur);
+    parts
+        .into_iter()
+        .map(|p| {
+            let (k, v) = p
+                .split_once('=')
+                .ok_or_else(|| format!("expected KEY=VALUE, got {p:?}"))?;
+            let v = v.trim();
+            let v = v
+                .strip_prefix('"')
+                .and_then(|v| v.strip_suffix('"'))
+                .unwrap_or(v);
+            Ok((k.trim().to_string(), v.to_string()))
+        })
+        .collect()
+}
+
+fn tokens(key: &str, v: &str) -> Result<i64, String> {
+    v.parse::<i64>()
+        .map_err(|_| format!("{key}={v:?}: expected a whole number of tokens"))
+}
+
+/// Parse one limit (see the module docs).
+pub fn parse_limit(s: &str) -> Result<Limit, String> {
+    let (name, params) = s
+        .split_once(':')
+        .ok_or_else(|| format!("{s:?}: expected NAME:rate=… or NAME:quota=…"))?;
+    let params = split_params(params)?;
+    let mut rate = None;
+    let mut burst = None;
+    let mut quota = None;
+    let mut cron = None;
+    let mut tz = None;
+    let mut after = None;
+    for (k, v) in params {
+        let slot = match k.as_str() {
+            "rate" => &mut rate,
+            "burst" => &mut burst,
+            "quota" => &mut quota,
+            "cron" => &mut cron,
+            "tz" => &mut tz,
+            "after" => &mut after,
+            other => {
+                return Err(format!(
+                    "unknown key {other:?} (rate, burst, quota, cron, tz, after)"
+                ))
+            }
+        };
+        if slot.replace(v).is_some() {
+            return Err(format!("{k} given twice"));
+        }
+    }
+    let err = |e: tollgate_core::RuleError| e.to_string();
+    match (rate, quota) {
+        (Some(r), None) => {
+            if cron.is_some() || tz.is_some() || after.is_some() {
+                return Err("a rate limit takes only rate= and burst=".into());
+            }
+            let (amount, period) = r
+                .split_once('/')
+                .ok_or_else(|| format!("rate={r:?}: expected AMOUNT/PERIOD, e.g. 60/min"))?;
+            let amount = tokens("rate", amount)?;
+            let period = parse_period(period)?;
+            let capacity = match burst {
+                Some(b) => tokens("burst", &b)?,
+                None => amount,
+            };
+            Limit::rate(name, capacity, amount, period).map_err(err)
+        }
+        (None, Some(q)) => {
+            if burst.is_some() {
+                return Err("burst= belongs to rate limits".into());
+            }
+            let q = tokens("quota", &q)?;
+            match (cron, after) {
+                (Some(c), None) => {
+                    Limit::quota_calendar(name, q, &c, tz.as_deref().unwrap_or("UTC")).map_err(err)
+                }
+                (None, Some(a)) => {
+                    if tz.is_some() {
+                        return Err("tz= belongs to cron quotas".into());
+                    }
+                    Limit::quota_after(name, q, parse_duration(&a)?).map_err(err)
+                }
+                _ => Err("a quota takes exactly one of cron=\"…\" or after=DURATION".into()),
+            }
+        }
+        _ => Err(format!(
+            "{s:?}: give exactly one of rate=AMOUNT/PERIOD or quota=TOKENS"
+        )),
+    }
+}
+
+/// Format a limit in the syntax [`parse_limit`] reads.
+pub fn format_limit(l: &Limit) -> String {
+    let cap = l.capacity_milli() / tollgate_core::MILLI;
+    match l.refill() {
+        Refill::Drip { amount, period_ms } => {
+            let a = amount / tollgate_core::MILLI;
+            let mut s = format!("{}:rate={a}/{}", l.name(), format_period(*period_ms));
+            if cap != a {
+                s.push_str(&format!(",burst={cap}"));
+            }
+            s
+        }
+        Refill::Calendar(c) => format!(
+            "{}:quota={cap},cron=\"{}\",tz={}",
+            l.name(),
+            c.expr(),
+            c.tz()
+        ),
+        Refill::Window { reset_after_s } => format!(
+            "{}:quota={cap},after={}",
+            l.name(),
+            format_duration_ms(reset_after_s * 1000)
+        ),
+    }
+}
+
+/// Parse `NAME=TOKENS`.
+pub fn parse_amount(s: &str) -> Result<(String, i64), String> {
+    let (n, a) = s
+        .split_once('=')
+        .ok_or_else(|| format!("{s:?}: expected NAME=TOKENS, e.g. rpm=1"))?;
+    let a = a
+        .trim()
+        .parse::<i64>()
+        .map_err(|_| format!("{s:?}: {a:?} is not a whole number of tokens"))?;
+    Ok((n.trim().to_string(), a))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn round_trips() {
+        for s in [
+            "rpm:rate=60/min",
+            "tpm:rate=100000/min,burst=200000",
+            "rpd:quota=1000,cron=\"0 0 * * *\",tz=Europe/Berlin",
+            "session:quota=10,after=5h",
+            "x:rate=5/10s",
+            "y:quota=3,after=1h30m",
+        ] {
+            let l = parse_limit(s).unwrap();
+            assert_eq!(format_limit(&l), s);
+            assert_eq!(parse_limit(&format_limit(&l)).unwrap(), l);
+        }
+    }
+
+    #[test]
+    fn refusals() {
+        for s in [
+            "rpm",
+            "rpm:rate=60",
+            "rpm:rate=x/min",
+            "rpm:rate=60/fortnight",
+            "rpm:rate=60/min,quota=5",
+            "q:quota=5",
+            "q:quota=5,after=5h,cron=\"0 0 * * *\"",
+            "q:quota=5,after=5",
+            "rpm:rate=-1/min",
+            "rpm:rate=60/min,burst=1,burst=2",
+            "q:quota=5,cron=\"0 0 * * *",
+            "wcu:rate=1/s",
+        ] {
+            assert!(parse_limit(s).is_err(), "{s}");
+        }
+    }
+
+    #[test]
+    fn durations() {
+        assert_eq!(parse_duration("1h30m").unwrap(), Duration::from_secs(5400));
+        assert_eq!(parse_duration("500ms").unwrap(), Duration::from_millis(500));
+        assert!(parse_duration("5").is_err());
+        assert!(parse_duration("5y").is_err());
+        assert_eq!(format_duration_ms(5_400_000), "1h30m");
+        assert_eq!(parse_amount("rpm=1").unwrap(), ("rpm".into(), 1));
+        assert!(parse_amount("rpm").is_err());
+        assert!(parse_amount("rpm=1.5").is_err());
+    }
+}

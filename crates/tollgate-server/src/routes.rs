@@ -1,0 +1,622 @@
+//! Handlers and the router.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use axum::extract::{MatchedPath, Request, State};
+use axum::http::{header, HeaderMap, HeaderValue, StatusCode};
+use axum::middleware::{self, Next};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use axum::{Json, Router};
+use serde::{Deserialize, Serialize};
+use serde_json::Value as Json_;
+use tollgate::{AcquireOptions, Error, Limit, LimitSpec, LimitStatus, OnUnavailable, Scope};
+use tollgate_core::limit::MAX_TOKENS;
+use tollgate_core::value::Key;
+
+use crate::error::ApiError;
+use crate::extract::{JsonBody, PathParams, QueryPairs};
+use crate::headers::{add_ratelimit_headers, retry_after_secs};
+use crate::AppState;
+
+type St = State<Arc<AppState>>;
+type ApiResult<T> = Result<T, ApiError>;
+
+pub(crate) fn router(state: Arc<AppState>) -> Router {
+    Router::new()
+        .route("/v1/acquire", post(acquire))
+        .route("/v1/leases/{id}/adjust", post(adjust))
+        .route("/v1/leases/{id}/commit", post(commit))
+        .route("/v1/leases/{id}/rollback", post(rollback))
+        .route(
+            "/v1/availability",
+            get(availability_get).post(availability_post),
+        )
+        .route("/v1/entities", post(create_entity))
+        .route("/v1/entities/{id}", get(get_entity).delete(delete_entity))
+        .route(
+            "/v1/limits/system",
+            get(get_system).put(put_system).delete(delete_system),
+        )
+        .route(
+            "/v1/limits/resources/{*resource}",
+            get(get_resource).put(put_resource).delete(delete_resource),
+        )
+        .route(
+            "/v1/limits/entities/{entity}",
+            get(get_entity_default)
+                .put(put_entity_default)
+                .delete(delete_entity_default),
+        )
+        .route(
+            "/v1/limits/entities/{entity}/resources/{*resource}",
+            get(get_entity_resource)
+                .put(put_entity_resource)
+                .delete(delete_entity_resource),
+        )
+        .route("/healthz", get(healthz))
+        .route("/metrics", get(metrics))
+        .fallback(not_found)
+        .method_not_allowed_fallback(method_not_allowed)
+        .layer(middleware::from_fn_with_state(state.clone(), track))
+        .layer(axum::extract::DefaultBodyLimit::max(state.config.body_limit))
+        .with_state(state)
+}
+
+async fn track(State(app): St, req: Request, next: Next) -> Response {
+    let route = req
+        .extensions()
+        .get::<MatchedPath>()
+        .map(|m| m.as_str().to_string())
+        .unwrap_or_else(|| "unmatched".into());
+    let method = req.method().as_str().to_string();
+    let resp = next.run(req).await;
+    app.metrics.request(&method, &route, resp.status().as_u16());
+    resp
+}
+
+async fn not_found() -> ApiError {
+    ApiError::new(StatusCode::NOT_FOUND, "not_found", "no such route")
+}
+
+async fn method_not_allowed() -> ApiError {
+    ApiError::new(
+        StatusCode::METHOD_NOT_ALLOWED,
+        "method_not_allowed",
+        "this route does not take that method",
+    )
+}
+
+// ---------------------------------------------------------------------------------------
+// Amounts
+
+/// Convert JSON amounts to tokens: integers in `0..=MAX_TOKENS` (the limiter refuses
+/// negatives and the too-large with its own message; anything not an i64 is refused here).
+fn amounts_of(m: &BTreeMap<String, Json_>) -> ApiResult<Vec<(String, i64)>> {
+    m.iter()
+        .map(|(k, v)| match v.as_i64() {
+            Some(a) => Ok((k.clone(), a)),
+            None => Err(ApiError::invalid_amount(format!(
+                "invalid amount for {k:?}: must be an integer between 0 and {MAX_TOKENS}, not {v}"
+            ))),
+        })
+        .collect()
+}
+
+fn borrow(a: &[(String, i64)]) -> Vec<(&str, i64)> {
+    a.iter().map(|(n, v)| (n.as_str(), *v)).collect()
+}
+
+fn specs_to_limits(specs: &[Json_]) -> ApiResult<Vec<Limit>> {
+    specs
+        .iter()
+        .map(|v| {
+            let spec: LimitSpec = serde_json::from_value(v.clone()).map_err(|e| {
+                ApiError::new(
+                    StatusCode::BAD_REQUEST,
+                    "invalid_limit",
+                    format!("invalid limit spec {v}: {e}"),
+                )
+            })?;
+            Ok(spec.to_limit()?)
+        })
+        .collect()
+}
+
+// ---------------------------------------------------------------------------------------
+// Acquire
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct AcquireBody {
+    entity: String,
+    resource: String,
+    #[serde(default)]
+    amounts: BTreeMap<String, Json_>,
+    #[serde(default)]
+    limits: Option<Vec<Json_>>,
+    #[serde(default)]
+    on_unavailable: Option<OnUnavailable>,
+    #[serde(default)]
+    commit: bool,
+}
+
+#[derive(Debug, Serialize)]
+struct AcquireOk {
+    lease_id: Option<String>,
+    lease_expires_at_ms: Option<i64>,
+    statuses: Vec<LimitStatus>,
+    degraded: bool,
+}
+
+#[derive(Debug, Serialize)]
+struct Rejected<'a> {
+    error: &'static str,
+    message: String,
+    retry_after_ms: Option<i64>,
+    resets_at_ms: Option<i64>,
+    limits: &'a [LimitStatus],
+}
+
+async fn acquire(State(app): St, JsonBody(body): JsonBody<AcquireBody>) -> Response {
+    let started = Instant::now();
+    let r = acquire_inner(&app, body).await;
+    let outcome = match &r {
+        Ok(resp) if resp.status() == StatusCode::TOO_MANY_REQUESTS => "rejected",
+        Ok(_) => "admitted",
+        Err(_) => "error",
+    };
+    app.metrics.acquire(outcome, started.elapsed());
+    r.unwrap_or_else(IntoResponse::into_response)
+}
+
+async fn acquire_inner(app: &AppState, body: AcquireBody) -> ApiResult<Response> {
+    if !body.commit && app.leases.is_full(app.config.max_leases) {
+        return Err(ApiError::new(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "too_many_leases",
+            format!(
+                "the server holds {} leases; commit or roll back leases, or acquire with \"commit\": true",
+                app.config.max_leases
+            ),
+        ));
+    }
+    let amounts = amounts_of(&body.amounts)?;
+    let overrides = body.limits.as_deref().map(specs_to_limits).transpose()?;
+    let lim = &app.limiter;
+    let opts = AcquireOptions {
+        limits: overrides.clone(),
+        on_unavailable: body.on_unavailable,
+    };
+    let r = lim
+        .acquire_with(&body.entity, &body.resource, &borrow(&amounts), opts)
+        .await;
+    // The limits, for the policy windows in the headers (cached by the limiter).
+    let limits_for_headers = || async {
+        match &overrides {
+            Some(l) => l.clone(),
+            None => lim
+                .resolve_limits(&body.entity, &body.resource)
+                .await
+                .unwrap_or_default(),
+        }
+    };
+    match r {
+        Ok(mut lease) => {
+            let statuses = lease.statuses().to_vec();
+            let degraded = lease.is_degraded();
+            let limits = limits_for_headers().await;
+            let now = lim.now_ms();
+            let (lease_id, lease_expires_at_ms) = if body.commit {
+                lease.commit().await?;
+                (None, None)
+            } else {
+                let id = crate::leases::LeaseTable::new_id();
+                app.leases.insert(id.clone(), lease, app.config.lease_ttl);
+                let ttl_ms = i64::try_from(app.config.lease_ttl.as_millis()).unwrap_or(i64::MAX);
+                (Some(id), Some(now.saturating_add(ttl_ms)))
+            };
+            let mut headers = HeaderMap::new();
+            add_ratelimit_headers(&mut headers, &statuses, &limits, now);
+            Ok((
+                StatusCode::OK,
+                headers,
+                Json(AcquireOk {
+                    lease_id,
+                    lease_expires_at_ms,
+                    statuses,
+                    degraded,
+                }),
+            )
+                .into_response())
+        }
+        Err(Error::RateLimitExceeded(ex)) => {
+            let limits = limits_for_headers().await;
+            let now = lim.now_ms();
+            let mut headers = HeaderMap::new();
+            if let Some(ms) = ex.retry_after_ms {
+                headers.insert(
+                    header::RETRY_AFTER,
+                    HeaderValue::from(retry_after_secs(ms)),
+                );
+            }
+            add_ratelimit_headers(&mut headers, &ex.statuses, &limits, now);
+            let body = Rejected {
+                error: "rate_limit_exceeded",
+                message: ex.to_string(),
+                retry_after_ms: ex.retry_after_ms,
+                resets_at_ms: ex.resets_at_ms,
+                limits: &ex.statuses,
+            };
+            Ok((StatusCode::TOO_MANY_REQUESTS, headers, Json(body)).into_response())
+        }
+        Err(e) => Err(e.into()),
+    }
+}
+
+// ---------------------------------------------------------------------------------------
+// Leases
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct AdjustBody {
+    limit: String,
+    delta: Json_,
+}
+
+#[derive(Debug, Serialize)]
+struct LeaseState {
+    lease_id: String,
+    consumed: BTreeMap<String, i64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    committed: Option<bool>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    rolled_back: Option<bool>,
+}
+
+fn slot(app: &AppState, id: &str) -> ApiResult<crate::leases::Slot> {
+    app.leases.get(id).ok_or_else(|| ApiError::lease_not_found(id))
+}
+
+async fn adjust(
+    State(app): St,
+    PathParams(id): PathParams<String>,
+    JsonBody(body): JsonBody<AdjustBody>,
+) -> ApiResult<Json<LeaseState>> {
+    let delta = body
+        .delta
+        .as_i64()
+        .filter(|d| d.unsigned_abs() <= MAX_TOKENS as u64)
+        .ok_or_else(|| {
+            ApiError::invalid_amount(format!(
+                "invalid delta for {:?}: must be an integer between -{MAX_TOKENS} and {MAX_TOKENS}, not {}",
+                body.limit, body.delta
+            ))
+        })?;
+    let slot = slot(&app, &id)?;
+    let mut h = slot.lock().await;
+    h.lease.adjust(&body.limit, delta)?;
+    Ok(Json(LeaseState {
+        lease_id: id,
+        consumed: h.lease.consumed(),
+        committed: None,
+        rolled_back: None,
+    }))
+}
+
+async fn commit(State(app): St, PathParams(id): PathParams<String>) -> ApiResult<Json<LeaseState>> {
+    let slot = slot(&app, &id)?;
+    let mut h = slot.lock().await;
+    h.lease.commit().await?;
+    Ok(Json(LeaseState {
+        lease_id: id,
+        consumed: h.lease.consumed(),
+        committed: Some(true),
+        rolled_back: None,
+    }))
+}
+
+async fn rollback(
+    State(app): St,
+    PathParams(id): PathParams<String>,
+) -> ApiResult<Json<LeaseState>> {
+    let slot = slot(&app, &id)?;
+    let mut h = slot.lock().await;
+    h.lease.rollback().await?;
+    Ok(Json(LeaseState {
+        lease_id: id,
+        consumed: BTreeMap::new(),
+        committed: None,
+        rolled_back: Some(true),
+    }))
+}
+
+// ---------------------------------------------------------------------------------------
+// Availability
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct AvailabilityBody {
+    entity: String,
+    resource: String,
+    #[serde(default)]
+    amounts: Option<BTreeMap<String, Json_>>,
+}
+
+async fn availability(
+    app: &AppState,
+    entity: &str,
+    resource: &str,
+    amounts: Option<Vec<(String, i64)>>,
+) -> ApiResult<Response> {
+    let borrowed = amounts.as_deref().map(borrow);
+    let a = app
+        .limiter
+        .check_availability(entity, resource, borrowed.as_deref())
+        .await?;
+    Ok(Json(a).into_response())
+}
+
+async fn availability_post(
+    State(app): St,
+    JsonBody(body): JsonBody<AvailabilityBody>,
+) -> ApiResult<Response> {
+    let amounts = body.amounts.as_ref().map(amounts_of).transpose()?;
+    availability(&app, &body.entity, &body.resource, amounts).await
+}
+
+/// Query amounts: `amounts=rpm:1,tpm:500` (or repeated `amount=rpm:1`).
+fn query_amounts(v: &str, out: &mut Vec<(String, i64)>) -> ApiResult<()> {
+    for part in v.split(',').filter(|p| !p.is_empty()) {
+        let (n, a) = part.split_once(':').ok_or_else(|| {
+            ApiError::invalid_amount(format!("amount {part:?} is not NAME:TOKENS"))
+        })?;
+        let a: i64 = a.trim().parse().map_err(|_| {
+            ApiError::invalid_amount(format!(
+                "invalid amount for {n:?}: must be an integer between 0 and {MAX_TOKENS}, not {a:?}"
+            ))
+        })?;
+        out.push((n.trim().to_string(), a));
+    }
+    Ok(())
+}
+
+async fn availability_get(State(app): St, QueryPairs(q): QueryPairs) -> ApiResult<Response> {
+    let mut entity = None;
+    let mut resource = None;
+    let mut amounts: Option<Vec<(String, i64)>> = None;
+    for (k, v) in q {
+        match k.as_str() {
+            "entity" => entity = Some(v),
+            "resource" => resource = Some(v),
+            "amounts" | "amount" => query_amounts(&v, amounts.get_or_insert_with(Vec::new))?,
+            other => {
+                return Err(ApiError::invalid_request(format!(
+                    "unknown query parameter {other:?} (entity, resource, amounts)"
+                )))
+            }
+        }
+    }
+    let (Some(entity), Some(resource)) = (entity, resource) else {
+        return Err(ApiError::invalid_request(
+            "entity and resource are required query parameters",
+        ));
+    };
+    availability(&app, &entity, &resource, amounts).await
+}
+
+// ---------------------------------------------------------------------------------------
+// Entities
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct EntityBody {
+    id: String,
+    #[serde(default)]
+    name: Option<String>,
+    #[serde(default)]
+    parent_id: Option<String>,
+    #[serde(default)]
+    metadata: BTreeMap<String, String>,
+}
+
+async fn create_entity(State(app): St, JsonBody(b): JsonBody<EntityBody>) -> ApiResult<Response> {
+    if b.name.as_deref().is_some_and(|n| n.len() > 1024) {
+        return Err(ApiError::new(
+            StatusCode::BAD_REQUEST,
+            "invalid_name",
+            "entity names are at most 1024 bytes",
+        ));
+    }
+    let e = app
+        .limiter
+        .create_entity(&b.id, b.name.as_deref(), b.parent_id.as_deref(), b.metadata)
+        .await?;
+    Ok((StatusCode::CREATED, Json(e)).into_response())
+}
+
+async fn get_entity(State(app): St, PathParams(id): PathParams<String>) -> ApiResult<Response> {
+    match app.limiter.get_entity(&id).await? {
+        Some(e) => Ok(Json(e).into_response()),
+        None => Err(Error::EntityNotFound(id).into()),
+    }
+}
+
+async fn delete_entity(State(app): St, PathParams(id): PathParams<String>) -> ApiResult<Response> {
+    let n = app.limiter.delete_entity(&id).await?;
+    if n == 0 {
+        return Err(Error::EntityNotFound(id).into());
+    }
+    Ok(Json(serde_json::json!({ "deleted_items": n })).into_response())
+}
+
+// ---------------------------------------------------------------------------------------
+// Limits
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct LimitsBody {
+    limits: Vec<Json_>,
+    #[serde(default)]
+    on_unavailable: Option<OnUnavailable>,
+}
+
+#[derive(Debug, Serialize)]
+struct LimitsOut {
+    scope: String,
+    limits: Vec<LimitSpec>,
+    on_unavailable: Option<OnUnavailable>,
+}
+
+fn scope_name(s: &Scope) -> String {
+    match s {
+        Scope::System => "system".into(),
+        Scope::Resource(r) => format!("resource:{r}"),
+        Scope::Entity(e, None) => format!("entity:{e}"),
+        Scope::Entity(e, Some(r)) => format!("entity:{e}/resource:{r}"),
+    }
+}
+
+async fn put_limits(app: &AppState, scope: Scope, b: LimitsBody) -> ApiResult<Response> {
+    scope.validate()?;
+    let limits = specs_to_limits(&b.limits)?;
+    app.limiter
+        .set_limits(&scope, &limits, b.on_unavailable)
+        .await?;
+    Ok(Json(LimitsOut {
+        scope: scope_name(&scope),
+        limits: limits.iter().map(LimitSpec::from).collect(),
+        on_unavailable: b.on_unavailable,
+    })
+    .into_response())
+}
+
+async fn get_limits(app: &AppState, scope: Scope) -> ApiResult<Response> {
+    let (limits, on) = app.limiter.get_limits(&scope).await?;
+    Ok(Json(LimitsOut {
+        scope: scope_name(&scope),
+        limits: limits.iter().map(LimitSpec::from).collect(),
+        on_unavailable: on,
+    })
+    .into_response())
+}
+
+async fn delete_limits(app: &AppState, scope: Scope) -> ApiResult<Response> {
+    let deleted = app.limiter.delete_limits(&scope).await?;
+    Ok(Json(serde_json::json!({ "scope": scope_name(&scope), "deleted": deleted })).into_response())
+}
+
+async fn get_system(State(app): St) -> ApiResult<Response> {
+    get_limits(&app, Scope::System).await
+}
+async fn put_system(State(app): St, JsonBody(b): JsonBody<LimitsBody>) -> ApiResult<Response> {
+    put_limits(&app, Scope::System, b).await
+}
+async fn delete_system(State(app): St) -> ApiResult<Response> {
+    delete_limits(&app, Scope::System).await
+}
+
+async fn get_resource(State(app): St, PathParams(r): PathParams<String>) -> ApiResult<Response> {
+    get_limits(&app, Scope::Resource(r)).await
+}
+async fn put_resource(
+    State(app): St,
+    PathParams(r): PathParams<String>,
+    JsonBody(b): JsonBody<LimitsBody>,
+) -> ApiResult<Response> {
+    put_limits(&app, Scope::Resource(r), b).await
+}
+async fn delete_resource(State(app): St, PathParams(r): PathParams<String>) -> ApiResult<Response> {
+    delete_limits(&app, Scope::Resource(r)).await
+}
+
+async fn get_entity_default(
+    State(app): St,
+    PathParams(e): PathParams<String>,
+) -> ApiResult<Response> {
+    get_limits(&app, Scope::Entity(e, None)).await
+}
+async fn put_entity_default(
+    State(app): St,
+    PathParams(e): PathParams<String>,
+    JsonBody(b): JsonBody<LimitsBody>,
+) -> ApiResult<Response> {
+    put_limits(&app, Scope::Entity(e, None), b).await
+}
+async fn delete_entity_default(
+    State(app): St,
+    PathParams(e): PathParams<String>,
+) -> ApiResult<Response> {
+    delete_limits(&app, Scope::Entity(e, None)).await
+}
+
+async fn get_entity_resource(
+    State(app): St,
+    PathParams((e, r)): PathParams<(String, String)>,
+) -> ApiResult<Response> {
+    get_limits(&app, Scope::Entity(e, Some(r))).await
+}
+async fn put_entity_resource(
+    State(app): St,
+    PathParams((e, r)): PathParams<(String, String)>,
+    JsonBody(b): JsonBody<LimitsBody>,
+) -> ApiResult<Response> {
+    put_limits(&app, Scope::Entity(e, Some(r)), b).await
+}
+async fn delete_entity_resource(
+    State(app): St,
+    PathParams((e, r)): PathParams<(String, String)>,
+) -> ApiResult<Response> {
+    delete_limits(&app, Scope::Entity(e, Some(r))).await
+}
+
+// ---------------------------------------------------------------------------------------
+// Health and metrics
+
+async fn healthz(State(app): St) -> ApiResult<Response> {
+    let probe = Key::new("HEALTH#", "#");
+    let r = tokio::time::timeout(
+        Duration::from_secs(5),
+        app.limiter.store().get(&probe, false),
+    )
+    .await;
+    match r {
+        Ok(Ok(_)) => Ok(Json(serde_json::json!({
+            "status": "ok",
+            "backend": app.limiter.backend(),
+            "leases_held": app.leases.len(),
+        }))
+        .into_response()),
+        Ok(Err(e)) => Err(ApiError::new(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "store_unavailable",
+            format!("store check failed: {e}"),
+        )),
+        Err(_) => Err(ApiError::new(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "store_unavailable",
+            "store check timed out after 5 s",
+        )),
+    }
+}
+
+async fn metrics(State(app): St) -> Response {
+    match app.metrics.render() {
+        Ok(text) => (
+            [(
+                header::CONTENT_TYPE,
+                "application/openmetrics-text; version=1.0.0; charset=utf-8",
+            )],
+            text,
+        )
+            .into_response(),
+        Err(_) => ApiError::new(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            "internal_error",
+            "metrics could not be rendered",
+        )
+        .into_response(),
+    }
+}
