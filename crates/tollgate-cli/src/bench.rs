@@ -50,7 +50,11 @@ fn check_loopback(url: &str) -> Result<reqwest::Url, Failure> {
     let u = reqwest::Url::parse(url).map_err(|e| Failure::BadInput(format!("{url:?}: {e}")))?;
     let host = u.host_str().unwrap_or_default();
     let host = host.trim_start_matches('[').trim_end_matches(']');
-    let ok = host == "localhost" || host.parse::<IpAddr>().map(|ip| ip.is_loopback()).unwrap_or(false);
+    let ok = host == "localhost"
+        || host
+            .parse::<IpAddr>()
+            .map(|ip| ip.is_loopback())
+            .unwrap_or(false);
     if !ok || u.scheme() != "http" {
         return Err(Failure::BadInput(format!(
             "bench-http only targets http:// on loopback addresses (127.0.0.0/8, ::1, localhost), not {url}"
@@ -76,8 +80,10 @@ pub async fn run(a: BenchArgs, json_out: bool) -> Result<(), Failure> {
     if !a.no_setup {
         let r = http
             .put(format!("{base}/v1/limits/resources/{}", a.resource))
-            .json(&json!({ "limits": [{ "name": "rps", "capacity": 1_000_000_000i64,
-                "refill_amount": 1_000_000_000i64, "refill_period_ms": 1000 }] }))
+            .json(
+                &json!({ "limits": [{ "name": "rps", "capacity": 1_000_000_000i64,
+                "refill_amount": 1_000_000_000i64, "refill_period_ms": 1000 }] }),
+            )
             .send()
             .await
             .map_err(|e| Failure::Unavailable(format!("cannot reach {base}: {e}")))?;
@@ -140,7 +146,11 @@ pub async fn run(a: BenchArgs, json_out: bool) -> Result<(), Failure> {
     }
     let elapsed = started.elapsed().as_secs_f64();
     let n = hist.len();
-    let rps = if elapsed > 0.0 { n as f64 / elapsed } else { 0.0 };
+    let rps = if elapsed > 0.0 {
+        n as f64 / elapsed
+    } else {
+        0.0
+    };
     let ms = |q: f64| hist.value_at_quantile(q) as f64 / 1000.0;
     if json_out {
         crate::print_json(&json!({

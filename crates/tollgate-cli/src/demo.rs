@@ -105,7 +105,9 @@ pub async fn run(json_out: bool) -> Result<(), Failure> {
             return Err(other(format!("acquire failed: {status} {body}")));
         }
         let id = body["lease_id"].as_str().unwrap_or_default().to_string();
-        say(format!("POST /v1/acquire #{i}: {status}  RateLimit: {rl}  lease {id}"));
+        say(format!(
+            "POST /v1/acquire #{i}: {status}  RateLimit: {rl}  lease {id}"
+        ));
         log.push(json!({ "step": "acquire", "n": i, "status": status.as_u16(), "ratelimit": rl, "body": body }));
         if first_lease.is_none() {
             first_lease = Some(id);
@@ -135,7 +137,10 @@ pub async fn run(json_out: bool) -> Result<(), Failure> {
             if !status.is_success() {
                 return Err(other(format!("{what} failed: {status} {b}")));
             }
-            say(format!("lease {id}: {what} -> {status} consumed {}", b["consumed"]));
+            say(format!(
+                "lease {id}: {what} -> {status} consumed {}",
+                b["consumed"]
+            ));
             log.push(json!({ "step": what, "status": status.as_u16(), "body": b }));
         }
     }
@@ -173,7 +178,9 @@ pub async fn run(json_out: bool) -> Result<(), Failure> {
         Err(e) => return Err(other(e)),
     }
     if json_out {
-        crate::print_json(&json!({ "ok": true, "admitted": n - 1, "rejected_at": n, "steps": log }));
+        crate::print_json(
+            &json!({ "ok": true, "admitted": n - 1, "rejected_at": n, "steps": log }),
+        );
     } else {
         println!(
             "done: {} admitted, request #{n} rejected with 429; server stopped, temp store removed",

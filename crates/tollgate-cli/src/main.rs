@@ -267,12 +267,19 @@ fn main() -> ExitCode {
         Ok(c) => c,
         Err(e) => {
             let _ = e.print();
-            return ExitCode::from(if e.use_stderr() { fail::BAD_INPUT } else { fail::OK });
+            return ExitCode::from(if e.use_stderr() {
+                fail::BAD_INPUT
+            } else {
+                fail::OK
+            });
         }
     };
     let is_serve = matches!(cli.cmd, Cmd::Serve { .. });
     init_tracing(if is_serve { "info" } else { "warn" });
-    let rt = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
+    let rt = match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+    {
         Ok(rt) => rt,
         Err(e) => {
             eprintln!("tollgate: cannot start the runtime: {e}");
@@ -403,9 +410,14 @@ async fn run(cli: Cli) -> Result<(), Failure> {
                 ..Default::default()
             };
             if json {
-                print_json(&json!({ "listening": format!("http://{addr}"), "store": store.store.to_string() }));
+                print_json(
+                    &json!({ "listening": format!("http://{addr}"), "store": store.store.to_string() }),
+                );
             } else {
-                println!("tollgate listening on http://{addr} (store {})", store.store);
+                println!(
+                    "tollgate listening on http://{addr} (store {})",
+                    store.store
+                );
             }
             let _ = std::io::stdout().flush();
             tracing::info!(%addr, store = %store.store, "listening");
@@ -437,7 +449,11 @@ async fn run(cli: Cli) -> Result<(), Failure> {
             } else {
                 println!(
                     "admitted: {entity} / {resource}{}",
-                    if degraded { " (degraded: store unavailable)" } else { "" }
+                    if degraded {
+                        " (degraded: store unavailable)"
+                    } else {
+                        ""
+                    }
                 );
                 print_statuses(&statuses, limiter.now_ms());
             }
@@ -488,7 +504,11 @@ fn print_availability(a: &Availability, json: bool, now: i64) {
         "{} / {}: {}",
         a.entity,
         a.resource,
-        if a.allowed { "allowed" } else { "would be rejected" }
+        if a.allowed {
+            "allowed"
+        } else {
+            "would be rejected"
+        }
     );
     print_statuses(&a.limits, now);
     if let Some(ms) = a.retry_after_ms {
@@ -545,7 +565,13 @@ async fn limits(cmd: LimitsCmd, json: bool) -> Result<(), Failure> {
     }
 }
 
-fn print_limits(scope: &Scope, limits: &[Limit], on: Option<OnUnavailable>, json: bool, verb: &str) {
+fn print_limits(
+    scope: &Scope,
+    limits: &[Limit],
+    on: Option<OnUnavailable>,
+    json: bool,
+    verb: &str,
+) {
     if json {
         print_json(&json!({
             "scope": scope_label(scope),
@@ -564,7 +590,14 @@ fn print_limits(scope: &Scope, limits: &[Limit], on: Option<OnUnavailable>, json
         }
     }
     if let Some(o) = on {
-        println!("  on_unavailable={}", if o == OnUnavailable::Allow { "allow" } else { "block" });
+        println!(
+            "  on_unavailable={}",
+            if o == OnUnavailable::Allow {
+                "allow"
+            } else {
+                "block"
+            }
+        );
     }
 }
 

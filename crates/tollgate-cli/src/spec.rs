@@ -35,10 +35,7 @@ pub fn parse_duration(s: &str) -> Result<Duration, String> {
             .parse()
             .map_err(|_| format!("bad duration {s:?}: number too large"))?;
         rest = &rest[digits..];
-        let unit_len = rest
-            .chars()
-            .take_while(|c| c.is_ascii_alphabetic())
-            .count();
+        let unit_len = rest.chars().take_while(|c| c.is_ascii_alphabetic()).count();
         let unit = &rest[..unit_len];
         rest = &rest[unit_len..];
         let ms_per: u64 = match unit {
@@ -47,8 +44,16 @@ pub fn parse_duration(s: &str) -> Result<Duration, String> {
             "m" | "min" => 60_000,
             "h" => 3_600_000,
             "d" => 86_400_000,
-            "" => return Err(format!("bad duration {s:?}: a unit is needed (ms, s, m, h, d)")),
-            u => return Err(format!("bad duration {s:?}: unknown unit {u:?} (ms, s, m, h, d)")),
+            "" => {
+                return Err(format!(
+                    "bad duration {s:?}: a unit is needed (ms, s, m, h, d)"
+                ))
+            }
+            u => {
+                return Err(format!(
+                    "bad duration {s:?}: unknown unit {u:?} (ms, s, m, h, d)"
+                ))
+            }
         };
         total_ms = n
             .checked_mul(ms_per)
@@ -65,7 +70,13 @@ pub fn format_duration_ms(ms: i64) -> String {
     }
     let mut out = String::new();
     let mut left = ms;
-    for (unit, per) in [("d", 86_400_000), ("h", 3_600_000), ("m", 60_000), ("s", 1000), ("ms", 1)] {
+    for (unit, per) in [
+        ("d", 86_400_000),
+        ("h", 3_600_000),
+        ("m", 60_000),
+        ("s", 1000),
+        ("ms", 1),
+    ] {
         if left >= per {
             out.push_str(&format!("{}{unit}", left / per));
             left %= per;

@@ -17,7 +17,9 @@ pub struct JsonBody<T>(pub T);
 /// Parse `bytes` as JSON into `T` with this API's error codes.
 pub fn parse_json<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, ApiError> {
     if bytes.iter().all(|b| b.is_ascii_whitespace()) {
-        return Err(ApiError::invalid_json("the request body is empty; JSON expected"));
+        return Err(ApiError::invalid_json(
+            "the request body is empty; JSON expected",
+        ));
     }
     serde_json::from_slice(bytes).map_err(|e| {
         use serde_json::error::Category;

@@ -168,7 +168,11 @@ impl Server {
     /// Spawn the periodic sweeper (abort the handle to stop it).
     pub fn spawn_sweeper(&self) -> JoinHandle<()> {
         let me = self.clone();
-        let every = self.state.config.sweep_interval.max(Duration::from_millis(10));
+        let every = self
+            .state
+            .config
+            .sweep_interval
+            .max(Duration::from_millis(10));
         tokio::spawn(async move {
             let mut tick = tokio::time::interval(every);
             tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);

@@ -62,22 +62,46 @@ impl Collector for LimiterCollector {
     fn encode(&self, mut encoder: DescriptorEncoder) -> Result<(), std::fmt::Error> {
         let s = self.limiter.stats();
         let counters: [(&str, &str, u64); 8] = [
-            ("tollgate_limiter_fast_admits", "Admitted by the speculative write", s.fast_admits),
-            ("tollgate_limiter_slow_admits", "Admitted by the slow path", s.slow_admits),
-            ("tollgate_limiter_rejections", "Refused requests", s.rejections),
+            (
+                "tollgate_limiter_fast_admits",
+                "Admitted by the speculative write",
+                s.fast_admits,
+            ),
+            (
+                "tollgate_limiter_slow_admits",
+                "Admitted by the slow path",
+                s.slow_admits,
+            ),
+            (
+                "tollgate_limiter_rejections",
+                "Refused requests",
+                s.rejections,
+            ),
             (
                 "tollgate_limiter_local_rejections",
                 "Refused with no store request (rejection cache)",
                 s.local_rejections,
             ),
-            ("tollgate_limiter_doublings", "Shard-count doublings won", s.doublings),
-            ("tollgate_limiter_fanout_writes", "Rollover fan-out writes that landed", s.fanout_writes),
+            (
+                "tollgate_limiter_doublings",
+                "Shard-count doublings won",
+                s.doublings,
+            ),
+            (
+                "tollgate_limiter_fanout_writes",
+                "Rollover fan-out writes that landed",
+                s.fanout_writes,
+            ),
             (
                 "tollgate_limiter_fanout_failures",
                 "Rollover fan-out writes refused or failed",
                 s.fanout_failures,
             ),
-            ("tollgate_limiter_degraded", "Degraded (fail-open) leases", s.degraded),
+            (
+                "tollgate_limiter_degraded",
+                "Degraded (fail-open) leases",
+                s.degraded,
+            ),
         ];
         for (name, help, v) in counters {
             let c = ConstCounter::new(v);

@@ -61,7 +61,9 @@ pub(crate) fn router(state: Arc<AppState>) -> Router {
         .fallback(not_found)
         .method_not_allowed_fallback(method_not_allowed)
         .layer(middleware::from_fn_with_state(state.clone(), track))
-        .layer(axum::extract::DefaultBodyLimit::max(state.config.body_limit))
+        .layer(axum::extract::DefaultBodyLimit::max(
+            state.config.body_limit,
+        ))
         .with_state(state)
 }
 
@@ -237,10 +239,7 @@ async fn acquire_inner(app: &AppState, body: AcquireBody) -> ApiResult<Response>
             let now = lim.now_ms();
             let mut headers = HeaderMap::new();
             if let Some(ms) = ex.retry_after_ms {
-                headers.insert(
-                    header::RETRY_AFTER,
-                    HeaderValue::from(retry_after_secs(ms)),
-                );
+                headers.insert(header::RETRY_AFTER, HeaderValue::from(retry_after_secs(ms)));
             }
             add_ratelimit_headers(&mut headers, &ex.statuses, &limits, now);
             let body = Rejected {
@@ -277,7 +276,9 @@ struct LeaseState {
 }
 
 fn slot(app: &AppState, id: &str) -> ApiResult<crate::leases::Slot> {
-    app.leases.get(id).ok_or_else(|| ApiError::lease_not_found(id))
+    app.leases
+        .get(id)
+        .ok_or_else(|| ApiError::lease_not_found(id))
 }
 
 async fn adjust(
@@ -505,7 +506,10 @@ async fn get_limits(app: &AppState, scope: Scope) -> ApiResult<Response> {
 
 async fn delete_limits(app: &AppState, scope: Scope) -> ApiResult<Response> {
     let deleted = app.limiter.delete_limits(&scope).await?;
-    Ok(Json(serde_json::json!({ "scope": scope_name(&scope), "deleted": deleted })).into_response())
+    Ok(
+        Json(serde_json::json!({ "scope": scope_name(&scope), "deleted": deleted }))
+            .into_response(),
+    )
 }
 
 async fn get_system(State(app): St) -> ApiResult<Response> {
