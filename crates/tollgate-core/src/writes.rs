@@ -220,7 +220,8 @@ pub fn normal_write(
         if let Some(rc) = e.carry {
             u = u.set(battr(n, "rc"), rc);
         }
-        if e.opened {
+        // A window opened on this pass, or joined by a seed, stamps its start (with rsa).
+        if e.opened || e.transition == Transition::Seed {
             if let Some(ws) = e.ws {
                 u = u.set(battr(n, "ws"), ws);
             }

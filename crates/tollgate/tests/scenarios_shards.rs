@@ -1,0 +1,855 @@
+//! Sharded hot buckets (scenarios 11–18, S1–S11), sharded quotas (Q), and windows across
+//! shards (scenarios 27–65, W) — on MemoryStore with a manual clock and pinned draws.
+
+mod common;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use common::hook::On;
+use common::*;
+use tollgate::{Error, Limit, Scope};
+use tollgate_core::value::Value;
+
+const T1: i64 = T0 + W + 1000;
+const E: &str = "e";
+const R: &str = "llm";
+
+fn session() -> Limit {
+    Limit::quota_after("session", 10, Duration::from_secs(18_000)).unwrap()
+}
+
+async fn limits(h: &H, l: &[Limit]) {
+    h.lim
+        .set_limits(&Scope::Entity(E.into(), Some(R.into())), l, None)
+        .await
+        .unwrap();
+}
+
+/// Make a client learn the entity's shard count (a CAS that loses adopts the stored count).
+async fn warm(l: &tollgate::Limiter) {
+    l.bump_shard_count(E, R, 1).await.unwrap();
+}
+
+fn tk(h: &H, shard: u32) -> i64 {
+    h.n(E, R, shard, "b_session_tk").unwrap()
+}
+
+/// TWO(leftover): the standard two-shard setup of spec §5.
+async fn two(h: &H, leftover: i64) {
+    limits(h, &[session()]).await;
+    h.at(T0);
+    h.lim.acquire(E, R, &[("session", 0)]).await.unwrap();
+    assert_eq!((tk(h, 0), h.n(E, R, 0, "b_session_gc")), (10_000, Some(1)));
+    assert_eq!(h.lim.bump_shard_count(E, R, 1).await.unwrap(), 2);
+    h.at(T0 + 1000);
+    h.rng.pin(1);
+    h.lim.acquire(E, R, &[("session", 1)]).await.unwrap();
+    assert_eq!(h.n(E, R, 1, "b_session_ws"), Some(T0));
+    assert_eq!(h.n(E, R, 1, "b_session_wa"), Some(T0));
+    assert_eq!((tk(h, 0), tk(h, 1)), (5000, 4000));
+    assert_eq!(h.n(E, R, 1, "b_session_tc"), Some(1000));
+    assert_eq!(h.n(E, R, 1, "b_session_gc"), Some(2));
+    h.set_n(E, R, 1, "b_session_tk", leftover * 1000);
+    h.at(T1);
+    h.rng.pin(0);
+    h.slow().acquire(E, R, &[("session", 1)]).await.unwrap();
+}
+
+/// Scenario 38 (W14): the fan-out's write shape, and 1 write for S − 1 = 1, L = 1.
+#[tokio::test]
+async fn s38_fanout_write_shape() {
+    let h = harness(T0);
+    two(&h, 0).await;
+    assert_eq!(h.n(E, R, 0, "b_session_ws"), Some(T1));
+    assert_eq!(h.n(E, R, 0, "b_session_wa"), Some(T1));
+    assert_eq!(tk(&h, 0), 4000);
+    assert_eq!(h.n(E, R, 1, "b_session_ws"), Some(T1));
+    assert_eq!(h.n(E, R, 1, "b_session_wa"), Some(T0));
+    assert_eq!(h.n(E, R, 1, "vu"), Some(0));
+    assert_eq!(h.n(E, R, 1, "b_session_wtc"), Some(1000));
+    assert_eq!(tk(&h, 1), 0);
+}
+
+/// Scenario 43: the fan-out never touches tk, rf, wa or gc.
+#[tokio::test]
+async fn s43_fanout_touches_no_balance() {
+    let h = harness(T0);
+    two(&h, 3).await;
+    let after = h.item(E, R, 1);
+    assert_eq!(after.get("b_session_tk"), Some(&Value::N(3000)));
+    assert_eq!(after.get("rf"), Some(&Value::N(T0 + 1000)));
+    assert_eq!(after.get("b_session_wa"), Some(&Value::N(T0)));
+    assert_eq!(after.get("b_session_gc"), Some(&Value::N(2)));
+}
+
+/// Scenario 45: the roll target charges consumption since the snapshot.
+#[tokio::test]
+async fn s45_roll_target() {
+    let h = harness(T0);
+    two(&h, 0).await;
+    h.at(T1 + 120_000);
+    h.rng.pin(1);
+    h.slow().acquire(E, R, &[("session", 1)]).await.unwrap();
+    assert_eq!(tk(&h, 1), 4000);
+    assert_eq!(h.n(E, R, 1, "b_session_wa"), Some(T1));
+    assert_eq!(h.n(E, R, 1, "b_session_gc"), Some(2));
+    assert!(h.n(E, R, 1, "rf").unwrap() >= T1);
+    // One allowance per window: 8 spendable + 2 admitted in window T1 = 10.
+    assert_eq!(h.spendable(E, R, "session", 2), 8);
+}
+
+/// Scenario 40: a lost fan-out leaves a shard staggered, never over-admitting.
+#[tokio::test]
+async fn s40_lost_fanout() {
+    let h = harness(T0);
+    limits(&h, &[session()]).await;
+    h.lim.acquire(E, R, &[("session", 0)]).await.unwrap();
+    h.lim.bump_shard_count(E, R, 1).await.unwrap();
+    h.at(T0 + 1000);
+    h.rng.pin(1);
+    h.lim.acquire(E, R, &[("session", 1)]).await.unwrap();
+    h.set_n(E, R, 1, "b_session_tk", 0);
+    let before = h.item(E, R, 1);
+    h.at(T1);
+    h.rng.pin(0);
+    h.slow().acquire(E, R, &[("session", 1)]).await.unwrap();
+    // Drop the fan-out write: shard 1 as it was.
+    h.store.inner().raw_put(&h.key(E, R, 1), before);
+    h.at(T1 + 60_000);
+    h.rng.pin(1);
+    h.slow().acquire(E, R, &[("session", 1)]).await.unwrap();
+    assert_eq!(h.n(E, R, 1, "b_session_ws"), Some(T1 + 60_000));
+    assert_eq!(tk(&h, 1), 4000, "opened its own window with a fresh share");
+    // Shard 0 was not moved (its window T1 is live at T1 + 60,000) and not restored twice.
+    assert_eq!(h.n(E, R, 0, "b_session_ws"), Some(T1));
+    assert_eq!(tk(&h, 0), 4000);
+}
+
+/// Scenario 42 and 44: the floor refuses a live sibling; a deleted sibling is not created.
+#[tokio::test]
+async fn s42_s44_fanout_floor_and_deleted_sibling() {
+    let h = harness(T0);
+    limits(&h, &[session()]).await;
+    h.lim.acquire(E, R, &[("session", 0)]).await.unwrap();
+    h.lim.bump_shard_count(E, R, 1).await.unwrap();
+    h.rng.pin(1);
+    h.at(T0 + 1000);
+    h.lim.acquire(E, R, &[("session", 1)]).await.unwrap();
+    // Shard 1 opens a new window artificially at T0 + 1 h (as a concurrent opener would):
+    // the fan-out to shard 0 (ws = T0, live) must be refused by the floor.
+    let cond = tollgate_core::window::fanout_condition("session", T0 + 3_600_000, 18_000);
+    let item = h.item(E, R, 0);
+    assert!(!tollgate_store::eval::eval_condition(Some(&item), &cond));
+    // Deleted sibling: a fan-out never creates it.
+    h.store.inner().raw_delete(&h.key(E, R, 1));
+    h.at(T1);
+    h.rng.pin(0);
+    h.slow().acquire(E, R, &[("session", 1)]).await.unwrap();
+    assert!(h.store.inner().raw_get(&h.key(E, R, 1)).is_none());
+    assert_eq!(h.slow().stats().fanout_writes, 0);
+}
+
+/// Scenario 47: a burnt shard still rolls; the fast path's projection goes slow instead of
+/// rejecting, and exactly the share is admitted.
+#[tokio::test]
+async fn s47_burnt_shard_still_rolls() {
+    let h = harness(T0);
+    two(&h, 0).await;
+    // Older writer: SET rf = its clock, REMOVE vu on shard 1; shard 0 drained.
+    h.set_n(E, R, 1, "rf", T1 + 60_000);
+    h.remove(E, R, 1, "vu");
+    h.set_n(E, R, 0, "b_session_tk", 0);
+    h.at(T1 + 120_000);
+    h.rng.pin(1);
+    let mut admitted = 0;
+    for _ in 0..10 {
+        if h.lim.acquire(E, R, &[("session", 1)]).await.is_ok() {
+            admitted += 1;
+        }
+    }
+    assert_eq!(admitted, 5);
+    assert_eq!(h.n(E, R, 1, "b_session_wa"), Some(T1));
+}
+
+/// Scenario 49: a retry that lost the lock is charged by the roll.
+#[tokio::test]
+async fn s49_retry_that_lost_the_lock_is_charged() {
+    let h = harness(T0);
+    two(&h, 3).await;
+    h.at(T1 + 20_000);
+    h.rng.pin(1);
+    let (lim, hk) = h.hooked(false);
+    warm(&lim).await;
+    let k = h.key(E, R, 1);
+    hk.stage(On::Update, Some(k.clone()), move |m| {
+        let mut i = m.raw_get(&k).unwrap();
+        i.insert("rf".into(), Value::N(T1 + 15_000));
+        i.remove("vu");
+        m.raw_put(&k, i);
+    });
+    lim.acquire(E, R, &[("session", 1)]).await.unwrap();
+    assert_eq!(tk(&h, 1), 2000);
+    assert_eq!(h.n(E, R, 1, "b_session_tc"), Some(2000));
+    assert_eq!(h.n(E, R, 1, "b_session_wa"), Some(T0));
+    h.at(T1 + 30_000);
+    let mut more = 0;
+    for _ in 0..10 {
+        if h.slow().acquire(E, R, &[("session", 1)]).await.is_ok() {
+            more += 1;
+        }
+    }
+    assert_eq!(more, 4, "5000 − (2000 − 1000) = 4000");
+}
+
+/// Scenario 51 is a core unit test; scenario 54: a backward rf from a slow clock does not
+/// roll twice, and the written rf is the pass's now.
+#[tokio::test]
+async fn s54_backward_rf() {
+    let h = harness(T0);
+    limits(&h, &[session()]).await;
+    h.lim.acquire(E, R, &[("session", 3)]).await.unwrap();
+    h.set_n(E, R, 0, "rf", T0 - 5000);
+    h.at(T0 + 1000);
+    h.slow().acquire(E, R, &[("session", 1)]).await.unwrap();
+    assert_eq!(tk(&h, 0), 6000);
+    assert_eq!(h.n(E, R, 0, "rf"), Some(T0 + 1000));
+}
+
+/// Scenario 58: an unmarked item rolls once by `ws > rf`, then is marked.
+#[tokio::test]
+async fn s58_unmarked_fallback() {
+    let h = harness(T0);
+    two(&h, 0).await;
+    h.remove(E, R, 1, "b_session_wa");
+    h.rng.pin(1);
+    h.at(T1 + 1000);
+    h.slow().acquire(E, R, &[("session", 1)]).await.unwrap();
+    assert_eq!((tk(&h, 1), h.n(E, R, 1, "b_session_wa")), (4000, Some(T1)));
+    h.at(T1 + 2000);
+    h.slow().acquire(E, R, &[("session", 1)]).await.unwrap();
+    assert_eq!(tk(&h, 1), 3000);
+}
+
+/// Scenario 59: migration marks an unmarked item without rolling.
+#[tokio::test]
+async fn s59_migration_marks_without_rolling() {
+    let h = harness(T0);
+    limits(&h, &[session()]).await;
+    h.lim.acquire(E, R, &[("session", 3)]).await.unwrap();
+    h.remove(E, R, 0, "b_session_wa");
+    h.at(T0 + 1000);
+    h.slow().acquire(E, R, &[("session", 1)]).await.unwrap();
+    assert_eq!((tk(&h, 0), h.n(E, R, 0, "b_session_wa")), (6000, Some(T0)));
+}
+
+/// Scenario 61: `wa` is written as the value read, so a fan-out landing between a pass's
+/// read and write leaves the new window unapplied for the next pass to roll.
+#[tokio::test]
+async fn s61_wa_is_a_value() {
+    let h = harness(T0);
+    limits(&h, &[session()]).await;
+    h.lim.acquire(E, R, &[("session", 0)]).await.unwrap();
+    h.lim.bump_shard_count(E, R, 1).await.unwrap();
+    h.rng.pin(1);
+    h.at(T0 + 1000);
+    h.lim.acquire(E, R, &[("session", 1)]).await.unwrap(); // shard 1 joins T0: tk 4000
+    let (lim, hk) = h.hooked(false);
+    warm(&lim).await;
+    let k = h.key(E, R, 1);
+    // The pass reads shard 1 with ws = T0 (applied); a fan-out moving ws to T0 + 4000 lands
+    // before the pass's rf-locked write.
+    h.at(T0 + 5000);
+    hk.stage(On::Update, Some(k.clone()), move |m| {
+        let mut i = m.raw_get(&k).unwrap();
+        i.insert("b_session_ws".into(), Value::N(T0 + 4000));
+        i.insert("b_session_wtc".into(), Value::N(1000));
+        i.insert("vu".into(), Value::N(0));
+        m.raw_put(&k, i);
+    });
+    lim.acquire(E, R, &[("session", 1)]).await.unwrap();
+    assert_eq!(
+        h.n(E, R, 1, "b_session_wa"),
+        Some(T0),
+        "stamped with the value read"
+    );
+    assert_eq!(h.n(E, R, 1, "b_session_ws"), Some(T0 + 4000));
+    // The next pass rolls it: share 5000 − (tc 2000 − wtc 1000) − 1 = 3000.
+    warm(&h.slow()).await;
+    h.at(T0 + 6000);
+    h.slow().acquire(E, R, &[("session", 1)]).await.unwrap();
+    assert_eq!(h.n(E, R, 1, "b_session_wa"), Some(T0 + 4000));
+    assert_eq!(tk(&h, 1), 3000);
+}
+
+/// Scenario 62: rf is monotonic — a pass whose clock is behind the stored rf keeps it and
+/// credits nothing.
+#[tokio::test]
+async fn s62_rf_monotonic() {
+    let h = harness(T0);
+    limits(&h, &[Limit::per_second("rps", 10).unwrap()]).await;
+    h.lim.acquire(E, R, &[("rps", 5)]).await.unwrap();
+    h.set_n(E, R, 0, "rf", T0 + 10_000);
+    h.slow().acquire(E, R, &[("rps", 1)]).await.unwrap();
+    assert_eq!(h.n(E, R, 0, "rf"), Some(T0 + 10_000));
+    assert_eq!(h.n(E, R, 0, "b_rps_tk"), Some(4000));
+}
+
+/// Scenario 64: the fast path's projection of a pending roll.
+#[test]
+fn s64_fast_path_projection() {
+    use tollgate_core::bucket::{BucketImage, LimitState};
+    let mut img = BucketImage {
+        key: String::new(),
+        rf: T1 + 60_000,
+        vu: None,
+        ttl: None,
+        shard_count: 2,
+        ph: None,
+        limits: Default::default(),
+        wcu: None,
+    };
+    let st = LimitState {
+        tk: 0,
+        cp: 10_000,
+        tc: 1000,
+        ws: Some(T1),
+        rsa: Some(18_000),
+        wa: Some(T0),
+        wtc: Some(1000),
+        gc: Some(2),
+        ..Default::default()
+    };
+    img.limits.insert("session".into(), st.clone());
+    let l = [session()];
+    let a = [("session".to_string(), 1000)];
+    assert!(tollgate_core::writes::would_refill_satisfy(
+        &img,
+        &l,
+        &a,
+        T1 + 1
+    ));
+    img.limits
+        .insert("session".into(), LimitState { wa: Some(T1), ..st });
+    assert!(!tollgate_core::writes::would_refill_satisfy(
+        &img,
+        &l,
+        &a,
+        T1 + 1
+    ));
+}
+
+/// Scenarios 27 and 28 (W2, W7): a new shard joins the live window, funded by a move.
+#[tokio::test]
+async fn s27_s28_join_by_move() {
+    for (first, want, spend_after) in [(1, (4000, 4000), 8), (3, (2000, 4000), 6)] {
+        let h = harness(T0);
+        limits(&h, &[session()]).await;
+        h.lim.acquire(E, R, &[("session", first)]).await.unwrap();
+        h.lim.bump_shard_count(E, R, 1).await.unwrap();
+        h.at(T0 + 60_000);
+        h.rng.pin(1);
+        h.lim.acquire(E, R, &[("session", 1)]).await.unwrap();
+        assert_eq!((tk(&h, 0), tk(&h, 1)), want);
+        assert_eq!(h.n(E, R, 1, "b_session_ws"), Some(T0));
+        assert_eq!(h.n(E, R, 1, "b_session_wa"), Some(T0));
+        assert_eq!(h.n(E, R, 1, "rf"), Some(T0 + 60_000));
+        assert_eq!(h.n(E, R, 1, "vu"), Some(T0 + W));
+        assert_eq!(
+            h.n(E, R, 0, "b_session_ws"),
+            Some(T0),
+            "no fan-out on a join"
+        );
+        assert_eq!(h.spendable(E, R, "session", 2), spend_after);
+    }
+}
+
+/// Scenario 29 (W3): no sibling window — the new shard opens its own with a fresh share.
+#[tokio::test]
+async fn s29_no_sibling_window() {
+    let h = harness(T0);
+    limits(&h, &[session()]).await;
+    h.lim.acquire(E, R, &[("session", 1)]).await.unwrap();
+    h.lim.bump_shard_count(E, R, 1).await.unwrap();
+    warm(&h.slow()).await;
+    h.store.inner().raw_delete(&h.key(E, R, 0));
+    h.at(T0 + 60_000);
+    h.rng.pin(1);
+    h.slow().acquire(E, R, &[("session", 1)]).await.unwrap();
+    assert_eq!(h.n(E, R, 1, "b_session_ws"), Some(T0 + 60_000));
+    assert_eq!(tk(&h, 1), 4000);
+}
+
+/// Scenarios 30 and 31 (W4, W5): the sibling's window ended — open, fan out, roll; dead
+/// surplus is never a donor.
+#[tokio::test]
+async fn s30_s31_sibling_window_ended() {
+    for (first, at) in [
+        (10, T0 + W),
+        (10, T0 + W + 3_600_000),
+        (1, T0 + W + 3_600_000),
+    ] {
+        let h = harness(T0);
+        limits(&h, &[session()]).await;
+        h.lim.acquire(E, R, &[("session", first)]).await.unwrap();
+        h.lim.bump_shard_count(E, R, 1).await.unwrap();
+        warm(&h.slow()).await;
+        h.at(at);
+        h.rng.pin(1);
+        h.slow().acquire(E, R, &[("session", 1)]).await.unwrap();
+        assert_eq!(h.n(E, R, 1, "b_session_ws"), Some(at));
+        assert_eq!(tk(&h, 1), 4000);
+        assert_eq!(h.n(E, R, 1, "vu"), Some(at + W));
+        assert_eq!(h.n(E, R, 0, "b_session_ws"), Some(at), "fanned out");
+        assert_eq!(tk(&h, 0), 10_000 - first * 1000, "fan-out moves no tokens");
+        assert_eq!(h.n(E, R, 0, "vu"), Some(0));
+        h.at(at + 1);
+        h.rng.pin(0);
+        h.slow().acquire(E, R, &[("session", 1)]).await.unwrap();
+        assert_eq!(h.n(E, R, 0, "b_session_ws"), Some(at));
+        assert_eq!(tk(&h, 0), 4000);
+        assert_eq!(h.spendable(E, R, "session", 2), 8);
+    }
+}
+
+/// Scenario 65: a seed on an existing shard joins the live window by a move.
+#[tokio::test]
+async fn s65_seed_joins_live_window() {
+    let h = harness(T0);
+    let rpm = Limit::per_minute("rpm", 100).unwrap();
+    limits(&h, &[rpm.clone(), session()]).await;
+    h.lim.acquire(E, R, &[("session", 1)]).await.unwrap();
+    h.lim.bump_shard_count(E, R, 1).await.unwrap();
+    h.rng.pin(1);
+    let o = tollgate::AcquireOptions {
+        limits: Some(vec![rpm]),
+        on_unavailable: None,
+    };
+    h.lim.acquire_with(E, R, &[("rpm", 1)], o).await.unwrap();
+    assert!(h.n(E, R, 1, "b_session_tk").is_none());
+    warm(&h.slow()).await;
+    h.at(T0 + 60_000);
+    h.slow().acquire(E, R, &[("session", 1)]).await.unwrap();
+    assert_eq!(h.n(E, R, 1, "b_session_ws"), Some(T0));
+    assert_eq!(h.n(E, R, 1, "b_session_wa"), Some(T0));
+    assert_eq!((tk(&h, 0), tk(&h, 1)), (4000, 4000));
+}
+
+fn rpd() -> Limit {
+    Limit::quota_calendar("rpd", 1000, "0 0 * * *", "UTC").unwrap()
+}
+
+async fn quota_two(h: &H, drain_to: Option<i64>) {
+    limits(h, &[rpd()]).await;
+    h.lim.acquire(E, R, &[("rpd", 0)]).await.unwrap();
+    if let Some(d) = drain_to {
+        h.set_n(E, R, 0, "b_rpd_tk", d * 1000);
+    }
+    h.lim.bump_shard_count(E, R, 1).await.unwrap();
+    h.rng.pin(1);
+}
+
+fn rpd_tks(h: &H) -> (i64, i64) {
+    (
+        h.n(E, R, 0, "b_rpd_tk").unwrap() / 1000,
+        h.n(E, R, 1, "b_rpd_tk").unwrap() / 1000,
+    )
+}
+
+/// Q1, Q2 (#587), Q3, Q7: the split moves the grant; a spent parent gives what it has.
+#[tokio::test]
+async fn q1_q2_q3_q7_splits() {
+    for (drain, amount, want) in [
+        (None, 1, (500, 499)),
+        (Some(2), 1, (0, 1)),
+        (Some(700), 1, (200, 499)),
+        (None, 10, (500, 490)),
+    ] {
+        let h = harness(T0);
+        quota_two(&h, drain).await;
+        h.lim.acquire(E, R, &[("rpd", amount)]).await.unwrap();
+        assert_eq!(rpd_tks(&h), want, "drain {drain:?}");
+        assert_eq!(h.n(E, R, 1, "b_rpd_gc"), Some(2));
+    }
+}
+
+/// Q4: after the edge each shard resets to its share.
+#[tokio::test]
+async fn q4_exact_reset() {
+    let h = harness(T0);
+    quota_two(&h, None).await;
+    h.lim.acquire(E, R, &[("rpd", 1)]).await.unwrap();
+    h.set_n(E, R, 0, "b_rpd_tk", 0);
+    h.set_n(E, R, 1, "b_rpd_tk", 0);
+    h.at(T0 + 2 * 86_400_000);
+    for s in [0, 1] {
+        h.rng.pin(s);
+        h.slow().acquire(E, R, &[("rpd", 1)]).await.unwrap();
+    }
+    assert_eq!(h.spendable(E, R, "rpd", 2), 998);
+    assert_eq!(h.n(E, R, 0, "b_rpd_gc"), Some(2));
+}
+
+/// Q10: a rejected acquire keeps the move.
+#[tokio::test]
+async fn q10_rejected_acquire_keeps_the_move() {
+    let h = harness(T0);
+    quota_two(&h, None).await;
+    assert!(h.lim.acquire(E, R, &[("rpd", 600)]).await.is_err());
+    assert_eq!(rpd_tks(&h), (500, 500));
+    assert_eq!(h.n(E, R, 1, "b_rpd_tc"), Some(0));
+    assert_eq!(h.n(E, R, 1, "b_rpd_gc"), Some(2));
+}
+
+/// Q12 (scenario 78): the donor drops between plan and commit; the re-plan moves what is
+/// left.
+#[tokio::test]
+async fn q12_lost_move_replanned() {
+    let h = harness(T0);
+    quota_two(&h, None).await;
+    let (lim, hk) = h.hooked(false);
+    warm(&lim).await;
+    let k0 = h.key(E, R, 0);
+    hk.stage(On::Transact, None, move |m| {
+        let mut i = m.raw_get(&k0).unwrap();
+        i.insert("b_rpd_tk".into(), Value::N(300_000));
+        m.raw_put(&k0, i);
+    });
+    lim.acquire(E, R, &[("rpd", 100)]).await.unwrap();
+    assert_eq!(rpd_tks(&h), (0, 200));
+}
+
+/// Scenario 76: the conservation walk — doubling 1 → 32 with nobody spending keeps exactly
+/// the capacity (the old clamp rule kept 187 of 1000).
+#[tokio::test]
+async fn s76_conservation_walk() {
+    for cap in [1000, 1024] {
+        let h = harness(T0);
+        limits(
+            &h,
+            &[Limit::quota_calendar("rpd", cap, "0 0 * * *", "UTC").unwrap()],
+        )
+        .await;
+        h.lim.acquire(E, R, &[("rpd", 0)]).await.unwrap();
+        let mut s = 1;
+        let mut order = 7u32;
+        while s < 32 {
+            s = h.lim.bump_shard_count(E, R, s).await.unwrap();
+            order = (order * 13 + 5) % s as u32;
+            let slot = (s as u32 / 2 + order % (s as u32 / 2)).min(s as u32 - 1);
+            h.rng.pin(slot);
+            h.slow().acquire(E, R, &[("rpd", 0)]).await.unwrap();
+        }
+        for slot in (0..32).rev() {
+            h.rng.pin(slot);
+            h.slow().acquire(E, R, &[("rpd", 0)]).await.unwrap();
+        }
+        let total: i64 = (0..32).map(|i| h.n(E, R, i, "b_rpd_tk").unwrap()).sum();
+        assert_eq!(total, cap * 1000, "cap {cap}");
+    }
+}
+
+/// Scenarios 12, 14, 15, S3: doubling on wcu, the cap, and count propagation.
+#[tokio::test]
+async fn s12_s14_s15_doubling() {
+    let h = harness(T0);
+    limits(&h, &[Limit::per_minute("rpm", 100_000).unwrap()]).await;
+    h.lim.acquire(E, R, &[("rpm", 1)]).await.unwrap();
+    // S3: 1000 fast writes in the same instant spend shard 0's wcu (the create spent none).
+    for _ in 0..1000 {
+        h.lim.acquire(E, R, &[("rpm", 1)]).await.unwrap();
+    }
+    assert_eq!(h.n(E, R, 0, "b_wcu_tk"), Some(0));
+    h.rng.pin(0);
+    h.lim.acquire(E, R, &[("rpm", 1)]).await.unwrap();
+    assert_eq!(h.n(E, R, 0, "shard_count"), Some(2));
+    assert!(
+        h.store.inner().raw_get(&h.key(E, R, 1)).is_some(),
+        "drawn from [1, 2), created"
+    );
+    assert_eq!(h.lim.stats().doublings, 1);
+    // 15: propagation 4 → 8 reaches shards below 8 only.
+    let s = h.lim.bump_shard_count(E, R, 2).await.unwrap();
+    assert_eq!(s, 4);
+    for i in 2..4 {
+        h.rng.pin(i);
+        h.lim.acquire(E, R, &[("rpm", 1)]).await.unwrap();
+    }
+    h.set_n(E, R, 3, "shard_count", 8);
+    assert_eq!(h.lim.bump_shard_count(E, R, 4).await.unwrap(), 8);
+    for i in 0..4 {
+        assert_eq!(h.n(E, R, i, "shard_count"), Some(8), "shard {i}");
+    }
+    // 14: the cap.
+    assert_eq!(h.lim.bump_shard_count(E, R, 32).await.unwrap(), 32);
+}
+
+/// Scenario 11 (#480): wcu and an app limit both short, refill would not help → no
+/// doubling, a rejection.
+#[tokio::test]
+async fn s11_no_doubling_for_app_limits() {
+    let h = harness(T0);
+    limits(&h, &[Limit::per_hour("rph", 2).unwrap()]).await;
+    h.lim.acquire(E, R, &[("rph", 2)]).await.unwrap();
+    h.set_n(E, R, 0, "b_wcu_tk", 0);
+    assert!(matches!(
+        h.lim.acquire(E, R, &[("rph", 1)]).await,
+        Err(Error::RateLimitExceeded(_))
+    ));
+    assert_eq!(h.n(E, R, 0, "shard_count"), Some(1));
+}
+
+/// Scenario 13: concurrent doublers — one CAS wins, the loser adopts the winner's count.
+#[tokio::test]
+async fn s13_concurrent_doublers() {
+    let h = harness(T0);
+    limits(&h, &[Limit::per_minute("rpm", 10).unwrap()]).await;
+    h.lim.acquire(E, R, &[("rpm", 1)]).await.unwrap();
+    let other = h.slow();
+    assert_eq!(h.lim.bump_shard_count(E, R, 1).await.unwrap(), 2);
+    assert_eq!(other.bump_shard_count(E, R, 1).await.unwrap(), 2);
+    assert_eq!(h.n(E, R, 0, "shard_count"), Some(2));
+}
+
+/// Scenario 16: the create race — the loser's consumption-only retry lands on the winner's
+/// item.
+#[tokio::test]
+async fn s16_create_race() {
+    let h = harness(T0);
+    limits(&h, &[Limit::per_minute("rpm", 10).unwrap()]).await;
+    let (lim, hk) = h.hooked(false);
+    let winner = h.slow();
+    let k = h.key(E, R, 0);
+    // The winner creates the item just before our Put.
+    let (tx, rx) = std::sync::mpsc::channel::<()>();
+    hk.stage(On::Put, Some(k), move |_| {
+        let _ = tx.send(());
+    });
+    let w = winner.clone();
+    let _ = rx;
+    w.acquire(E, R, &[("rpm", 1)]).await.unwrap();
+    // Now our pass: it read "missing" before? Stage it explicitly: delete, then re-create
+    // in the hook so our Put loses.
+    h.store.inner().raw_delete(&h.key(E, R, 0));
+    let (lim2, hk2) = h.hooked(false);
+    let k = h.key(E, R, 0);
+    let snapshot = {
+        let h2 = harness(T0);
+        limits(&h2, &[Limit::per_minute("rpm", 10).unwrap()]).await;
+        h2.lim.acquire(E, R, &[("rpm", 3)]).await.unwrap();
+        h2.item(E, R, 0)
+    };
+    hk2.stage(On::Put, Some(k.clone()), move |m| m.raw_put(&k, snapshot));
+    let lease = lim2.acquire(E, R, &[("rpm", 2)]).await.unwrap();
+    assert_eq!(lease.consumed()["rpm"], 2);
+    assert_eq!(
+        h.n(E, R, 0, "b_rpm_tk"),
+        Some(5000),
+        "winner's 10 − 3, then our 2"
+    );
+    assert_eq!(h.n(E, R, 0, "b_rpm_tc"), Some(5000));
+    let _ = lim;
+}
+
+/// Scenario 17 and S5: probing at most 2 untried shards; a drained shard is passed over.
+#[tokio::test]
+async fn s17_s5_shard_probes() {
+    let h = harness(T0);
+    limits(&h, &[Limit::per_hour("rph", 400).unwrap()]).await;
+    h.lim.acquire(E, R, &[("rph", 0)]).await.unwrap();
+    h.lim.bump_shard_count(E, R, 1).await.unwrap();
+    h.lim.bump_shard_count(E, R, 2).await.unwrap();
+    for i in 1..4 {
+        h.rng.pin(i);
+        h.lim.acquire(E, R, &[("rph", 0)]).await.unwrap();
+    }
+    // Shards hold 100 each (0 keeps its old 400 until clamped). Drain 0, 1, 2.
+    for i in 0..3 {
+        h.set_n(E, R, i, "b_rph_tk", 0);
+    }
+    h.rng.pin(0);
+    let s = h.stats();
+    let r = h.lim.acquire(E, R, &[("rph", 1)]).await;
+    let d = h.stats().since(&s);
+    assert!(
+        d.updates <= 3,
+        "at most the drawn shard and 2 probes: {d:?}"
+    );
+    if r.is_ok() {
+        assert_eq!(h.n(E, R, 3, "b_rph_tk"), Some(99_000));
+    } else {
+        // The two probes missed shard 3: refused with the entity's statuses.
+        let x = r.unwrap_err();
+        let st = &x.exceeded().unwrap().statuses[0];
+        assert_eq!((st.capacity, st.available), (400, 100));
+    }
+    // S5: with both shards of 2 drained, a rejection.
+    let h = harness(T0);
+    limits(&h, &[Limit::per_hour("rph", 2).unwrap()]).await;
+    h.lim.acquire(E, R, &[("rph", 0)]).await.unwrap();
+    h.lim.bump_shard_count(E, R, 1).await.unwrap();
+    h.rng.pin(1);
+    h.lim.acquire(E, R, &[("rph", 1)]).await.unwrap(); // shard 1: 1 of 1
+    h.rng.pin(0);
+    h.lim.acquire(E, R, &[("rph", 1)]).await.unwrap(); // shard 0: 2 of 2 (not yet clamped)
+    h.lim.acquire(E, R, &[("rph", 1)]).await.unwrap();
+    assert!(h.lim.acquire(E, R, &[("rph", 1)]).await.is_err());
+}
+
+/// S6: wcu is invisible — never in statuses, never adjustable.
+#[tokio::test]
+async fn s6_wcu_is_invisible() {
+    let h = harness(T0);
+    limits(&h, &[Limit::per_minute("rpm", 1).unwrap()]).await;
+    let mut l = h.lim.acquire(E, R, &[("rpm", 1)]).await.unwrap();
+    assert!(l.statuses().iter().all(|s| s.limit != "wcu"));
+    assert!(l.adjust("wcu", 1).is_err());
+    let x = h.lim.acquire(E, R, &[("rpm", 1)]).await.unwrap_err();
+    assert!(x
+        .exceeded()
+        .unwrap()
+        .statuses
+        .iter()
+        .all(|s| s.limit != "wcu"));
+    let a = h.lim.check_availability(E, R, None).await.unwrap();
+    assert!(a.limits.iter().all(|s| s.limit != "wcu"));
+}
+
+/// S9: GSI3 finds every bucket of an entity.
+#[tokio::test]
+async fn s9_gsi3_discovery() {
+    let h = harness(T0);
+    for r in ["gpt-4", "gpt-3.5"] {
+        h.lim
+            .set_limits(
+                &Scope::Resource(r.into()),
+                &[Limit::per_minute("rpm", 10).unwrap()],
+                None,
+            )
+            .await
+            .unwrap();
+        h.rng.pin(0);
+        h.lim.acquire(E, r, &[("rpm", 1)]).await.unwrap();
+        h.lim.bump_shard_count(E, r, 1).await.unwrap();
+        h.rng.pin(1);
+        h.lim.acquire(E, r, &[("rpm", 1)]).await.unwrap();
+    }
+    use tollgate_store::{Query, Store};
+    let items = h
+        .store
+        .query(Query::index("GSI3", "default/ENTITY#e", Some("BUCKET#")))
+        .await
+        .unwrap();
+    let mut sks: Vec<String> = items
+        .iter()
+        .map(|i| i["GSI3SK"].as_s().unwrap().to_string())
+        .collect();
+    sks.sort();
+    assert_eq!(
+        sks,
+        [
+            "BUCKET#gpt-3.5#0",
+            "BUCKET#gpt-3.5#1",
+            "BUCKET#gpt-4#0",
+            "BUCKET#gpt-4#1"
+        ]
+    );
+    assert_eq!(h.lim.delete_entity(E).await.unwrap(), 4);
+}
+
+/// S10: refill recovery on both paths.
+#[tokio::test]
+async fn s10_refill_recovery() {
+    for fast in [true, false] {
+        let mut o = opts();
+        o.speculative = fast;
+        let h = harness_with(T0, o);
+        limits(
+            &h,
+            &[Limit::rate("rpm", 100, 100, Duration::from_secs(1)).unwrap()],
+        )
+        .await;
+        h.lim.acquire(E, R, &[("rpm", 100)]).await.unwrap();
+        let x = h.lim.acquire(E, R, &[("rpm", 100)]).await.unwrap_err();
+        assert!(x.exceeded().unwrap().retry_after_ms.unwrap() > 0);
+        h.at(T0 + 1100);
+        let l = h.lim.acquire(E, R, &[("rpm", 50)]).await.unwrap();
+        assert_eq!(l.consumed()["rpm"], 50);
+    }
+}
+
+/// S11: a dripping limit on a new shard gets a full share; shard 0 is not clamped early.
+#[tokio::test]
+async fn s11_dripping_on_new_shard() {
+    let h = harness(T0);
+    limits(&h, &[Limit::per_minute("rpm", 1000).unwrap()]).await;
+    h.lim.acquire(E, R, &[("rpm", 998)]).await.unwrap();
+    h.lim.bump_shard_count(E, R, 1).await.unwrap();
+    h.rng.pin(1);
+    let s = h.stats();
+    h.lim.acquire(E, R, &[("rpm", 1)]).await.unwrap();
+    assert_eq!(
+        h.stats().since(&s).batch_gets,
+        0,
+        "a drip-only create reads no sibling"
+    );
+    assert_eq!(h.tks(E, R, "rpm", 2), vec![2000, 499_000]);
+}
+
+/// Scenario 18: draws are random over every shard.
+#[tokio::test]
+async fn s18_random_selection() {
+    let store = Arc::new(tollgate_store::Counting::new(
+        tollgate_store::MemoryStore::new(),
+    ));
+    let clock = Arc::new(tollgate::ManualClock::new(T0));
+    let lim = tollgate::Limiter::builder(store.clone())
+        .clock(clock.clone())
+        .rng(Arc::new(tollgate::SeededRng::new(7)))
+        .build()
+        .unwrap();
+    lim.set_limits(
+        &Scope::Entity(E.into(), Some(R.into())),
+        &[Limit::per_minute("rpm", 100_000).unwrap()],
+        None,
+    )
+    .await
+    .unwrap();
+    lim.acquire(E, R, &[("rpm", 1)]).await.unwrap();
+    lim.bump_shard_count(E, R, 1).await.unwrap();
+    lim.bump_shard_count(E, R, 2).await.unwrap();
+    for _ in 0..64 {
+        lim.acquire(E, R, &[("rpm", 1)]).await.unwrap();
+    }
+    for s in 0..4 {
+        let k = tollgate_core::keys::bucket("default", E, R, s);
+        let tc = store
+            .inner()
+            .raw_get(&k)
+            .and_then(|i| i.get("b_rpm_tc").and_then(Value::as_n))
+            .unwrap_or(0);
+        assert!(tc > 0, "shard {s} never drawn");
+    }
+}
+
+/// Availability and rejections speak of the entity: capacity and availability summed over
+/// shards (#475).
+#[tokio::test]
+async fn entity_wide_statuses() {
+    let h = harness(T0);
+    limits(&h, &[rpd()]).await;
+    h.lim.acquire(E, R, &[("rpd", 0)]).await.unwrap();
+    h.lim.bump_shard_count(E, R, 1).await.unwrap();
+    h.rng.pin(1);
+    h.lim.acquire(E, R, &[("rpd", 100)]).await.unwrap();
+    let a = h
+        .lim
+        .check_availability(E, R, Some(&[("rpd", 1)]))
+        .await
+        .unwrap();
+    assert_eq!((a.limits[0].capacity, a.limits[0].available), (1000, 900));
+    assert!(a.allowed);
+    let x = h.lim.acquire(E, R, &[("rpd", 600)]).await.unwrap_err();
+    let st = &x.exceeded().unwrap().statuses[0];
+    assert_eq!((st.capacity, st.available), (1000, 900));
+}
