@@ -383,6 +383,7 @@ impl Inner {
                     shard,
                     key,
                     &evals,
+                    true,
                     img.shard_count,
                     now,
                 )))
@@ -421,12 +422,17 @@ impl Inner {
             .collect()
     }
 
+    /// A granted lease. `debited` says whether `evals` already reflect the debit (images
+    /// returned by the write) or are the pre-debit materialisation (slow path, create);
+    /// statuses always report the balance after the debit.
+    #[allow(clippy::too_many_arguments)]
     fn lease(
         self: &Arc<Self>,
         req: &Request,
         shard: u32,
         key: Key,
         evals: &[Evaluated],
+        debited: bool,
         s: i64,
         now: i64,
     ) -> Lease {
@@ -435,8 +441,12 @@ impl Inner {
         for (l, e) in req.limits.iter().zip(evals) {
             ceilings.insert(l.name().to_string(), e.ceiling);
             if let Some((_, a)) = req.amounts.iter().find(|(n, _)| n == l.name()) {
+                let after = Evaluated {
+                    balance: if debited { e.balance } else { e.balance - a },
+                    ..e.clone()
+                };
                 let view = ShardView {
-                    eval: e,
+                    eval: &after,
                     shard_count: s,
                     carry: e.carry.unwrap_or(0),
                 };
@@ -664,7 +674,7 @@ impl Inner {
                     self.rejections.forget(&req.entity, &req.resource, m.shard);
                 }
                 self.after_materialise(req, shard, s, &evals).await;
-                Ok(self.lease(req, shard, key.clone(), &evals, s, now))
+                Ok(self.lease(req, shard, key.clone(), &evals, false, s, now))
             }
             (Err(LostLock), _) => self.retry(req, shard, key, s, now).await,
         }
@@ -763,7 +773,7 @@ impl Inner {
                     .ok_or_else(|| Error::Corrupt(format!("{key}: no item returned")))?;
                 Stats::bump(&self.stats.slow_admits);
                 let evals = self.evaluate_all(req, &img, now);
-                Ok(self.lease(req, shard, key.clone(), &evals, s, now))
+                Ok(self.lease(req, shard, key.clone(), &evals, true, s, now))
             }
             Err(StoreError::ConditionFailed { old }) => {
                 let img = old.as_deref().map(BucketImage::decode).transpose()?;
@@ -857,7 +867,7 @@ impl Inner {
                     self.rejections.forget(&req.entity, &req.resource, m.shard);
                 }
                 self.after_materialise(req, shard, s, &evals).await;
-                Ok(self.lease(req, shard, key.clone(), &evals, s, now))
+                Ok(self.lease(req, shard, key.clone(), &evals, false, s, now))
             }
             (Err(LostLock), _) => self.retry(req, shard, key, s, now).await,
         }

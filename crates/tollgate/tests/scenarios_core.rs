@@ -405,7 +405,16 @@ async fn s10_wcu_accounting() {
 async fn s19_create_marks() {
     let h = harness(T0);
     entity_limits(&h, "e", "llm", &[session()]).await;
-    h.lim.acquire("e", "llm", &[("session", 1)]).await.unwrap();
+    let l = h.lim.acquire("e", "llm", &[("session", 1)]).await.unwrap();
+    // The lease reports the balance after its own debit, on the slow path too.
+    assert_eq!(
+        (l.statuses()[0].available, l.statuses()[0].resets_at_ms),
+        (9, Some(T0 + W))
+    );
+    let l = h.lim.acquire("e", "llm", &[("session", 1)]).await.unwrap();
+    assert_eq!(l.statuses()[0].available, 8);
+    let mut l = l;
+    l.rollback().await.unwrap();
     let g = |a: &str| h.n("e", "llm", 0, a);
     assert_eq!(g("b_session_ws"), Some(T0));
     assert_eq!(g("b_session_wa"), Some(T0));
