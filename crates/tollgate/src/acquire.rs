@@ -539,6 +539,21 @@ impl Inner {
         out
     }
 
+    /// A one-shard refusal restated for the entity when it has several shards (#475).
+    async fn speak_of_entity(
+        &self,
+        req: &Request,
+        x: Box<Exceeded>,
+        s: i64,
+        now: i64,
+    ) -> Result<Box<Exceeded>> {
+        if s > 1 {
+            self.entity_exceeded(req, s, now).await
+        } else {
+            Ok(x)
+        }
+    }
+
     /// A refusal that speaks of the entity: read every shard (one batch read).
     async fn entity_exceeded(&self, req: &Request, s: i64, now: i64) -> Result<Box<Exceeded>> {
         let keys: Vec<Key> = (0..s as u32).map(|i| self.bucket_key(req, i)).collect();
@@ -631,7 +646,8 @@ impl Inner {
         if let (Some(x), true) = (&refusal, plan.moves.is_empty()) {
             self.rejections
                 .record(&req.entity, &req.resource, shard, img, now);
-            return Err(Error::RateLimitExceeded(x.clone()));
+            let x = self.speak_of_entity(req, x.clone(), s, now).await?;
+            return Err(Error::RateLimitExceeded(x));
         }
         // A refused request whose seed planned a move still commits the move, with nothing
         // consumed (the grant is the slot's either way).
@@ -666,7 +682,9 @@ impl Inner {
             self.transact(ops).await?
         };
         match (landed, refusal) {
-            (Ok(()), Some(x)) => Err(Error::RateLimitExceeded(x)),
+            (Ok(()), Some(x)) => Err(Error::RateLimitExceeded(
+                self.speak_of_entity(req, x, s, now).await?,
+            )),
             (Ok(()), None) => {
                 Stats::bump(&self.stats.slow_admits);
                 self.rejections.forget(&req.entity, &req.resource, shard);
@@ -878,8 +896,10 @@ impl Inner {
         shards::fan_out(self, req, shard, s, evals).await;
     }
 
-    /// Double the shard count on shard 0 by compare-and-set (never above 32, never lowered;
-    /// a loser adopts the winner's count), then propagate the count to the other shards.
+    /// Rule "shard doubling": double the count on shard 0 by compare-and-set (never above
+    /// 32, never lowered; a loser adopts the winner's count), then propagate it to the
+    /// other shards (best effort, monotone). Every shard written is sent to the slow path
+    /// once (`vu = 0`) so its dripping limits shrink to the new share.
     pub(crate) async fn bump(&self, req: &Request, old: i64) -> Result<i64> {
         if old >= MAX_SHARD_COUNT {
             return Ok(old);
@@ -895,7 +915,10 @@ impl Inner {
             .store
             .update(UpdateRequest {
                 key,
-                update: Update::new().set(attr::SHARD_COUNT, new),
+                // vu = 0: the next write on this shard takes the slow path and re-materialises
+                // its dripping limits at the new share (a stale full balance would otherwise
+                // be spent on top of the new shards' shares).
+                update: Update::new().set(attr::SHARD_COUNT, new).set(attr::VU, 0),
                 condition: Some(cond),
                 returns: ReturnValues::None,
             })
@@ -909,7 +932,7 @@ impl Inner {
                         .store
                         .update(UpdateRequest {
                             key: self.bucket_key(req, s),
-                            update: Update::new().set(attr::SHARD_COUNT, new),
+                            update: Update::new().set(attr::SHARD_COUNT, new).set(attr::VU, 0),
                             condition: Some(
                                 Condition::exists("PK").and(Condition::lt(attr::SHARD_COUNT, new)),
                             ),

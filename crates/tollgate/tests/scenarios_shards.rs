@@ -683,16 +683,22 @@ async fn s17_s5_shard_probes() {
         let st = &x.exceeded().unwrap().statuses[0];
         assert_eq!((st.capacity, st.available), (400, 100));
     }
-    // S5: with both shards of 2 drained, a rejection.
+    // S5: two shards of 100 each; shard 0 drained by 100 single-token writes; a draw of
+    // shard 0 is admitted through a probe of shard 1; with both drained, a rejection.
     let h = harness(T0);
-    limits(&h, &[Limit::per_hour("rph", 2).unwrap()]).await;
+    limits(&h, &[Limit::per_hour("rph", 200).unwrap()]).await;
     h.lim.acquire(E, R, &[("rph", 0)]).await.unwrap();
     h.lim.bump_shard_count(E, R, 1).await.unwrap();
     h.rng.pin(1);
-    h.lim.acquire(E, R, &[("rph", 1)]).await.unwrap(); // shard 1: 1 of 1
+    h.lim.acquire(E, R, &[("rph", 0)]).await.unwrap();
     h.rng.pin(0);
-    h.lim.acquire(E, R, &[("rph", 1)]).await.unwrap(); // shard 0: 2 of 2 (not yet clamped)
+    for _ in 0..100 {
+        h.lim.acquire(E, R, &[("rph", 1)]).await.unwrap();
+    }
+    assert_eq!(h.tks(E, R, "rph", 2), vec![0, 100_000]);
     h.lim.acquire(E, R, &[("rph", 1)]).await.unwrap();
+    assert_eq!(h.tks(E, R, "rph", 2), vec![0, 99_000]);
+    h.set_n(E, R, 1, "b_rph_tk", 0);
     assert!(h.lim.acquire(E, R, &[("rph", 1)]).await.is_err());
 }
 
@@ -852,4 +858,27 @@ async fn entity_wide_statuses() {
     let x = h.lim.acquire(E, R, &[("rpd", 600)]).await.unwrap_err();
     let st = &x.exceeded().unwrap().statuses[0];
     assert_eq!((st.capacity, st.available), (1000, 900));
+}
+
+/// Doubling never leaves a stale full balance on the old shards: each is sent to the slow
+/// path once and clamped to the new share, so a warm client spending on shard 0 after the
+/// doubling gets its share only.
+#[tokio::test]
+async fn doubling_clamps_old_shards_to_the_new_share() {
+    let h = harness(T0);
+    limits(&h, &[Limit::per_hour("rph", 320).unwrap()]).await;
+    h.lim.acquire(E, R, &[("rph", 0)]).await.unwrap();
+    let mut s = 1;
+    while s < 32 {
+        s = h.lim.bump_shard_count(E, R, s).await.unwrap();
+    }
+    h.rng.pin(0);
+    let mut on_shard_0 = 0;
+    for _ in 0..40 {
+        if h.lim.acquire(E, R, &[("rph", 1)]).await.is_ok() {
+            on_shard_0 += 1;
+        }
+    }
+    assert_eq!(h.n(E, R, 0, "b_rph_tc"), Some(10_000));
+    assert!(on_shard_0 >= 10);
 }
