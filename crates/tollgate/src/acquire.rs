@@ -901,7 +901,7 @@ impl Inner {
     /// other shards (best effort, monotone). Every shard written is sent to the slow path
     /// once (`vu = 0`) so its dripping limits shrink to the new share.
     pub(crate) async fn bump(&self, req: &Request, old: i64) -> Result<i64> {
-        if old >= MAX_SHARD_COUNT {
+        if old >= MAX_SHARD_COUNT.min(self.opts.max_shard_count) {
             return Ok(old);
         }
         let new = old * 2;

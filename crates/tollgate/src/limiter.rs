@@ -32,6 +32,8 @@ pub struct Options {
     pub ttl_multiplier: i64,
     /// How long a seen bucket may refuse requests locally (0 disables it).
     pub rejection_cache_ttl: Duration,
+    /// The most shards this client doubles an entity's resource to (1 to 32).
+    pub max_shard_count: i64,
 }
 
 impl Default for Options {
@@ -43,6 +45,7 @@ impl Default for Options {
             speculative: true,
             ttl_multiplier: 7,
             rejection_cache_ttl: Duration::from_secs(1),
+            max_shard_count: tollgate_core::bucket::MAX_SHARD_COUNT,
         }
     }
 }
