@@ -10,6 +10,8 @@
 //!   operation that failed moved nothing — unless one of its writes was applied with its
 //!   response lost, which is reported as a *residual* (the caller was told "error" but `tc`
 //!   moved), not as a violation.
+//! - `window-roll-charge`: a roll into a fanned-out window leaves `tk + (tc − wtc)` at most
+//!   the shard's share (consumption since the fan-out snapshot is charged, ADR-140).
 //! - `tc-total`: at the end, Σ `tc` over every shard of every (entity, resource, limit) equals
 //!   the sum of every `tc` change the ledger saw (no write escaped it).
 //! - `window-allowance`: for a duration-window quota, admissions are attributed to the window
@@ -258,10 +260,11 @@ impl Ledger {
         }
         let rf = n(a, "rf").unwrap_or(0);
         for l in limits_on(a) {
+            self.check_roll_charge(client, &entity, &resource, shard, &l, before, a, step);
+        }
+        for l in limits_on(a) {
             let tc_a = n(a, &format!("b_{l}_tc")).unwrap_or(0);
-            let tc_b = before
-                .and_then(|b| n(b, &format!("b_{l}_tc")))
-                .unwrap_or(0);
+            let tc_b = before.and_then(|b| n(b, &format!("b_{l}_tc"))).unwrap_or(0);
             if tc_a != tc_b {
                 self.tc.push(TcEvent {
                     op,
@@ -277,6 +280,59 @@ impl Ledger {
                     lost,
                 });
             }
+        }
+    }
+
+    /// `window-roll-charge` (ADR-140): a write that rolls a shard into a fanned-out window
+    /// (`ws` unchanged, `wa` moves up to it) must leave `tk + (tc − wtc) ≤ C // gc`: what the
+    /// shard can still spend plus what it consumed since the fan-out snapshot is at most its
+    /// share. Every ADD path (debit, retry, adjust, rollback) keeps `tk + tc` constant, so this
+    /// holds exactly when the roll charged `tc − wtc`.
+    #[allow(clippy::too_many_arguments)]
+    fn check_roll_charge(
+        &mut self,
+        client: usize,
+        entity: &str,
+        resource: &str,
+        shard: u32,
+        l: &str,
+        before: Option<&Item>,
+        a: &Item,
+        step: u64,
+    ) {
+        let Some(b) = before else { return };
+        let g = |i: &Item, f: &str| n(i, &format!("b_{l}_{f}"));
+        let (Some(ws_b), Some(ws_a), Some(wa_a), Some(wtc)) =
+            (g(b, "ws"), g(a, "ws"), g(a, "wa"), g(a, "wtc"))
+        else {
+            return;
+        };
+        let pending = match g(b, "wa") {
+            Some(wa_b) => ws_b > wa_b,
+            None => n(b, "rf").is_some_and(|rf| ws_b > rf),
+        };
+        if !(pending && ws_a == ws_b && wa_a == ws_a) {
+            return;
+        }
+        let (Some(tk), Some(tc), Some(cp)) = (g(a, "tk"), g(a, "tc"), g(a, "cp")) else {
+            return;
+        };
+        let gc = g(a, "gc")
+            .filter(|x| *x >= 1)
+            .or(n(a, "shard_count"))
+            .unwrap_or(1)
+            .max(1);
+        let share = cp / gc;
+        if tk + (tc - wtc) > share {
+            self.violate(
+                "window-roll-charge",
+                format!(
+                    "step {step}: c{client} rolled {entity}/{resource}#{shard} {l} into ws={ws_a}: tk {} + consumed since the fan-out snapshot {} > share {}",
+                    fmt_milli(tk),
+                    fmt_milli(tc - wtc),
+                    fmt_milli(share)
+                ),
+            );
         }
     }
 
@@ -377,7 +433,10 @@ impl Ledger {
                 if op.ok == Some(true) { "ok" } else { "failed" },
                 moved,
                 expected,
-                op.err.as_deref().map(|e| format!(" (error: {e})")).unwrap_or_default()
+                op.err
+                    .as_deref()
+                    .map(|e| format!(" (error: {e})"))
+                    .unwrap_or_default()
             ));
         }
         let _ = limits;
@@ -431,7 +490,9 @@ impl Ledger {
         let mut landed: BTreeMap<(usize, String), (u32, Option<i64>, i64)> = BTreeMap::new();
         for e in &self.tc {
             let Some(op) = e.op else { continue };
-            let Some(rec) = self.ops.get(op) else { continue };
+            let Some(rec) = self.ops.get(op) else {
+                continue;
+            };
             if rec.ok != Some(true) {
                 continue;
             }
@@ -570,15 +631,7 @@ impl Ledger {
         }
     }
 
-    fn check_rate(
-        &mut self,
-        res: &str,
-        l: &Limit,
-        ra: i64,
-        rp: i64,
-        skew: i64,
-        adm: &[Admission],
-    ) {
+    fn check_rate(&mut self, res: &str, l: &Limit, ra: i64, rp: i64, skew: i64, adm: &[Admission]) {
         let cap = l.capacity_milli();
         let mut out = Vec::new();
         let mut entities: BTreeMap<&str, Vec<&Admission>> = BTreeMap::new();
@@ -611,17 +664,16 @@ impl Ledger {
                     // Refill is credited from the created rf up to a writer's reading,
                     // which is at most true time + skew.
                     let elapsed = i128::from((a.t + skew - c.rf).max(0));
-                    allow += i128::from(cap / s)
-                        + i128::from(rate) * elapsed / i128::from(rp)
-                        + 1000;
+                    allow +=
+                        i128::from(cap / s) + i128::from(rate) * elapsed / i128::from(rp) + 1000;
                 }
                 for o in self.old_rf.iter().filter(|o| {
                     o.entity == ent && o.resource == res && o.step <= a.step && o.after < o.before
                 }) {
                     let s = s_at.get(&o.shard).copied().unwrap_or(1);
                     let rate = (ra / s).max(1);
-                    allow += i128::from(rate) * i128::from(o.before - o.after) / i128::from(rp)
-                        + 1000;
+                    allow +=
+                        i128::from(rate) * i128::from(o.before - o.after) / i128::from(rp) + 1000;
                 }
                 if i128::from(net) > allow {
                     out.push(format!(

@@ -5,7 +5,7 @@ use std::process::ExitCode;
 use std::time::Instant;
 
 use clap::Parser;
-use tollgate_sim::{run_seed, ledger::fmt_milli, Mutant, RunConfig, Summary, WORKLOADS};
+use tollgate_sim::{ledger::fmt_milli, run_seed, Mutant, RunConfig, Summary, WORKLOADS};
 
 /// Deterministic simulation of tollgate: seeded interleavings, injected faults, older
 /// writers, clock skew and invariant checks.
@@ -59,7 +59,10 @@ fn main() -> ExitCode {
         w => match WORKLOADS.iter().find(|x| **x == w) {
             Some(x) => Some(*x),
             None => {
-                eprintln!("unknown workload {w:?}; one of: all, {}", WORKLOADS.join(", "));
+                eprintln!(
+                    "unknown workload {w:?}; one of: all, {}",
+                    WORKLOADS.join(", ")
+                );
                 return ExitCode::from(2);
             }
         },
@@ -108,7 +111,8 @@ fn main() -> ExitCode {
     }
     let secs = t0.elapsed().as_secs_f64();
     let replay = |seed: u64, wl: &str| {
-        let mut c = format!("cargo run --release -p tollgate-sim -- --seed {seed} --trace --workload {wl}");
+        let mut c =
+            format!("cargo run --release -p tollgate-sim -- --seed {seed} --trace --workload {wl}");
         if let Some(k) = cli.clients {
             c.push_str(&format!(" --clients {k}"));
         }
@@ -154,7 +158,13 @@ fn main() -> ExitCode {
     );
     let _ = fmt_milli;
     for (inv, k) in &sum.by_invariant {
-        println!("violated invariant {inv}: {k} times in {} seeds", sum.failing.iter().filter(|(_, _, v)| v.invariant == *inv).count());
+        println!(
+            "violated invariant {inv}: {k} times in {} seeds",
+            sum.failing
+                .iter()
+                .filter(|(_, _, v)| v.invariant == *inv)
+                .count()
+        );
     }
     let total = sum.violations + nondeterministic.len() as u64;
     println!("violations: {total}");

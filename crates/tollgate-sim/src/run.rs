@@ -101,12 +101,18 @@ pub fn run_seed(cfg: &RunConfig) -> SeedReport {
     let wl = workload_of(cfg.seed, cfg.workload);
     let spec = Arc::new(workload::build(wl, &mut rng, cfg.clients));
     let p = spec.fault_p;
+    // In a quarter of the faulty runs, eventually consistent reads are mostly stale.
+    let stale = if p > 0.0 && rng.gen_bool(0.25) {
+        0.6
+    } else {
+        (p * 4.0).min(1.0)
+    };
     let fc = FaultConfig {
         condition_race: p,
         transaction_conflict: p,
         throttle: p,
         lost_response: p / 2.0,
-        stale_read: (p * 4.0).min(1.0),
+        stale_read: stale,
         delay: 0.0,
         max_delay: Duration::ZERO,
     };
@@ -175,8 +181,15 @@ pub fn run_seed(cfg: &RunConfig) -> SeedReport {
             Box::pin(workload::client(sh.clone(), c, lim, spec.clone(), crng)),
         ));
     }
+    // The older writer's clock: within the bound, and in half the runs as far behind as
+    // the bound allows (its `rf` stamps then land below window starts).
     let chaos_skew = if spec.skew > 0 {
-        rng.gen_range(-spec.skew..=spec.skew)
+        let s = rng.gen_range(-spec.skew..=spec.skew);
+        if rng.gen_bool(0.5) {
+            -spec.skew
+        } else {
+            s
+        }
     } else {
         0
     };
@@ -227,7 +240,7 @@ pub fn run_seed(cfg: &RunConfig) -> SeedReport {
     let mut g = sh.lock();
     let st = &mut *g;
     st.ledger.finish(&limits, &items, spec.skew);
-    violations.extend(st.ledger.violations.drain(..));
+    violations.append(&mut st.ledger.violations);
     let mut hash = st.hash;
     let mut max_shards = 1;
     for i in &items {
@@ -236,11 +249,15 @@ pub fn run_seed(cfg: &RunConfig) -> SeedReport {
             max_shards = max_shards.max(s);
         }
     }
-    let (admitted, refused) = st.ledger.ops.iter().fold((0, 0), |(a, r), o| match (&o.kind, o.ok) {
-        (crate::ledger::OpKind::Acquire { .. }, Some(true)) => (a + 1, r),
-        (crate::ledger::OpKind::Acquire { .. }, _) => (a, r + 1),
-        _ => (a, r),
-    });
+    let (admitted, refused) =
+        st.ledger
+            .ops
+            .iter()
+            .fold((0, 0), |(a, r), o| match (&o.kind, o.ok) {
+                (crate::ledger::OpKind::Acquire { .. }, Some(true)) => (a + 1, r),
+                (crate::ledger::OpKind::Acquire { .. }, _) => (a, r + 1),
+                _ => (a, r),
+            });
     SeedReport {
         seed: cfg.seed,
         workload: wl,

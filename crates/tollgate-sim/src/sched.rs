@@ -537,9 +537,9 @@ pub struct SimStore {
 
 /// Whether an update is a rollover fan-out write (it snapshots `wtc` from `tc`).
 fn is_fanout(u: &Update) -> bool {
-    u.actions.iter().any(|a| {
-        matches!(a, Action::Set(n, SetValue::IfNotExists(_, _)) if n.ends_with("_wtc"))
-    })
+    u.actions
+        .iter()
+        .any(|a| matches!(a, Action::Set(n, SetValue::IfNotExists(_, _)) if n.ends_with("_wtc")))
 }
 
 #[async_trait]
@@ -548,8 +548,12 @@ impl Store for SimStore {
         self.sh.turn(self.client).await;
         let r = self.sh.faulty.get(key, consistent).await;
         let kind = if consistent { "get" } else { "get~" };
-        self.sh
-            .after_read(self.client, kind, std::slice::from_ref(key), r.as_ref().err());
+        self.sh.after_read(
+            self.client,
+            kind,
+            std::slice::from_ref(key),
+            r.as_ref().err(),
+        );
         r
     }
 
@@ -560,8 +564,13 @@ impl Store for SimStore {
     ) -> Result<Vec<Option<Item>>, StoreError> {
         self.sh.turn(self.client).await;
         let r = self.sh.faulty.batch_get(keys, consistent).await;
-        let kind = if consistent { "batch_get" } else { "batch_get~" };
-        self.sh.after_read(self.client, kind, keys, r.as_ref().err());
+        let kind = if consistent {
+            "batch_get"
+        } else {
+            "batch_get~"
+        };
+        self.sh
+            .after_read(self.client, kind, keys, r.as_ref().err());
         r
     }
 
@@ -581,7 +590,9 @@ impl Store for SimStore {
         let before = self.sh.images(&keys);
         let fanout = is_fanout(&req.update);
         if fanout && self.sh.drop_fanout() {
-            let e = StoreError::Unavailable("sim: fan-out write lost before it reached the store".into());
+            let e = StoreError::Unavailable(
+                "sim: fan-out write lost before it reached the store".into(),
+            );
             self.sh
                 .after_write(self.client, "fanout(LOST)", &keys, before, Some(&e));
             return Err(e);
@@ -624,7 +635,8 @@ impl Store for SimStore {
     async fn query(&self, q: Query) -> Result<Vec<Item>, StoreError> {
         self.sh.turn(self.client).await;
         let r = self.sh.faulty.query(q).await;
-        self.sh.after_read(self.client, "query", &[], r.as_ref().err());
+        self.sh
+            .after_read(self.client, "query", &[], r.as_ref().err());
         r
     }
 

@@ -83,7 +83,7 @@ pub fn build(name: &'static str, rng: &mut SmallRng, clients: Option<usize>) -> 
         ops_per_client: rng.gen_range(12..=30),
         lease_p: 0.0,
         wcu_drains: 0,
-        old_writes: if old { rng.gen_range(2..=8) } else { 0 },
+        old_writes: if old { rng.gen_range(4..=16) } else { 0 },
         skew,
         speculative_p: 0.85,
         knobs: Knobs {
@@ -120,7 +120,8 @@ pub fn build(name: &'static str, rng: &mut SmallRng, clients: Option<usize>) -> 
             let cap = rng.gen_range(8..=30);
             let (l, w) = window(rng, cap);
             s.limits = vec![l];
-            s.knobs.max_step_ms = w / 10;
+            s.wcu_drains = rng.gen_range(0..=3);
+            s.knobs.max_step_ms = w / 20;
         }
         "multi" => {
             let cap = rng.gen_range(10..=30);
@@ -324,7 +325,33 @@ pub async fn chaos(sh: Arc<Shared>, id: usize, spec: Arc<Spec>, mut rng: SmallRn
             .raw_get(&k0)
             .and_then(|i| i.get("shard_count").and_then(Value::as_n))
             .unwrap_or(1);
-        let shard = rng.gen_range(0..s.max(1)) as u32;
+        let mut shard = rng.gen_range(0..s.max(1)) as u32;
+        if old && rng.gen_bool(0.7) {
+            // Adversarial moments: a shard with a pending roll (`ws > wa`: removing `vu`
+            // lets the fast path spend the ended window's leftover), else a shard whose
+            // window started after this writer's clock (its `rf` stamp goes below `ws`).
+            let own = sh.now() + skew;
+            let mut best: Option<(u8, u32)> = None;
+            for j in 0..s.max(1) as u32 {
+                let Some(i) = sh.mem.raw_get(&keys::bucket(NS, ent, &spec.resource, j)) else {
+                    continue;
+                };
+                for l in crate::ledger::limits_on(&i) {
+                    let g = |a: &str| i.get(&format!("b_{l}_{a}")).and_then(Value::as_n);
+                    let prio = match (g("ws"), g("wa")) {
+                        (Some(ws), Some(wa)) if ws > wa => 2,
+                        (Some(ws), _) if ws > own => 1,
+                        _ => 0,
+                    };
+                    if prio > 0 && best.is_none_or(|(p, _)| prio > p) {
+                        best = Some((prio, j));
+                    }
+                }
+            }
+            if let Some((_, j)) = best {
+                shard = j;
+            }
+        }
         let key = keys::bucket(NS, ent, &spec.resource, shard);
         let Some(before) = sh.mem.raw_get(&key) else {
             continue;
@@ -351,14 +378,21 @@ pub async fn chaos(sh: Arc<Shared>, id: usize, spec: Arc<Spec>, mut rng: SmallRn
 /// (shard 0 first: it opens a window and fans it out; every other shard rolls into it or
 /// joins it), then every shard must carry the same `ws` (and `wa`), availability must report
 /// `ws + rsa` as the window's reset instant, and the shards must hold at most one allowance.
-pub async fn quiesce(sh: Arc<Shared>, id: usize, spec: Arc<Spec>, out: Arc<std::sync::Mutex<Vec<Violation>>>) {
+pub async fn quiesce(
+    sh: Arc<Shared>,
+    id: usize,
+    spec: Arc<Spec>,
+    out: Arc<std::sync::Mutex<Vec<Violation>>>,
+) {
     let windows: Vec<(String, i64, i64)> = spec
         .limits
         .iter()
         .filter_map(|l| match l.refill() {
-            Refill::Window { reset_after_s } => {
-                Some((l.name().to_string(), reset_after_s * 1000, l.capacity_milli()))
-            }
+            Refill::Window { reset_after_s } => Some((
+                l.name().to_string(),
+                reset_after_s * 1000,
+                l.capacity_milli(),
+            )),
             _ => None,
         })
         .collect();
@@ -400,10 +434,15 @@ pub async fn quiesce(sh: Arc<Shared>, id: usize, spec: Arc<Spec>, out: Arc<std::
             for j in 0..s as u32 {
                 pin.pin(j);
                 let op = sh.begin_op(id, OpKind::Check);
-                let r = lim.acquire(ent, &spec.resource, &[(name.as_str(), 0)]).await;
+                let r = lim
+                    .acquire(ent, &spec.resource, &[(name.as_str(), 0)])
+                    .await;
                 sh.end_op(id, op, r.as_ref().err().map(err_text));
                 if let Err(e) = r {
-                    bad.push(format!("{ent}: quiesce acquire(0) on shard {j} failed: {}", err_text(&e)));
+                    bad.push(format!(
+                        "{ent}: quiesce acquire(0) on shard {j} failed: {}",
+                        err_text(&e)
+                    ));
                 }
             }
             let mut starts = Vec::new();
@@ -453,7 +492,10 @@ pub async fn quiesce(sh: Arc<Shared>, id: usize, spec: Arc<Spec>, out: Arc<std::
                         ));
                     }
                 }
-                Err(e) => bad.push(format!("{ent}: check_availability failed: {}", err_text(&e))),
+                Err(e) => bad.push(format!(
+                    "{ent}: check_availability failed: {}",
+                    err_text(&e)
+                )),
             }
         }
     }

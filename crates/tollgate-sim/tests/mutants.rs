@@ -1,0 +1,100 @@
+//! Each guard, disabled with its mutant, is caught: a run finds a violation of the invariant
+//! the guard protects. The mutant switch is process-global, so these run one at a time.
+
+use std::sync::Mutex;
+
+use tollgate_sim::{mutants, run_seed, Mutant, RunConfig};
+
+static ONE_AT_A_TIME: Mutex<()> = Mutex::new(());
+
+/// Run seeds `0..max` of `workload` with `m` disabled; return the first violation found.
+fn first_violation(m: Mutant, workload: Option<&'static str>, max: u64) -> Option<(u64, String)> {
+    let _g = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
+    mutants::set(&[m]);
+    let mut found = None;
+    for seed in 0..max {
+        let r = run_seed(&RunConfig {
+            seed,
+            workload,
+            ..RunConfig::default()
+        });
+        if let Some(v) = r.violations.first() {
+            found = Some((seed, v.invariant.to_string()));
+            break;
+        }
+    }
+    mutants::set(&[]);
+    found
+}
+
+fn caught(m: Mutant, workload: Option<&'static str>, max: u64, invariants: &[&str]) {
+    let found = first_violation(m, workload, max);
+    let Some((seed, inv)) = found else {
+        panic!("mutant {} survived {max} seeds", m.name());
+    };
+    assert!(
+        invariants.contains(&inv.as_str()),
+        "mutant {} broke {inv} at seed {seed}, expected one of {invariants:?}",
+        m.name()
+    );
+}
+
+#[test]
+fn window_floor_is_needed() {
+    caught(
+        Mutant::WindowFloor,
+        Some("window"),
+        120,
+        &["window-allowance", "window-roll-charge"],
+    );
+}
+
+#[test]
+fn wa_marker_is_needed() {
+    caught(
+        Mutant::WaMarker,
+        Some("window"),
+        400,
+        &["window-allowance", "window-roll-charge"],
+    );
+}
+
+#[test]
+fn wtc_charge_is_needed() {
+    caught(
+        Mutant::WtcCharge,
+        Some("window"),
+        200,
+        &["window-roll-charge", "window-allowance"],
+    );
+}
+
+#[test]
+fn monotonic_rf_is_needed() {
+    caught(Mutant::MonotonicRf, None, 20, &["rf-monotonic"]);
+}
+
+#[test]
+fn rf_lock_is_needed() {
+    caught(
+        Mutant::RfLock,
+        None,
+        20,
+        &[
+            "rf-monotonic",
+            "calendar-allowance",
+            "window-allowance",
+            "rate-allowance",
+        ],
+    );
+}
+
+#[test]
+fn grant_move_is_needed() {
+    caught(
+        Mutant::GrantMove,
+        Some("calendar"),
+        60,
+        &["calendar-allowance", "window-allowance"],
+    );
+}
