@@ -51,6 +51,19 @@ pub fn plan_quota_grant(siblings: &[Sibling], slot: u32, share: i64) -> Grant {
     }
 }
 
+/// Rule R7 (ADR-145): the grant count of a legacy quota shard that carries no `gc` — start
+/// from its stored shard count and halve while its balance exceeds `C // g`.
+pub fn infer_gc(gc: Option<i64>, tk: i64, capacity: i64, shard_count: i64) -> i64 {
+    if let Some(g) = gc.filter(|g| *g >= 1) {
+        return g;
+    }
+    let mut g = shard_count.max(1);
+    while g > 1 && tk > capacity / g {
+        g /= 2;
+    }
+    g
+}
+
 /// Whether a shard's grant of `limit` belongs to the current period: a live window that
 /// this shard has applied (`ws <= wa`, or `ws <= rf` unmarked), or a calendar quota reset
 /// since the latest edge (`edge <= rf`, or no edge in reach).
@@ -71,15 +84,22 @@ pub fn quota_grant_is_current(limit: &Limit, st: &LimitState, rf: i64, now: i64)
 pub fn donor_condition(
     limit: &Limit,
     amount: i64,
-    gc: i64,
     st: &LimitState,
     rf: i64,
+    shard_count: i64,
     now: i64,
 ) -> Condition {
     let n = limit.name();
+    let generation = match st.gc {
+        Some(g) => Condition::eq(battr(n, "gc"), g),
+        // A legacy donor: pinned by the shard count its gc was inferred from.
+        None => {
+            Condition::not_exists(battr(n, "gc")).and(Condition::eq("shard_count", shard_count))
+        }
+    };
     let mut c = Condition::exists("PK")
         .and(Condition::ge(battr(n, "tk"), amount))
-        .and(Condition::eq(battr(n, "gc"), gc));
+        .and(generation);
     match limit.refill() {
         Refill::Calendar(cal) => {
             if let Some(edge) = cal.prev_edge(now) {
@@ -170,6 +190,31 @@ mod tests {
                 donor: Some((0, 1)),
                 tokens: 0
             }
+        );
+    }
+
+    /// Q17: legacy items without gc infer it; a gc below 1 reads as the shard count.
+    #[test]
+    fn legacy_gc_inference() {
+        assert_eq!(infer_gc(None, 700_000, C, 2), 1);
+        assert_eq!(infer_gc(None, 400_000, C, 2), 2);
+        assert_eq!(infer_gc(Some(0), 400_000, C, 2), 2);
+        assert_eq!(infer_gc(Some(4), 900_000, C, 2), 4);
+        // Inferred at S = 1, shard 0 (700) covers slot 1: move 500, leaving 200.
+        let g = infer_gc(None, 700_000, C, 2);
+        let grant = plan_quota_grant(&[sib(0, 700_000, g)], 1, C / 2);
+        assert_eq!(
+            grant,
+            Grant {
+                donor: Some((0, 1)),
+                tokens: 500_000
+            }
+        );
+        // Holding 400 it keeps S = 2, and slot 1 gets a fresh 500.
+        let g = infer_gc(None, 400_000, C, 2);
+        assert_eq!(
+            plan_quota_grant(&[sib(0, 400_000, g)], 1, C / 2).donor,
+            None
         );
     }
 

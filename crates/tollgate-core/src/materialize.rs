@@ -186,7 +186,7 @@ pub fn evaluate(
             e.transition = Transition::Refill;
         }
         Refill::Calendar(cal) => {
-            let ceiling = quota_ceiling(cap, st.gc, s);
+            let ceiling = quota_ceiling(cap, st.gc, st.tk, s);
             e.ceiling = ceiling;
             match cal.prev_edge(now) {
                 Some(edge) if edge > rf => {
@@ -200,7 +200,7 @@ pub fn evaluate(
         }
         Refill::Window { reset_after_s } => {
             let len = reset_after_s * 1000;
-            let ceiling = quota_ceiling(cap, st.gc, s);
+            let ceiling = quota_ceiling(cap, st.gc, st.tk, s);
             e.ceiling = ceiling;
             match st.ws {
                 Some(ws) if !window::ended(ws, len, now) => {
@@ -233,9 +233,8 @@ pub fn evaluate(
 
 /// ADR-145 ceiling of a quota shard: `C // gc` (the shard count its grant was sized at;
 /// the current count where no `gc` is stored).
-pub fn quota_ceiling(capacity: i64, gc: Option<i64>, shard_count: i64) -> i64 {
-    let g = gc.filter(|g| *g >= 1).unwrap_or(shard_count).max(1);
-    capacity / g
+pub fn quota_ceiling(capacity: i64, gc: Option<i64>, tk: i64, shard_count: i64) -> i64 {
+    capacity / crate::grant::infer_gc(gc, tk, capacity, shard_count)
 }
 
 /// The instant from which the fast path may no longer write this item: the earliest of the

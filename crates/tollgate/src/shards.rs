@@ -4,7 +4,7 @@
 use tollgate_core::bucket::{BucketImage, WCU_CAPACITY};
 use tollgate_core::expr::{Condition, ReturnValues, SetValue, Update};
 use tollgate_core::grant::{
-    donor_condition, plan_quota_grant, quota_grant_is_current, Grant, Sibling,
+    donor_condition, infer_gc, plan_quota_grant, quota_grant_is_current, Grant, Sibling,
 };
 use tollgate_core::keys::battr;
 use tollgate_core::limit::{Limit, Refill};
@@ -119,7 +119,7 @@ pub(crate) async fn plan_seeds(
                 Some(Sibling {
                     shard: *i,
                     tk: st.tk,
-                    gc: st.gc.filter(|g| *g >= 1).unwrap_or(img.shard_count),
+                    gc: infer_gc(st.gc, st.tk, l.capacity_milli(), img.shard_count),
                     current: quota_grant_is_current(l, st, img.rf, now),
                 })
             })
@@ -135,7 +135,7 @@ pub(crate) async fn plan_seeds(
         let tokens = match grant.donor {
             None => grant.tokens,
             Some(_) if !moves => 0,
-            Some((d, gc)) => {
+            Some((d, _gc)) => {
                 if grant.tokens > 0 {
                     if let Some((_, img)) = images.iter().find(|(i, _)| *i == d) {
                         if let Some(st) = img.limits.get(l.name()) {
@@ -143,7 +143,14 @@ pub(crate) async fn plan_seeds(
                                 shard: d,
                                 limit: l.name().into(),
                                 amount: grant.tokens,
-                                condition: donor_condition(l, grant.tokens, gc, st, img.rf, now),
+                                condition: donor_condition(
+                                    l,
+                                    grant.tokens,
+                                    st,
+                                    img.rf,
+                                    img.shard_count,
+                                    now,
+                                ),
                             });
                         }
                     }
