@@ -310,10 +310,12 @@ async fn adjust(
 async fn commit(State(app): St, PathParams(id): PathParams<String>) -> ApiResult<Json<LeaseState>> {
     let slot = slot(&app, &id)?;
     let mut h = slot.lock().await;
+    // What the lease consumed, adjustments included (commit clears them once written).
+    let consumed = h.lease.consumed();
     h.lease.commit().await?;
     Ok(Json(LeaseState {
         lease_id: id,
-        consumed: h.lease.consumed(),
+        consumed,
         committed: Some(true),
         rolled_back: None,
     }))

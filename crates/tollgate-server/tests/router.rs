@@ -339,6 +339,7 @@ async fn lease_adjust_commit_rollback() {
     let r = call(&app, "POST", &format!("/v1/leases/{id}/commit"), None).await;
     assert_eq!(r.status, StatusCode::OK, "{}", r.text);
     assert_eq!(r.body["committed"], true);
+    assert_eq!(r.body["consumed"]["tpm"], 730);
     assert_eq!(avail(app.clone()).await, (9, 9270));
     let r = call(&app, "POST", &format!("/v1/leases/{id}/commit"), None).await;
     assert_eq!(
