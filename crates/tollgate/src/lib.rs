@@ -33,6 +33,8 @@ mod error;
 mod lease;
 mod limiter;
 mod shards;
+#[cfg(feature = "testing")]
+pub mod testing;
 
 pub use acquire::AcquireOptions;
 pub use availability::Availability;

@@ -1,14 +1,13 @@
 //! Scenarios 1–10 and 19–26 of spec-shards-windows-quotas.md §5, L1–L4 of
-//! history-and-scenarios.md §5.2 (unsharded), calendar resets across DST, and store request
-//! counts — on MemoryStore with a manual clock.
+//! history-and-scenarios.md §5.2 (unsharded), calendar resets across DST, store request
+//! counts, bad input, corrupt items and limit levels.
+#![allow(missing_docs)]
 
-mod common;
-
-use std::sync::Arc;
 use std::time::Duration;
 
-use common::*;
-use tollgate::{AcquireOptions, Error, Limit, Scope};
+use crate::testing::hook::On;
+use crate::testing::*;
+use crate::{AcquireOptions, Error, Limit, Scope};
 use tollgate_core::bucket::BucketImage;
 use tollgate_core::expr::ReturnValues;
 use tollgate_core::materialize::{evaluate, evaluate_wcu, valid_until};
@@ -26,7 +25,7 @@ async fn entity_limits(h: &H, e: &str, r: &str, limits: &[Limit]) {
         .unwrap();
 }
 
-fn rejected(r: Result<tollgate::Lease, Error>) -> Box<tollgate::Exceeded> {
+fn rejected(r: Result<crate::Lease, Error>) -> Box<crate::Exceeded> {
     match r {
         Err(Error::RateLimitExceeded(x)) => x,
         Err(e) => panic!("expected a rejection, got {e}"),
@@ -35,9 +34,8 @@ fn rejected(r: Result<tollgate::Lease, Error>) -> Box<tollgate::Exceeded> {
 }
 
 /// Scenario 1 through the limiter: a drained rate limit refills lazily at its rate.
-#[tokio::test]
-async fn s01_refill_through_the_limiter() {
-    let h = harness(T0);
+pub async fn s01_refill_through_the_limiter(b: &Backend) {
+    let h = b.harness(T0).await;
     entity_limits(&h, "e", "api", &[Limit::per_minute("rpm", 100).unwrap()]).await;
     h.lim.acquire("e", "api", &[("rpm", 100)]).await.unwrap();
     assert_eq!(h.n("e", "api", 0, "b_rpm_tk"), Some(0));
@@ -51,10 +49,9 @@ async fn s01_refill_through_the_limiter() {
 
 /// Scenario 4: the normal write composes with a concurrent fast-path debit (ADD), and its
 /// floor refuses when concurrent debits left too little.
-#[tokio::test]
-async fn s04_fast_path_composes_with_slow_path() {
+pub async fn s04_fast_path_composes_with_slow_path(b: &Backend) {
     for (fast_debit, lands, final_tk) in [(1000, true, 1000), (3000, false, 2000)] {
-        let h = harness(T0);
+        let h = b.harness(T0).await;
         entity_limits(&h, "e", "api", &[Limit::per_hour("rpm", 5).unwrap()]).await;
         h.lim.acquire("e", "api", &[("rpm", 0)]).await.unwrap();
         let limits = vec![Limit::per_hour("rpm", 5).unwrap()];
@@ -92,9 +89,8 @@ async fn s04_fast_path_composes_with_slow_path() {
 }
 
 /// Scenario 5: the retry write never changes rf, vu, ws, wa or gc.
-#[tokio::test]
-async fn s05_retry_touches_only_balances() {
-    let h = harness(T0);
+pub async fn s05_retry_touches_only_balances(b: &Backend) {
+    let h = b.harness(T0).await;
     entity_limits(&h, "e", "api", &[session()]).await;
     h.lim.acquire("e", "api", &[("session", 1)]).await.unwrap();
     let before = h.item("e", "api", 0);
@@ -129,9 +125,8 @@ async fn s05_retry_touches_only_balances() {
 }
 
 /// Scenario 6: adjust and rollback, exactly.
-#[tokio::test]
-async fn s06_adjust_and_rollback() {
-    let h = harness(T0);
+pub async fn s06_adjust_and_rollback(b: &Backend) {
+    let h = b.harness(T0).await;
     entity_limits(&h, "e", "api", &[Limit::per_day("tpd", 10).unwrap()]).await;
     let mut a = h.lim.acquire("e", "api", &[("tpd", 5)]).await.unwrap();
     assert_eq!(h.n("e", "api", 0, "b_tpd_tk"), Some(5000));
@@ -154,9 +149,8 @@ async fn s06_adjust_and_rollback() {
 }
 
 /// Scenario 7 and L4: zero estimates admit on a zero balance and adjust into debt.
-#[tokio::test]
-async fn s07_zero_estimate_lease() {
-    let h = harness(T0);
+pub async fn s07_zero_estimate_lease(b: &Backend) {
+    let h = b.harness(T0).await;
     entity_limits(&h, "e", "api", &[Limit::per_day("tpd", 5).unwrap()]).await;
     h.lim.acquire("e", "api", &[("tpd", 5)]).await.unwrap();
     assert_eq!(h.n("e", "api", 0, "b_tpd_tk"), Some(0));
@@ -172,12 +166,11 @@ async fn s07_zero_estimate_lease() {
 }
 
 /// L4: zero estimates reconciled, twice, on both paths.
-#[tokio::test]
-async fn l4_zero_estimates_both_paths() {
+pub async fn l4_zero_estimates_both_paths(b: &Backend) {
     for speculative in [true, false] {
         let mut o = opts();
         o.speculative = speculative;
-        let h = harness_with(T0, o);
+        let h = b.harness_with(T0, o).await;
         entity_limits(
             &h,
             "e",
@@ -212,9 +205,8 @@ async fn l4_zero_estimates_both_paths() {
 }
 
 /// L1/L2: leases over the limit, release, closed leases, unknown limits.
-#[tokio::test]
-async fn l1_l2_lease_operations() {
-    let h = harness(T0);
+pub async fn l1_l2_lease_operations(b: &Backend) {
+    let h = b.harness(T0).await;
     entity_limits(&h, "e", "llm", &[Limit::per_minute("tpm", 1000).unwrap()]).await;
     let mut l = h.lim.acquire("e", "llm", &[("tpm", 500)]).await.unwrap();
     l.adjust("tpm", 1000).unwrap();
@@ -235,9 +227,8 @@ async fn l1_l2_lease_operations() {
 
 /// The documented rule for a dropped lease: the debit stands, uncommitted adjustments are
 /// discarded.
-#[tokio::test]
-async fn dropped_lease_keeps_its_debit_only() {
-    let h = harness(T0);
+pub async fn dropped_lease_keeps_its_debit_only(b: &Backend) {
+    let h = b.harness(T0).await;
     entity_limits(&h, "e", "llm", &[Limit::per_day("tpd", 100).unwrap()]).await;
     {
         let mut l = h.lim.acquire("e", "llm", &[("tpd", 10)]).await.unwrap();
@@ -248,23 +239,24 @@ async fn dropped_lease_keeps_its_debit_only() {
 }
 
 /// L3: a lost rf lock ends in the consumption-only retry, guarded by the balance.
-#[tokio::test]
-async fn l3_lost_lock_retries_consumption_only() {
+pub async fn l3_lost_lock_retries_consumption_only(b: &Backend) {
     let mut o = opts();
     o.speculative = false;
-    let h = harness_with(T0, o);
+    let h = b.harness_with(T0, o).await;
     entity_limits(&h, "e", "api", &[Limit::per_minute("rpm", 10).unwrap()]).await;
     h.lim.acquire("e", "api", &[("rpm", 1)]).await.unwrap();
-    // Another writer moves rf between our read and write: emulate with a store hook.
-    let hooked = Arc::new(hook::Hook::new(h.store.clone(), h.key("e", "api", 0)));
-    let lim = tollgate::Limiter::builder(hooked.clone())
-        .clock(h.clock.clone())
-        .options(tollgate::Options {
-            speculative: false,
-            ..opts()
-        })
-        .build()
-        .unwrap();
+    // Another writer moves rf between our read and write.
+    let (lim, hk) = h.hooked(false);
+    let k = h.key("e", "api", 0);
+    hk.stage(On::Update, Some(k.clone()), move |m| {
+        let mut i = m.raw_get(&k).unwrap();
+        let rf = i
+            .get("rf")
+            .and_then(tollgate_core::value::Value::as_n)
+            .unwrap();
+        i.insert("rf".into(), tollgate_core::value::Value::N(rf + 1));
+        m.raw_put(&k, i);
+    });
     h.at(T0 + 6000);
     let lease = lim.acquire("e", "api", &[("rpm", 2)]).await.unwrap();
     assert_eq!(lease.consumed()["rpm"], 2);
@@ -275,90 +267,9 @@ async fn l3_lost_lock_retries_consumption_only() {
     assert_eq!(h.n("e", "api", 0, "b_rpm_tc"), Some(3000));
 }
 
-mod hook {
-    //! A store that moves `rf` on one item right before the first conditional update.
-    use std::sync::atomic::{AtomicBool, Ordering};
-    use std::sync::Arc;
-
-    use async_trait::async_trait;
-    use tollgate_core::value::{Item, Key, Value};
-    use tollgate_store::*;
-
-    pub struct Hook {
-        inner: Arc<Counting<MemoryStore>>,
-        key: Key,
-        fired: AtomicBool,
-    }
-    impl Hook {
-        pub fn new(inner: Arc<Counting<MemoryStore>>, key: Key) -> Self {
-            Hook {
-                inner,
-                key,
-                fired: AtomicBool::new(false),
-            }
-        }
-    }
-    #[async_trait]
-    impl Store for Hook {
-        async fn get(&self, k: &Key, c: bool) -> Result<Option<Item>, StoreError> {
-            self.inner.get(k, c).await
-        }
-        async fn batch_get(&self, k: &[Key], c: bool) -> Result<Vec<Option<Item>>, StoreError> {
-            self.inner.batch_get(k, c).await
-        }
-        async fn put(&self, r: PutRequest) -> Result<(), StoreError> {
-            self.inner.put(r).await
-        }
-        async fn update(&self, r: UpdateRequest) -> Result<Option<Item>, StoreError> {
-            if r.key == self.key && !self.fired.swap(true, Ordering::SeqCst) {
-                let mut i = self.inner.inner().raw_get(&self.key).unwrap();
-                let rf = i.get("rf").and_then(Value::as_n).unwrap();
-                i.insert("rf".into(), Value::N(rf + 1));
-                self.inner.inner().raw_put(&self.key, i);
-            }
-            self.inner.update(r).await
-        }
-        async fn delete(&self, r: DeleteRequest) -> Result<Option<Item>, StoreError> {
-            self.inner.delete(r).await
-        }
-        async fn transact_write(
-            &self,
-            o: Vec<TransactOp>,
-            t: Option<String>,
-        ) -> Result<(), StoreError> {
-            self.inner.transact_write(o, t).await
-        }
-        async fn query(&self, q: Query) -> Result<Vec<Item>, StoreError> {
-            self.inner.query(q).await
-        }
-        fn backend(&self) -> &'static str {
-            "hook"
-        }
-    }
-}
-
-/// Scenario 8: a refund above the ceiling forces the slow path, which clamps.
-#[tokio::test]
-async fn s08_refund_above_ceiling_is_clamped() {
-    let h = harness(T0);
-    let daily = Limit::quota_calendar("daily", 10, "0 0 * * *", "UTC").unwrap();
-    entity_limits(&h, "e", "api", &[daily]).await;
-    let midnight = 1_757_030_400_000; // 2025-09-05T00:00:00Z, after T0
-    let mut l = h.lim.acquire("e", "api", &[("daily", 4)]).await.unwrap();
-    h.at(midnight + 1000);
-    h.lim.acquire("e", "api", &[("daily", 1)]).await.unwrap(); // reset: 10 − 1
-    assert_eq!(h.n("e", "api", 0, "b_daily_tk"), Some(9000));
-    l.rollback().await.unwrap(); // refunds 4 from yesterday: 13 > 10
-    assert_eq!(h.n("e", "api", 0, "b_daily_tk"), Some(13_000));
-    assert_eq!(h.n("e", "api", 0, "vu"), Some(0));
-    h.lim.acquire("e", "api", &[("daily", 1)]).await.unwrap();
-    assert_eq!(h.n("e", "api", 0, "b_daily_tk"), Some(9000));
-}
-
 /// Scenario 9: the fast path's condition set — expired TTL, vu reached, vu absent, vu = 0.
-#[tokio::test]
-async fn s09_fast_condition_set() {
-    let h = harness(T0);
+pub async fn s09_fast_condition_set(b: &Backend) {
+    let h = b.harness(T0).await;
     entity_limits(&h, "e", "api", &[Limit::per_minute("rpm", 100).unwrap()]).await;
     h.lim.acquire("e", "api", &[("rpm", 1)]).await.unwrap();
     assert_eq!(h.n("e", "api", 0, "vu"), None, "a drip-only item has no vu");
@@ -381,9 +292,8 @@ async fn s09_fast_condition_set() {
 
 /// Scenario 10: each fast write debits wcu by exactly 1000; at 999 it fails and, with a
 /// fresh wcu refill due, the slow path admits.
-#[tokio::test]
-async fn s10_wcu_accounting() {
-    let h = harness(T0);
+pub async fn s10_wcu_accounting(b: &Backend) {
+    let h = b.harness(T0).await;
     entity_limits(&h, "e", "api", &[Limit::per_minute("rpm", 100).unwrap()]).await;
     h.lim.acquire("e", "api", &[("rpm", 1)]).await.unwrap();
     let (tk, tc) = (
@@ -401,9 +311,8 @@ async fn s10_wcu_accounting() {
 }
 
 /// Scenario 19: create marks the window.
-#[tokio::test]
-async fn s19_create_marks() {
-    let h = harness(T0);
+pub async fn s19_create_marks(b: &Backend) {
+    let h = b.harness(T0).await;
     entity_limits(&h, "e", "llm", &[session()]).await;
     let l = h.lim.acquire("e", "llm", &[("session", 1)]).await.unwrap();
     // The lease reports the balance after its own debit, on the slow path too.
@@ -427,9 +336,8 @@ async fn s19_create_marks() {
 }
 
 /// Scenario 20: a zero-token acquire anchors the window.
-#[tokio::test]
-async fn s20_zero_token_anchor() {
-    let h = harness(T0);
+pub async fn s20_zero_token_anchor(b: &Backend) {
+    let h = b.harness(T0).await;
     entity_limits(&h, "e", "llm", &[session()]).await;
     h.lim.acquire("e", "llm", &[("session", 0)]).await.unwrap();
     assert_eq!(h.n("e", "llm", 0, "b_session_ws"), Some(T0));
@@ -437,9 +345,8 @@ async fn s20_zero_token_anchor() {
 }
 
 /// Scenarios 21 and 24: the window is half-open and the fast path cannot cross its end.
-#[tokio::test]
-async fn s21_s24_half_open_end() {
-    let h = harness(T0);
+pub async fn s21_s24_half_open_end(b: &Backend) {
+    let h = b.harness(T0).await;
     entity_limits(&h, "e", "llm", &[session()]).await;
     h.lim.acquire("e", "llm", &[("session", 1)]).await.unwrap();
     h.at(T0 + W - 1);
@@ -466,9 +373,8 @@ async fn s21_s24_half_open_end() {
 }
 
 /// Scenario 22: idle restart — the next window starts at the next use, not at the end.
-#[tokio::test]
-async fn s22_idle_restart() {
-    let h = harness(T0);
+pub async fn s22_idle_restart(b: &Backend) {
+    let h = b.harness(T0).await;
     entity_limits(&h, "e", "llm", &[session()]).await;
     h.lim.acquire("e", "llm", &[("session", 1)]).await.unwrap();
     h.at(T0 + 8 * 3_600_000);
@@ -479,9 +385,8 @@ async fn s22_idle_restart() {
 }
 
 /// Scenario 23: a rejected request never anchors a window.
-#[tokio::test]
-async fn s23_rejection_does_not_anchor() {
-    let h = harness(T0);
+pub async fn s23_rejection_does_not_anchor(b: &Backend) {
+    let h = b.harness(T0).await;
     entity_limits(&h, "e", "llm", &[session()]).await;
     h.lim.acquire("e", "llm", &[("session", 1)]).await.unwrap();
     h.at(T0 + 6 * 3_600_000);
@@ -494,9 +399,8 @@ async fn s23_rejection_does_not_anchor() {
 }
 
 /// Scenario 25: retry_after and resets_at of a window quota.
-#[tokio::test]
-async fn s25_retry_after_and_resets_at() {
-    let h = harness(T0);
+pub async fn s25_retry_after_and_resets_at(b: &Backend) {
+    let h = b.harness(T0).await;
     entity_limits(&h, "e", "llm", &[session()]).await;
     h.lim.acquire("e", "llm", &[("session", 10)]).await.unwrap();
     h.at(T0 + 3_600_000);
@@ -510,9 +414,8 @@ async fn s25_retry_after_and_resets_at() {
 }
 
 /// Scenario 26: TTL horizon — default-level windows get now + 5 h × 7; entity-level none.
-#[tokio::test]
-async fn s26_ttl_horizon() {
-    let h = harness(T0);
+pub async fn s26_ttl_horizon(b: &Backend) {
+    let h = b.harness(T0).await;
     h.lim
         .set_limits(&Scope::Resource("llm".into()), &[session()], None)
         .await
@@ -526,10 +429,9 @@ async fn s26_ttl_horizon() {
 
 /// Calendar quota across the spring-forward change in Europe/Berlin: the day after has 23
 /// hours, and the reset instant reported is the real next midnight.
-#[tokio::test]
-async fn calendar_reset_across_dst() {
+pub async fn calendar_reset_across_dst(b: &Backend) {
     let t = |s: &str| s.parse::<jiff::Timestamp>().unwrap().as_millisecond();
-    let h = harness(t("2026-03-28T22:30:00Z"));
+    let h = b.harness(t("2026-03-28T22:30:00Z")).await;
     let daily = Limit::quota_calendar("daily", 3, "0 0 * * *", "Europe/Berlin").unwrap();
     entity_limits(&h, "e", "api", &[daily]).await;
     h.lim.acquire("e", "api", &[("daily", 3)]).await.unwrap();
@@ -552,9 +454,8 @@ async fn calendar_reset_across_dst() {
 
 /// Store requests per operation: a warm admitted acquire costs 1 write and 0 reads; a
 /// rejection decided locally costs 0.
-#[tokio::test]
-async fn request_counts() {
-    let h = harness(T0);
+pub async fn request_counts(b: &Backend) {
+    let h = b.harness(T0).await;
     entity_limits(
         &h,
         "e",
@@ -599,9 +500,8 @@ async fn request_counts() {
 }
 
 /// Bad input gets a typed error and writes nothing.
-#[tokio::test]
-async fn bad_input_is_refused() {
-    let h = harness(T0);
+pub async fn bad_input_is_refused(b: &Backend) {
+    let h = b.harness(T0).await;
     entity_limits(&h, "e", "api", &[Limit::per_minute("rpm", 3).unwrap()]).await;
     let s = h.stats();
     assert!(matches!(
@@ -641,19 +541,18 @@ async fn bad_input_is_refused() {
 }
 
 /// A corrupt stored item yields an error naming the attribute, never a panic.
-#[tokio::test]
-async fn corrupt_item_names_the_attribute() {
-    let h = harness(T0);
+pub async fn corrupt_item_names_the_attribute(b: &Backend) {
+    let h = b.harness(T0).await;
     entity_limits(&h, "e", "llm", &[session()]).await;
     h.lim.acquire("e", "llm", &[("session", 1)]).await.unwrap();
     let k = h.key("e", "llm", 0);
-    let mut i = h.store.inner().raw_get(&k).unwrap();
+    let mut i = h.raw.raw_get(&k).unwrap();
     i.insert(
         "b_session_ws".into(),
         tollgate_core::value::Value::S("1.5".into()),
     );
     i.insert("vu".into(), tollgate_core::value::Value::N(0));
-    h.store.inner().raw_put(&k, i);
+    h.raw.raw_put(&k, i);
     let e = h
         .lim
         .acquire("e", "llm", &[("session", 1)])
@@ -665,9 +564,8 @@ async fn corrupt_item_names_the_attribute() {
 
 /// Limits stored at several levels resolve most specific first; changing them reaches an
 /// existing bucket (param sync); the per-call override wins.
-#[tokio::test]
-async fn limit_levels_and_param_sync() {
-    let h = harness(T0);
+pub async fn limit_levels_and_param_sync(b: &Backend) {
+    let h = b.harness(T0).await;
     h.lim
         .set_limits(
             &Scope::System,
