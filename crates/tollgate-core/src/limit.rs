@@ -26,8 +26,8 @@ pub enum Refill {
         /// Period in ms (> 0).
         period_ms: i64,
     },
-    /// Resets to full at every edge of a calendar schedule.
-    Calendar(CalendarReset),
+    /// Resets to full at every edge of a calendar schedule (boxed: the parsed cron is large).
+    Calendar(Box<CalendarReset>),
     /// Resets `reset_after_s` seconds after the first admitted use (idle-restarting window).
     Window {
         /// Window length in seconds (> 0).
@@ -115,7 +115,7 @@ impl Limit {
         Ok(Limit {
             name: name.into(),
             capacity: tokens_to_milli(name, "capacity", capacity)?,
-            refill: Refill::Calendar(cal),
+            refill: Refill::Calendar(Box::new(cal)),
         })
     }
 
@@ -169,9 +169,9 @@ impl Limit {
                     period_ms: refill_period_ms,
                 }
             }
-            (false, Some((c, tz)), None) => {
-                Refill::Calendar(CalendarReset::new(c, tz).map_err(|e| bad(&e.to_string()))?)
-            }
+            (false, Some((c, tz)), None) => Refill::Calendar(Box::new(
+                CalendarReset::new(c, tz).map_err(|e| bad(&e.to_string()))?,
+            )),
             (false, None, Some(s)) if s > 0 => Refill::Window { reset_after_s: s },
             (false, None, None) => return Err(bad("a limit must refill or reset")),
             (true, _, _) => return Err(bad("a limit cannot both refill and reset")),

@@ -161,16 +161,21 @@ fn stamp_params(mut u: Update, l: &Limit) -> Update {
     u
 }
 
-/// Rule "monotonic rf": the `rf` an rf-locked write stamps is the largest of now, the
-/// stored `rf`, and every window start in force — never backward (ADR-140).
-pub fn next_rf(now_ms: i64, stored_rf: i64, evals: &[Evaluated]) -> i64 {
+/// Rule "monotonic rf": the `rf` an rf-locked write stamps is the largest of now, every
+/// window start in force, and — for a write that holds the lock on a stored `rf` — one past
+/// that stored value. Never backward (ADR-140), and always strictly past the locked value
+/// (C5): a write that left `rf` unchanged would not take the lock, and a concurrent writer
+/// that read the same `rf` could apply on top of it. A create (`locked = None`) stamps
+/// `max(now, ws)`.
+pub fn next_rf(now_ms: i64, locked: Option<i64>, evals: &[Evaluated]) -> i64 {
     if crate::mutants::off(crate::mutants::Mutant::MonotonicRf) {
         return now_ms;
     }
-    evals
-        .iter()
-        .filter_map(|e| e.ws)
-        .fold(now_ms.max(stored_rf), i64::max)
+    let floor = match locked {
+        Some(rf) => now_ms.max(rf.saturating_add(1)),
+        None => now_ms,
+    };
+    evals.iter().filter_map(|e| e.ws).fold(floor, i64::max)
 }
 
 /// The rf-locked normal write (§4.4): SET `rf`, `vu`, `ttl`, `ph`, parameters and window /

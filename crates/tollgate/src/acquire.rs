@@ -79,7 +79,7 @@ pub(crate) fn validate_amounts(amounts: &[(&str, i64)]) -> Result<Vec<(String, i
 struct LostLock;
 
 enum Fast {
-    Granted(Lease),
+    Granted(Box<Lease>),
     Slow(u32),
     Rejected(Box<Exceeded>),
 }
@@ -225,7 +225,7 @@ impl Inner {
                     Err(Error::RateLimitExceeded(x))
                 }
                 Ok(shard) => match self.fast(req, shard, s, now).await? {
-                    Fast::Granted(l) => Ok(l),
+                    Fast::Granted(l) => Ok(*l),
                     Fast::Rejected(x) => Err(Error::RateLimitExceeded(x)),
                     Fast::Slow(shard) => self.slow(req, shard).await,
                 },
@@ -273,7 +273,7 @@ impl Inner {
         let mut cur = shard;
         loop {
             match self.fast_once(req, cur, now).await? {
-                Ok(lease) => return Ok(Fast::Granted(lease)),
+                Ok(lease) => return Ok(Fast::Granted(Box::new(lease))),
                 Err(None) => {
                     // Throttled: the partition is hot. Spread out if we can.
                     let new_s = self.bump(req, s).await?;
@@ -658,7 +658,7 @@ impl Inner {
         };
         let wcu = evaluate_wcu(img.wcu.as_ref(), img.rf, now);
         let stamp = ItemStamp {
-            rf: next_rf(now, img.rf, &evals),
+            rf: next_rf(now, Some(img.rf), &evals),
             vu: valid_until(&req.limits, &evals, now),
             ttl: req.ttl,
             ph: &req.ph,
@@ -845,7 +845,7 @@ impl Inner {
             req.amounts.clone()
         };
         let stamp = ItemStamp {
-            rf: next_rf(now, now, &evals),
+            rf: next_rf(now, None, &evals),
             vu: valid_until(&req.limits, &evals, now),
             ttl: req.ttl,
             ph: &req.ph,

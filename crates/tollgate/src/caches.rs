@@ -7,6 +7,8 @@ use std::sync::Mutex;
 use tollgate_core::bucket::BucketImage;
 
 type BucketId = (String, String);
+type ShardId = (String, String, u32);
+type Views = HashMap<ShardId, (i64, BucketImage)>;
 
 /// Most entries either cache keeps before it drops stale ones.
 const CAP: usize = 10_000;
@@ -43,7 +45,7 @@ impl ShardCounts {
 #[derive(Debug, Default)]
 pub struct RejectionCache {
     ttl_ms: i64,
-    map: Mutex<HashMap<(String, String, u32), (i64, BucketImage)>>,
+    map: Mutex<Views>,
 }
 
 impl RejectionCache {
@@ -55,9 +57,7 @@ impl RejectionCache {
         }
     }
 
-    fn lock(
-        &self,
-    ) -> std::sync::MutexGuard<'_, HashMap<(String, String, u32), (i64, BucketImage)>> {
+    fn lock(&self) -> std::sync::MutexGuard<'_, Views> {
         self.map.lock().unwrap_or_else(|x| x.into_inner())
     }
 
