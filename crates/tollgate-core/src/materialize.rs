@@ -38,6 +38,17 @@ pub enum Transition {
     Kept,
 }
 
+impl Transition {
+    /// Whether the transition replaces the balance (a SET, written as an ADD pinned to the
+    /// balance read): calendar reset, window open, window roll.
+    pub fn is_set(self) -> bool {
+        matches!(
+            self,
+            Transition::CalendarReset | Transition::WindowOpen | Transition::WindowRoll
+        )
+    }
+}
+
 /// How to seed a limit the item does not carry yet.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Seed {

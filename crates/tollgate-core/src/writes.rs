@@ -242,6 +242,11 @@ pub fn normal_write(
         }
         if e.transition == Transition::Seed {
             c = c.and(Condition::not_exists(battr(n, "tk")));
+        } else if e.transition.is_set() {
+            // Rule "a reset is a SET": a calendar reset, window open or roll replaces the
+            // balance, so it is pinned to the balance read — a refund or debit that lands
+            // between the read and this write would otherwise be carried across the reset.
+            c = c.and(Condition::eq(battr(n, "tk"), e.read_tk));
         } else if consumed > credit {
             c = c.and(Condition::ge(battr(n, "tk"), consumed - credit));
         }
@@ -278,16 +283,35 @@ pub fn retry_write(amounts: &Amounts) -> (Update, Condition) {
     (u, c)
 }
 
-/// Adjust / rollback (path 4): an unconditional ADD of `−delta` to the balance and `+delta`
-/// to `tc` per limit; may drive the balance into debt. Never touches `rf`, windows, grants.
-pub fn adjust_write(deltas: &Amounts) -> Update {
+/// Adjust / rollback (path 4): ADD `−delta` to the balance and `+delta` to `tc` per limit;
+/// may drive the balance into debt. Never touches `rf`, windows, grants. Limits named in
+/// `tc_only` record the delta in `tc` only: a refund whose period has ended (see
+/// [`refund_pin`]) must not lift the new period's balance.
+pub fn adjust_write(deltas: &Amounts, tc_only: &[String]) -> Update {
     let mut u = Update::new();
     for (n, d) in deltas {
         if *d != 0 {
-            u = u.add(battr(n, "tk"), -d).add(battr(n, "tc"), *d);
+            if !tc_only.contains(n) {
+                u = u.add(battr(n, "tk"), -d);
+            }
+            u = u.add(battr(n, "tc"), *d);
         }
     }
     u
+}
+
+/// Rule "a refund stays in its period": the condition under which a refund of a quota's
+/// debit may still credit the balance — the shard has not been reset since the debit
+/// (calendar: `rf` before the next edge after the debit) and holds the same window (`ws`
+/// unchanged). A dripping limit needs none (`None`).
+pub fn refund_pin(limit: &Limit, ws_at_debit: Option<i64>, debit_at: i64) -> Option<Condition> {
+    match limit.refill() {
+        Refill::Drip { .. } => None,
+        Refill::Calendar(c) => c
+            .next_edge(debit_at)
+            .map(|edge| Condition::lt(attr::RF, edge)),
+        Refill::Window { .. } => ws_at_debit.map(|ws| Condition::eq(battr(limit.name(), "ws"), ws)),
+    }
 }
 
 /// Identity attributes of a new bucket item.

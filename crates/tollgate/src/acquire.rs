@@ -14,7 +14,7 @@ use tollgate_core::materialize::{evaluate, evaluate_wcu, valid_until, Evaluated}
 use tollgate_core::status::{limit_status, ShardView};
 use tollgate_core::value::Key;
 use tollgate_core::writes::{
-    classify_fast_failure, create_item, fast_write, next_rf, normal_write, params_hash,
+    classify_fast_failure, create_item, fast_write, next_rf, normal_write, params_hash, refund_pin,
     retry_write, ttl_for, would_refill_satisfy, BucketIdentity, FastFailure, ItemStamp, TtlWrite,
 };
 use tollgate_core::{LimitStatus, RuleError};
@@ -75,8 +75,9 @@ pub(crate) fn validate_amounts(amounts: &[(&str, i64)]) -> Result<Vec<(String, i
     Ok(out)
 }
 
-/// The slot's own conditional write failed (rf lock lost, or the create race lost).
-struct LostLock;
+/// The slot's own conditional write failed (rf lock lost, create race lost, or a pinned
+/// balance moved); the item as it was when it failed, if known.
+struct LostLock(Option<Box<tollgate_core::value::Item>>);
 
 enum Fast {
     Granted(Box<Lease>),
@@ -437,9 +438,13 @@ impl Inner {
         now: i64,
     ) -> Lease {
         let mut ceilings = BTreeMap::new();
+        let mut pins = BTreeMap::new();
         let mut statuses = Vec::new();
         for (l, e) in req.limits.iter().zip(evals) {
             ceilings.insert(l.name().to_string(), e.ceiling);
+            if let Some(p) = refund_pin(l, e.ws, now) {
+                pins.insert(l.name().to_string(), p);
+            }
             if let Some((_, a)) = req.amounts.iter().find(|(n, _)| n == l.name()) {
                 let after = Evaluated {
                     balance: if debited { e.balance } else { e.balance - a },
@@ -461,6 +466,7 @@ impl Inner {
             key,
             req.limits.clone(),
             ceilings,
+            pins,
             req.amounts.clone(),
             statuses,
         )
@@ -587,8 +593,13 @@ impl Inner {
         // ADR-145: a lost move re-plans once, then seeds with moves disabled.
         let mut moves = true;
         let mut replanned = false;
+        let mut rereads = 0;
         loop {
             match self.slow_attempt(req, shard, key, moves).await {
+                Err(Error::Reread) if rereads < 4 => rereads += 1,
+                Err(Error::Reread) => {
+                    return Err(Error::Unavailable(StoreError::TransactionConflict))
+                }
                 Err(Error::MoveLost) if !replanned => replanned = true,
                 Err(Error::MoveLost) if moves => moves = false,
                 Err(Error::MoveLost) => {
@@ -612,6 +623,7 @@ impl Inner {
             return self.create(req, shard, key, now, moves).await;
         };
         let img = BucketImage::decode(&item)?;
+        let img_rf = img.rf;
         let cached = self.shards.get(&req.entity, &req.resource).unwrap_or(1);
         let missing: Vec<&Limit> = req
             .limits
@@ -673,7 +685,7 @@ impl Inner {
         let landed = if plan.moves.is_empty() {
             match self.store.update(write).await {
                 Ok(_) => Ok(()),
-                Err(StoreError::ConditionFailed { .. }) => Err(LostLock),
+                Err(StoreError::ConditionFailed { old }) => Err(LostLock(old)),
                 Err(e) => return Err(e.into()),
             }
         } else {
@@ -694,7 +706,19 @@ impl Inner {
                 self.after_materialise(req, shard, s, &evals).await;
                 Ok(self.lease(req, shard, key.clone(), &evals, false, s, now))
             }
-            (Err(LostLock), _) => self.retry(req, shard, key, s, now).await,
+            (Err(LostLock(old)), _) => {
+                // The lock is still ours (rf unchanged) but a pinned reset balance moved:
+                // re-read and re-plan rather than spend the pre-reset balance.
+                let lock_held = old
+                    .as_deref()
+                    .and_then(|i| i.get(attr::RF))
+                    .and_then(tollgate_core::value::Value::as_n)
+                    == Some(img_rf);
+                if lock_held && evals.iter().any(|e| e.transition.is_set()) {
+                    return Err(Error::Reread);
+                }
+                self.retry(req, shard, key, s, now).await
+            }
         }
     }
 
@@ -707,7 +731,11 @@ impl Inner {
             Err(StoreError::TransactionCanceled { reasons }) => {
                 let failed = |r: &CancelReason| matches!(r, CancelReason::ConditionFailed { .. });
                 if reasons.first().is_some_and(failed) {
-                    Ok(Err(LostLock))
+                    let old = match reasons.into_iter().next() {
+                        Some(CancelReason::ConditionFailed { old }) => old.map(Box::new),
+                        _ => None,
+                    };
+                    Ok(Err(LostLock(old)))
                 } else if reasons.iter().skip(1).any(failed) {
                     Err(Error::MoveLost)
                 } else if reasons
@@ -865,7 +893,7 @@ impl Inner {
         let landed = if plan.moves.is_empty() {
             match self.store.put(put).await {
                 Ok(()) => Ok(()),
-                Err(StoreError::ConditionFailed { .. }) => Err(LostLock),
+                Err(StoreError::ConditionFailed { old }) => Err(LostLock(old)),
                 Err(e) => return Err(e.into()),
             }
         } else {
@@ -887,7 +915,7 @@ impl Inner {
                 self.after_materialise(req, shard, s, &evals).await;
                 Ok(self.lease(req, shard, key.clone(), &evals, false, s, now))
             }
-            (Err(LostLock), _) => self.retry(req, shard, key, s, now).await,
+            (Err(LostLock(_)), _) => self.retry(req, shard, key, s, now).await,
         }
     }
 

@@ -113,6 +113,10 @@ pub enum Error {
     #[doc(hidden)]
     #[error("quota move lost its race")]
     MoveLost,
+    /// Internal: a pinned reset lost to a concurrent balance change (re-read by the caller).
+    #[doc(hidden)]
+    #[error("reset balance changed under the write")]
+    Reread,
     /// The store could not be used (and `on_unavailable` is `block`).
     #[error("rate limiter unavailable: {0}")]
     Unavailable(StoreError),

@@ -35,6 +35,9 @@ pub struct Lease {
     pub(crate) key: Key,
     pub(crate) limits: Vec<Limit>,
     pub(crate) ceilings: BTreeMap<String, i64>,
+    /// Per quota limit: the condition under which a refund still belongs to the debit's
+    /// period (see `tollgate_core::writes::refund_pin`).
+    pub(crate) pins: BTreeMap<String, Condition>,
     pub(crate) initial: Vec<(String, i64)>,
     pub(crate) pending: BTreeMap<String, i64>,
     pub(crate) statuses: Vec<LimitStatus>,
@@ -51,6 +54,7 @@ impl Lease {
         key: Key,
         limits: Vec<Limit>,
         ceilings: BTreeMap<String, i64>,
+        pins: BTreeMap<String, Condition>,
         initial: Vec<(String, i64)>,
         statuses: Vec<LimitStatus>,
     ) -> Self {
@@ -62,6 +66,7 @@ impl Lease {
             key,
             limits,
             ceilings,
+            pins,
             initial,
             pending: BTreeMap::new(),
             statuses,
@@ -79,6 +84,7 @@ impl Lease {
             key: Key::new("", ""),
             limits: Vec::new(),
             ceilings: BTreeMap::new(),
+            pins: BTreeMap::new(),
             initial: Vec::new(),
             pending: BTreeMap::new(),
             statuses: Vec::new(),
@@ -208,19 +214,48 @@ impl Lease {
         }
         lim.rejections
             .forget(&self.entity, &self.resource, self.shard);
-        let req = UpdateRequest {
-            key: self.key.clone(),
-            update: adjust_write(deltas),
-            condition: Some(Condition::exists("PK")),
-            returns: ReturnValues::AllNew,
-        };
-        let new = match lim.store.update(req).await {
-            Ok(n) => n,
-            Err(StoreError::ConditionFailed { .. }) => {
-                tracing::warn!(key = %self.key, "lease target bucket is gone; adjustment dropped");
-                return Ok(());
+        // Refunds of quota debits credit the balance only while the shard is still in the
+        // debit's period; past it they are recorded in `tc` alone.
+        let mut tc_only: Vec<String> = Vec::new();
+        let mut attempt = 0;
+        let new = loop {
+            let mut condition = Condition::exists("PK");
+            for (n, d) in deltas {
+                if *d < 0 && !tc_only.contains(n) {
+                    if let Some(p) = self.pins.get(n) {
+                        condition = condition.and(p.clone());
+                    }
+                }
             }
-            Err(e) => return Err(e.into()),
+            let req = UpdateRequest {
+                key: self.key.clone(),
+                update: adjust_write(deltas, &tc_only),
+                condition: Some(condition),
+                returns: ReturnValues::AllNew,
+            };
+            match lim.store.update(req).await {
+                Ok(n) => break n,
+                Err(StoreError::ConditionFailed { old: None }) => {
+                    tracing::warn!(key = %self.key, "lease target bucket is gone; adjustment dropped");
+                    return Ok(());
+                }
+                Err(StoreError::ConditionFailed { old: Some(old) }) if attempt < 3 => {
+                    attempt += 1;
+                    for (n, d) in deltas {
+                        let ended = self
+                            .pins
+                            .get(n)
+                            .is_some_and(|p| !tollgate_store::eval::eval_condition(Some(&old), p));
+                        if *d < 0 && ended && !tc_only.contains(n) {
+                            tc_only.push(n.clone());
+                        }
+                    }
+                }
+                Err(StoreError::ConditionFailed { .. }) => {
+                    return Err(Error::Unavailable(StoreError::TransactionConflict))
+                }
+                Err(e) => return Err(e.into()),
+            }
         };
         lim.rejections
             .forget(&self.entity, &self.resource, self.shard);

@@ -267,6 +267,69 @@ pub async fn l3_lost_lock_retries_consumption_only(b: &Backend) {
     assert_eq!(h.n("e", "api", 0, "b_rpm_tc"), Some(3000));
 }
 
+/// Scenario 8: a refund that would leave a balance above its ceiling. For a quota, a refund
+/// of a debit from a period that has since reset is recorded in `tc` only (the reset already
+/// forgave it; crediting it would lift the new period). For a rate limit, the refund lands,
+/// `vu = 0` forces the slow path, and the next acquire is clamped to the capacity.
+pub async fn s08_refund_above_ceiling_is_clamped(b: &Backend) {
+    let h = b.harness(T0).await;
+    let daily = Limit::quota_calendar("daily", 10, "0 0 * * *", "UTC").unwrap();
+    entity_limits(&h, "e", "api", &[daily]).await;
+    let midnight = 1_757_030_400_000; // 2025-09-05T00:00:00Z, after T0
+    let mut l = h.lim.acquire("e", "api", &[("daily", 4)]).await.unwrap();
+    h.at(midnight + 1000);
+    h.lim.acquire("e", "api", &[("daily", 1)]).await.unwrap(); // reset: 10 − 1
+    assert_eq!(h.n("e", "api", 0, "b_daily_tk"), Some(9000));
+    l.rollback().await.unwrap();
+    assert_eq!(
+        h.n("e", "api", 0, "b_daily_tk"),
+        Some(9000),
+        "the new period is not lifted"
+    );
+    assert_eq!(
+        h.n("e", "api", 0, "b_daily_tc"),
+        Some(1000),
+        "tc still nets the refund"
+    );
+
+    entity_limits(&h, "e", "web", &[Limit::per_hour("rph", 10).unwrap()]).await;
+    let mut l = h.lim.acquire("e", "web", &[("rph", 4)]).await.unwrap();
+    h.at(midnight + 1000 + 3_600_000);
+    h.slow().acquire("e", "web", &[("rph", 0)]).await.unwrap(); // refilled to 10
+    l.rollback().await.unwrap(); // + 4: 14 > 10
+    assert_eq!(h.n("e", "web", 0, "b_rph_tk"), Some(14_000));
+    assert_eq!(h.n("e", "web", 0, "vu"), Some(0));
+    h.lim.acquire("e", "web", &[("rph", 1)]).await.unwrap();
+    assert_eq!(h.n("e", "web", 0, "b_rph_tk"), Some(9000));
+}
+
+/// A reset is a SET: a refund (or any ADD) that lands between a reset pass's read and its
+/// write is not carried into the new period (found by the simulator, seed 628).
+pub async fn reset_is_a_set_despite_a_concurrent_refund(b: &Backend) {
+    let h = b.harness(T0).await;
+    let daily = Limit::quota_calendar("daily", 10, "0 0 * * *", "UTC").unwrap();
+    entity_limits(&h, "e", "api", &[daily]).await;
+    h.lim.acquire("e", "api", &[("daily", 9)]).await.unwrap();
+    let midnight = 1_757_030_400_000;
+    h.at(midnight + 1000);
+    let (lim, hk) = h.hooked(false);
+    let k = h.key("e", "api", 0);
+    hk.stage(On::Update, Some(k.clone()), move |m| {
+        let mut i = m.raw_get(&k).unwrap();
+        let tk = i
+            .get("b_daily_tk")
+            .and_then(tollgate_core::value::Value::as_n)
+            .unwrap();
+        i.insert(
+            "b_daily_tk".into(),
+            tollgate_core::value::Value::N(tk + 3000),
+        );
+        m.raw_put(&k, i);
+    });
+    lim.acquire("e", "api", &[("daily", 1)]).await.unwrap();
+    assert_eq!(h.n("e", "api", 0, "b_daily_tk"), Some(9000));
+}
+
 /// Scenario 9: the fast path's condition set — expired TTL, vu reached, vu absent, vu = 0.
 pub async fn s09_fast_condition_set(b: &Backend) {
     let h = b.harness(T0).await;

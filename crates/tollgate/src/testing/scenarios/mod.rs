@@ -48,6 +48,17 @@ macro_rules! scenario_tests {
                 .await
         }
         #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+        async fn s08_refund_above_ceiling_is_clamped() {
+            $crate::testing::scenarios::basics::s08_refund_above_ceiling_is_clamped(&$backend).await
+        }
+        #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+        async fn reset_is_a_set_despite_a_concurrent_refund() {
+            $crate::testing::scenarios::basics::reset_is_a_set_despite_a_concurrent_refund(
+                &$backend,
+            )
+            .await
+        }
+        #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
         async fn s09_fast_condition_set() {
             $crate::testing::scenarios::basics::s09_fast_condition_set(&$backend).await
         }
