@@ -493,7 +493,9 @@ impl Ledger {
             let Some(rec) = self.ops.get(op) else {
                 continue;
             };
-            if rec.ok != Some(true) {
+            // A write whose response was lost still applied: its debit was admitted (the
+            // tokens are gone) and its refund was credited, whatever the caller was told.
+            if rec.ok != Some(true) && !e.lost {
                 continue;
             }
             match &rec.kind {

@@ -75,6 +75,13 @@ pub(crate) fn validate_amounts(amounts: &[(&str, i64)]) -> Result<Vec<(String, i
     Ok(out)
 }
 
+/// What a quota grant pins on shard 0: the count it was sized at, or its absence.
+#[derive(Debug, Clone, Copy)]
+enum CountPin {
+    Count(i64),
+    Absent,
+}
+
 /// The slot's own conditional write failed (rf lock lost, create race lost, or a pinned
 /// balance moved); the item as it was when it failed, if known.
 struct LostLock(Option<Box<tollgate_core::value::Item>>);
@@ -644,16 +651,30 @@ impl Inner {
             )
             .await?
         };
-        let s = cached.max(img.shard_count).max(plan.shard_count);
+        let mut s = cached.max(img.shard_count).max(plan.shard_count);
+        let eval_all = |s: i64| -> Vec<Evaluated> {
+            req.limits
+                .iter()
+                .map(|l| {
+                    let st = img.limits.get(l.name());
+                    evaluate(l, st, img.rf, s, now, plan.seed(l.name()))
+                })
+                .collect()
+        };
+        let mut evals = eval_all(s);
+        // A quota granted, reset or rolled on this pass is sized at the entity's shard count,
+        // and shard 0 holds it: read it (consistently) on any other shard.
+        let grants = evals.iter().any(|e| e.gc.is_some());
+        let mut pin = grants.then_some(CountPin::Count(s));
+        if grants && shard != 0 {
+            let s0 = self.shard0_count(req).await?;
+            pin = Some(s0.map_or(CountPin::Absent, CountPin::Count));
+            if s0.unwrap_or(1) > s {
+                s = s0.unwrap_or(1);
+                evals = eval_all(s);
+            }
+        }
         self.shards.raise(&req.entity, &req.resource, s);
-        let evals: Vec<Evaluated> = req
-            .limits
-            .iter()
-            .map(|l| {
-                let st = img.limits.get(l.name());
-                evaluate(l, st, img.rf, s, now, plan.seed(l.name()))
-            })
-            .collect();
         let refusal = self.refuse(req, &evals, s, now);
         if let (Some(x), true) = (&refusal, plan.moves.is_empty()) {
             self.rejections
@@ -682,17 +703,9 @@ impl Inner {
             condition: Some(condition),
             returns: ReturnValues::None,
         };
-        let landed = if plan.moves.is_empty() {
-            match self.store.update(write).await {
-                Ok(_) => Ok(()),
-                Err(StoreError::ConditionFailed { old }) => Err(LostLock(old)),
-                Err(e) => return Err(e.into()),
-            }
-        } else {
-            let mut ops = vec![TransactOp::Update(write)];
-            ops.extend(shards::move_ops(self, req, &plan.moves));
-            self.transact(ops).await?
-        };
+        let landed = self
+            .commit_slot(req, shard, TransactOp::Update(write), &plan.moves, pin)
+            .await?;
         match (landed, refusal) {
             (Ok(()), Some(x)) => Err(Error::RateLimitExceeded(
                 self.speak_of_entity(req, x, s, now).await?,
@@ -714,12 +727,104 @@ impl Inner {
                     .and_then(|i| i.get(attr::RF))
                     .and_then(tollgate_core::value::Value::as_n)
                     == Some(img_rf);
-                if lock_held && evals.iter().any(|e| e.transition.is_set()) {
+                if lock_held
+                    && evals
+                        .iter()
+                        .any(|e| e.transition.is_set() || e.gc.is_some())
+                {
                     return Err(Error::Reread);
                 }
                 self.retry(req, shard, key, s, now).await
             }
         }
+    }
+
+    /// Commit the slot's own write (`own`: its update or create) with the moves that fund
+    /// it and — when the pass granted, reset or rolled a quota (`count_pin = Some(S)`) — a
+    /// pin on shard 0's count: rule "a grant is sized at the live shard count" (ADR-145 R5,
+    /// Q14/Q15). A doubling that lands between the read and the write fails the pin, and
+    /// the pass is re-planned at the new count. One write when nothing else is needed, one
+    /// transaction otherwise.
+    async fn commit_slot(
+        &self,
+        req: &Request,
+        shard: u32,
+        own: TransactOp,
+        moves: &[shards::Move],
+        count_pin: Option<CountPin>,
+    ) -> Result<std::result::Result<(), LostLock>> {
+        let count = count_pin.map(|p| match p {
+            CountPin::Count(s) if s <= 1 => Condition::exists("PK").and(
+                Condition::not_exists(attr::SHARD_COUNT).or(Condition::eq(attr::SHARD_COUNT, 1)),
+            ),
+            CountPin::Count(s) => Condition::exists("PK").and(Condition::eq(attr::SHARD_COUNT, s)),
+            CountPin::Absent => Condition::not_exists("PK"),
+        });
+        let with = |op: TransactOp, c: &Condition| -> TransactOp {
+            match op {
+                TransactOp::Update(mut u) => {
+                    u.condition = Some(match u.condition.take() {
+                        Some(x) => x.and(c.clone()),
+                        None => c.clone(),
+                    });
+                    TransactOp::Update(u)
+                }
+                TransactOp::Put(mut p) => {
+                    p.condition = Some(match p.condition.take() {
+                        Some(x) => x.and(c.clone()),
+                        None => c.clone(),
+                    });
+                    TransactOp::Put(p)
+                }
+                other => other,
+            }
+        };
+        let mut own = own;
+        let mut rest = shards::move_ops(self, req, moves);
+        let mut check = None;
+        if let Some(c) = &count {
+            let k0 = self.bucket_key(req, 0);
+            if shard == 0 {
+                own = with(own, c);
+            } else if let Some(i) = rest.iter().position(|op| *op.key() == k0) {
+                let op = rest.remove(i);
+                rest.insert(i, with(op, c));
+            } else {
+                check = Some(TransactOp::Check {
+                    key: k0,
+                    condition: c.clone(),
+                });
+            }
+        }
+        if rest.is_empty() && check.is_none() {
+            let r = match own {
+                TransactOp::Update(u) => self.store.update(u).await.map(|_| ()),
+                TransactOp::Put(p) => self.store.put(p).await,
+                other => self.store.transact_write(vec![other], None).await,
+            };
+            return match r {
+                Ok(()) => Ok(Ok(())),
+                Err(StoreError::ConditionFailed { old }) => Ok(Err(LostLock(old))),
+                Err(e) => Err(e.into()),
+            };
+        }
+        let mut ops = vec![own];
+        ops.extend(rest);
+        let checked = check.is_some();
+        ops.extend(check);
+        match self.transact(ops).await {
+            Err(Error::MoveLost) if checked && moves.is_empty() => Err(Error::Reread),
+            r => r,
+        }
+    }
+
+    /// Shard 0's stored count (strongly consistent); `None` if it has no item.
+    async fn shard0_count(&self, req: &Request) -> Result<Option<i64>> {
+        let k = self.bucket_key(req, 0);
+        Ok(match self.store.get(&k, true).await? {
+            Some(i) => Some(BucketImage::decode(&i)?.shard_count),
+            None => None,
+        })
     }
 
     /// Commit a transaction whose first operation is the slot's own write. `Err(LostLock)`
@@ -890,17 +995,20 @@ impl Inner {
             item: create_item(&id, &stamp, &req.limits, &evals, &amounts),
             condition: Some(Condition::not_exists("PK")),
         };
-        let landed = if plan.moves.is_empty() {
-            match self.store.put(put).await {
-                Ok(()) => Ok(()),
-                Err(StoreError::ConditionFailed { old }) => Err(LostLock(old)),
-                Err(e) => return Err(e.into()),
-            }
+        // A create on shard 0 is pinned by its own `attribute_not_exists(PK)`; any other
+        // shard that grants a quota pins shard 0's count as read.
+        let pin = if shard != 0 && s > 1 && evals.iter().any(|e| e.gc.is_some()) {
+            Some(
+                self.shard0_count(req)
+                    .await?
+                    .map_or(CountPin::Absent, CountPin::Count),
+            )
         } else {
-            let mut ops = vec![TransactOp::Put(put)];
-            ops.extend(shards::move_ops(self, req, &plan.moves));
-            self.transact(ops).await?
+            None
         };
+        let landed = self
+            .commit_slot(req, shard, TransactOp::Put(put), &plan.moves, pin)
+            .await?;
         match (landed, refusal) {
             (Ok(()), Some(x)) => {
                 self.shards.raise(&req.entity, &req.resource, s);

@@ -16,9 +16,9 @@ type Action = Box<dyn FnOnce(&dyn TestStore) + Send>;
 /// Which write an action waits for.
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
 pub enum On {
-    /// An update (of the given key).
+    /// An update (of the given key), alone or inside a transaction.
     Update,
-    /// A put (of the given key).
+    /// A put (of the given key), alone or inside a transaction.
     Put,
     /// Any transaction.
     Transact,
@@ -86,6 +86,13 @@ impl Store for Hook {
         t: Option<String>,
     ) -> Result<(), StoreError> {
         self.fire(On::Transact, None);
+        for op in &o {
+            match op {
+                TransactOp::Update(u) => self.fire(On::Update, Some(&u.key)),
+                TransactOp::Put(p) => self.fire(On::Put, Some(&p.key)),
+                _ => {}
+            }
+        }
         self.inner.transact_write(o, t).await
     }
     async fn query(&self, q: Query) -> Result<Vec<Item>, StoreError> {
