@@ -651,6 +651,7 @@ impl Inner {
             )
             .await?
         };
+        let now = now.max(plan.now);
         let mut s = cached.max(img.shard_count).max(plan.shard_count);
         let eval_all = |s: i64| -> Vec<Evaluated> {
             req.limits
@@ -963,6 +964,7 @@ impl Inner {
         )
         .await?;
         let s = plan.shard_count;
+        let now = plan.now;
         let evals: Vec<Evaluated> = req
             .limits
             .iter()

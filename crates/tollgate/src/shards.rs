@@ -47,6 +47,11 @@ pub(crate) struct SeedPlan {
     pub moves: Vec<Move>,
     /// The shard count the plan was sized at.
     pub shard_count: i64,
+    /// The instant the plan decided at: the caller's now, or the newest `rf` among the
+    /// siblings read if that is later (rule "never decide in a period older than the state
+    /// read": a pass whose clock lags the siblings must not stamp its grant into a period
+    /// they have already left, or the next pass would reset — and grant — it again).
+    pub now: i64,
 }
 
 impl SeedPlan {
@@ -77,6 +82,7 @@ pub(crate) async fn plan_seeds(
 ) -> Result<SeedPlan> {
     let mut plan = SeedPlan {
         shard_count: s_caller.max(1),
+        now,
         ..SeedPlan::default()
     };
     let quotas: Vec<&Limit> = missing.iter().copied().filter(|l| l.is_quota()).collect();
@@ -89,8 +95,10 @@ pub(crate) async fn plan_seeds(
             images = read_siblings(inner, req, shard, seen).await?;
         }
         plan.shard_count = s_caller.max(seen).max(shard as i64 + 1);
+        plan.now = images.iter().map(|(_, i)| i.rf).fold(now, i64::max);
     }
     let s = plan.shard_count;
+    let now = plan.now;
     for l in missing {
         let part = share(l.capacity_milli(), s);
         if !l.is_quota() || !sharded {
