@@ -668,7 +668,10 @@ impl Inner {
         let grants = evals.iter().any(|e| e.gc.is_some());
         let mut pin = grants.then_some(CountPin::Count(s));
         if grants && shard != 0 {
-            let s0 = self.shard0_count(req).await?;
+            let s0 = match plan.shard0 {
+                Some(s0) => s0,
+                None => self.shard0_count(req).await?,
+            };
             pin = Some(s0.map_or(CountPin::Absent, CountPin::Count));
             if s0.unwrap_or(1) > s {
                 s = s0.unwrap_or(1);
@@ -999,14 +1002,11 @@ impl Inner {
         };
         // A create on shard 0 is pinned by its own `attribute_not_exists(PK)`; any other
         // shard that grants a quota pins shard 0's count as read.
-        let pin = if shard != 0 && s > 1 && evals.iter().any(|e| e.gc.is_some()) {
-            Some(
-                self.shard0_count(req)
-                    .await?
-                    .map_or(CountPin::Absent, CountPin::Count),
-            )
-        } else {
-            None
+        let pin = match plan.shard0 {
+            Some(s0) if evals.iter().any(|e| e.gc.is_some()) => {
+                Some(s0.map_or(CountPin::Absent, CountPin::Count))
+            }
+            _ => None,
         };
         let landed = self
             .commit_slot(req, shard, TransactOp::Put(put), &plan.moves, pin)

@@ -52,6 +52,9 @@ pub(crate) struct SeedPlan {
     /// read": a pass whose clock lags the siblings must not stamp its grant into a period
     /// they have already left, or the next pass would reset — and grant — it again).
     pub now: i64,
+    /// Shard 0's count as the planner read it (`Some(None)`: absent), when it read it: the
+    /// grant was sized against it, so the commit pins it.
+    pub shard0: Option<Option<i64>>,
 }
 
 impl SeedPlan {
@@ -95,6 +98,14 @@ pub(crate) async fn plan_seeds(
             images = read_siblings(inner, req, shard, seen).await?;
         }
         plan.shard_count = s_caller.max(seen).max(shard as i64 + 1);
+        if shard != 0 {
+            plan.shard0 = Some(
+                images
+                    .iter()
+                    .find(|(i, _)| *i == 0)
+                    .map(|(_, img)| img.shard_count),
+            );
+        }
         plan.now = images.iter().map(|(_, i)| i.rf).fold(now, i64::max);
     }
     let s = plan.shard_count;
