@@ -64,6 +64,9 @@ pub struct LimitState {
     pub gc: Option<i64>,
     /// Calendar reset cron and zone, for quotas that reset on a calendar.
     pub rsched: Option<(String, String)>,
+    /// Period-applied marker of a calendar quota: the reset edge this shard's balance
+    /// reflects (the calendar counterpart of `wa`; `rf` stands in where it is absent).
+    pub pe: Option<i64>,
 }
 
 /// A decoded bucket item.
@@ -87,8 +90,8 @@ pub struct BucketImage {
     pub wcu: Option<LimitState>,
 }
 
-const FIELDS: [&str; 13] = [
-    "tk", "cp", "ra", "rp", "tc", "rc", "ws", "rsa", "wa", "wtc", "gc", "rsched", "tz",
+const FIELDS: [&str; 14] = [
+    "tk", "cp", "ra", "rp", "tc", "rc", "ws", "rsa", "wa", "wtc", "gc", "rsched", "tz", "pe",
 ];
 
 fn corrupt(key: &str, attribute: &str, reason: impl Into<String>) -> RuleError {
@@ -188,6 +191,7 @@ impl BucketImage {
                 wtc: g("wtc")?,
                 gc: g("gc")?,
                 rsched,
+                pe: g("pe")?,
             };
             if n == WCU {
                 wcu = Some(st);

@@ -73,7 +73,9 @@ pub fn quota_grant_is_current(limit: &Limit, st: &LimitState, rf: i64, now: i64)
             Some(ws) => !window::ended(ws, reset_after_s * 1000, now) && ws <= st.wa.unwrap_or(rf),
             None => false,
         },
-        Refill::Calendar(c) => c.prev_edge(now).is_none_or(|edge| edge <= rf),
+        Refill::Calendar(c) => c
+            .prev_edge(now)
+            .is_none_or(|edge| edge <= st.pe.unwrap_or(rf)),
         Refill::Drip { .. } => false,
     }
 }
@@ -103,7 +105,11 @@ pub fn donor_condition(
     match limit.refill() {
         Refill::Calendar(cal) => {
             if let Some(edge) = cal.prev_edge(now) {
-                c = c.and(Condition::ge("rf", edge));
+                let pe = battr(n, "pe");
+                c = c.and(
+                    Condition::ge(pe.clone(), edge)
+                        .or(Condition::not_exists(pe).and(Condition::ge("rf", edge))),
+                );
             }
         }
         Refill::Window { .. } => {

@@ -81,6 +81,8 @@ pub struct Evaluated {
     pub wa: Option<i64>,
     /// `gc` to write (quota granted, reset or rolled on this pass).
     pub gc: Option<i64>,
+    /// `pe` to write (calendar quotas: the edge the balance reflects).
+    pub pe: Option<i64>,
     /// The window length to stamp (s).
     pub rsa: Option<i64>,
     /// The read state's `tc` (for projections).
@@ -120,6 +122,7 @@ pub fn evaluate_wcu(state: Option<&LimitState>, rf: i64, now: i64) -> Evaluated 
         opened: false,
         wa: None,
         gc: None,
+        pe: None,
         rsa: None,
         tc: state.map(|s| s.tc).unwrap_or(0),
     }
@@ -158,6 +161,7 @@ pub fn evaluate(
         opened: false,
         wa: None,
         gc: None,
+        pe: None,
         rsa: limit.rsa(),
         tc: state.map(|st| st.tc).unwrap_or(0),
     };
@@ -170,7 +174,10 @@ pub fn evaluate(
         e.balance = seed.balance.min(part);
         match limit.refill() {
             Refill::Drip { .. } => e.carry = Some(0),
-            Refill::Calendar(_) => e.gc = Some(s),
+            Refill::Calendar(cal) => {
+                e.gc = Some(s);
+                e.pe = cal.prev_edge(now);
+            }
             Refill::Window { .. } => {
                 let ws = seed.join_ws.unwrap_or(now);
                 e.opened = seed.join_ws.is_none();
@@ -199,14 +206,23 @@ pub fn evaluate(
         Refill::Calendar(cal) => {
             let ceiling = quota_ceiling(cap, st.gc, st.tk, s);
             e.ceiling = ceiling;
+            // Rule "calendar reset" (ADR-137) with a period-applied marker: a reset is due
+            // when the latest edge is newer than the edge the balance reflects (`pe`; `rf`
+            // on unmarked items), so a writer that stamps `rf` without resetting (or moves it
+            // back) can neither skip nor repeat a reset.
+            let applied = st.pe.unwrap_or(rf);
             match cal.prev_edge(now) {
-                Some(edge) if edge > rf => {
+                Some(edge) if edge > applied => {
                     e.balance = part;
                     e.gc = Some(s);
                     e.ceiling = part;
+                    e.pe = Some(edge);
                     e.transition = Transition::CalendarReset;
                 }
-                _ => e.balance = st.tk.min(ceiling),
+                edge => {
+                    e.balance = st.tk.min(ceiling);
+                    e.pe = edge.map(|x| x.max(st.pe.unwrap_or(x))).or(st.pe);
+                }
             }
         }
         Refill::Window { reset_after_s } => {

@@ -240,6 +240,9 @@ pub fn normal_write(
         if let Some(gc) = e.gc {
             u = u.set(battr(n, "gc"), gc);
         }
+        if let Some(pe) = e.pe {
+            u = u.set(battr(n, "pe"), pe);
+        }
         if e.transition == Transition::Seed {
             c = c.and(Condition::not_exists(battr(n, "tk")));
         } else if e.transition.is_set() {
@@ -307,9 +310,11 @@ pub fn adjust_write(deltas: &Amounts, tc_only: &[String]) -> Update {
 pub fn refund_pin(limit: &Limit, ws_at_debit: Option<i64>, debit_at: i64) -> Option<Condition> {
     match limit.refill() {
         Refill::Drip { .. } => None,
-        Refill::Calendar(c) => c
-            .next_edge(debit_at)
-            .map(|edge| Condition::lt(attr::RF, edge)),
+        Refill::Calendar(c) => c.next_edge(debit_at).map(|edge| {
+            let pe = battr(limit.name(), "pe");
+            Condition::lt(pe.clone(), edge)
+                .or(Condition::not_exists(pe).and(Condition::lt(attr::RF, edge)))
+        }),
         Refill::Window { .. } => ws_at_debit.map(|ws| Condition::eq(battr(limit.name(), "ws"), ws)),
     }
 }
@@ -406,6 +411,9 @@ pub fn create_item(
         }
         if let Some(gc) = e.gc {
             put(battr(n, "gc"), Value::N(gc));
+        }
+        if let Some(pe) = e.pe {
+            put(battr(n, "pe"), Value::N(pe));
         }
     }
     put(battr(WCU, "tk"), Value::N(crate::bucket::WCU_CAPACITY));

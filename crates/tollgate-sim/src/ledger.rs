@@ -274,7 +274,9 @@ impl Ledger {
                     limit: l.clone(),
                     delta: tc_a - tc_b,
                     ws: n(a, &format!("b_{l}_ws")),
-                    rf,
+                    // A calendar quota's balance belongs to the period of the edge it
+                    // reflects (`pe`); `rf` stands in on unmarked items.
+                    rf: n(a, &format!("b_{l}_pe")).unwrap_or(rf),
                     t,
                     step,
                     lost,

@@ -307,7 +307,8 @@ async fn lease_action(
 }
 
 /// The older writer and hot-spot actor: at seeded moments, a raw `SET rf = its own clock,
-/// REMOVE vu` (touching nothing else) on a bucket item, or a raw drain of a shard's `wcu`.
+/// REMOVE vu` (touching nothing else; `vu` is kept on items carrying a calendar quota, which
+/// a pre-v0.15 client knows is scheduled) on a bucket item, or a raw drain of a shard's `wcu`.
 pub async fn chaos(sh: Arc<Shared>, id: usize, spec: Arc<Spec>, mut rng: SmallRng, skew: i64) {
     let mut plan: Vec<bool> = std::iter::repeat_n(true, spec.old_writes)
         .chain(std::iter::repeat_n(false, spec.wcu_drains))
@@ -359,7 +360,16 @@ pub async fn chaos(sh: Arc<Shared>, id: usize, spec: Arc<Spec>, mut rng: SmallRn
         let mut after: Item = before.clone();
         if old {
             after.insert("rf".into(), Value::N(sh.now() + skew));
-            after.remove("vu");
+            // A pre-v0.15 client sees calendar quotas (they are stored under `l_`) and keeps
+            // `vu` on an item that carries one, since one of *its* limits is scheduled; it
+            // removes `vu` only where every scheduled limit is a window it cannot see
+            // (spec §6). It still stamps `rf` with its own clock either way.
+            let has_calendar = after
+                .keys()
+                .any(|a| a.starts_with("b_") && a.ends_with("_rsched"));
+            if !has_calendar {
+                after.remove("vu");
+            }
         } else {
             after.insert("b_wcu_tk".into(), Value::N(-10_000_000));
         }
