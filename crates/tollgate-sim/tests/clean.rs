@@ -29,15 +29,13 @@ fn no_violations_without_mutants() {
     );
 }
 
-/// Known bug (reported to the lead, not fixed here): `writes::next_rf` stamps
-/// `max(now, stored rf, ws)`, so a writer whose clock is not ahead of the stored `rf` (an
+/// Regression (fixed): `writes::next_rf` used to stamp `max(now, stored rf, ws)`, so a writer whose clock is not ahead of the stored `rf` (an
 /// older writer stamped it forward, or a skewed or slow client) writes `rf` unchanged — and a
 /// concurrent slow path that read the same `rf` still holds the lock. Here two clients open
 /// the same window on shard 0 under one `rf` (the second write moves `ws` back and adds a
 /// second share): 21 admitted against 19. ADR-140/C5 make the stamp strictly greater than the
-/// locked `rf` (`max(now, stored rf + 1, ws)`); with that change this seed passes.
+/// locked `rf` (`max(now, stored rf + 1, ws)`), which this seed now checks.
 #[test]
-#[ignore = "known bug in writes::next_rf (rf lock not advanced); remove the ignore once fixed"]
 fn seed_584_rf_lock_not_advanced() {
     let r = run_seed(&RunConfig {
         seed: 584,
