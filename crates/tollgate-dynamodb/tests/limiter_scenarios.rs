@@ -1,0 +1,95 @@
+//! The limiter behaviour scenarios — the same code the reference backend runs
+//! (crates/tollgate/tests/scenarios.rs) — on DynamoDB Local, one fresh table per scenario.
+
+mod common;
+
+use std::sync::Arc;
+
+use tollgate::testing::{Backend, TestStore};
+use tollgate_core::value::{Item, Key};
+use tollgate_dynamodb::DynamoDbStore;
+use tollgate_store::{DeleteRequest, PutRequest, Store};
+
+/// Raw item access for staging states: strongly consistent reads and unconditional writes,
+/// run to completion on the test's runtime.
+struct Raw(DynamoDbStore);
+
+fn block<F: std::future::Future>(f: F) -> F::Output {
+    tokio::task::block_in_place(|| tokio::runtime::Handle::current().block_on(f))
+}
+
+#[async_trait::async_trait]
+impl Store for Raw {
+    async fn get(&self, k: &Key, c: bool) -> Result<Option<Item>, tollgate_store::StoreError> {
+        self.0.get(k, c).await
+    }
+    async fn batch_get(
+        &self,
+        k: &[Key],
+        c: bool,
+    ) -> Result<Vec<Option<Item>>, tollgate_store::StoreError> {
+        self.0.batch_get(k, c).await
+    }
+    async fn put(&self, r: PutRequest) -> Result<(), tollgate_store::StoreError> {
+        self.0.put(r).await
+    }
+    async fn update(
+        &self,
+        r: tollgate_store::UpdateRequest,
+    ) -> Result<Option<Item>, tollgate_store::StoreError> {
+        self.0.update(r).await
+    }
+    async fn delete(&self, r: DeleteRequest) -> Result<Option<Item>, tollgate_store::StoreError> {
+        self.0.delete(r).await
+    }
+    async fn transact_write(
+        &self,
+        o: Vec<tollgate_store::TransactOp>,
+        t: Option<String>,
+    ) -> Result<(), tollgate_store::StoreError> {
+        self.0.transact_write(o, t).await
+    }
+    async fn query(
+        &self,
+        q: tollgate_store::Query,
+    ) -> Result<Vec<Item>, tollgate_store::StoreError> {
+        self.0.query(q).await
+    }
+    fn backend(&self) -> &'static str {
+        self.0.backend()
+    }
+}
+
+impl TestStore for Raw {
+    fn raw_get(&self, key: &Key) -> Option<Item> {
+        block(self.0.get(key, true)).expect("raw get")
+    }
+    fn raw_put(&self, key: &Key, item: Item) {
+        block(self.0.put(PutRequest {
+            key: key.clone(),
+            item,
+            condition: None,
+        }))
+        .expect("raw put")
+    }
+    fn raw_delete(&self, key: &Key) {
+        block(self.0.delete(DeleteRequest {
+            key: key.clone(),
+            condition: None,
+        }))
+        .expect("raw delete");
+    }
+}
+
+fn dynamodb() -> Option<Backend> {
+    let endpoint = common::endpoint("limiter_scenarios")?;
+    Some(Backend::new(move || {
+        let endpoint = endpoint.clone();
+        Box::pin(async move {
+            let s = common::fresh_store(&endpoint, "scn").await;
+            Arc::new(Raw(s)) as Arc<dyn TestStore>
+        })
+    }))
+}
+
+tollgate::scenario_tests!(dynamodb());
