@@ -141,40 +141,59 @@ impl BucketImage {
                 format!("out of range: {shard_count}"),
             ));
         }
-        let mut names: Vec<String> = Vec::new();
-        for a in item.keys() {
+        // One pass over the attributes: group `b_{limit}_{field}` by limit.
+        let mut fields: BTreeMap<&str, Vec<(&str, &str, &Value)>> = BTreeMap::new();
+        for (a, v) in item {
             if let Some(rest) = a.strip_prefix("b_") {
                 if let Some((n, f)) = rest.rsplit_once('_') {
-                    if FIELDS.contains(&f) && !names.iter().any(|x| x == n) {
-                        names.push(n.to_string());
+                    if FIELDS.contains(&f) {
+                        fields.entry(n).or_default().push((f, a.as_str(), v));
                     }
                 }
             }
         }
         let mut limits = BTreeMap::new();
         let mut wcu = None;
-        for n in names {
-            let g = |f: &str| num(item, k, &battr(&n, f));
-            let (tk, cp) = (g("tk")?, g("cp")?);
-            let (tk, cp) = match (tk, cp) {
+        for (n, fs) in fields {
+            let get = |f: &str| {
+                fs.iter()
+                    .find(|(x, _, _)| *x == f)
+                    .map(|(_, a, v)| (*a, *v))
+            };
+            let g = |f: &str| -> Result<Option<i64>, RuleError> {
+                match get(f) {
+                    None => Ok(None),
+                    Some((_, Value::N(x))) => Ok(Some(*x)),
+                    Some((a, v)) => Err(corrupt(
+                        k,
+                        a,
+                        format!("expected a number, found {}", v.type_name()),
+                    )),
+                }
+            };
+            let gs = |f: &str| -> Result<Option<String>, RuleError> {
+                match get(f) {
+                    None => Ok(None),
+                    Some((_, Value::S(x))) => Ok(Some(x.clone())),
+                    Some((a, v)) => Err(corrupt(
+                        k,
+                        a,
+                        format!("expected a string, found {}", v.type_name()),
+                    )),
+                }
+            };
+            let (tk, cp) = match (g("tk")?, g("cp")?) {
                 (Some(tk), Some(cp)) => (tk, cp),
                 (None, None) => continue,
-                (Some(_), None) => {
-                    return Err(corrupt(k, &battr(&n, "cp"), "missing (tk present)"))
-                }
-                (None, Some(_)) => {
-                    return Err(corrupt(k, &battr(&n, "tk"), "missing (cp present)"))
-                }
+                (Some(_), None) => return Err(corrupt(k, &battr(n, "cp"), "missing (tk present)")),
+                (None, Some(_)) => return Err(corrupt(k, &battr(n, "tk"), "missing (cp present)")),
             };
             let ws = g("ws")?;
             let rsa = g("rsa")?;
             if ws.is_some() && rsa.is_none() {
-                return Err(corrupt(k, &battr(&n, "rsa"), "missing (ws present)"));
+                return Err(corrupt(k, &battr(n, "rsa"), "missing (ws present)"));
             }
-            let rsched = match (
-                string(item, k, &battr(&n, "rsched"))?,
-                string(item, k, &battr(&n, "tz"))?,
-            ) {
+            let rsched = match (gs("rsched")?, gs("tz")?) {
                 (Some(c), tz) => Some((c, tz.unwrap_or_else(|| "UTC".into()))),
                 (None, _) => None,
             };
@@ -196,7 +215,7 @@ impl BucketImage {
             if n == WCU {
                 wcu = Some(st);
             } else {
-                limits.insert(n, st);
+                limits.insert(n.to_string(), st);
             }
         }
         let vu = num(item, k, attr::VU)?;

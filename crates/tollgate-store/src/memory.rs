@@ -277,31 +277,36 @@ impl Store for MemoryStore {
         validate_update(&req.update)?;
         let mut g = self.lock();
         self.charge(&mut g, &[&req.key])?;
-        let cur = g.items.get(&req.key).and_then(|s| s.cur.clone());
-        if let Some(c) = &req.condition {
-            if !eval_condition(cur.as_ref(), c) {
-                return Err(StoreError::ConditionFailed {
-                    old: cur.map(Box::new),
-                });
+        // Evaluate against a borrow of the current item: the only copies made are the new
+        // item and what the request asks to have returned.
+        let (new, out, existed) = {
+            let cur = g.items.get(&req.key).and_then(|s| s.cur.as_ref());
+            if let Some(c) = &req.condition {
+                if !eval_condition(cur, c) {
+                    return Err(StoreError::ConditionFailed {
+                        old: cur.cloned().map(Box::new),
+                    });
+                }
             }
-        }
-        let new = apply_update_stored(cur.as_ref(), &key_item(&req.key), &req.update)?;
-        let out = match req.returns {
-            ReturnValues::None => None,
-            ReturnValues::AllNew => new.clone(),
-            ReturnValues::AllOld => cur.clone(),
-            ReturnValues::UpdatedNew => new.as_ref().and_then(|new| {
-                let names: Vec<String> = req
-                    .update
-                    .actions
-                    .iter()
-                    .map(|a| a.target().to_string())
-                    .collect();
-                // DynamoDB omits `Attributes` when nothing it wrote remains.
-                Some(project(new, &names)).filter(|p| !p.is_empty())
-            }),
+            let new = apply_update_stored(cur, &key_item(&req.key), &req.update)?;
+            let out = match req.returns {
+                ReturnValues::None => None,
+                ReturnValues::AllNew => new.clone(),
+                ReturnValues::AllOld => cur.cloned(),
+                ReturnValues::UpdatedNew => new.as_ref().and_then(|new| {
+                    let names: Vec<String> = req
+                        .update
+                        .actions
+                        .iter()
+                        .map(|a| a.target().to_string())
+                        .collect();
+                    // DynamoDB omits `Attributes` when nothing it wrote remains.
+                    Some(project(new, &names)).filter(|p| !p.is_empty())
+                }),
+            };
+            (new, out, cur.is_some())
         };
-        if new.is_some() || cur.is_some() {
+        if new.is_some() || existed {
             write(&mut g, &req.key, new);
         }
         Ok(out)
