@@ -61,7 +61,7 @@ impl Failure {
             Failure::BadInput(_) => BAD_INPUT,
             Failure::Unavailable(_) => UNAVAILABLE,
             Failure::Limiter(e) => match e {
-                Error::RateLimitExceeded(_) => REJECTED,
+                Error::RateLimitExceeded(_) | Error::ResourceDisabled { .. } => REJECTED,
                 Error::Invalid(tollgate_core::RuleError::Corrupt { .. }) => UNAVAILABLE,
                 Error::Invalid(_) | Error::UnknownLimit { .. } | Error::NoLimits { .. } => {
                     BAD_INPUT

@@ -35,6 +35,8 @@ pub mod attr {
     pub const RESOURCE: &str = "resource";
     /// Shard index.
     pub const SHARD: &str = "shard";
+    /// Present (true) while the (entity, resource) is disabled: every acquire is refused.
+    pub const DISABLED: &str = "disabled";
 }
 
 /// One limit's state on a bucket item. Millitokens and ms.
@@ -88,6 +90,8 @@ pub struct BucketImage {
     pub limits: BTreeMap<String, LimitState>,
     /// The `wcu` guard.
     pub wcu: Option<LimitState>,
+    /// The (entity, resource) is disabled.
+    pub disabled: bool,
 }
 
 const FIELDS: [&str; 14] = [
@@ -221,6 +225,7 @@ impl BucketImage {
         let vu = num(item, k, attr::VU)?;
         let ttl = num(item, k, attr::TTL)?;
         let ph = string(item, k, attr::PH)?;
+        let disabled = item.contains_key(attr::DISABLED);
         Ok(BucketImage {
             key,
             rf,
@@ -230,6 +235,7 @@ impl BucketImage {
             ph,
             limits,
             wcu,
+            disabled,
         })
     }
 }

@@ -43,7 +43,7 @@ pub fn ttl_for(limits: &[Limit], now_ms: i64, multiplier: i64) -> Option<i64> {
 /// The speculative write (§4.3): ADD the amounts and one `wcu`, conditioned on the item
 /// existing, every named balance covering its amount (a zero amount still requires
 /// `tk >= 0`), `wcu` covering one write, the item not expired, its parameters current
-/// (`ph`), and `vu` not reached. It reads nothing and touches no `rf`, window or grant.
+/// (`ph`), not disabled, and `vu` not reached. It reads nothing and touches no `rf`, window or grant.
 pub fn fast_write(amounts: &Amounts, ph: &str, now_ms: i64) -> (Update, Condition) {
     let mut u = Update::new();
     let mut c = Condition::exists("PK");
@@ -57,6 +57,7 @@ pub fn fast_write(amounts: &Amounts, ph: &str, now_ms: i64) -> (Update, Conditio
     c = c
         .and(Condition::ge(battr(WCU, "tk"), WCU_COST))
         .and(Condition::not_exists(attr::TTL).or(Condition::gt(attr::TTL, now_ms / 1000)))
+        .and(Condition::not_exists(attr::DISABLED))
         .and(Condition::eq(attr::PH, ph))
         .and(Condition::not_exists(attr::VU).or(Condition::gt(attr::VU, now_ms)));
     (u, c)
@@ -67,6 +68,8 @@ pub fn fast_write(amounts: &Amounts, ph: &str, now_ms: i64) -> (Update, Conditio
 pub enum FastFailure {
     /// No item: create it on the slow path.
     Missing,
+    /// The (entity, resource) is disabled: refuse, no slow path.
+    Disabled,
     /// Past its TTL but not yet swept: decide on the slow path.
     Expired,
     /// `vu` reached (calendar edge, window end, forced slow): slow path.
@@ -93,6 +96,9 @@ pub fn classify_fast_failure(
     let Some(img) = old else {
         return FastFailure::Missing;
     };
+    if img.disabled {
+        return FastFailure::Disabled;
+    }
     if img.ttl.is_some_and(|t| t <= now_ms / 1000) {
         return FastFailure::Expired;
     }

@@ -77,6 +77,7 @@ impl ApiError {
 /// | no limits configured | 404 | `no_limits` |
 /// | entity exists / not found | 409 / 404 | `entity_exists` / `entity_not_found` |
 /// | lease committed or rolled back | 409 | `lease_closed` |
+/// | resource disabled for the entity | 403 | `resource_disabled` |
 /// | store unreachable, throttled, outcome unknown | 503 | `store_unavailable` |
 /// | store refused a request as invalid | 500 | `internal_error` |
 /// | corrupt stored data | 500 | `corrupt_data` |
@@ -95,6 +96,7 @@ pub fn classify(e: &Error) -> (StatusCode, &'static str) {
         Error::EntityExists(_) => (StatusCode::CONFLICT, "entity_exists"),
         Error::EntityNotFound(_) => (StatusCode::NOT_FOUND, "entity_not_found"),
         Error::LeaseClosed => (StatusCode::CONFLICT, "lease_closed"),
+        Error::ResourceDisabled { .. } => (StatusCode::FORBIDDEN, "resource_disabled"),
         Error::Corrupt(_) => (StatusCode::INTERNAL_SERVER_ERROR, "corrupt_data"),
         Error::Unavailable(StoreError::Validation(_)) => {
             (StatusCode::INTERNAL_SERVER_ERROR, "internal_error")

@@ -150,6 +150,50 @@ impl Limiter {
 }
 
 impl Limiter {
+    /// Disable (or re-enable) an entity's use of a resource: every shard of its bucket is
+    /// stamped `disabled`, which the fast path's condition and the slow path both refuse
+    /// with [`Error::ResourceDisabled`]. Shards created later are disabled too (they read
+    /// the stamp off shard 0). Returns how many shard items were written.
+    pub async fn set_disabled(
+        &self,
+        entity: &str,
+        resource: &str,
+        disabled: bool,
+    ) -> Result<usize> {
+        validate_entity_id(entity)?;
+        validate_resource(resource)?;
+        let inner = &self.inner;
+        let k0 = keys::bucket(inner.ns(), entity, resource, 0);
+        let s = match inner.store.get(&k0, true).await? {
+            Some(i) => BucketImage::decode(&i)?.shard_count,
+            None => 0,
+        };
+        let mut written = 0;
+        for shard in 0..s as u32 {
+            let update = if disabled {
+                Update::new().set(attr::DISABLED, true)
+            } else {
+                Update::new().remove(attr::DISABLED)
+            };
+            let r = inner
+                .store
+                .update(UpdateRequest {
+                    key: keys::bucket(inner.ns(), entity, resource, shard),
+                    update,
+                    condition: Some(Condition::exists("PK")),
+                    returns: ReturnValues::None,
+                })
+                .await;
+            match r {
+                Ok(_) => written += 1,
+                Err(StoreError::ConditionFailed { .. }) => {}
+                Err(e) => return Err(e.into()),
+            }
+        }
+        inner.rejections.clear();
+        Ok(written)
+    }
+
     /// Double the shard count of (entity, resource) from `old` by compare-and-set on shard
     /// 0 (refused at 32; a loser adopts the winner's count). Returns the count now in force.
     /// Acquires do this by themselves when a shard runs out of write capacity; operators and
@@ -291,6 +335,12 @@ impl Inner {
                     return Ok(Fast::Slow(cur));
                 }
                 Err(Some((failure, img))) => match failure {
+                    FastFailure::Disabled => {
+                        return Err(Error::ResourceDisabled {
+                            entity: req.entity.clone(),
+                            resource: req.resource.clone(),
+                        })
+                    }
                     FastFailure::Missing
                     | FastFailure::Expired
                     | FastFailure::Boundary
@@ -630,6 +680,12 @@ impl Inner {
             return self.create(req, shard, key, now, moves).await;
         };
         let img = BucketImage::decode(&item)?;
+        if img.disabled {
+            return Err(Error::ResourceDisabled {
+                entity: req.entity.clone(),
+                resource: req.resource.clone(),
+            });
+        }
         let img_rf = img.rf;
         let cached = self.shards.get(&req.entity, &req.resource).unwrap_or(1);
         let missing: Vec<&Limit> = req
@@ -955,6 +1011,18 @@ impl Inner {
         moves: bool,
     ) -> Result<Lease> {
         let cached = self.shards.get(&req.entity, &req.resource).unwrap_or(1);
+        if shard != 0 {
+            // A disabled entity stays disabled on the shards it grows.
+            let k0 = self.bucket_key(req, 0);
+            if let Some(i) = self.store.get(&k0, true).await? {
+                if BucketImage::decode(&i)?.disabled {
+                    return Err(Error::ResourceDisabled {
+                        entity: req.entity.clone(),
+                        resource: req.resource.clone(),
+                    });
+                }
+            }
+        }
         let all: Vec<&Limit> = req.limits.iter().collect();
         let plan = shards::plan_seeds(
             self,

@@ -97,6 +97,14 @@ pub enum Error {
         /// Resource.
         resource: String,
     },
+    /// The entity's use of the resource is disabled (an administrator turned it off).
+    #[error("resource {resource:?} is disabled for entity {entity:?}")]
+    ResourceDisabled {
+        /// Entity.
+        entity: String,
+        /// Resource.
+        resource: String,
+    },
     /// The entity already exists.
     #[error("entity {0:?} already exists")]
     EntityExists(String),

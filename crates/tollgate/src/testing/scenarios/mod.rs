@@ -78,6 +78,12 @@ macro_rules! scenario_tests {
             }
         }
         #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+        async fn s09_disabled_refuses_without_slow_path() {
+            if let Some(b) = $backend {
+                $crate::testing::scenarios::basics::s09_disabled_refuses_without_slow_path(&b).await
+            }
+        }
+        #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
         async fn s09_fast_condition_set() {
             if let Some(b) = $backend {
                 $crate::testing::scenarios::basics::s09_fast_condition_set(&b).await

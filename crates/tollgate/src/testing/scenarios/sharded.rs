@@ -295,6 +295,7 @@ pub async fn s64_fast_path_projection(_b: &Backend) {
         ph: None,
         limits: Default::default(),
         wcu: None,
+        disabled: false,
     };
     let st = LimitState {
         tk: 0,
