@@ -213,6 +213,13 @@ impl Limiter {
     }
 }
 
+/// The item a successful write returned (`ALL_NEW`), decoded.
+fn returned_image(new: Option<&tollgate_core::value::Item>, key: &Key) -> Result<BucketImage> {
+    new.map(BucketImage::decode)
+        .transpose()?
+        .ok_or_else(|| Error::Corrupt(format!("{key}: no item returned")))
+}
+
 fn backoff(attempt: u32) -> Duration {
     Duration::from_millis(25u64 << attempt.min(3))
 }
@@ -427,11 +434,7 @@ impl Inner {
             .await;
         match r {
             Ok(new) => {
-                let img = new
-                    .as_ref()
-                    .map(BucketImage::decode)
-                    .transpose()?
-                    .ok_or_else(|| Error::Corrupt(format!("{key}: no item returned")))?;
+                let img = returned_image(new.as_ref(), &key)?;
                 self.shards
                     .raise(&req.entity, &req.resource, img.shard_count);
                 Stats::bump(&self.stats.fast_admits);
@@ -977,11 +980,7 @@ impl Inner {
             .await;
         match r {
             Ok(new) => {
-                let img = new
-                    .as_ref()
-                    .map(BucketImage::decode)
-                    .transpose()?
-                    .ok_or_else(|| Error::Corrupt(format!("{key}: no item returned")))?;
+                let img = returned_image(new.as_ref(), key)?;
                 Stats::bump(&self.stats.slow_admits);
                 let evals = self.evaluate_all(req, &img, now);
                 Ok(self.lease(req, shard, key.clone(), &evals, true, s, now))
