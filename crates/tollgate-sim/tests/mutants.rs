@@ -51,10 +51,11 @@ fn window_floor_is_needed() {
 
 #[test]
 fn wa_marker_is_needed() {
+    // Seeds over every workload, as `tollgate-sim --seeds 2000 --mutant WaMarker` runs them.
     caught(
         Mutant::WaMarker,
-        Some("window"),
-        400,
+        None,
+        2000,
         &["window-allowance", "window-roll-charge"],
     );
 }
@@ -63,8 +64,8 @@ fn wa_marker_is_needed() {
 fn wtc_charge_is_needed() {
     caught(
         Mutant::WtcCharge,
-        Some("window"),
-        200,
+        None,
+        2000,
         &["window-roll-charge", "window-allowance"],
     );
 }
