@@ -296,6 +296,18 @@ macro_rules! scenario_tests {
             }
         }
         #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+        async fn q14_reset_losing_its_pin() {
+            if let Some(b) = $backend {
+                $crate::testing::scenarios::sharded::q14_reset_losing_its_pin(&b).await
+            }
+        }
+        #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+        async fn q15_create_overtaken_by_a_doubling() {
+            if let Some(b) = $backend {
+                $crate::testing::scenarios::sharded::q15_create_overtaken_by_a_doubling(&b).await
+            }
+        }
+        #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
         async fn s76_conservation_walk() {
             if let Some(b) = $backend {
                 $crate::testing::scenarios::sharded::s76_conservation_walk(&b).await

@@ -499,6 +499,57 @@ pub async fn q12_lost_move_replanned(b: &Backend) {
     assert_eq!(rpd_tks(&h), (0, 200));
 }
 
+/// Q14 (R5): a reset pass races a doubling. The reset sized at the stale count is never
+/// written (its pin on the shard count fails); the pass re-reads and resets at S = 2.
+pub async fn q14_reset_losing_its_pin(b: &Backend) {
+    let h = b.harness(T0).await;
+    limits(&h, &[rpd()]).await;
+    h.lim.acquire(E, R, &[("rpd", 900)]).await.unwrap(); // shard 0 at 100
+    let midnight = 1_757_030_400_000;
+    h.at(midnight + 1000);
+    let (lim, hk) = h.hooked(false);
+    let k0 = h.key(E, R, 0);
+    hk.stage(On::Update, Some(k0.clone()), move |m| {
+        let mut i = m.raw_get(&k0).unwrap();
+        i.insert("shard_count".into(), Value::N(2));
+        m.raw_put(&k0, i);
+    });
+    lim.acquire(E, R, &[("rpd", 1)]).await.unwrap();
+    assert_eq!(h.n(E, R, 0, "b_rpd_tk"), Some(499_000));
+    assert_eq!(h.n(E, R, 0, "b_rpd_gc"), Some(2));
+    assert_eq!(h.n(E, R, 0, "b_rpd_pe"), Some(midnight));
+}
+
+/// Q15 / ADR-145 residual (a): a create planned at S = 4 is overtaken by a doubling to 8
+/// before it lands. Its pin on shard 0's count fails; it re-plans at 8, so the period's
+/// allowance stays exact (the original over-granted one share, 1125 of 1000).
+pub async fn q15_create_overtaken_by_a_doubling(b: &Backend) {
+    let h = b.harness(T0).await;
+    limits(&h, &[rpd()]).await;
+    h.lim.acquire(E, R, &[("rpd", 0)]).await.unwrap();
+    h.lim.bump_shard_count(E, R, 1).await.unwrap();
+    h.lim.bump_shard_count(E, R, 2).await.unwrap();
+    let (lim, hk) = h.hooked(false);
+    lim.bump_shard_count(E, R, 1).await.unwrap(); // learn the count (4)
+    let k0 = h.key(E, R, 0);
+    hk.stage(On::Transact, None, move |m| {
+        let mut i = m.raw_get(&k0).unwrap();
+        i.insert("shard_count".into(), Value::N(8));
+        m.raw_put(&k0, i);
+    });
+    h.rng.pin(3);
+    lim.acquire(E, R, &[("rpd", 0)]).await.unwrap();
+    assert_eq!(h.n(E, R, 3, "b_rpd_gc"), Some(8));
+    assert_eq!(h.n(E, R, 3, "b_rpd_tk"), Some(125_000));
+    // Every remaining slot, then the total: exactly the allowance.
+    for slot in 0..8 {
+        h.rng.pin(slot);
+        h.slow().acquire(E, R, &[("rpd", 0)]).await.unwrap();
+    }
+    let total: i64 = (0..8).map(|i| h.n(E, R, i, "b_rpd_tk").unwrap()).sum();
+    assert_eq!(total, 1_000_000);
+}
+
 /// Scenario 76: the conservation walk — doubling 1 → 32 with nobody spending keeps exactly
 /// the capacity (the old clamp rule kept 187 of 1000).
 pub async fn s76_conservation_walk(b: &Backend) {
