@@ -11,7 +11,9 @@ use serde::Serialize;
 use tollgate_core::expr::{project, ReturnValues};
 use tollgate_core::expr::{Condition, Update};
 use tollgate_core::value::{Item, Key};
-use tollgate_store::eval::{apply_update_stored, eval_condition, validate_item, validate_update};
+use tollgate_store::eval::{
+    apply_update_stored, eval_condition, key_item, plan_transact_op, validate_item, validate_update,
+};
 use tollgate_store::{
     validate_token, validate_transaction, CancelReason, DeleteRequest, PutRequest, Query,
     StoreError, TransactOp, UpdateRequest,
@@ -26,12 +28,6 @@ const MAX_BATCH_GET: usize = 100;
 fn begin_write(conn: &mut Connection) -> Result<Transaction<'_>, StoreError> {
     conn.transaction_with_behavior(TransactionBehavior::Immediate)
         .map_err(|e| from_sqlite("begin immediate", e))
-}
-
-fn key_item(key: &Key) -> Item {
-    let mut i = Item::new();
-    key.stamp(&mut i);
-    i
 }
 
 /// Decode a stored item; anything but valid JSON of an item is [`StoreError::Corrupt`].
@@ -223,41 +219,6 @@ pub fn delete(conn: &mut Connection, req: DeleteRequest) -> Result<Option<Item>,
     Ok(cur)
 }
 
-/// What one transaction operation will write: `None` = nothing (a check), `Some(None)` =
-/// delete, `Some(Some(item))` = the new item.
-type Planned = Option<Option<Item>>;
-
-/// Plan one operation against the pre-transaction state (`cur`). `Err` is the reason the
-/// transaction is cancelled for this operation.
-fn plan_op(op: &TransactOp, cur: Option<&Item>) -> Result<Planned, CancelReason> {
-    let cond = match op {
-        TransactOp::Put(p) => p.condition.as_ref(),
-        TransactOp::Update(u) => u.condition.as_ref(),
-        TransactOp::Delete(d) => d.condition.as_ref(),
-        TransactOp::Check { condition, .. } => Some(condition),
-    };
-    if let Some(c) = cond {
-        if !eval_condition(cur, c) {
-            return Err(CancelReason::ConditionFailed { old: cur.cloned() });
-        }
-    }
-    match op {
-        TransactOp::Put(p) => {
-            let mut item = p.item.clone();
-            p.key.stamp(&mut item);
-            Ok(Some(Some(item)))
-        }
-        TransactOp::Update(u) => match apply_update_stored(cur, &key_item(&u.key), &u.update) {
-            // A remove-only update of an absent item writes nothing.
-            Ok(None) => Ok(None),
-            Ok(new) => Ok(Some(new)),
-            Err(e) => Err(CancelReason::Validation(e.to_string())),
-        },
-        TransactOp::Delete(_) => Ok(Some(None)),
-        TransactOp::Check { .. } => Ok(None),
-    }
-}
-
 /// A transaction's operations as stored with its token, to tell a resend (same operations)
 /// from a reuse of the token for other ones. JSON of a mirror of [`TransactOp`]; maps and sets
 /// are ordered, so equal operations give equal text.
@@ -335,7 +296,7 @@ pub fn transact_write(
     let mut reasons = Vec::with_capacity(ops.len());
     let mut failed = false;
     for (op, old) in ops.iter().zip(&olds) {
-        match plan_op(op, old.as_ref()) {
+        match plan_transact_op(op, old.as_ref()) {
             Ok(p) => {
                 planned.push(p);
                 reasons.push(CancelReason::None);

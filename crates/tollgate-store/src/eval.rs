@@ -7,9 +7,10 @@ use std::cmp::Ordering;
 use std::collections::BTreeSet;
 
 use tollgate_core::expr::{Action, CmpOp, Condition, Operand, SetValue, Update};
-use tollgate_core::value::{Item, Value, PK, SK};
+use tollgate_core::value::{Item, Key, Value, PK, SK};
 
-use crate::error::StoreError;
+use crate::error::{CancelReason, StoreError};
+use crate::TransactOp;
 
 /// Evaluate a condition against the item as it is (`None` = absent; every attribute is then
 /// missing).
@@ -219,6 +220,49 @@ pub fn apply_update(
         }
     }
     Ok(new)
+}
+
+/// What one transaction operation writes: `None` = nothing (a check, or a remove-only
+/// update of an absent item), `Some(None)` = delete, `Some(Some(item))` = the new item.
+pub type Planned = Option<Option<Item>>;
+
+/// An item holding only the key attributes (what an update of an absent item starts from).
+pub fn key_item(key: &Key) -> Item {
+    let mut i = Item::new();
+    key.stamp(&mut i);
+    i
+}
+
+/// Plan one transaction operation against the item as it was before the transaction
+/// (`cur`). `Err` is the reason the transaction is cancelled at this operation. Shared by
+/// every backend that evaluates transactions itself.
+pub fn plan_transact_op(op: &TransactOp, cur: Option<&Item>) -> Result<Planned, CancelReason> {
+    let cond = match op {
+        TransactOp::Put(p) => p.condition.as_ref(),
+        TransactOp::Update(u) => u.condition.as_ref(),
+        TransactOp::Delete(d) => d.condition.as_ref(),
+        TransactOp::Check { condition, .. } => Some(condition),
+    };
+    if let Some(c) = cond {
+        if !eval_condition(cur, c) {
+            return Err(CancelReason::ConditionFailed { old: cur.cloned() });
+        }
+    }
+    match op {
+        TransactOp::Put(p) => {
+            let mut item = p.item.clone();
+            p.key.stamp(&mut item);
+            Ok(Some(Some(item)))
+        }
+        TransactOp::Update(u) => match apply_update_stored(cur, &key_item(&u.key), &u.update) {
+            // A remove-only update of an absent item writes nothing.
+            Ok(None) if cur.is_none() => Ok(None),
+            Ok(new) => Ok(Some(new)),
+            Err(e) => Err(CancelReason::Validation(e.to_string())),
+        },
+        TransactOp::Delete(_) => Ok(Some(None)),
+        TransactOp::Check { .. } => Ok(None),
+    }
 }
 
 #[cfg(test)]

@@ -9,7 +9,9 @@ use tollgate_core::expr::{project, ReturnValues};
 use tollgate_core::value::{Item, Key};
 
 use crate::error::{CancelReason, StoreError};
-use crate::eval::{apply_update_stored, eval_condition, validate_item, validate_update};
+use crate::eval::{
+    apply_update_stored, eval_condition, key_item, plan_transact_op, validate_item, validate_update,
+};
 use crate::{
     validate_token, validate_transaction, DeleteRequest, PutRequest, Query, Store, TransactOp,
     UpdateRequest,
@@ -185,46 +187,10 @@ impl MemoryStore {
     }
 }
 
-fn key_item(key: &Key) -> Item {
-    let mut i = Item::new();
-    key.stamp(&mut i);
-    i
-}
-
 fn write(g: &mut Inner, key: &Key, new: Option<Item>) {
     let slot = g.items.entry(key.clone()).or_default();
     slot.prev = slot.cur.take();
     slot.cur = new;
-}
-
-/// The outcome of planning one transaction operation against the current state.
-fn plan_op(g: &Inner, op: &TransactOp) -> Result<Option<Option<Item>>, CancelReason> {
-    let cur = g.items.get(op.key()).and_then(|s| s.cur.as_ref());
-    let cond = match op {
-        TransactOp::Put(p) => p.condition.as_ref(),
-        TransactOp::Update(u) => u.condition.as_ref(),
-        TransactOp::Delete(d) => d.condition.as_ref(),
-        TransactOp::Check { condition, .. } => Some(condition),
-    };
-    if let Some(c) = cond {
-        if !eval_condition(cur, c) {
-            return Err(CancelReason::ConditionFailed { old: cur.cloned() });
-        }
-    }
-    match op {
-        TransactOp::Put(p) => {
-            let mut item = p.item.clone();
-            p.key.stamp(&mut item);
-            Ok(Some(Some(item)))
-        }
-        TransactOp::Update(u) => match apply_update_stored(cur, &key_item(&u.key), &u.update) {
-            Ok(None) if cur.is_none() => Ok(None),
-            Ok(new) => Ok(Some(new)),
-            Err(e) => Err(CancelReason::Validation(e.to_string())),
-        },
-        TransactOp::Delete(_) => Ok(Some(None)),
-        TransactOp::Check { .. } => Ok(None),
-    }
 }
 
 #[async_trait]
@@ -356,7 +322,7 @@ impl Store for MemoryStore {
         let mut reasons = Vec::with_capacity(ops.len());
         let mut failed = false;
         for op in &ops {
-            match plan_op(&g, op) {
+            match plan_transact_op(op, g.items.get(op.key()).and_then(|s| s.cur.as_ref())) {
                 Ok(p) => {
                     planned.push(p);
                     reasons.push(CancelReason::None);
