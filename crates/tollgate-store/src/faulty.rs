@@ -16,7 +16,7 @@
 //! | transaction conflict   | —                     | `TransactionConflict`, nothing applied | `TransactionCanceled`: one op `TransactionConflict`, others `None` |
 //! | condition race         | —                     | (conditional only) `Throttled`, nothing applied | (with a condition) `TransactionCanceled`: first conditioned op `TransactionConflict` |
 //! | lost response          | —                     | applied by the inner store, then `Ambiguous` | applied, then `Ambiguous`                |
-//! | stale read             | non-consistent reads (and every index query) see each item as it was before the last write this wrapper forwarded | — | — |
+//! | stale read             | non-consistent reads see each item as it was up to [`STALE_DEPTH`] writes ago (chosen per item, by seed; a batch may mix fresh and stale items); index queries see each item as it was before its last write | — | — |
 //!
 //! A real racing writer cannot be emulated generically (it would need a write that makes the
 //! condition false), so a "condition race" surfaces as the retryable refusal a contended
@@ -26,7 +26,7 @@
 //! Invalid requests (overlapping paths, too many operations, …) are forwarded untouched, so
 //! validation errors stay exact.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Mutex;
 use std::time::Duration;
@@ -42,6 +42,12 @@ use crate::{
     StoreError, TransactOp, UpdateRequest,
 };
 
+/// How many earlier versions of an item a stale read may serve. DynamoDB's eventually
+/// consistent reads lag by time, not by a version count, so on a hot item a stale read can be
+/// several writes behind; one version would hide hazards that need an older view (ADR-139 W9:
+/// a sibling seen before its roll and before the count propagation that followed it).
+pub const STALE_DEPTH: usize = 4;
+
 /// Per-request probabilities (0.0 ..= 1.0) of each fault.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct FaultConfig {
@@ -53,7 +59,7 @@ pub struct FaultConfig {
     pub throttle: f64,
     /// A write is applied but its response is lost (`Ambiguous`).
     pub lost_response: f64,
-    /// A non-consistent read sees the items as they were before their last write.
+    /// A non-consistent read sees items as they were some writes ago (see [`STALE_DEPTH`]).
     pub stale_read: f64,
     /// A request is delayed by a seeded duration up to `max_delay`.
     pub delay: f64,
@@ -151,8 +157,9 @@ pub struct FaultyStore<S> {
     rng: Mutex<SmallRng>,
     enabled: AtomicBool,
     stats: [AtomicU64; 6],
-    /// Per key, the item before the last write forwarded (`None` = it was absent).
-    shadow: Mutex<HashMap<Key, Option<Item>>>,
+    /// Per key, the items before the last [`STALE_DEPTH`] writes forwarded, newest first
+    /// (`None` = it was absent).
+    shadow: Mutex<HashMap<Key, VecDeque<Option<Item>>>>,
 }
 
 impl<S> FaultyStore<S> {
@@ -252,9 +259,25 @@ impl<S> FaultyStore<S> {
         Ok(())
     }
 
-    fn stale(&self, key: &Key) -> Option<Option<Item>> {
-        lock(&self.shadow).get(key).cloned()
+    /// The version a stale single-item read serves: always an earlier one, chosen by `pick`.
+    fn stale(&self, key: &Key, pick: u64) -> Option<Option<Item>> {
+        let g = lock(&self.shadow);
+        let h = g.get(key)?;
+        let i = usize::try_from(mix(pick, 0).checked_rem(h.len() as u64)?).unwrap_or(0);
+        h.get(i).cloned()
     }
+}
+
+/// A seeded choice for the `i`-th item of one request (splitmix64 of `pick` and `i`).
+fn mix(pick: u64, i: usize) -> u64 {
+    let mut z = pick.wrapping_add(
+        (i as u64)
+            .wrapping_add(1)
+            .wrapping_mul(0x9E37_79B9_7F4A_7C15),
+    );
+    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+    z ^ (z >> 31)
 }
 
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
@@ -298,7 +321,9 @@ impl<S: Store> FaultyStore<S> {
         }
         let mut g = lock(&self.shadow);
         for (k, old) in keys.iter().zip(pre) {
-            g.insert(k.clone(), old);
+            let h = g.entry(k.clone()).or_default();
+            h.push_front(old);
+            h.truncate(STALE_DEPTH);
         }
     }
 
@@ -347,7 +372,7 @@ impl<S: Store> Store for FaultyStore<S> {
         self.before(&d).await?;
         let cur = self.inner.get(key, consistent).await?;
         if !consistent && d.stale {
-            if let Some(old) = self.stale(key) {
+            if let Some(old) = self.stale(key, d.pick) {
                 self.bump(STALE);
                 return Ok(old);
             }
@@ -366,10 +391,14 @@ impl<S: Store> Store for FaultyStore<S> {
         if !consistent && d.stale {
             let shadow = lock(&self.shadow);
             let mut any = false;
-            for (k, slot) in keys.iter().zip(out.iter_mut()) {
-                if let Some(old) = shadow.get(k) {
-                    *slot = old.clone();
-                    any = true;
+            // Each item independently: its current version or one of its earlier ones.
+            for (i, (k, slot)) in keys.iter().zip(out.iter_mut()).enumerate() {
+                if let Some(h) = shadow.get(k) {
+                    let v = usize::try_from(mix(d.pick, i) % (h.len() as u64 + 1)).unwrap_or(0);
+                    if let Some(old) = v.checked_sub(1).and_then(|j| h.get(j)) {
+                        *slot = old.clone();
+                        any = true;
+                    }
                 }
             }
             drop(shadow);
@@ -496,7 +525,7 @@ impl<S: Store> Store for FaultyStore<S> {
             }
         }
         let mut changed = false;
-        for (k, old) in shadow.iter() {
+        for (k, old) in shadow.iter().filter_map(|(k, h)| Some((k, h.front()?))) {
             let was_there = by_key.remove(k).is_some();
             let now_there = match old {
                 Some(item) if query_sort_key(item, &q).is_some() => {

@@ -250,18 +250,32 @@ async fn stale_reads_serve_the_previous_version() {
     .await
     .expect("c deleted");
     assert_eq!(n_of(s.get(&a, true).await.expect("get")), Some(2));
-    assert_eq!(n_of(s.get(&a, false).await.expect("get")), Some(1));
-    assert_eq!(
-        s.get(&b, false).await.expect("get"),
-        None,
-        "b not yet visible"
-    );
-    let got = s
-        .batch_get(&[a.clone(), b.clone(), c.clone()], false)
-        .await
-        .expect("batch");
-    let ns: Vec<Option<i64>> = got.into_iter().map(n_of).collect();
-    assert_eq!(ns, vec![Some(1), None, Some(1)], "c still visible");
+    // A stale single read always serves an earlier version: a was absent or 1.
+    for _ in 0..20 {
+        let v = n_of(s.get(&a, false).await.expect("get"));
+        assert!(v.is_none() || v == Some(1), "a stale a is {v:?}");
+        assert_eq!(
+            s.get(&b, false).await.expect("get"),
+            None,
+            "b not yet visible"
+        );
+    }
+    // A stale batch mixes, per item, the current version and earlier ones; c's current
+    // version is "absent", its earlier ones absent or 1.
+    let mut seen_c = std::collections::BTreeSet::new();
+    for _ in 0..40 {
+        let got = s
+            .batch_get(&[a.clone(), b.clone(), c.clone()], false)
+            .await
+            .expect("batch");
+        let ns: Vec<Option<i64>> = got.into_iter().map(n_of).collect();
+        assert!([None, Some(1), Some(2)].contains(&ns[0]), "{ns:?}");
+        assert!([None, Some(1)].contains(&ns[1]), "{ns:?}");
+        assert!([None, Some(1)].contains(&ns[2]), "{ns:?}");
+        seen_c.insert(ns[2]);
+    }
+    assert_eq!(seen_c.len(), 2, "c seen both deleted and still there");
+    let before = s.stats().stale_reads;
     // An eventually consistent query: a as it was, b absent, c back.
     let q = s.query(Query::table("p", None)).await.expect("query");
     let sks: Vec<(String, Option<i64>)> = q
@@ -283,13 +297,40 @@ async fn stale_reads_serve_the_previous_version() {
     let mut cq = Query::table("p", None);
     cq.consistent = true;
     assert_eq!(s.query(cq).await.expect("query").len(), 2, "A and B");
-    assert_eq!(s.stats().stale_reads, 4);
+    assert_eq!(s.stats().stale_reads, before + 1, "one stale query");
     assert_eq!(
         s.stats(),
         FaultStats {
-            stale_reads: 4,
+            stale_reads: before + 1,
             ..FaultStats::default()
         }
+    );
+}
+
+/// A stale read may lag several writes (up to `STALE_DEPTH`), never more.
+#[tokio::test]
+async fn stale_reads_lag_up_to_the_depth() {
+    use tollgate_store::faulty::STALE_DEPTH;
+    let s = FaultyStore::new(MemoryStore::new(), 9, only(|c| c.stale_read = 1.0));
+    let a = Key::new("p", "A");
+    for _ in 0..10 {
+        s.update(add(&a, None)).await.expect("a += 1");
+    }
+    let mut seen = std::collections::BTreeSet::new();
+    for _ in 0..200 {
+        seen.insert(n_of(s.get(&a, false).await.expect("get")));
+        seen.insert(n_of(
+            s.batch_get(&[a.clone()], false)
+                .await
+                .expect("batch")
+                .remove(0),
+        ));
+    }
+    let oldest = 10 - STALE_DEPTH as i64;
+    let want: std::collections::BTreeSet<Option<i64>> = (oldest..=10).map(Some).collect();
+    assert_eq!(
+        seen, want,
+        "every version from {oldest} to 10, nothing older"
     );
 }
 
