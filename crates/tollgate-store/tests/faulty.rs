@@ -320,7 +320,7 @@ async fn stale_reads_lag_up_to_the_depth() {
     for _ in 0..200 {
         seen.insert(n_of(s.get(&a, false).await.expect("get")));
         seen.insert(n_of(
-            s.batch_get(&[a.clone()], false)
+            s.batch_get(std::slice::from_ref(&a), false)
                 .await
                 .expect("batch")
                 .remove(0),
