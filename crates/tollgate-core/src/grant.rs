@@ -80,6 +80,28 @@ pub fn quota_grant_is_current(limit: &Limit, st: &LimitState, rf: i64, now: i64)
     }
 }
 
+/// Rule "staggered windows share one phase" (ADR-140 × ADR-145): a sibling whose applied
+/// window overlapped the window a new shard joins (`join_ws`) was granted, for that phase,
+/// every slot it covers. Concurrent openers or a lost fan-out can leave it in an earlier,
+/// staggered window that has since ended: its balance is dead, but the slots it covered
+/// already had their allowance in this phase. Such a sibling still covers the slot, with
+/// nothing to move (the slot joins with 0 and gets its share at its next roll), so one
+/// phase never grants a slot twice.
+///
+/// The applied window is `wa` (or `ws` when unmarked and `ws <= rf`); an item that is
+/// neither is treated as not overlapping.
+pub fn window_grant_overlaps(limit: &Limit, st: &LimitState, rf: i64, join_ws: i64) -> bool {
+    let Refill::Window { reset_after_s } = limit.refill() else {
+        return false;
+    };
+    let applied = match (st.wa, st.ws) {
+        (Some(wa), _) => Some(wa),
+        (None, Some(ws)) if ws <= rf => Some(ws),
+        _ => None,
+    };
+    applied.is_some_and(|a| !window::ended(a, reset_after_s * 1000, join_ws))
+}
+
 /// The donor's debit condition: it still exists, still holds the amount, is still in the
 /// same grant generation (`gc`) and the same period (calendar: `rf` at or after the edge;
 /// window: `wa` still the window start it was read with).
@@ -281,5 +303,61 @@ mod tests {
         let leap = Limit::quota_calendar("l", 10, "0 0 29 2 *", "UTC").unwrap();
         let mid_2027 = 1_813_000_000_000;
         assert!(quota_grant_is_current(&leap, &d, mid_2027 - 1000, mid_2027));
+    }
+
+    /// Staggered windows: an ended sibling window still covers a join that it overlapped.
+    #[test]
+    fn window_grant_overlaps_table() {
+        let session =
+            Limit::quota_after("session", 10, std::time::Duration::from_secs(18_000)).unwrap();
+        let w = 1_757_000_000_000_i64;
+        let len = 18_000_000;
+        let st = |ws: Option<i64>, wa: Option<i64>| LimitState {
+            ws,
+            wa,
+            rsa: Some(18_000),
+            ..Default::default()
+        };
+        // (applied window, join start) → overlaps?
+        assert!(window_grant_overlaps(
+            &session,
+            &st(Some(w), Some(w)),
+            w,
+            w + len - 1
+        ));
+        assert!(!window_grant_overlaps(
+            &session,
+            &st(Some(w), Some(w)),
+            w,
+            w + len
+        ));
+        // Unapplied: the balance is wa's window.
+        assert!(window_grant_overlaps(
+            &session,
+            &st(Some(w + len), Some(w)),
+            w,
+            w + 10
+        ));
+        // Unmarked: ws when ws <= rf, else unknown (not overlapping).
+        assert!(window_grant_overlaps(
+            &session,
+            &st(Some(w), None),
+            w,
+            w + 10
+        ));
+        assert!(!window_grant_overlaps(
+            &session,
+            &st(Some(w), None),
+            w - 1,
+            w + 10
+        ));
+        assert!(!window_grant_overlaps(&session, &st(None, None), w, w + 10));
+        let cal = Limit::quota_calendar("rpd", 10, "0 0 * * *", "UTC").unwrap();
+        assert!(!window_grant_overlaps(
+            &cal,
+            &st(Some(w), Some(w)),
+            w,
+            w + 10
+        ));
     }
 }

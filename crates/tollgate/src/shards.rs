@@ -4,7 +4,8 @@
 use tollgate_core::bucket::{BucketImage, WCU_CAPACITY};
 use tollgate_core::expr::{Condition, ReturnValues, SetValue, Update};
 use tollgate_core::grant::{
-    donor_condition, infer_gc, plan_quota_grant, quota_grant_is_current, Grant, Sibling,
+    donor_condition, infer_gc, plan_quota_grant, quota_grant_is_current, window_grant_overlaps,
+    Grant, Sibling,
 };
 use tollgate_core::keys::battr;
 use tollgate_core::limit::{Limit, Refill};
@@ -70,8 +71,10 @@ impl SeedPlan {
 /// - quotas with siblings (ADR-145): read the siblings strongly consistently, size at the
 ///   largest count seen, and move the grant from the covering current sibling; a slot no
 ///   current sibling covers gets a fresh share;
-/// - windows (ADR-139/140): a shard joins shard 0's live window; it opens its own only when
-///   shard 0's window has ended or it has none.
+/// - windows (ADR-139/140): a shard joins the live window (shard 0's, or a later staggered
+///   one: [`join_window`]); it opens its own only when no sibling's window is live. A sibling
+///   whose ended window overlapped the joined one covers with nothing to move
+///   ([`window_grant_overlaps`]).
 ///
 /// With `moves` off (a second lost move), quotas covered by a sibling get nothing.
 pub(crate) async fn plan_seeds(
@@ -123,24 +126,38 @@ pub(crate) async fn plan_seeds(
             continue;
         }
         let join_ws = match l.refill() {
-            Refill::Window { reset_after_s } => images
-                .iter()
-                .find(|(i, _)| *i == 0)
-                .and_then(|(_, img)| img.limits.get(l.name()))
-                .and_then(|st| st.ws)
-                .filter(|ws| !window::ended(*ws, reset_after_s * 1000, now)),
+            Refill::Window { reset_after_s } => join_window(&images, l.name(), *reset_after_s, now),
             _ => None,
         };
         let siblings: Vec<Sibling> = images
             .iter()
             .filter_map(|(i, img)| {
                 let st = img.limits.get(l.name())?;
-                Some(Sibling {
-                    shard: *i,
-                    tk: st.tk,
-                    gc: infer_gc(st.gc, st.tk, l.capacity_milli(), img.shard_count),
-                    current: quota_grant_is_current(l, st, img.rf, now),
-                })
+                let gc = infer_gc(st.gc, st.tk, l.capacity_milli(), img.shard_count);
+                let sibling = if quota_grant_is_current(l, st, img.rf, now) {
+                    Sibling {
+                        shard: *i,
+                        tk: st.tk,
+                        gc,
+                        current: true,
+                    }
+                } else if join_ws.is_some_and(|j| window_grant_overlaps(l, st, img.rf, j)) {
+                    // Covered in this phase already; its dead balance is not moved.
+                    Sibling {
+                        shard: *i,
+                        tk: 0,
+                        gc,
+                        current: true,
+                    }
+                } else {
+                    Sibling {
+                        shard: *i,
+                        tk: st.tk,
+                        gc,
+                        current: false,
+                    }
+                };
+                Some(sibling)
             })
             .collect();
         let grant = if mutants::off(Mutant::GrantMove) {
@@ -186,6 +203,26 @@ pub(crate) async fn plan_seeds(
         ));
     }
     Ok(plan)
+}
+
+/// Rule "a new shard joins the entity's live window" (ADR-139/140): the start it adopts is
+/// shard 0's live window — or, when shards are staggered (concurrent openers, a lost
+/// fan-out) and a sibling already adopted a later live start, the newest live start among
+/// the siblings read. Joining an older staggered window late would put the slot's share
+/// into a phase whose allowance for that slot an ancestor already held (found by the
+/// simulator: seed 4136 admitted 28 of 27 in one phase). `None`: no live window; the shard
+/// opens its own and fans out.
+fn join_window(
+    images: &[(u32, BucketImage)],
+    limit: &str,
+    reset_after_s: i64,
+    now: i64,
+) -> Option<i64> {
+    images
+        .iter()
+        .filter_map(|(_, img)| img.limits.get(limit)?.ws)
+        .filter(|ws| !window::ended(*ws, reset_after_s * 1000, now))
+        .max()
 }
 
 /// The other shards' items, read strongly consistently (a stale image would look like an

@@ -308,6 +308,18 @@ macro_rules! scenario_tests {
             }
         }
         #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+        async fn stagger_join_newest_live_start() {
+            if let Some(b) = $backend {
+                $crate::testing::scenarios::sharded::stagger_join_newest_live_start(&b).await
+            }
+        }
+        #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+        async fn stagger_dead_cover_grants_nothing() {
+            if let Some(b) = $backend {
+                $crate::testing::scenarios::sharded::stagger_dead_cover_grants_nothing(&b).await
+            }
+        }
+        #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
         async fn s76_conservation_walk() {
             if let Some(b) = $backend {
                 $crate::testing::scenarios::sharded::s76_conservation_walk(&b).await

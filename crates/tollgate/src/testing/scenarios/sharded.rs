@@ -882,3 +882,83 @@ pub async fn doubling_clamps_old_shards_to_the_new_share(b: &Backend) {
     assert_eq!(h.n(E, R, 0, "b_rph_tc"), Some(10_000));
     assert!(on_shard_0 >= 10);
 }
+
+/// Stage shard `s` in window `ws` (applied), with grant `gc`, balance `tk`, `rf = rf`.
+fn stage_window(h: &H, s: u32, ws: i64, rf: i64, gc: i64, tk_milli: i64) {
+    h.set_n(E, R, s, "b_session_ws", ws);
+    h.set_n(E, R, s, "b_session_wa", ws);
+    h.set_n(E, R, s, "b_session_gc", gc);
+    h.set_n(E, R, s, "b_session_tk", tk_milli);
+    h.set_n(E, R, s, "rf", rf);
+    h.set_n(E, R, s, "vu", ws + W);
+    h.set_n(E, R, s, "shard_count", 4);
+}
+
+/// Staggered windows, join (simulator seed 4136; ADR-139/140 × ADR-145): shard 0 is in an
+/// older staggered window S0 = T1 + 30 min, shard 1 already opened a later one B. A slot
+/// created now adopts B, the newest live start. Joining S0 late would put slot 3's share
+/// into the phase starting at T1, where shard 1 (gc 2 then) had already held it.
+pub async fn stagger_join_newest_live_start(b: &Backend) {
+    let h = b.harness(T0).await;
+    limits(&h, &[session()]).await;
+    h.lim.acquire(E, R, &[("session", 1)]).await.unwrap();
+    h.lim.bump_shard_count(E, R, 1).await.unwrap();
+    h.at(T0 + 60_000);
+    h.rng.pin(1);
+    h.lim.acquire(E, R, &[("session", 1)]).await.unwrap();
+    assert_eq!(h.lim.bump_shard_count(E, R, 2).await.unwrap(), 4);
+    let s0 = T1 + 1_800_000;
+    let later = T1 + W + 300_000;
+    stage_window(&h, 0, s0, s0, 4, 2500);
+    stage_window(&h, 1, later, later, 4, 2500);
+    let now = T1 + W + 600_000;
+    h.at(now);
+    warm(&h.slow()).await;
+    h.rng.pin(3);
+    h.slow().acquire(E, R, &[("session", 1)]).await.unwrap();
+    assert_eq!(
+        h.n(E, R, 3, "b_session_ws"),
+        Some(later),
+        "newest live start"
+    );
+    assert_eq!(h.n(E, R, 3, "b_session_wa"), Some(later));
+    assert_eq!(h.n(E, R, 3, "vu"), Some(later + W));
+    assert_eq!(tk(&h, 3), 1500, "uncovered: a fresh quarter share, less 1");
+    assert_eq!(
+        h.n(E, R, 0, "b_session_ws"),
+        Some(s0),
+        "a join fans nothing out"
+    );
+}
+
+/// Staggered windows, cover (ADR-139/140 × ADR-145): shard 1's applied window T1 (gc 2,
+/// covering slots 1 and 3) ended, but it overlapped the live window S0 that slot 3 joins. In
+/// that phase slot 3's allowance was already shard 1's: slot 3 joins with nothing, and
+/// shard 1's dead balance is not moved. (A fresh share here is the double grant the
+/// simulator found as 18 of 16 at seed 6722.)
+pub async fn stagger_dead_cover_grants_nothing(b: &Backend) {
+    let h = b.harness(T0).await;
+    limits(&h, &[session()]).await;
+    h.lim.acquire(E, R, &[("session", 1)]).await.unwrap();
+    h.lim.bump_shard_count(E, R, 1).await.unwrap();
+    h.at(T0 + 60_000);
+    h.rng.pin(1);
+    h.lim.acquire(E, R, &[("session", 1)]).await.unwrap();
+    assert_eq!(h.lim.bump_shard_count(E, R, 2).await.unwrap(), 4);
+    let s0 = T1 + 1_800_000;
+    stage_window(&h, 0, s0, s0, 4, 2500);
+    stage_window(&h, 1, T1, T1 + 60_000, 2, 3000);
+    let now = T1 + W + 600_000;
+    h.at(now);
+    warm(&h.slow()).await;
+    h.rng.pin(3);
+    h.slow().acquire(E, R, &[("session", 0)]).await.unwrap();
+    assert_eq!(h.n(E, R, 3, "b_session_ws"), Some(s0));
+    assert_eq!(tk(&h, 3), 0, "covered in this phase: nothing granted");
+    assert_eq!(h.n(E, R, 3, "b_session_gc"), Some(4));
+    assert_eq!(tk(&h, 1), 3000, "a dead balance is never moved");
+    // Slot 2: no sibling covers it (shard 0's gc 4 covers only slot 0) — a fresh quarter.
+    h.rng.pin(2);
+    h.slow().acquire(E, R, &[("session", 0)]).await.unwrap();
+    assert_eq!(tk(&h, 2), 2500);
+}
