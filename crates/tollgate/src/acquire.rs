@@ -506,8 +506,10 @@ impl Inner {
                 pins.insert(l.name().to_string(), p);
             }
             if let Some((_, a)) = req.amounts.iter().find(|(n, _)| n == l.name()) {
+                // The write landed: a window this pass opened is in force now.
                 let after = Evaluated {
                     balance: if debited { e.balance } else { e.balance - a },
+                    opened: false,
                     ..e.clone()
                 };
                 let view = ShardView {
