@@ -2,6 +2,7 @@
 //! §5.2), as functions over a [`Backend`](super::Backend).
 
 pub mod basics;
+pub mod gaps;
 pub mod sharded;
 
 /// Generate one `#[tokio::test]` per limiter behaviour scenario, on `$backend`: an
@@ -384,6 +385,12 @@ macro_rules! scenario_tests {
             if let Some(b) = $backend {
                 $crate::testing::scenarios::sharded::doubling_clamps_old_shards_to_the_new_share(&b)
                     .await
+            }
+        }
+        #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+        async fn q11_transaction_conflicts() {
+            if let Some(b) = $backend {
+                $crate::testing::scenarios::gaps::q11_transaction_conflicts(&b).await
             }
         }
     };
