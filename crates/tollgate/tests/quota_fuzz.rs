@@ -1,8 +1,10 @@
 //! Scenario 77 / Q18: invariant I8 of ADR-145 under seeded random operations on a sharded
-//! calendar quota (C = 1024), on the reference backend.
+//! quota (C = 1024) — a calendar quota (300 seeds) and a session quota (100 seeds; windows
+//! opened, fanned out and rolled), 60 steps each, on the reference backend.
 //!
 //! Operations: spend (fast or slow client, random shard, 0–200 tokens), double, late seed
-//! (a shard created without the quota, seeded by a later spend), next period. After every
+//! (a shard created without the quota, seeded by a later spend), next period (the next
+//! midnight, or past every window's end). The clock is frozen between periods. After every
 //! operation:
 //!
 //! - admitted(period) × 1000 + Σ tk(shards whose grant is current) + share × #slots no
@@ -12,11 +14,13 @@
 //! Top-up and reset (ADR-149) are not built in tollgate, so Q18's top-up/reset operations
 //! are left out. A failing seed prints its operation log; `I8_SEEDS` sets the seed count.
 
-use tollgate::testing::{Backend, H, T0};
+use std::time::Duration;
+
+use tollgate::testing::{Backend, H, T0, W};
 use tollgate::{AcquireOptions, Error, Limit, Scope};
-use tollgate_core::bucket::BucketImage;
-use tollgate_core::limit::Refill;
-use tollgate_core::value::Value;
+use tollgate_core::bucket::{BucketImage, LimitState};
+use tollgate_core::grant::quota_grant_is_current;
+use tollgate_core::value::{Item, Value};
 
 const E: &str = "e";
 const R: &str = "api";
@@ -45,36 +49,38 @@ fn shard_count(h: &H) -> i64 {
         .unwrap_or(1)
 }
 
-/// I8 and the per-shard bounds, now.
-fn check(h: &H, rpd: &Limit, admitted: i64, now: i64, log: &[String]) {
+/// I8 and the per-shard bounds, now. "Current" is ADR-145's `quota_grant_is_current`.
+fn check(h: &H, q: &Limit, admitted: i64, now: i64, log: &[String]) {
     let ctx = || log.join("\n  ");
     let cap = C * 1000;
     let s = shard_count(h);
-    // ADR-145 "current" for a calendar quota (`quota_grant_is_current`), with the period's
-    // edge computed once per check: the shard's balance reflects the latest edge.
-    let Refill::Calendar(cal) = rpd.refill() else {
-        unreachable!("a calendar quota")
-    };
-    let edge = cal.prev_edge(now);
     let mut held = 0;
     let mut cover: Vec<(i64, i64)> = Vec::new();
-    let n = |it: &tollgate_core::value::Item, a: &str| it.get(a).and_then(Value::as_n);
+    let n = |it: &Item, a: &str| it.get(a).and_then(Value::as_n);
+    let attr = |a: &str| format!("b_q_{a}");
     for i in 0..s {
         let Some(item) = h.raw.raw_get(&h.key(E, R, i as u32)) else {
             continue;
         };
-        let Some(tk) = n(&item, "b_rpd_tk") else {
+        let Some(tk) = n(&item, &attr("tk")) else {
             continue;
         };
-        let gc = n(&item, "b_rpd_gc")
+        let gc = n(&item, &attr("gc"))
             .unwrap_or_else(|| panic!("shard {i} carries the quota without gc:\n  {}", ctx()));
         assert!(
             0 <= tk && tk <= cap / gc,
             "shard {i}: tk {tk} outside [0, C // {gc}]:\n  {}",
             ctx()
         );
-        let applied = n(&item, "b_rpd_pe").or(n(&item, "rf")).unwrap();
-        if edge.is_none_or(|e| e <= applied) {
+        let st = LimitState {
+            tk,
+            gc: Some(gc),
+            ws: n(&item, &attr("ws")),
+            wa: n(&item, &attr("wa")),
+            pe: n(&item, &attr("pe")),
+            ..Default::default()
+        };
+        if quota_grant_is_current(q, &st, n(&item, "rf").unwrap(), now) {
             held += tk;
             cover.push((i, gc));
         }
@@ -91,23 +97,33 @@ fn check(h: &H, rpd: &Limit, admitted: i64, now: i64, log: &[String]) {
     assert!(admitted <= C, "admitted {admitted} > C:\n  {}", ctx());
 }
 
-async fn run(seed: u64, steps: usize) {
+/// The quota under test, named `q`: a calendar quota or a session (`reset_after`) quota.
+#[derive(Clone, Copy, Debug)]
+enum Kind {
+    Calendar,
+    Session,
+}
+
+async fn run(kind: Kind, seed: u64, steps: usize) {
     let mut now = T0;
     let h = Backend::memory().harness(now).await;
     let rpm = Limit::per_minute("rpm", 1_000_000).unwrap();
-    let rpd = Limit::quota_calendar("rpd", C, "0 0 * * *", "UTC").unwrap();
+    let q = match kind {
+        Kind::Calendar => Limit::quota_calendar("q", C, "0 0 * * *", "UTC").unwrap(),
+        Kind::Session => Limit::quota_after("q", C, Duration::from_secs(18_000)).unwrap(),
+    };
     h.lim
         .set_limits(
             &Scope::Entity(E.into(), Some(R.into())),
-            &[rpm.clone(), rpd.clone()],
+            &[rpm.clone(), q.clone()],
             None,
         )
         .await
         .unwrap();
     let mut rng = Rng::new(seed);
     let mut admitted = 0i64;
-    let mut log = vec![format!("seed {seed}")];
-    check(&h, &rpd, admitted, now, &log);
+    let mut log = vec![format!("{kind:?} seed {seed}")];
+    check(&h, &q, admitted, now, &log);
     for _ in 0..steps {
         let s = shard_count(&h);
         let op = rng.below(100);
@@ -120,7 +136,7 @@ async fn run(seed: u64, steps: usize) {
             let fast = rng.below(2) == 0;
             h.rng.pin(slot);
             let lim = if fast { &h.lim } else { &h.slow_lim };
-            let ok = match lim.acquire(E, R, &[("rpd", amount)]).await {
+            let ok = match lim.acquire(E, R, &[("q", amount)]).await {
                 Ok(_) => true,
                 Err(Error::RateLimitExceeded(_)) => false,
                 Err(e) => panic!("seed {seed}: {e}\n  {}", log.join("\n  ")),
@@ -148,29 +164,43 @@ async fn run(seed: u64, steps: usize) {
             }
             format!("late seed at {slot} (missing {missing})")
         } else {
-            now += DAY;
+            // Past the period: the next midnight, or past every window's end.
+            now += match kind {
+                Kind::Calendar => DAY,
+                Kind::Session => W + rng.below(W as u64) as i64,
+            };
             h.at(now);
             admitted = 0;
             "next period".to_string()
         };
         log.push(step);
-        check(&h, &rpd, admitted, now, &log);
+        check(&h, &q, admitted, now, &log);
     }
 }
 
-/// Scenario 77 / Q18: ≥ 300 seeds × 60 steps.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn s77_q18_i8_fuzz() {
+async fn fuzz(kind: Kind, default_seeds: u64) {
     let seeds = std::env::var("I8_SEEDS")
         .ok()
         .and_then(|s| s.parse().ok())
-        .unwrap_or(300u64);
+        .unwrap_or(default_seeds);
     // Seeds are independent (one store each): run them on both workers.
     let mut set = tokio::task::JoinSet::new();
     for seed in 0..seeds {
-        set.spawn(run(seed, 60));
+        set.spawn(run(kind, seed, 60));
     }
     while let Some(r) = set.join_next().await {
         r.unwrap();
     }
+}
+
+/// Scenario 77 / Q18, calendar quota: 300 seeds × 60 steps.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn s77_q18_i8_fuzz_calendar() {
+    fuzz(Kind::Calendar, 300).await;
+}
+
+/// Q18, session quota (windows opened, fanned out and rolled): 100 seeds × 60 steps.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn q18_i8_fuzz_session() {
+    fuzz(Kind::Session, 100).await;
 }
