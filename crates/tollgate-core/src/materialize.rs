@@ -424,4 +424,25 @@ mod tests {
         let e = evaluate(&l, Some(&st), 0, 2, 6_000, None);
         assert_eq!(e.balance, 50_000);
     }
+
+    /// Scenario 79 (ADR-145 ceiling): a quota shard granted at gc = 1 on S = 4 keeps the
+    /// ceiling C // 1 and its balance (not clamped to C // 4) inside its period; the reset
+    /// at the next edge sizes it at S: share C // 4, gc = 4.
+    #[test]
+    fn s79_ancestor_grant_ceiling_until_reset() {
+        let l = Limit::quota_calendar("rpd", 1000, "0 0 * * *", "UTC").unwrap();
+        let midnight = 1_757_030_400_000;
+        let st = LimitState {
+            tk: 999_000,
+            cp: 1_000_000,
+            gc: Some(1),
+            pe: Some(midnight - 86_400_000),
+            ..Default::default()
+        };
+        let e = evaluate(&l, Some(&st), T0, 4, T0 + 1000, None);
+        assert_eq!((e.ceiling, e.balance, e.gc), (1_000_000, 999_000, None));
+        let e = evaluate(&l, Some(&st), T0, 4, midnight + 1000, None);
+        assert_eq!(e.transition, Transition::CalendarReset);
+        assert_eq!((e.ceiling, e.balance, e.gc), (250_000, 250_000, Some(4)));
+    }
 }

@@ -89,8 +89,12 @@ pub fn limit_status(
             ("quota", next, retry)
         }
         Refill::Window { reset_after_s } => {
+            // Rule "no live window, no reset instant" (W18): a window this evaluation would
+            // open (ended or never used) is not in force until a write anchors it, so it
+            // reports nothing rather than a start that moves with every call.
             let end = views
                 .iter()
+                .filter(|v| !v.eval.opened)
                 .filter_map(|v| v.eval.ws)
                 .max()
                 .map(|ws| ws + reset_after_s * 1000)
@@ -118,5 +122,47 @@ pub fn limit_status(
             None
         },
         resets_at_ms: resets_at,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::materialize::evaluate;
+    use std::time::Duration;
+
+    const T0: i64 = 1_757_000_000_000;
+    const W: i64 = 18_000_000;
+
+    fn status_at(state: Option<&crate::bucket::LimitState>, now: i64) -> LimitStatus {
+        let l = Limit::quota_after("session", 10_000, Duration::from_secs(18_000)).unwrap();
+        let e = evaluate(&l, state, T0, 1, now, None);
+        let v = ShardView {
+            eval: &e,
+            shard_count: 1,
+            carry: 0,
+        };
+        limit_status(&l, &[v], 0, false, now)
+    }
+
+    /// W18: a live window reports its end; none live (never used, or ended) reports none —
+    /// never a past instant, never a window that only this evaluation would open.
+    #[test]
+    fn w18_reset_instant_only_for_a_live_window() {
+        assert_eq!(status_at(None, T0).resets_at_ms, None);
+        let st = crate::bucket::LimitState {
+            tk: 8_500_000,
+            cp: 10_000_000,
+            tc: 1_500_000,
+            ws: Some(T0),
+            rsa: Some(18_000),
+            wa: Some(T0),
+            gc: Some(1),
+            ..Default::default()
+        };
+        let live = status_at(Some(&st), T0 + 60_000);
+        assert_eq!((live.resets_at_ms, live.available), (Some(T0 + W), 8500));
+        assert_eq!(status_at(Some(&st), T0 + W).resets_at_ms, None);
+        assert_eq!(status_at(Some(&st), T0 + W + 1).resets_at_ms, None);
     }
 }

@@ -506,8 +506,10 @@ impl Inner {
                 pins.insert(l.name().to_string(), p);
             }
             if let Some((_, a)) = req.amounts.iter().find(|(n, _)| n == l.name()) {
+                // The write landed: a window this pass opened is in force now.
                 let after = Evaluated {
                     balance: if debited { e.balance } else { e.balance - a },
+                    opened: false,
                     ..e.clone()
                 };
                 let view = ShardView {
@@ -634,24 +636,49 @@ impl Inner {
 
     /// The slow path on one shard: a consistent read, then create, the rf-locked normal
     /// write, or — when the lock was lost — the consumption-only retry.
+    ///
+    /// Rule "contention is a refusal, not an outage" (Q11): a transaction that keeps
+    /// conflicting (1 try + 3 retries) is retried once more with quota moves disabled (the
+    /// slot then gets no grant from a busy donor), and if that still conflicts the request
+    /// is refused with `RateLimitExceeded` — never `Unavailable`, so `on_unavailable =
+    /// allow` does not admit a contended entity without limit.
     pub(crate) async fn slow(self: &Arc<Self>, req: &Request, shard: u32) -> Result<Lease> {
         let key = self.bucket_key(req, shard);
         let mut attempt = 0;
+        let mut moves = true;
         loop {
-            let r = self.slow_once(req, shard, &key).await;
+            let r = self.slow_once(req, shard, &key, moves).await;
             match r {
                 Err(Error::Unavailable(e)) if e.is_retryable() && attempt < 3 => {
                     tokio::time::sleep(backoff(attempt)).await;
                     attempt += 1;
+                }
+                Err(Error::Unavailable(StoreError::TransactionConflict)) if moves => {
+                    tracing::debug!("transaction keeps conflicting: retrying without quota moves");
+                    moves = false;
+                    attempt = 0;
+                }
+                Err(Error::Unavailable(StoreError::TransactionConflict)) => {
+                    let now = self.clock.now_ms();
+                    let s = self.shards.get(&req.entity, &req.resource).unwrap_or(1);
+                    return Err(Error::RateLimitExceeded(
+                        self.entity_exceeded(req, s.max(1), now).await?,
+                    ));
                 }
                 r => return r,
             }
         }
     }
 
-    async fn slow_once(self: &Arc<Self>, req: &Request, shard: u32, key: &Key) -> Result<Lease> {
+    async fn slow_once(
+        self: &Arc<Self>,
+        req: &Request,
+        shard: u32,
+        key: &Key,
+        moves: bool,
+    ) -> Result<Lease> {
         // ADR-145: a lost move re-plans once, then seeds with moves disabled.
-        let mut moves = true;
+        let mut moves = moves;
         let mut replanned = false;
         let mut rereads = 0;
         loop {

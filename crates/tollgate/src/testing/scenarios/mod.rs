@@ -2,6 +2,7 @@
 //! §5.2), as functions over a [`Backend`](super::Backend).
 
 pub mod basics;
+pub mod gaps;
 pub mod sharded;
 
 /// Generate one `#[tokio::test]` per limiter behaviour scenario, on `$backend`: an
@@ -396,6 +397,54 @@ macro_rules! scenario_tests {
             if let Some(b) = $backend {
                 $crate::testing::scenarios::sharded::doubling_clamps_old_shards_to_the_new_share(&b)
                     .await
+            }
+        }
+        #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+        async fn s81_daily_quota_at_midnight() {
+            if let Some(b) = $backend {
+                $crate::testing::scenarios::gaps::s81_daily_quota_at_midnight(&b).await
+            }
+        }
+        #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+        async fn s79_ceiling_until_reset() {
+            if let Some(b) = $backend {
+                $crate::testing::scenarios::gaps::s79_ceiling_until_reset(&b).await
+            }
+        }
+        #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+        async fn s55_s56_old_writer_stamps_both_ways() {
+            if let Some(b) = $backend {
+                $crate::testing::scenarios::gaps::s55_s56_old_writer_stamps_both_ways(&b).await
+            }
+        }
+        #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+        async fn w13_when_the_fanout_runs() {
+            if let Some(b) = $backend {
+                $crate::testing::scenarios::gaps::w13_when_the_fanout_runs(&b).await
+            }
+        }
+        #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+        async fn w18_reporting() {
+            if let Some(b) = $backend {
+                $crate::testing::scenarios::gaps::w18_reporting(&b).await
+            }
+        }
+        #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+        async fn w12_windows_at_the_write() {
+            if let Some(b) = $backend {
+                $crate::testing::scenarios::gaps::w12_windows_at_the_write(&b).await
+            }
+        }
+        #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+        async fn q5_walk_with_spending() {
+            if let Some(b) = $backend {
+                $crate::testing::scenarios::gaps::q5_walk_with_spending(&b).await
+            }
+        }
+        #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+        async fn q11_transaction_conflicts() {
+            if let Some(b) = $backend {
+                $crate::testing::scenarios::gaps::q11_transaction_conflicts(&b).await
             }
         }
     };
