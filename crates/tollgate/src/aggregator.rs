@@ -259,7 +259,7 @@ impl Aggregator {
 
     /// Path 2 (§4.7, ADR-140/145): clone shard 0 into every missing slot in
     /// `[since, shard_count)` — one `Put attribute_not_exists(PK)` per slot, in one
-    /// transaction with the moves that fund its quotas and the pin on shard 0's count.
+    /// transaction with the moves that fund its quotas.
     ///
     /// The clone copies `ws`, `rsa`, `rf`, `vu`, `wa` (and `ttl`, `ph`) verbatim from shard
     /// 0, restarts `tc = 0`, `wtc = 0`, and holds: a full share of each dripping limit, the
@@ -370,14 +370,12 @@ impl Aggregator {
             item,
             condition: Some(Condition::not_exists("PK")),
         };
-        let pin = match plan.shard0 {
-            Some(s0) if evals.iter().any(|e| e.gc.is_some()) => {
-                Some(s0.map_or(CountPin::Absent, CountPin::Count))
-            }
-            _ => None,
-        };
+        // No pin on shard 0's count here: a clone sized at a count a doubling has since
+        // overtaken still conserves the allowance — its `gc` records the count it was sized
+        // at, so it covers (and funds) the slots the newer doubling opened, and every reset
+        // is sized at shard 0's count, not the item's. (Removing such a pin failed no test.)
         match inner
-            .commit_slot(req, slot, TransactOp::Put(put), &plan.moves, pin)
+            .commit_slot(req, slot, TransactOp::Put(put), &plan.moves, None)
             .await?
         {
             Ok(()) => {

@@ -353,3 +353,36 @@ pub async fn aggregator_skips_an_item_whose_pending_window_ended(b: &Backend) {
     assert_eq!((rep.rolled, rep.clamped), (1, 1));
     assert_eq!(tk(&h, 0), 10_000);
 }
+
+/// The `vu` pin (§4.11): the aggregator read an item whose `vu` an old writer removed and
+/// plans a clamp (rpm above its ceiling) with a `vu` restamp at the end of the live window
+/// T0. A fan-out of a newer window (an opener 10 s ahead) lands first, setting `vu = 0` so
+/// the next acquire rolls on the slow path. The aggregator's write fails rather than lift
+/// that `vu = 0` and reopen the fast path on a shard with a pending roll.
+pub async fn aggregator_restamp_pinned_on_vu(b: &Backend) {
+    let h = b.harness(T0).await;
+    limits(&h, &[session(), Limit::per_minute("rpm", 100).unwrap()]).await;
+    h.lim
+        .acquire(E, R, &[("session", 1), ("rpm", 1)])
+        .await
+        .unwrap();
+    h.set_n(E, R, 0, "rf", T0 + 500);
+    h.remove(E, R, 0, "vu");
+    h.set_n(E, R, 0, "b_rpm_tk", 150_000);
+    let (lim, hk) = h.hooked(false);
+    let agg = Aggregator::new(&lim);
+    let k0 = h.key(E, R, 0);
+    hk.stage(On::Update, Some(k0.clone()), move |m| {
+        let mut i = m.raw_get(&k0).unwrap();
+        let tc = i["b_session_tc"].clone();
+        i.insert("b_session_ws".into(), Value::N(T0 + W));
+        i.insert("b_session_wtc".into(), tc);
+        i.insert("vu".into(), Value::N(0));
+        m.raw_put(&k0, i);
+    });
+    h.at(T0 + W - 10_000);
+    let rep = agg.refill_entity(E, R).await.unwrap();
+    assert_eq!((rep.lost, rep.clamped), (1, 0));
+    assert_eq!(h.n(E, R, 0, "vu"), Some(0));
+    assert_eq!(h.n(E, R, 0, "b_rpm_tk"), Some(150_000));
+}

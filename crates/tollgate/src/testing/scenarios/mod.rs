@@ -453,5 +453,11 @@ macro_rules! scenario_tests {
                 $crate::testing::scenarios::aggregator::aggregator_skips_an_item_whose_pending_window_ended(&b).await
             }
         }
+        #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+        async fn aggregator_restamp_pinned_on_vu() {
+            if let Some(b) = $backend {
+                $crate::testing::scenarios::aggregator::aggregator_restamp_pinned_on_vu(&b).await
+            }
+        }
     };
 }
