@@ -65,7 +65,7 @@ pub struct RefillWrite {
     /// SET `rf`, `vu` (when expired), `wa`/`gc`/`pe`/`rc`; ADD the deltas.
     pub update: Update,
     /// `rf = expected`, `vu = expected` (or absent, as read), `ws = expected` per rolled
-    /// limit, and the balance read per rolled or reset limit.
+    /// limit, and the balance read per reset calendar quota.
     pub condition: Condition,
     /// Limits rolled into a fanned-out window.
     pub rolled: Vec<String>,
@@ -88,7 +88,7 @@ pub struct RefillWrite {
 /// - any duration limit with an unapplied window (`ws > wa`, or `ws > rf` unmarked) that
 ///   has already ended ⇒ [`Decision::Skip`] for the whole item;
 /// - a pending roll ⇒ `tk := share − max(0, tc − wtc)` (never above the share), `wa := ws`
-///   (the value read), `gc := S`, pinned on `ws` and on the balance read;
+///   (the value read), `gc := S`, pinned on `ws`;
 /// - a calendar edge newer than the edge applied ⇒ `tk := share`, `gc := S`, `pe := edge`,
 ///   pinned on the balance read;
 /// - a window that ended (applied) or never opened is not touched: never anchored here;
@@ -189,14 +189,18 @@ pub fn plan_refill(
         match e.transition {
             Transition::WindowOpen | Transition::Seed => continue,
             Transition::WindowRoll => {
+                // Pinned on the window start read, not on the balance: a debit landing
+                // between the read and the write (retry, adjust) is charged by the ADD
+                // itself, and a refund of a debit from this window is owed back; a
+                // refund from the old window finds `ws` moved and credits `tc` only.
                 if let (Some(ws), Some(wa)) = (e.ws, e.wa) {
-                    c = c
-                        .and(Condition::eq(battr(n, "ws"), ws))
-                        .and(set_pin(n, e.read_tk));
+                    c = c.and(Condition::eq(battr(n, "ws"), ws));
                     u = u.set(battr(n, "wa"), wa);
                 }
             }
             Transition::CalendarReset => {
+                // A refund of a debit from the ended period still credits the balance
+                // until the reset is applied (its pin is the edge): pin the balance read.
                 c = c.and(set_pin(n, e.read_tk));
                 if let Some(pe) = e.pe {
                     u = u.set(battr(n, "pe"), pe);
