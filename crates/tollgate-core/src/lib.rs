@@ -4,6 +4,7 @@
 //! the item image it read, the request, `now` and the configuration, and returns a decision
 //! and a write plan.
 
+pub mod aggregate;
 pub mod bucket;
 pub mod calendar;
 pub mod error;

@@ -252,10 +252,7 @@ pub fn normal_write(
         if e.transition == Transition::Seed {
             c = c.and(Condition::not_exists(battr(n, "tk")));
         } else if e.transition.is_set() {
-            // Rule "a reset is a SET": a calendar reset, window open or roll replaces the
-            // balance, so it is pinned to the balance read — a refund or debit that lands
-            // between the read and this write would otherwise be carried across the reset.
-            c = c.and(Condition::eq(battr(n, "tk"), e.read_tk));
+            c = c.and(set_pin(n, e.read_tk));
         } else if consumed > credit {
             c = c.and(Condition::ge(battr(n, "tk"), consumed - credit));
         }
@@ -275,6 +272,14 @@ pub fn normal_write(
         u = u.set(battr(WCU, "rc"), rc);
     }
     (u, c)
+}
+
+/// Rule "a reset is a SET": a calendar reset, window open or roll replaces the balance, so
+/// the write that applies it (as an `ADD` of `target − read`) is pinned to the balance read —
+/// a refund or debit that lands between the read and the write would otherwise be carried
+/// across the reset.
+pub fn set_pin(limit: &str, read_tk: i64) -> Condition {
+    Condition::eq(battr(limit, "tk"), read_tk)
 }
 
 /// The consumption-only retry (§4.4), after the rf lock was lost: ADD the amounts, each

@@ -77,14 +77,14 @@ pub(crate) fn validate_amounts(amounts: &[(&str, i64)]) -> Result<Vec<(String, i
 
 /// What a quota grant pins on shard 0: the count it was sized at, or its absence.
 #[derive(Debug, Clone, Copy)]
-enum CountPin {
+pub(crate) enum CountPin {
     Count(i64),
     Absent,
 }
 
 /// The slot's own conditional write failed (rf lock lost, create race lost, or a pinned
 /// balance moved); the item as it was when it failed, if known.
-struct LostLock(Option<Box<tollgate_core::value::Item>>);
+pub(crate) struct LostLock(pub(crate) Option<Box<tollgate_core::value::Item>>);
 
 enum Fast {
     Granted(Box<Lease>),
@@ -835,7 +835,7 @@ impl Inner {
     /// Q14/Q15). A doubling that lands between the read and the write fails the pin, and
     /// the pass is re-planned at the new count. One write when nothing else is needed, one
     /// transaction otherwise.
-    async fn commit_slot(
+    pub(crate) async fn commit_slot(
         &self,
         req: &Request,
         shard: u32,

@@ -23,8 +23,26 @@
 //! lease.commit().await?;
 //! # Ok(()) }
 //! ```
+//!
+//! # The aggregator
+//!
+//! An [`Aggregator`] built from a `Limiter` does the background work of the original's
+//! stream processor, per (entity, resource) — the store contract has no change feed yet, so
+//! the caller drives it (on a timer, after a batch, from a queue of hot entities):
+//!
+//! - [`Aggregator::refill_entity`] rolls fanned-out windows (`share − max(0, tc − wtc)`,
+//!   `wa = ws`), applies calendar resets, refills dripping buckets that are being drained and
+//!   clamps balances above their ceiling — never anchoring a window, never fanning out. Each
+//!   write is pinned on `rf`, `vu`, every rolled `ws`, and (when it stamps a quota grant)
+//!   shard 0's count; a write that loses a pin is left for a client. The rule is
+//!   `tollgate_core::aggregate::plan_refill`.
+//! - [`Aggregator::maybe_double`] doubles a hot entity (projected `wcu` below 20 %) and
+//!   clones shard 0 into the new slots; [`Aggregator::clone_missing_shards`] is that clone
+//!   step alone (Path 2): window state copied verbatim, `tc = wtc = 0`, quotas funded by a
+//!   move from the covering sibling in the same transaction (ADR-145).
 
 mod acquire;
+mod aggregator;
 mod availability;
 mod caches;
 pub mod clock;
@@ -37,6 +55,7 @@ mod shards;
 pub mod testing;
 
 pub use acquire::AcquireOptions;
+pub use aggregator::{AggregateReport, Aggregator};
 pub use availability::Availability;
 pub use clock::{Clock, ManualClock, PinnedRng, SeededRng, ShardRng, SystemClock};
 pub use config::{OnUnavailable, Scope};

@@ -1,6 +1,7 @@
 //! The limiter behaviour scenarios (spec-shards-windows-quotas.md §5, history-and-scenarios.md
 //! §5.2), as functions over a [`Backend`](super::Backend).
 
+pub mod aggregator;
 pub mod basics;
 pub mod gaps;
 pub mod sharded;
@@ -445,6 +446,75 @@ macro_rules! scenario_tests {
         async fn q11_transaction_conflicts() {
             if let Some(b) = $backend {
                 $crate::testing::scenarios::gaps::q11_transaction_conflicts(&b).await
+        async fn s52_clone_of_a_pending_shard_restarts_the_snapshot() {
+            if let Some(b) = $backend {
+                $crate::testing::scenarios::aggregator::s52_clone_of_a_pending_shard_restarts_the_snapshot(&b).await
+            }
+        }
+        #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+        async fn s53_w11_clone_of_an_unapplied_shard_rolls_to_one_allowance() {
+            if let Some(b) = $backend {
+                $crate::testing::scenarios::aggregator::s53_w11_clone_of_an_unapplied_shard_rolls_to_one_allowance(&b).await
+            }
+        }
+        #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+        async fn s54_aggregator_leaves_a_backward_rf_alone() {
+            if let Some(b) = $backend {
+                $crate::testing::scenarios::aggregator::s54_aggregator_leaves_a_backward_rf_alone(&b).await
+            }
+        }
+        #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+        async fn s60_aggregator_marks_an_unmarked_roll() {
+            if let Some(b) = $backend {
+                $crate::testing::scenarios::aggregator::s60_aggregator_marks_an_unmarked_roll(&b).await
+            }
+        }
+        #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+        async fn s80_proactive_doubling_walk_with_clones() {
+            if let Some(b) = $backend {
+                $crate::testing::scenarios::aggregator::s80_proactive_doubling_walk_with_clones(&b).await
+            }
+        }
+        #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+        async fn q9_seed_racing_a_doubling_and_a_clone() {
+            if let Some(b) = $backend {
+                $crate::testing::scenarios::aggregator::q9_seed_racing_a_doubling_and_a_clone(&b).await
+            }
+        }
+        #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+        async fn aggregator_roll_pinned_on_ws() {
+            if let Some(b) = $backend {
+                $crate::testing::scenarios::aggregator::aggregator_roll_pinned_on_ws(&b).await
+            }
+        }
+        #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+        async fn aggregator_refill_pinned_on_rf() {
+            if let Some(b) = $backend {
+                $crate::testing::scenarios::aggregator::aggregator_refill_pinned_on_rf(&b).await
+            }
+        }
+        #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+        async fn aggregator_reset_pinned_on_the_shard_count() {
+            if let Some(b) = $backend {
+                $crate::testing::scenarios::aggregator::aggregator_reset_pinned_on_the_shard_count(&b).await
+            }
+        }
+        #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+        async fn aggregator_reset_is_a_set_despite_a_concurrent_refund() {
+            if let Some(b) = $backend {
+                $crate::testing::scenarios::aggregator::aggregator_reset_is_a_set_despite_a_concurrent_refund(&b).await
+            }
+        }
+        #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+        async fn aggregator_skips_an_item_whose_pending_window_ended() {
+            if let Some(b) = $backend {
+                $crate::testing::scenarios::aggregator::aggregator_skips_an_item_whose_pending_window_ended(&b).await
+            }
+        }
+        #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+        async fn aggregator_restamp_pinned_on_vu() {
+            if let Some(b) = $backend {
+                $crate::testing::scenarios::aggregator::aggregator_restamp_pinned_on_vu(&b).await
             }
         }
     };

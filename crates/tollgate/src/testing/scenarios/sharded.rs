@@ -10,15 +10,15 @@ use crate::testing::*;
 use crate::{Error, Limit, Scope};
 use tollgate_core::value::Value;
 
-const T1: i64 = T0 + W + 1000;
-const E: &str = "e";
-const R: &str = "llm";
+pub(super) const T1: i64 = T0 + W + 1000;
+pub(super) const E: &str = "e";
+pub(super) const R: &str = "llm";
 
-fn session() -> Limit {
+pub(super) fn session() -> Limit {
     Limit::quota_after("session", 10, Duration::from_secs(18_000)).unwrap()
 }
 
-async fn limits(h: &H, l: &[Limit]) {
+pub(super) async fn limits(h: &H, l: &[Limit]) {
     h.lim
         .set_limits(&Scope::Entity(E.into(), Some(R.into())), l, None)
         .await
@@ -26,16 +26,16 @@ async fn limits(h: &H, l: &[Limit]) {
 }
 
 /// Make a client learn the entity's shard count (a CAS that loses adopts the stored count).
-async fn warm(l: &crate::Limiter) {
+pub(super) async fn warm(l: &crate::Limiter) {
     l.bump_shard_count(E, R, 1).await.unwrap();
 }
 
-fn tk(h: &H, shard: u32) -> i64 {
+pub(super) fn tk(h: &H, shard: u32) -> i64 {
     h.n(E, R, shard, "b_session_tk").unwrap()
 }
 
 /// TWO(leftover): the standard two-shard setup of spec §5.
-async fn two(h: &H, leftover: i64) {
+pub(super) async fn two(h: &H, leftover: i64) {
     limits(h, &[session()]).await;
     h.at(T0);
     h.lim.acquire(E, R, &[("session", 0)]).await.unwrap();
@@ -419,7 +419,7 @@ pub async fn s65_seed_joins_live_window(b: &Backend) {
     assert_eq!((tk(&h, 0), tk(&h, 1)), (4000, 4000));
 }
 
-fn rpd() -> Limit {
+pub(super) fn rpd() -> Limit {
     Limit::quota_calendar("rpd", 1000, "0 0 * * *", "UTC").unwrap()
 }
 

@@ -1,0 +1,391 @@
+//! The aggregator: the background pass that refills, rolls and resets bucket items
+//! (§4.11), doubles hot entities proactively (§4.7 Path 1) and clones shard 0 into the
+//! slots a doubling opened (§4.7 Path 2, funded by moves: ADR-145).
+//!
+//! The store contract has no change feed yet, so the aggregator is driven per
+//! (entity, resource): each call reads the shards it needs (strongly consistently) and
+//! treats what it read as the stream's latest image. The consumption a record would carry
+//! (`NewImage.tc − OldImage.tc`) is taken against the previous image this `Aggregator`
+//! saw of the item (none seen: the whole `tc`).
+//!
+//! Rules live elsewhere, once: the refill decision in [`tollgate_core::aggregate`], the
+//! proactive-doubling threshold in [`crate::should_double`], the doubling CAS in the
+//! limiter's `bump`, the quota grant plan and donor conditions in `shards::plan_seeds`, and
+//! the commit with its shard-0 count pin in the acquire path's `commit_slot`.
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::atomic::Ordering;
+use std::sync::{Arc, Mutex};
+
+use tollgate_core::aggregate::{plan_refill, stored_limits, Decision};
+use tollgate_core::bucket::BucketImage;
+use tollgate_core::expr::{Condition, ReturnValues};
+use tollgate_core::ids::{validate_entity_id, validate_resource};
+use tollgate_core::keys::battr;
+use tollgate_core::limit::{Limit, Refill};
+use tollgate_core::materialize::{evaluate, evaluate_wcu, Evaluated};
+use tollgate_core::value::{Key, Value};
+use tollgate_core::writes::{create_item, BucketIdentity, ItemStamp, TtlWrite};
+use tollgate_store::{PutRequest, TransactOp, UpdateRequest};
+
+use crate::acquire::{CountPin, LostLock, Request};
+use crate::error::{Error, Result};
+use crate::limiter::{Inner, Limiter};
+use crate::shards;
+
+/// What one aggregator call did.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct AggregateReport {
+    /// Shard items read.
+    pub shards_read: usize,
+    /// Refill writes that landed.
+    pub refilled_items: usize,
+    /// Limits rolled into a fanned-out window (over the landed writes).
+    pub rolled: usize,
+    /// Calendar resets applied.
+    pub reset: usize,
+    /// Dripping limits refilled because they were being drained.
+    pub refilled: usize,
+    /// Balances clamped down to their ceiling.
+    pub clamped: usize,
+    /// Items left for a client because a pending window had already ended.
+    pub skipped: usize,
+    /// Writes refused by their pins (another writer got there first; nothing was applied).
+    pub lost: usize,
+    /// The shard count before and after a doubling this call made or adopted.
+    pub doubled: Option<(i64, i64)>,
+    /// Slots created by a Path-2 clone.
+    pub cloned: Vec<u32>,
+    /// Store write requests issued (each transaction counts once).
+    pub writes: usize,
+}
+
+impl AggregateReport {
+    fn merge(&mut self, o: AggregateReport) {
+        self.shards_read += o.shards_read;
+        self.refilled_items += o.refilled_items;
+        self.rolled += o.rolled;
+        self.reset += o.reset;
+        self.refilled += o.refilled;
+        self.clamped += o.clamped;
+        self.skipped += o.skipped;
+        self.lost += o.lost;
+        self.doubled = self.doubled.or(o.doubled);
+        self.cloned.extend(o.cloned);
+        self.writes += o.writes;
+    }
+}
+
+/// The aggregator over a limiter's store, clock and options.
+pub struct Aggregator {
+    inner: Arc<Inner>,
+    /// `tc` per (item key, limit) at the previous image seen: the change feed's old image.
+    seen: Mutex<HashMap<(String, String), i64>>,
+}
+
+impl std::fmt::Debug for Aggregator {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Aggregator")
+            .field("limiter", &self.inner)
+            .finish()
+    }
+}
+
+fn request(entity: &str, resource: &str, limits: Vec<Limit>, ph: &str) -> Result<Request> {
+    validate_entity_id(entity)?;
+    validate_resource(resource)?;
+    Ok(Request {
+        entity: entity.into(),
+        resource: resource.into(),
+        amounts: Vec::new(),
+        limits,
+        ph: ph.into(),
+        ttl: TtlWrite::Remove,
+    })
+}
+
+impl Aggregator {
+    /// An aggregator sharing `limiter`'s store, clock, options and caches.
+    pub fn new(limiter: &Limiter) -> Self {
+        Aggregator {
+            inner: limiter.inner.clone(),
+            seen: Mutex::new(HashMap::new()),
+        }
+    }
+
+    /// Shard 0's image (strongly consistent), if the bucket exists.
+    async fn shard0(&self, req: &Request) -> Result<Option<BucketImage>> {
+        let k0 = self.inner.bucket_key(req, 0);
+        Ok(match self.inner.store.get(&k0, true).await? {
+            Some(i) => Some(BucketImage::decode(&i)?),
+            None => None,
+        })
+    }
+
+    /// Images of shards `from..to` (strongly consistent), missing ones as `None`.
+    async fn shards(
+        &self,
+        req: &Request,
+        from: u32,
+        to: u32,
+    ) -> Result<Vec<(u32, Option<BucketImage>)>> {
+        let ids: Vec<u32> = (from..to).collect();
+        if ids.is_empty() {
+            return Ok(Vec::new());
+        }
+        let keys: Vec<Key> = ids.iter().map(|i| self.inner.bucket_key(req, *i)).collect();
+        let items = self.inner.store.batch_get(&keys, true).await?;
+        ids.into_iter()
+            .zip(items)
+            .map(|(i, it)| Ok((i, it.as_ref().map(BucketImage::decode).transpose()?)))
+            .collect()
+    }
+
+    /// Consumption per limit since the previous image of this item (the whole `tc` when
+    /// none was seen), and remember this image.
+    fn consumed(&self, img: &BucketImage) -> BTreeMap<String, i64> {
+        let mut seen = self.seen.lock().unwrap_or_else(|e| e.into_inner());
+        img.limits
+            .iter()
+            .map(|(n, st)| {
+                let k = (img.key.clone(), n.clone());
+                let before = seen.insert(k, st.tc).unwrap_or(0);
+                (n.clone(), st.tc - before)
+            })
+            .collect()
+    }
+
+    /// The refill pass (§4.11) over every shard of (entity, resource): read the shards,
+    /// decide each item's write with [`plan_refill`] at the shard count in force (shard
+    /// 0's), and commit it — pinned on shard 0's count when it stamps a quota grant
+    /// (`gc`). A write refused by its pins is counted as lost and left for the next pass
+    /// or a client; nothing else is retried.
+    pub async fn refill_entity(&self, entity: &str, resource: &str) -> Result<AggregateReport> {
+        let req = request(entity, resource, Vec::new(), "")?;
+        let now = self.inner.clock.now_ms();
+        let mut rep = AggregateReport::default();
+        let Some(img0) = self.shard0(&req).await? else {
+            return Ok(rep);
+        };
+        let s = img0.shard_count;
+        let mut images = vec![(0, Some(img0))];
+        images.extend(self.shards(&req, 1, s as u32).await?);
+        for (shard, img) in images {
+            let Some(img) = img else { continue };
+            rep.shards_read += 1;
+            let s_used = s.max(img.shard_count);
+            let consumed = self.consumed(&img);
+            match plan_refill(&img, s_used, now, &consumed)? {
+                Decision::Nothing => {}
+                Decision::Skip { limit } => {
+                    rep.skipped += 1;
+                    tracing::debug!(
+                        shard,
+                        limit,
+                        "aggregator: pending window ended; left for a client"
+                    );
+                }
+                Decision::Write(w) => {
+                    let own = TransactOp::Update(UpdateRequest {
+                        key: self.inner.bucket_key(&req, shard),
+                        update: w.update,
+                        condition: Some(w.condition),
+                        returns: ReturnValues::None,
+                    });
+                    let pin = w.grants.then_some(CountPin::Count(s_used));
+                    rep.writes += 1;
+                    match self.inner.commit_slot(&req, shard, own, &[], pin).await {
+                        Ok(Ok(())) => {
+                            rep.refilled_items += 1;
+                            rep.rolled += w.rolled.len();
+                            rep.reset += w.reset.len();
+                            rep.refilled += w.refilled.len();
+                            rep.clamped += w.clamped.len();
+                            self.inner.rejections.forget(entity, resource, shard);
+                        }
+                        Ok(Err(LostLock(_))) | Err(Error::Reread) => {
+                            rep.lost += 1;
+                            tracing::debug!(shard, "aggregator: refill write lost its pins");
+                        }
+                        Err(e) => return Err(e),
+                    }
+                }
+            }
+        }
+        Ok(rep)
+    }
+
+    /// Path 1 (§4.7): when any shard's projected `wcu` balance is below 20 % of its
+    /// capacity ([`crate::should_double`]), double the count on shard 0 by the same CAS a
+    /// client uses, then clone shard 0 into the slots the doubling opened (Path 2).
+    pub async fn maybe_double(&self, entity: &str, resource: &str) -> Result<AggregateReport> {
+        let req = request(entity, resource, Vec::new(), "")?;
+        let now = self.inner.clock.now_ms();
+        let mut rep = AggregateReport::default();
+        let Some(img0) = self.shard0(&req).await? else {
+            return Ok(rep);
+        };
+        let s = img0.shard_count;
+        let mut images = vec![img0];
+        images.extend(
+            self.shards(&req, 1, s as u32)
+                .await?
+                .into_iter()
+                .filter_map(|(_, i)| i),
+        );
+        rep.shards_read = images.len();
+        let hot = images.iter().any(|img| {
+            img.wcu.is_some()
+                && shards::should_double(evaluate_wcu(img.wcu.as_ref(), img.rf, now).balance, s)
+        });
+        if !hot {
+            return Ok(rep);
+        }
+        let doublings = || self.inner.stats.doublings.load(Ordering::Relaxed);
+        let before = doublings();
+        let new = self.inner.bump(&req, s).await?;
+        rep.writes += if doublings() > before {
+            s as usize // the CAS and s − 1 propagations
+        } else {
+            1
+        };
+        if new > s {
+            rep.doubled = Some((s, new));
+            let clones = self.clone_missing_shards(entity, resource, s).await?;
+            rep.merge(clones);
+        }
+        Ok(rep)
+    }
+
+    /// Path 2 (§4.7, ADR-140/145): clone shard 0 into every missing slot in
+    /// `[since, shard_count)` — one `Put attribute_not_exists(PK)` per slot, in one
+    /// transaction with the moves that fund its quotas.
+    ///
+    /// The clone copies `ws`, `rsa`, `rf`, `vu`, `wa` (and `ttl`, `ph`) verbatim from shard
+    /// 0, restarts `tc = 0`, `wtc = 0`, and holds: a full share of each dripping limit, the
+    /// planned grant of each quota (moved from the covering current sibling, or a fresh
+    /// share where none covers it; `gc = S`). A slot created meanwhile (a client got there
+    /// first) or a donor that moved is counted as lost and left to lazy creation.
+    pub async fn clone_missing_shards(
+        &self,
+        entity: &str,
+        resource: &str,
+        since: i64,
+    ) -> Result<AggregateReport> {
+        let probe = request(entity, resource, Vec::new(), "")?;
+        let mut rep = AggregateReport::default();
+        let Some(img0) = self.shard0(&probe).await? else {
+            return Ok(rep);
+        };
+        rep.shards_read += 1;
+        if img0.disabled {
+            return Ok(rep);
+        }
+        let s = img0.shard_count;
+        let limits = stored_limits(&img0)?;
+        let req = request(
+            entity,
+            resource,
+            limits,
+            img0.ph.as_deref().unwrap_or_default(),
+        )?;
+        let from = since.clamp(1, s) as u32;
+        let missing: Vec<u32> = self
+            .shards(&req, from, s as u32)
+            .await?
+            .into_iter()
+            .filter(|(_, i)| i.is_none())
+            .map(|(j, _)| j)
+            .collect();
+        for slot in missing {
+            rep.writes += 1;
+            match self.clone_one(&req, &img0, slot, s).await {
+                Ok(true) => rep.cloned.push(slot),
+                Ok(false) | Err(Error::MoveLost) | Err(Error::Reread) => {
+                    rep.lost += 1;
+                    tracing::debug!(slot, "aggregator: clone not written; left to lazy creation");
+                }
+                Err(e) => return Err(e),
+            }
+        }
+        Ok(rep)
+    }
+
+    /// One Path-2 clone. `Ok(false)` when the slot was created by someone else first.
+    async fn clone_one(
+        &self,
+        req: &Request,
+        img0: &BucketImage,
+        slot: u32,
+        s: i64,
+    ) -> Result<bool> {
+        let inner = &self.inner;
+        let now = inner.clock.now_ms();
+        let all: Vec<&Limit> = req.limits.iter().collect();
+        let plan = shards::plan_seeds(inner, req, &all, slot, s, now, true).await?;
+        let s = plan.shard_count;
+        let evals: Vec<Evaluated> = req
+            .limits
+            .iter()
+            .map(|l| evaluate(l, None, plan.now, s, plan.now, plan.seed(l.name())))
+            .collect();
+        let stamp = ItemStamp {
+            rf: img0.rf,
+            vu: img0.vu,
+            ttl: img0.ttl.map_or(TtlWrite::Remove, TtlWrite::Set),
+            ph: &req.ph,
+        };
+        let id = BucketIdentity {
+            ns: inner.ns(),
+            entity: &req.entity,
+            resource: &req.resource,
+            shard: slot,
+            shard_count: s,
+        };
+        let mut item = create_item(&id, &stamp, &req.limits, &evals, &[]);
+        // ADR-140: the window state is shard 0's, verbatim; the snapshot restarts.
+        for l in &req.limits {
+            if !matches!(l.refill(), Refill::Window { .. }) {
+                continue;
+            }
+            let n = l.name();
+            let st = img0.limits.get(n);
+            for (f, v) in [
+                ("ws", st.and_then(|s| s.ws)),
+                ("rsa", st.and_then(|s| s.rsa)),
+                ("wa", st.and_then(|s| s.wa)),
+            ] {
+                match v {
+                    Some(v) => item.insert(battr(n, f), Value::N(v)),
+                    None => item.remove(&battr(n, f)),
+                };
+            }
+            item.insert(battr(n, "wtc"), Value::N(0));
+        }
+        if img0.ph.is_none() {
+            item.remove(tollgate_core::bucket::attr::PH);
+        }
+        let put = PutRequest {
+            key: inner.bucket_key(req, slot),
+            item,
+            condition: Some(Condition::not_exists("PK")),
+        };
+        // No pin on shard 0's count here: a clone sized at a count a doubling has since
+        // overtaken still conserves the allowance — its `gc` records the count it was sized
+        // at, so it covers (and funds) the slots the newer doubling opened, and every reset
+        // is sized at shard 0's count, not the item's. (Removing such a pin failed no test.)
+        match inner
+            .commit_slot(req, slot, TransactOp::Put(put), &plan.moves, None)
+            .await?
+        {
+            Ok(()) => {
+                inner.shards.raise(&req.entity, &req.resource, s);
+                for m in &plan.moves {
+                    inner.rejections.forget(&req.entity, &req.resource, m.shard);
+                }
+                Ok(true)
+            }
+            Err(LostLock(_)) => Ok(false),
+        }
+    }
+}
