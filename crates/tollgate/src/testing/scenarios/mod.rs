@@ -2,6 +2,7 @@
 //! §5.2), as functions over a [`Backend`](super::Backend).
 
 pub mod basics;
+pub mod cascade;
 pub mod sharded;
 
 /// Generate one `#[tokio::test]` per limiter behaviour scenario, on `$backend`: an
@@ -384,6 +385,49 @@ macro_rules! scenario_tests {
             if let Some(b) = $backend {
                 $crate::testing::scenarios::sharded::doubling_clamps_old_shards_to_the_new_share(&b)
                     .await
+            }
+        }
+        #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+        async fn s33_w6_cascade_windows_anchor_independently() {
+            if let Some(b) = $backend {
+                $crate::testing::scenarios::cascade::s33_w6_cascade_windows_anchor_independently(&b)
+                    .await
+            }
+        }
+        #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+        async fn q13_cascade_quota_shards() {
+            if let Some(b) = $backend {
+                $crate::testing::scenarios::cascade::q13_cascade_quota_shards(&b).await
+            }
+        }
+        #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+        async fn c2_parent_draws_its_own_shard() {
+            if let Some(b) = $backend {
+                $crate::testing::scenarios::cascade::c2_parent_draws_its_own_shard(&b).await
+            }
+        }
+        #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+        async fn c3_s115_policy_walk() {
+            if let Some(b) = $backend {
+                $crate::testing::scenarios::cascade::c3_s115_policy_walk(&b).await
+            }
+        }
+        #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+        async fn c4_no_grandparent_and_disabled_parent() {
+            if let Some(b) = $backend {
+                $crate::testing::scenarios::cascade::c4_no_grandparent_and_disabled_parent(&b).await
+            }
+        }
+        #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+        async fn cascade_parent_short_charges_no_child() {
+            if let Some(b) = $backend {
+                $crate::testing::scenarios::cascade::cascade_parent_short_charges_no_child(&b).await
+            }
+        }
+        #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+        async fn cascade_lease_rollback_restores_both() {
+            if let Some(b) = $backend {
+                $crate::testing::scenarios::cascade::cascade_lease_rollback_restores_both(&b).await
             }
         }
     };
