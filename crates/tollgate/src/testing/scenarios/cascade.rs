@@ -208,6 +208,11 @@ pub async fn c3_s115_policy_walk(b: &Backend) {
         .unwrap();
     h.lim.acquire("solo", R, &[("tpd", 1)]).await.unwrap();
     assert_eq!(stamp(&h, "solo"), Some(Value::Bool(false)));
+    // An entity created after its META was read (and cached as absent) cascades at once.
+    h.lim.acquire("late", R, &[("tpd", 1)]).await.unwrap();
+    entity(&h, "late", Some(P), true).await;
+    h.lim.acquire("late", R, &[("tpd", 1)]).await.unwrap();
+    assert_eq!(h.tks(P, R, "tpd", 1), vec![96_000]);
     assert!(matches!(
         h.lim.set_cascade(&Scope::System, Some(true)).await,
         Err(Error::Invalid(_))
