@@ -44,7 +44,8 @@ pub(crate) struct Request {
     pub limits: Vec<Limit>,
     pub ph: String,
     pub ttl: TtlWrite,
-    /// The effective cascade policy, stamped on the items the slow path writes (ADR-146).
+    /// The effective cascade policy, stamped on the items the slow path writes (ADR-146);
+    /// `request` leaves it off, the caller sets it from the resolved config.
     pub cascade: bool,
 }
 
@@ -134,7 +135,10 @@ impl Limiter {
                     (res.limits, res.source)
                 }
             };
-            let req = inner.request(entity, resource, amounts, limits, source, res.cascade, now)?;
+            let req = Request {
+                cascade: res.cascade,
+                ..inner.request(entity, resource, amounts, limits, source, now)?
+            };
             // ADR-146: the parent is charged with its own resolved limits (resolved before
             // any write, so a parent without limits fails without debiting the child).
             let parent = match (&res.parent_id, res.cascade) {
@@ -255,7 +259,6 @@ impl Inner {
         amounts: Vec<(String, i64)>,
         limits: Vec<Limit>,
         source: Source,
-        cascade: bool,
         now: i64,
     ) -> Result<Request> {
         if limits.is_empty() {
@@ -291,7 +294,7 @@ impl Inner {
             amounts,
             limits,
             ttl,
-            cascade,
+            cascade: false,
         })
     }
 

@@ -107,15 +107,7 @@ impl Limiter {
                 (l.name().to_string(), a)
             })
             .collect();
-        let req = inner.request(
-            entity,
-            resource,
-            asked.clone(),
-            res.limits,
-            res.source,
-            res.cascade,
-            now,
-        )?;
+        let req = inner.request(entity, resource, asked.clone(), res.limits, res.source, now)?;
         let s = inner.shards.get(entity, resource).unwrap_or(1);
         let mut images = read_shards(inner, &req, s).await?;
         let stored_s = images

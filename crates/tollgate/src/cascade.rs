@@ -50,15 +50,8 @@ pub(crate) fn parent_request(
         .filter(|(n, _)| limits.iter().any(|l| l.name() == n))
         .cloned()
         .collect();
-    inner.request(
-        parent,
-        &child.resource,
-        amounts,
-        limits,
-        source,
-        cascade,
-        now,
-    )
+    let req = inner.request(parent, &child.resource, amounts, limits, source, now)?;
+    Ok(Request { cascade, ..req })
 }
 
 impl Inner {

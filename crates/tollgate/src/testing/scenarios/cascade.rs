@@ -213,6 +213,18 @@ pub async fn c3_s115_policy_walk(b: &Backend) {
     entity(&h, "late", Some(P), true).await;
     h.lim.acquire("late", R, &[("tpd", 1)]).await.unwrap();
     assert_eq!(h.tks(P, R, "tpd", 1), vec![96_000]);
+    // Deleting a level's limits keeps its cascade policy.
+    h.lim
+        .set_cascade(&Scope::Resource(R.into()), Some(false))
+        .await
+        .unwrap();
+    assert!(h
+        .lim
+        .delete_limits(&Scope::Resource(R.into()))
+        .await
+        .unwrap());
+    h.lim.acquire(C, R, &[("tpd", 1)]).await.unwrap();
+    assert_eq!(h.tks(P, R, "tpd", 1), vec![96_000]);
     assert!(matches!(
         h.lim.set_cascade(&Scope::System, Some(true)).await,
         Err(Error::Invalid(_))
