@@ -337,6 +337,18 @@ impl Inner {
         s: i64,
         now: i64,
     ) -> std::result::Result<u32, Box<Exceeded>> {
+        let open = self.open_shards(req, s, now)?;
+        Ok(open[self.rng.draw(0, open.len() as u32) as usize])
+    }
+
+    /// ADR-147: the shards not known (from this process's trusted rejection views) to be
+    /// short for `req`; the refusal when every one of the `s` shards is.
+    pub(crate) fn open_shards(
+        &self,
+        req: &Request,
+        s: i64,
+        now: i64,
+    ) -> std::result::Result<Vec<u32>, Box<Exceeded>> {
         let mut open = Vec::new();
         let mut views = Vec::new();
         for shard in 0..s as u32 {
@@ -350,7 +362,7 @@ impl Inner {
         if open.is_empty() {
             return Err(self.exceeded(req, &views.iter().map(Some).collect::<Vec<_>>(), s, now));
         }
-        Ok(open[self.rng.draw(0, open.len() as u32) as usize])
+        Ok(open)
     }
 
     /// The speculative write on one shard, then probes and doubling as §4.3 says.

@@ -8,6 +8,8 @@
 //! debit and its refund the child's balance is transiently lower than it will end; a
 //! concurrent acquire of the child may be refused in that instant (a transient hold), but
 //! nothing is ever admitted that both buckets did not cover (never an over-admission).
+//! When this process already knows every parent shard is short (ADR-147 rejection views),
+//! the acquire is refused before the child is written.
 //! The slow path therefore never commits both items in one transaction (a departure from
 //! §4.17 and Q13's "Put, Put, Update, Update"): each side commits its own write or
 //! transaction.
@@ -16,9 +18,9 @@ use std::sync::Arc;
 
 use crate::acquire::Request;
 use crate::config::Source;
-use crate::error::Result;
+use crate::error::{Error, Result};
 use crate::lease::Lease;
-use crate::limiter::Inner;
+use crate::limiter::{Inner, Stats};
 
 /// Rule ADR-146 / C3, the effective cascade policy of (entity, resource): the first
 /// explicit flag along the ADR-125 walk `[entity×resource config, entity _default_ config,
@@ -64,6 +66,9 @@ impl Inner {
         child: &Request,
         parent: Option<&Request>,
     ) -> Result<Lease> {
+        if let Some(preq) = parent {
+            self.parent_precheck(preq)?;
+        }
         let mut lease = self.acquire(child).await?;
         let Some(preq) = parent else {
             return Ok(lease);
@@ -83,6 +88,29 @@ impl Inner {
                     );
                 }
                 Err(e)
+            }
+        }
+    }
+}
+
+impl Inner {
+    /// ADR-147 applied to the parent before the child is written: when this process's
+    /// trusted views say every parent shard is short, refuse with no store request (the
+    /// child is never debited, so there is nothing to roll back). The cache only refuses;
+    /// it never admits.
+    fn parent_precheck(&self, preq: &Request) -> Result<()> {
+        let Some(s) = self.shards.get(&preq.entity, &preq.resource) else {
+            return Ok(());
+        };
+        if !self.opts.speculative {
+            return Ok(());
+        }
+        match self.open_shards(preq, s, self.clock.now_ms()) {
+            Ok(_) => Ok(()),
+            Err(x) => {
+                Stats::bump(&self.stats.local_rejections);
+                Stats::bump(&self.stats.rejections);
+                Err(Error::RateLimitExceeded(x))
             }
         }
     }

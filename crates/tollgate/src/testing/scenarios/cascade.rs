@@ -308,6 +308,13 @@ pub async fn cascade_parent_short_charges_no_child(b: &Backend) {
         assert_eq!(h.n(C, R, 0, "b_tpd_tc"), Some(2000));
         assert_eq!(h.tks(P, R, "tpd", 1), vec![1000]);
     }
+    // The parent's refusal is cached (ADR-147): the next cascade acquire is refused before
+    // the child is written, with no store request at all.
+    let s = h.stats();
+    let x = h.lim.acquire(C, R, &[("tpd", 2)]).await.unwrap_err();
+    assert_eq!(x.exceeded().map(|x| x.entity.as_str()), Some(P));
+    assert_eq!(h.stats().since(&s).total(), 0);
+    assert_eq!(h.tks(C, R, "tpd", 1), vec![98_000]);
     // A limit the parent does not have is the child's alone.
     h.lim
         .set_limits(
