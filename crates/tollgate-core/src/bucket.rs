@@ -37,6 +37,9 @@ pub mod attr {
     pub const SHARD: &str = "shard";
     /// Present (true) while the (entity, resource) is disabled: every acquire is refused.
     pub const DISABLED: &str = "disabled";
+    /// The effective cascade policy of the (entity, resource) when the item was last
+    /// materialised (ADR-146): whether an acquire also debits the parent.
+    pub const CASCADE: &str = "cascade";
 }
 
 /// One limit's state on a bucket item. Millitokens and ms.

@@ -44,6 +44,9 @@ pub(crate) struct Request {
     pub limits: Vec<Limit>,
     pub ph: String,
     pub ttl: TtlWrite,
+    /// The effective cascade policy, stamped on the items the slow path writes (ADR-146);
+    /// `request` leaves it off, the caller sets it from the resolved config.
+    pub cascade: bool,
 }
 
 /// Validate names and amounts (tokens → millitokens): negative, huge or duplicate amounts
@@ -119,21 +122,44 @@ impl Limiter {
         let mut policy = opts.on_unavailable;
         let r = async {
             let now = inner.clock.now_ms();
+            let res = inner
+                .config
+                .resolve(inner.store.as_ref(), inner.ns(), entity, resource, now)
+                .await?;
             let (limits, source) = match opts.limits {
                 Some(l) => (l, Source::Override),
                 None => {
-                    let res = inner
-                        .config
-                        .resolve(inner.store.as_ref(), inner.ns(), entity, resource, now)
-                        .await?;
                     if policy.is_none() {
                         policy = res.on_unavailable;
                     }
                     (res.limits, res.source)
                 }
             };
-            let req = inner.request(entity, resource, amounts, limits, source, now)?;
-            inner.acquire(&req).await
+            let req = Request {
+                cascade: res.cascade,
+                ..inner.request(entity, resource, amounts, limits, source, now)?
+            };
+            // ADR-146: the parent is charged with its own resolved limits (resolved before
+            // any write, so a parent without limits fails without debiting the child).
+            let parent = match (&res.parent_id, res.cascade) {
+                (Some(p), true) => {
+                    let pres = inner
+                        .config
+                        .resolve(inner.store.as_ref(), inner.ns(), p, resource, now)
+                        .await?;
+                    Some(crate::cascade::parent_request(
+                        inner,
+                        &req,
+                        p,
+                        pres.limits,
+                        pres.source,
+                        pres.cascade,
+                        now,
+                    )?)
+                }
+                _ => None,
+            };
+            inner.acquire_cascade(&req, parent.as_ref()).await
         }
         .await;
         match r {
@@ -208,6 +234,7 @@ impl Limiter {
             limits: Vec::new(),
             ph: String::new(),
             ttl: TtlWrite::Remove,
+            cascade: false,
         };
         self.inner.bump(&req, old).await
     }
@@ -267,6 +294,7 @@ impl Inner {
             amounts,
             limits,
             ttl,
+            cascade: false,
         })
     }
 
@@ -309,6 +337,18 @@ impl Inner {
         s: i64,
         now: i64,
     ) -> std::result::Result<u32, Box<Exceeded>> {
+        let open = self.open_shards(req, s, now)?;
+        Ok(open[self.rng.draw(0, open.len() as u32) as usize])
+    }
+
+    /// ADR-147: the shards not known (from this process's trusted rejection views) to be
+    /// short for `req`; the refusal when every one of the `s` shards is.
+    pub(crate) fn open_shards(
+        &self,
+        req: &Request,
+        s: i64,
+        now: i64,
+    ) -> std::result::Result<Vec<u32>, Box<Exceeded>> {
         let mut open = Vec::new();
         let mut views = Vec::new();
         for shard in 0..s as u32 {
@@ -322,7 +362,7 @@ impl Inner {
         if open.is_empty() {
             return Err(self.exceeded(req, &views.iter().map(Some).collect::<Vec<_>>(), s, now));
         }
-        Ok(open[self.rng.draw(0, open.len() as u32) as usize])
+        Ok(open)
     }
 
     /// The speculative write on one shard, then probes and doubling as §4.3 says.
@@ -789,7 +829,7 @@ impl Inner {
         let (update, condition) = normal_write(img.rf, &stamp, &req.limits, &evals, &wcu, &amounts);
         let write = UpdateRequest {
             key: key.clone(),
-            update,
+            update: update.set(attr::CASCADE, req.cascade),
             condition: Some(condition),
             returns: ReturnValues::None,
         };
@@ -1089,9 +1129,12 @@ impl Inner {
             shard,
             shard_count: s,
         };
+        let mut item = create_item(&id, &stamp, &req.limits, &evals, &amounts);
+        // ADR-146: the effective cascade policy is stamped on every item the slow path writes.
+        item.insert(attr::CASCADE.into(), req.cascade.into());
         let put = PutRequest {
             key: key.clone(),
-            item: create_item(&id, &stamp, &req.limits, &evals, &amounts),
+            item,
             condition: Some(Condition::not_exists("PK")),
         };
         // A create on shard 0 is pinned by its own `attribute_not_exists(PK)`; any other

@@ -26,6 +26,11 @@ pub struct Availability {
     /// The one reset instant: of the limit that decides the retry, or the earliest reset
     /// among the quotas.
     pub resets_at_ms: Option<i64>,
+    /// With cascade (ADR-146): the parent's availability for the same resource. `allowed`
+    /// above is false when either entity's limits refuse; each side's statuses name their
+    /// own entity.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub parent: Option<Box<Availability>>,
 }
 
 impl Limiter {
@@ -40,12 +45,55 @@ impl Limiter {
         validate_entity_id(entity)?;
         validate_resource(resource)?;
         let asked = validate_amounts(amounts.unwrap_or(&[]))?;
+        let (mut own, parent) = self
+            .availability_of(entity, resource, asked.clone(), false)
+            .await?;
+        if let Some(p) = parent {
+            let (theirs, _) = self.availability_of(&p, resource, asked, true).await?;
+            if !theirs.allowed {
+                own.retry_after_ms = match (own.allowed, own.retry_after_ms, theirs.retry_after_ms)
+                {
+                    (false, None, _) | (_, _, None) => None,
+                    (true, _, Some(t)) => Some(t),
+                    (false, Some(a), Some(t)) => Some(a.max(t)),
+                };
+                if own.allowed || theirs.retry_after_ms >= own.retry_after_ms {
+                    own.resets_at_ms = theirs.resets_at_ms;
+                }
+                own.allowed = false;
+            }
+            own.parent = Some(Box::new(theirs));
+        }
+        Ok(own)
+    }
+
+    /// One entity's availability, and its parent when its policy cascades. `parent_side`:
+    /// the amounts are the child's, restricted to the limits this (parent) entity has.
+    async fn availability_of(
+        &self,
+        entity: &str,
+        resource: &str,
+        asked: Vec<(String, i64)>,
+        parent_side: bool,
+    ) -> Result<(Availability, Option<String>)> {
         let inner = &self.inner;
         let now = inner.clock.now_ms();
         let res = inner
             .config
             .resolve(inner.store.as_ref(), inner.ns(), entity, resource, now)
             .await?;
+        let asked: Vec<(String, i64)> = if parent_side {
+            asked
+                .into_iter()
+                .filter(|(n, _)| res.limits.iter().any(|l| l.name() == n))
+                .collect()
+        } else {
+            asked
+        };
+        let parent = res
+            .parent_id
+            .clone()
+            .filter(|_| res.cascade && !parent_side);
         // Every limit, with the asked amounts (0 where none was asked).
         let all: Vec<(String, i64)> = res
             .limits
@@ -90,14 +138,18 @@ impl Limiter {
             let ex = Exceeded::new(entity, resource, limits.clone());
             (ex.retry_after_ms, ex.resets_at_ms)
         };
-        Ok(Availability {
-            entity: entity.into(),
-            resource: resource.into(),
-            limits,
-            allowed,
-            retry_after_ms,
-            resets_at_ms,
-        })
+        Ok((
+            Availability {
+                entity: entity.into(),
+                resource: resource.into(),
+                limits,
+                allowed,
+                retry_after_ms,
+                resets_at_ms,
+                parent: None,
+            },
+            parent,
+        ))
     }
 }
 

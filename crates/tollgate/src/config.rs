@@ -191,11 +191,31 @@ pub fn decode(item: &Item) -> Result<(Vec<Limit>, Option<OnUnavailable>)> {
     Ok((out, on))
 }
 
+/// The stored cascade flag of a config or META item: `Some` when explicit, `None` when
+/// unset; anything but a BOOL is corrupt (naming the attribute).
+pub fn decode_cascade(item: &Item) -> Result<Option<bool>> {
+    match item.get(CASCADE) {
+        None | Some(Value::Null) => Ok(None),
+        Some(Value::Bool(b)) => Ok(Some(*b)),
+        Some(_) => {
+            let key = Key::of(item).map(|k| k.to_string()).unwrap_or_default();
+            Err(corrupt(&key, CASCADE, "expected a boolean"))
+        }
+    }
+}
+
+/// The config item attribute holding the tri-state cascade policy (ADR-146).
+pub const CASCADE: &str = "cascade";
+
 #[derive(Debug, Clone)]
 struct Entry {
     expires_at: i64,
     limits: Vec<Limit>,
     on_unavailable: Option<OnUnavailable>,
+    /// The item's explicit `cascade` (config levels and META).
+    cascade: Option<bool>,
+    /// The entity's parent (META only).
+    parent_id: Option<String>,
 }
 
 /// Resolved limits for one call.
@@ -207,6 +227,11 @@ pub struct Resolved {
     pub source: Source,
     /// The system-level `on_unavailable`, if stored.
     pub on_unavailable: Option<OnUnavailable>,
+    /// The entity's parent, from its META (`None` without a META or a parent).
+    pub parent_id: Option<String>,
+    /// The effective cascade policy for (entity, resource) (ADR-146, see
+    /// [`crate::cascade::effective_policy`]).
+    pub cascade: bool,
 }
 
 /// A TTL cache of config items (negative entries included), keyed by item key.
@@ -239,8 +264,8 @@ impl ConfigCache {
         self.lock().clear();
     }
 
-    /// Resolve limits for (entity, resource): one eventually consistent batch read of the
-    /// levels not cached.
+    /// Resolve limits for (entity, resource), with the entity's parent and cascade policy:
+    /// one eventually consistent batch read of the levels (and the entity's META) not cached.
     pub async fn resolve(
         &self,
         store: &dyn Store,
@@ -258,41 +283,68 @@ impl ConfigCache {
             (keys::resource_config(ns, resource), Source::Resource),
             (keys::system_config(ns), Source::System),
         ];
+        let meta = keys::entity_meta(ns, entity);
+        let wanted: Vec<&Key> = levels.iter().map(|(k, _)| k).chain([&meta]).collect();
         let mut found: Vec<Option<Entry>> = {
             let g = self.lock();
-            levels
+            wanted
                 .iter()
-                .map(|(k, _)| g.get(k).filter(|e| e.expires_at > now).cloned())
+                .map(|k| g.get(*k).filter(|e| e.expires_at > now).cloned())
                 .collect()
         };
-        let missing: Vec<Key> = levels
+        let missing: Vec<Key> = wanted
             .iter()
             .zip(&found)
             .filter(|(_, f)| f.is_none())
-            .map(|((k, _), _)| k.clone())
+            .map(|(k, _)| (*k).clone())
             .collect();
         if !missing.is_empty() {
             let items = store.batch_get(&missing, false).await?;
             let mut g = self.lock();
             for (k, item) in missing.iter().zip(items) {
-                let (limits, on) = match item {
-                    Some(i) => decode(&i)?,
-                    None => (Vec::new(), None),
-                };
-                let e = Entry {
-                    expires_at: now + self.ttl_ms,
-                    limits,
-                    on_unavailable: on,
+                let e = match item {
+                    Some(i) if *k == meta => Entry {
+                        expires_at: now + self.ttl_ms,
+                        limits: Vec::new(),
+                        on_unavailable: None,
+                        cascade: decode_cascade(&i)?,
+                        parent_id: i.get("parent_id").and_then(Value::as_s).map(str::to_string),
+                    },
+                    Some(i) => {
+                        let (limits, on) = decode(&i)?;
+                        Entry {
+                            expires_at: now + self.ttl_ms,
+                            limits,
+                            on_unavailable: on,
+                            cascade: decode_cascade(&i)?,
+                            parent_id: None,
+                        }
+                    }
+                    None => Entry {
+                        expires_at: now + self.ttl_ms,
+                        limits: Vec::new(),
+                        on_unavailable: None,
+                        cascade: None,
+                        parent_id: None,
+                    },
                 };
                 if self.ttl_ms > 0 {
                     g.insert(k.clone(), e.clone());
                 }
-                if let Some(pos) = levels.iter().position(|(lk, _)| lk == k) {
+                if let Some(pos) = wanted.iter().position(|w| *w == k) {
                     found[pos] = Some(e);
                 }
             }
         }
         let on_unavailable = found[3].as_ref().and_then(|e| e.on_unavailable);
+        let meta = found[4].take();
+        let parent_id = meta.as_ref().and_then(|e| e.parent_id.clone());
+        let walk = [0, 1, 2].map(|i| found[i].as_ref().and_then(|e| e.cascade));
+        let cascade = crate::cascade::effective_policy(
+            walk,
+            meta.as_ref().and_then(|e| e.cascade),
+            parent_id.as_deref(),
+        );
         for ((_, src), f) in levels.iter().zip(found) {
             if let Some(e) = f {
                 if !e.limits.is_empty() {
@@ -300,6 +352,8 @@ impl ConfigCache {
                         limits: e.limits,
                         source: *src,
                         on_unavailable,
+                        parent_id,
+                        cascade,
                     });
                 }
             }
@@ -308,6 +362,8 @@ impl ConfigCache {
             limits: Vec::new(),
             source: Source::System,
             on_unavailable,
+            parent_id,
+            cascade,
         })
     }
 }

@@ -41,6 +41,9 @@ pub struct Lease {
     pub(crate) initial: Vec<(String, i64)>,
     pub(crate) pending: BTreeMap<String, i64>,
     pub(crate) statuses: Vec<LimitStatus>,
+    /// The parent's lease of a cascade acquire (ADR-146): adjust, commit and rollback apply
+    /// to it too. A parent lease never has a parent of its own (C4).
+    pub(crate) parent: Option<Box<Lease>>,
     state: State,
 }
 
@@ -70,6 +73,7 @@ impl Lease {
             initial,
             pending: BTreeMap::new(),
             statuses,
+            parent: None,
             state: State::Open,
         }
     }
@@ -88,6 +92,7 @@ impl Lease {
             initial: Vec::new(),
             pending: BTreeMap::new(),
             statuses: Vec::new(),
+            parent: None,
             state: State::Open,
         }
     }
@@ -117,7 +122,14 @@ impl Lease {
         &self.statuses
     }
 
-    /// Tokens consumed per limit: the acquire's debit plus adjustments so far.
+    /// The parent's lease when the acquire cascaded (ADR-146): its entity, shard and
+    /// statuses.
+    pub fn parent(&self) -> Option<&Lease> {
+        self.parent.as_deref()
+    }
+
+    /// Tokens consumed per limit: the acquire's debit plus adjustments so far (this
+    /// entity's; a cascade parent's are on [`Lease::parent`]).
     pub fn consumed(&self) -> BTreeMap<String, i64> {
         let mut out: BTreeMap<String, i64> = BTreeMap::new();
         for (n, m) in &self.initial {
@@ -167,31 +179,54 @@ impl Lease {
         if *e == 0 {
             self.pending.remove(limit);
         }
+        // ADR-146: a cascade lease adjusts the parent as well, on the limits it shares.
+        if let Some(p) = self.parent.as_deref_mut() {
+            if p.limits.iter().any(|l| l.name() == limit) {
+                p.adjust(limit, delta)?;
+            }
+        }
         Ok(())
     }
 
-    /// Write the adjustments (one unconditional ADD on the debited shard). After an
-    /// ambiguous store failure the lease is closed: resending could charge twice.
+    /// Write the adjustments (one unconditional ADD on the debited shard; with cascade,
+    /// then one on the parent's). After an ambiguous store failure a side is closed:
+    /// resending could charge twice. A side that failed otherwise stays open, and a second
+    /// call writes only what is still open.
     pub async fn commit(&mut self) -> Result<()> {
-        if self.state == State::Closed {
-            return Err(Error::LeaseClosed);
-        }
-        let deltas: Vec<(String, i64)> =
-            self.pending.iter().map(|(k, v)| (k.clone(), *v)).collect();
-        let r = self.write(&deltas).await;
-        self.close_after(&r);
-        r
+        self.finish(false).await
     }
 
-    /// Refund everything the acquire debited (exactly), discarding adjustments.
+    /// Refund everything the acquire debited (exactly), discarding adjustments; with
+    /// cascade, the parent's debit too.
     pub async fn rollback(&mut self) -> Result<()> {
-        if self.state == State::Closed {
+        self.finish(true).await
+    }
+
+    async fn finish(&mut self, rollback: bool) -> Result<()> {
+        let parent_open = self.parent.as_deref().is_some_and(|p| !p.is_closed());
+        if self.state == State::Closed && !parent_open {
             return Err(Error::LeaseClosed);
         }
-        let deltas: Vec<(String, i64)> =
-            self.initial.iter().map(|(k, v)| (k.clone(), -v)).collect();
-        let r = self.write(&deltas).await;
-        self.close_after(&r);
+        let mut r = Ok(());
+        if self.state == State::Open {
+            let deltas: Vec<(String, i64)> = if rollback {
+                self.initial.iter().map(|(k, v)| (k.clone(), -v)).collect()
+            } else {
+                self.pending.iter().map(|(k, v)| (k.clone(), *v)).collect()
+            };
+            r = self.write(&deltas).await;
+            self.close_after(&r);
+        }
+        if let Some(p) = self.parent.as_deref_mut().filter(|p| !p.is_closed()) {
+            let pr = if rollback {
+                Box::pin(p.rollback()).await
+            } else {
+                Box::pin(p.commit()).await
+            };
+            if r.is_ok() {
+                r = pr;
+            }
+        }
         r
     }
 

@@ -45,6 +45,7 @@ mod acquire;
 mod aggregator;
 mod availability;
 mod caches;
+mod cascade;
 pub mod clock;
 pub mod config;
 mod error;
@@ -61,6 +62,6 @@ pub use clock::{Clock, ManualClock, PinnedRng, SeededRng, ShardRng, SystemClock}
 pub use config::{OnUnavailable, Scope};
 pub use error::{Error, Exceeded, Result};
 pub use lease::Lease;
-pub use limiter::{Entity, Limiter, LimiterBuilder, Options, StatsSnapshot};
+pub use limiter::{Entity, Limiter, LimiterBuilder, NewEntity, Options, StatsSnapshot};
 pub use shards::should_double;
 pub use tollgate_core::{Limit, LimitSpec, LimitStatus};

@@ -5,12 +5,12 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use tollgate_core::expr::Condition;
+use tollgate_core::expr::{Condition, ReturnValues, Update};
 use tollgate_core::ids::{validate_entity_id, validate_limit_name};
 use tollgate_core::keys;
 use tollgate_core::value::{Item, Value};
 use tollgate_core::{Limit, RuleError};
-use tollgate_store::{DeleteRequest, PutRequest, Query, Store, StoreError};
+use tollgate_store::{DeleteRequest, PutRequest, Query, Store, StoreError, UpdateRequest};
 
 use crate::caches::{RejectionCache, ShardCounts};
 use crate::clock::{Clock, SeededRng, ShardRng, SystemClock};
@@ -214,10 +214,27 @@ pub struct Entity {
     pub name: String,
     /// Parent entity, if any.
     pub parent_id: Option<String>,
+    /// The entity's base cascade policy (META `cascade`, ADR-146): whether its acquires
+    /// also debit the parent where no config level says otherwise.
+    #[serde(default)]
+    pub cascade: bool,
     /// Free-form metadata.
     pub metadata: BTreeMap<String, String>,
     /// Creation time (epoch ms).
     pub created_at_ms: i64,
+}
+
+/// Options of [`Limiter::create_entity_with`].
+#[derive(Debug, Clone, Default)]
+pub struct NewEntity<'a> {
+    /// Display name (defaults to the id).
+    pub name: Option<&'a str>,
+    /// Parent entity, if any.
+    pub parent_id: Option<&'a str>,
+    /// Base cascade policy (META `cascade`, ADR-146).
+    pub cascade: bool,
+    /// Free-form metadata.
+    pub metadata: BTreeMap<String, String>,
 }
 
 impl Limiter {
@@ -256,7 +273,7 @@ impl Limiter {
         self.inner.clock.now_ms()
     }
 
-    /// Create an entity. Fails with [`Error::EntityExists`] if it exists.
+    /// Create an entity (without cascade). Fails with [`Error::EntityExists`] if it exists.
     pub async fn create_entity(
         &self,
         id: &str,
@@ -264,6 +281,27 @@ impl Limiter {
         parent_id: Option<&str>,
         metadata: BTreeMap<String, String>,
     ) -> Result<Entity> {
+        self.create_entity_with(
+            id,
+            NewEntity {
+                name,
+                parent_id,
+                cascade: false,
+                metadata,
+            },
+        )
+        .await
+    }
+
+    /// Create an entity with every option. Fails with [`Error::EntityExists`] if it exists.
+    /// The parent's existence is not checked.
+    pub async fn create_entity_with(&self, id: &str, new: NewEntity<'_>) -> Result<Entity> {
+        let NewEntity {
+            name,
+            parent_id,
+            cascade,
+            metadata,
+        } = new;
         validate_entity_id(id)?;
         if let Some(p) = parent_id {
             validate_entity_id(p)?;
@@ -279,6 +317,7 @@ impl Limiter {
             id: id.into(),
             name: name.unwrap_or(id).into(),
             parent_id: parent_id.map(str::to_string),
+            cascade,
             metadata,
             created_at_ms: self.now_ms(),
         };
@@ -286,6 +325,7 @@ impl Limiter {
         item.insert("entity_id".into(), e.id.clone().into());
         item.insert("name".into(), e.name.clone().into());
         item.insert("created_at".into(), Value::N(e.created_at_ms));
+        item.insert(config::CASCADE.into(), Value::Bool(e.cascade));
         item.insert(
             "metadata".into(),
             Value::M(
@@ -315,7 +355,11 @@ impl Limiter {
             })
             .await
         {
-            Ok(()) => Ok(e),
+            Ok(()) => {
+                // The META is cached with the config (parent and cascade policy).
+                self.inner.config.evict(&keys::entity_meta(ns, id));
+                Ok(e)
+            }
             Err(StoreError::ConditionFailed { .. }) => Err(Error::EntityExists(id.into())),
             Err(err) => Err(err.into()),
         }
@@ -340,6 +384,7 @@ impl Limiter {
             id: id.into(),
             name: s("name").unwrap_or_else(|| id.into()),
             parent_id: s("parent_id"),
+            cascade: config::decode_cascade(&i)?.unwrap_or(false),
             metadata,
             created_at_ms: i.get("created_at").and_then(Value::as_n).unwrap_or(0),
         }))
@@ -432,11 +477,18 @@ impl Limiter {
             }));
         }
         let key = scope.key(self.inner.ns());
+        let mut item = config::encode(limits, on_unavailable);
+        // The level's cascade policy (ADR-146) is not a limit: replacing limits keeps it.
+        if let Some(old) = self.inner.store.get(&key, true).await? {
+            if let Some(c) = config::decode_cascade(&old)? {
+                item.insert(config::CASCADE.into(), Value::Bool(c));
+            }
+        }
         self.inner
             .store
             .put(PutRequest {
                 key,
-                item: config::encode(limits, on_unavailable),
+                item,
                 condition: None,
             })
             .await?;
@@ -459,20 +511,61 @@ impl Limiter {
         }
     }
 
-    /// Delete the limits stored at a scope; `true` if there were any.
+    /// Delete the limits stored at a scope; `true` if there were any. The level's cascade
+    /// policy, if set, stays (see [`Limiter::set_cascade`]).
     pub async fn delete_limits(&self, scope: &Scope) -> Result<bool> {
         scope.validate()?;
+        let key = scope.key(self.inner.ns());
         let old = self
             .inner
             .store
             .delete(DeleteRequest {
-                key: scope.key(self.inner.ns()),
+                key: key.clone(),
                 condition: None,
+            })
+            .await?;
+        if let Some(c) = old
+            .as_ref()
+            .map(config::decode_cascade)
+            .transpose()?
+            .flatten()
+        {
+            self.set_cascade(scope, Some(c)).await?;
+        }
+        self.inner.config.clear();
+        self.inner.rejections.clear();
+        Ok(old.is_some())
+    }
+
+    /// Set (`Some`) or unset (`None`) the cascade policy at a resource or entity scope
+    /// (ADR-146: tri-state, resolved along entity×resource → entity `_default_` → resource,
+    /// then the entity META's flag). Buckets take the new policy on their next acquire in
+    /// this process, within the config cache TTL elsewhere; the stamp on each bucket item
+    /// follows on its next slow-path write. The system level has no cascade policy.
+    pub async fn set_cascade(&self, scope: &Scope, cascade: Option<bool>) -> Result<()> {
+        scope.validate()?;
+        if *scope == Scope::System {
+            return Err(Error::Invalid(RuleError::InvalidLimit {
+                name: config::CASCADE.into(),
+                reason: "cascade is set on resource and entity scopes only".into(),
+            }));
+        }
+        let update = match cascade {
+            Some(c) => Update::new().set(config::CASCADE, c),
+            None => Update::new().remove(config::CASCADE),
+        };
+        self.inner
+            .store
+            .update(UpdateRequest {
+                key: scope.key(self.inner.ns()),
+                update,
+                condition: None,
+                returns: ReturnValues::None,
             })
             .await?;
         self.inner.config.clear();
         self.inner.rejections.clear();
-        Ok(old.is_some())
+        Ok(())
     }
 
     /// Resolve the limits that apply to (entity, resource).

@@ -3,6 +3,7 @@
 
 pub mod aggregator;
 pub mod basics;
+pub mod cascade;
 pub mod gaps;
 pub mod sharded;
 
@@ -75,20 +76,19 @@ macro_rules! scenario_tests {
         #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
         async fn reset_is_a_set_despite_a_concurrent_refund() {
             if let Some(b) = $backend {
-                $crate::testing::scenarios::basics::reset_is_a_set_despite_a_concurrent_refund(&b)
-                    .await
-            }
-        }
-        #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-        async fn s09_disabled_refuses_without_slow_path() {
-            if let Some(b) = $backend {
-                $crate::testing::scenarios::basics::s09_disabled_refuses_without_slow_path(&b).await
+                $crate::testing::scenarios::basics::reset_is_a_set_despite_a_concurrent_refund(&b).await
             }
         }
         #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
         async fn s09_fast_condition_set() {
             if let Some(b) = $backend {
                 $crate::testing::scenarios::basics::s09_fast_condition_set(&b).await
+            }
+        }
+        #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+        async fn s09_disabled_refuses_without_slow_path() {
+            if let Some(b) = $backend {
+                $crate::testing::scenarios::basics::s09_disabled_refuses_without_slow_path(&b).await
             }
         }
         #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -196,8 +196,7 @@ macro_rules! scenario_tests {
         #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
         async fn s42_s44_fanout_floor_and_deleted_sibling() {
             if let Some(b) = $backend {
-                $crate::testing::scenarios::sharded::s42_s44_fanout_floor_and_deleted_sibling(&b)
-                    .await
+                $crate::testing::scenarios::sharded::s42_s44_fanout_floor_and_deleted_sibling(&b).await
             }
         }
         #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -209,8 +208,7 @@ macro_rules! scenario_tests {
         #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
         async fn s49_retry_that_lost_the_lock_is_charged() {
             if let Some(b) = $backend {
-                $crate::testing::scenarios::sharded::s49_retry_that_lost_the_lock_is_charged(&b)
-                    .await
+                $crate::testing::scenarios::sharded::s49_retry_that_lost_the_lock_is_charged(&b).await
             }
         }
         #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -310,18 +308,6 @@ macro_rules! scenario_tests {
             }
         }
         #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-        async fn stagger_join_newest_live_start() {
-            if let Some(b) = $backend {
-                $crate::testing::scenarios::sharded::stagger_join_newest_live_start(&b).await
-            }
-        }
-        #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-        async fn stagger_dead_cover_grants_nothing() {
-            if let Some(b) = $backend {
-                $crate::testing::scenarios::sharded::stagger_dead_cover_grants_nothing(&b).await
-            }
-        }
-        #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
         async fn s76_conservation_walk() {
             if let Some(b) = $backend {
                 $crate::testing::scenarios::sharded::s76_conservation_walk(&b).await
@@ -396,8 +382,19 @@ macro_rules! scenario_tests {
         #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
         async fn doubling_clamps_old_shards_to_the_new_share() {
             if let Some(b) = $backend {
-                $crate::testing::scenarios::sharded::doubling_clamps_old_shards_to_the_new_share(&b)
-                    .await
+                $crate::testing::scenarios::sharded::doubling_clamps_old_shards_to_the_new_share(&b).await
+            }
+        }
+        #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+        async fn stagger_join_newest_live_start() {
+            if let Some(b) = $backend {
+                $crate::testing::scenarios::sharded::stagger_join_newest_live_start(&b).await
+            }
+        }
+        #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+        async fn stagger_dead_cover_grants_nothing() {
+            if let Some(b) = $backend {
+                $crate::testing::scenarios::sharded::stagger_dead_cover_grants_nothing(&b).await
             }
         }
         #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -446,6 +443,9 @@ macro_rules! scenario_tests {
         async fn q11_transaction_conflicts() {
             if let Some(b) = $backend {
                 $crate::testing::scenarios::gaps::q11_transaction_conflicts(&b).await
+            }
+        }
+        #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
         async fn s52_clone_of_a_pending_shard_restarts_the_snapshot() {
             if let Some(b) = $backend {
                 $crate::testing::scenarios::aggregator::s52_clone_of_a_pending_shard_restarts_the_snapshot(&b).await
@@ -515,6 +515,48 @@ macro_rules! scenario_tests {
         async fn aggregator_restamp_pinned_on_vu() {
             if let Some(b) = $backend {
                 $crate::testing::scenarios::aggregator::aggregator_restamp_pinned_on_vu(&b).await
+            }
+        }
+        #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+        async fn s33_w6_cascade_windows_anchor_independently() {
+            if let Some(b) = $backend {
+                $crate::testing::scenarios::cascade::s33_w6_cascade_windows_anchor_independently(&b).await
+            }
+        }
+        #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+        async fn q13_cascade_quota_shards() {
+            if let Some(b) = $backend {
+                $crate::testing::scenarios::cascade::q13_cascade_quota_shards(&b).await
+            }
+        }
+        #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+        async fn c2_parent_draws_its_own_shard() {
+            if let Some(b) = $backend {
+                $crate::testing::scenarios::cascade::c2_parent_draws_its_own_shard(&b).await
+            }
+        }
+        #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+        async fn c3_s115_policy_walk() {
+            if let Some(b) = $backend {
+                $crate::testing::scenarios::cascade::c3_s115_policy_walk(&b).await
+            }
+        }
+        #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+        async fn c4_no_grandparent_and_disabled_parent() {
+            if let Some(b) = $backend {
+                $crate::testing::scenarios::cascade::c4_no_grandparent_and_disabled_parent(&b).await
+            }
+        }
+        #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+        async fn cascade_parent_short_charges_no_child() {
+            if let Some(b) = $backend {
+                $crate::testing::scenarios::cascade::cascade_parent_short_charges_no_child(&b).await
+            }
+        }
+        #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+        async fn cascade_lease_rollback_restores_both() {
+            if let Some(b) = $backend {
+                $crate::testing::scenarios::cascade::cascade_lease_rollback_restores_both(&b).await
             }
         }
     };

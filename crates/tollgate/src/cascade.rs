@@ -1,0 +1,147 @@
+//! Cascade (ADR-146, spec §4.17): a child entity whose effective policy says so spends from
+//! its parent on every acquire of the same resource.
+//!
+//! Design: the cascade acquire is composed of two single-bucket acquires — the child's,
+//! then the parent's (the parent with its own resolved limits, its own shard draw and shard
+//! count, its own windows). When the parent refuses (or fails), the child's debit is rolled
+//! back exactly before the parent's error is returned. Consequence: between the child's
+//! debit and its refund the child's balance is transiently lower than it will end; a
+//! concurrent acquire of the child may be refused in that instant (a transient hold), but
+//! nothing is ever admitted that both buckets did not cover (never an over-admission).
+//! When this process already knows every parent shard is short (ADR-147 rejection views),
+//! the acquire is refused before the child is written.
+//! The slow path therefore never commits both items in one transaction (a departure from
+//! §4.17 and Q13's "Put, Put, Update, Update"): each side commits its own write or
+//! transaction.
+
+use std::sync::Arc;
+
+use crate::acquire::Request;
+use crate::config::Source;
+use crate::error::{Error, Result};
+use crate::lease::Lease;
+use crate::limiter::{Inner, Stats};
+
+/// Rule ADR-146 / C3, the effective cascade policy of (entity, resource): the first
+/// explicit flag along the ADR-125 walk `[entity×resource config, entity _default_ config,
+/// resource config]`, else the entity META's `cascade`, else off. An entity without a parent
+/// never cascades, whatever the flags say.
+pub fn effective_policy(walk: [Option<bool>; 3], meta: Option<bool>, parent: Option<&str>) -> bool {
+    if parent.is_none() {
+        return false;
+    }
+    walk.into_iter().flatten().next().or(meta).unwrap_or(false)
+}
+
+/// What the parent is charged: the amounts the child's request names, restricted to the
+/// limits the parent has for the resource (its own resolved limits; a limit only the child
+/// has is the child's alone). A parent with no limits at all for the resource is a
+/// configuration error ([`Error::NoLimits`] naming the parent).
+pub(crate) fn parent_request(
+    inner: &Inner,
+    child: &Request,
+    parent: &str,
+    limits: Vec<tollgate_core::Limit>,
+    source: Source,
+    cascade: bool,
+    now: i64,
+) -> Result<Request> {
+    let amounts = child
+        .amounts
+        .iter()
+        .filter(|(n, _)| limits.iter().any(|l| l.name() == n))
+        .cloned()
+        .collect();
+    let req = inner.request(parent, &child.resource, amounts, limits, source, now)?;
+    Ok(Request { cascade, ..req })
+}
+
+impl Inner {
+    /// Acquire for the child and, when `parent` is given, for the parent: both must admit or
+    /// nothing is kept. A parent refusal or failure rolls the child's debit back exactly and
+    /// returns the parent's error (which names the parent). The parent's own acquire never
+    /// cascades further (C4: a child lease never debits the grandparent).
+    pub(crate) async fn acquire_cascade(
+        self: &Arc<Self>,
+        child: &Request,
+        parent: Option<&Request>,
+    ) -> Result<Lease> {
+        if let Some(preq) = parent {
+            self.parent_precheck(preq)?;
+        }
+        let mut lease = self.acquire(child).await?;
+        let Some(preq) = parent else {
+            return Ok(lease);
+        };
+        match self.acquire(preq).await {
+            Ok(p) => {
+                lease.parent = Some(Box::new(p));
+                Ok(lease)
+            }
+            Err(e) => {
+                if let Err(undo) = lease.rollback().await {
+                    tracing::warn!(
+                        error = %undo,
+                        entity = %child.entity,
+                        resource = %child.resource,
+                        "cascade: the child's debit could not be rolled back after the parent refused"
+                    );
+                }
+                Err(e)
+            }
+        }
+    }
+}
+
+impl Inner {
+    /// ADR-147 applied to the parent before the child is written: when this process's
+    /// trusted views say every parent shard is short, refuse with no store request (the
+    /// child is never debited, so there is nothing to roll back). The cache only refuses;
+    /// it never admits.
+    fn parent_precheck(&self, preq: &Request) -> Result<()> {
+        let Some(s) = self.shards.get(&preq.entity, &preq.resource) else {
+            return Ok(());
+        };
+        if !self.opts.speculative {
+            return Ok(());
+        }
+        match self.open_shards(preq, s, self.clock.now_ms()) {
+            Ok(_) => Ok(()),
+            Err(x) => {
+                Stats::bump(&self.stats.local_rejections);
+                Stats::bump(&self.stats.rejections);
+                Err(Error::RateLimitExceeded(x))
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::effective_policy;
+
+    /// C3: the walk's first explicit flag wins; META is the fallback; no parent, no cascade.
+    #[test]
+    fn policy_walk() {
+        let p = Some("org");
+        assert!(!effective_policy([None, None, None], None, p));
+        assert!(effective_policy([None, None, None], Some(true), p));
+        assert!(!effective_policy([None, None, Some(false)], Some(true), p)); // scenario 115
+        assert!(effective_policy([None, Some(true), Some(false)], None, p));
+        assert!(!effective_policy(
+            [Some(false), Some(true), None],
+            Some(true),
+            p
+        ));
+        assert!(effective_policy(
+            [Some(true), None, Some(false)],
+            Some(false),
+            p
+        ));
+        assert!(!effective_policy(
+            [Some(true), Some(true), Some(true)],
+            Some(true),
+            None
+        ));
+    }
+}
