@@ -315,17 +315,30 @@ pub fn adjust_write(deltas: &Amounts, tc_only: &[String]) -> Update {
 }
 
 /// Rule "a refund stays in its period": the condition under which a refund of a quota's
-/// debit may still credit the balance — the shard has not been reset since the debit
-/// (calendar: `rf` before the next edge after the debit) and holds the same window (`ws`
-/// unchanged). A dripping limit needs none (`None`).
-pub fn refund_pin(limit: &Limit, ws_at_debit: Option<i64>, debit_at: i64) -> Option<Condition> {
+/// debit may still credit the balance — the shard still holds the period or window the
+/// debited balance belonged to. Calendar: its applied edge `pe` is still `pe_at_debit` (a
+/// legacy item without `pe`: `rf` still before the next edge after `rf_at_debit`); window:
+/// `ws` unchanged. A dripping limit needs none (`None`).
+///
+/// The period is the stored balance's, not the writer's clock: a consumption-only retry (or
+/// a fast write from a clock behind the edge) can debit the old period's balance after the
+/// edge, and a reset then replaces that balance; crediting the refund to the new period
+/// would re-grant it (simulator seed 13318: 30 admitted against a daily 29).
+pub fn refund_pin(
+    limit: &Limit,
+    ws_at_debit: Option<i64>,
+    pe_at_debit: Option<i64>,
+    rf_at_debit: i64,
+) -> Option<Condition> {
+    let pe = battr(limit.name(), "pe");
     match limit.refill() {
         Refill::Drip { .. } => None,
-        Refill::Calendar(c) => c.next_edge(debit_at).map(|edge| {
-            let pe = battr(limit.name(), "pe");
-            Condition::lt(pe.clone(), edge)
-                .or(Condition::not_exists(pe).and(Condition::lt(attr::RF, edge)))
-        }),
+        Refill::Calendar(c) => match pe_at_debit {
+            Some(p) => Some(Condition::eq(pe, p)),
+            None => c
+                .next_edge(rf_at_debit)
+                .map(|edge| Condition::not_exists(pe).and(Condition::lt(attr::RF, edge))),
+        },
         Refill::Window { .. } => ws_at_debit.map(|ws| Condition::eq(battr(limit.name(), "ws"), ws)),
     }
 }

@@ -484,7 +484,7 @@ impl Inner {
                     shard,
                     key,
                     &evals,
-                    true,
+                    Some(&img),
                     img.shard_count,
                     now,
                 )))
@@ -523,9 +523,11 @@ impl Inner {
             .collect()
     }
 
-    /// A granted lease. `debited` says whether `evals` already reflect the debit (images
-    /// returned by the write) or are the pre-debit materialisation (slow path, create);
-    /// statuses always report the balance after the debit.
+    /// A granted lease. `landed` is the item a write that applied no transition returned
+    /// (fast path, consumption-only retry): `evals` were materialised from it and already
+    /// reflect the debit, and the debit belongs to its stored period and window, whatever a
+    /// materialisation at `now` projects. `None`: `evals` are what the write stored, before
+    /// the debit (slow path, create). Statuses always report the balance after the debit.
     #[allow(clippy::too_many_arguments)]
     fn lease(
         self: &Arc<Self>,
@@ -533,16 +535,24 @@ impl Inner {
         shard: u32,
         key: Key,
         evals: &[Evaluated],
-        debited: bool,
+        landed: Option<&BucketImage>,
         s: i64,
         now: i64,
     ) -> Lease {
+        let debited = landed.is_some();
         let mut ceilings = BTreeMap::new();
         let mut pins = BTreeMap::new();
         let mut statuses = Vec::new();
         for (l, e) in req.limits.iter().zip(evals) {
             ceilings.insert(l.name().to_string(), e.ceiling);
-            if let Some(p) = refund_pin(l, e.ws, now) {
+            let (ws, pe, rf) = match landed {
+                Some(img) => {
+                    let st = img.limits.get(l.name());
+                    (st.and_then(|st| st.ws), st.and_then(|st| st.pe), img.rf)
+                }
+                None => (e.ws, e.pe, now),
+            };
+            if let Some(p) = refund_pin(l, ws, pe, rf) {
                 pins.insert(l.name().to_string(), p);
             }
             if let Some((_, a)) = req.amounts.iter().find(|(n, _)| n == l.name()) {
@@ -847,7 +857,7 @@ impl Inner {
                     self.rejections.forget(&req.entity, &req.resource, m.shard);
                 }
                 self.after_materialise(req, shard, s, &evals).await;
-                Ok(self.lease(req, shard, key.clone(), &evals, false, s, now))
+                Ok(self.lease(req, shard, key.clone(), &evals, None, s, now))
             }
             (Err(LostLock(old)), _) => {
                 // The lock is still ours (rf unchanged) but a pinned reset balance moved:
@@ -1050,7 +1060,7 @@ impl Inner {
                 let img = returned_image(new.as_ref(), key)?;
                 Stats::bump(&self.stats.slow_admits);
                 let evals = self.evaluate_all(req, &img, now);
-                Ok(self.lease(req, shard, key.clone(), &evals, true, s, now))
+                Ok(self.lease(req, shard, key.clone(), &evals, Some(&img), s, now))
             }
             Err(StoreError::ConditionFailed { old }) => {
                 let img = old.as_deref().map(BucketImage::decode).transpose()?;
@@ -1160,7 +1170,7 @@ impl Inner {
                     self.rejections.forget(&req.entity, &req.resource, m.shard);
                 }
                 self.after_materialise(req, shard, s, &evals).await;
-                Ok(self.lease(req, shard, key.clone(), &evals, false, s, now))
+                Ok(self.lease(req, shard, key.clone(), &evals, None, s, now))
             }
             (Err(LostLock(_)), _) => self.retry(req, shard, key, s, now).await,
         }

@@ -330,6 +330,50 @@ pub async fn reset_is_a_set_despite_a_concurrent_refund(b: &Backend) {
     assert_eq!(h.n("e", "api", 0, "b_daily_tk"), Some(9000));
 }
 
+/// A refund stays in its period (simulator seed 13318): a consumption-only retry after the
+/// edge debits the old period's balance (the lock was lost to a writer that stamped an `rf`
+/// before the edge, so no reset was applied). A reset then replaces that balance; rolling the
+/// lease back afterwards must not credit the new period (it would re-grant 3).
+pub async fn refund_after_a_reset_stays_in_its_period(b: &Backend) {
+    let midnight = 1_757_030_400_000;
+    let h = b.harness(midnight - 60_000).await;
+    let daily = Limit::quota_calendar("daily", 10, "0 0 * * *", "UTC").unwrap();
+    entity_limits(&h, "e", "api", &[daily]).await;
+    h.lim.acquire("e", "api", &[("daily", 1)]).await.unwrap();
+    h.at(midnight + 1000);
+    let (lim, hk) = h.hooked(false);
+    let k = h.key("e", "api", 0);
+    hk.stage(On::Update, Some(k.clone()), move |m| {
+        let mut i = m.raw_get(&k).unwrap();
+        i.insert(
+            "rf".into(),
+            tollgate_core::value::Value::N(midnight - 30_000),
+        );
+        m.raw_put(&k, i);
+    });
+    let mut lease = lim.acquire("e", "api", &[("daily", 3)]).await.unwrap();
+    assert_eq!(
+        h.n("e", "api", 0, "b_daily_tk"),
+        Some(6000),
+        "the retry debited the old period's balance"
+    );
+    h.at(midnight + 2000);
+    h.slow().acquire("e", "api", &[("daily", 4)]).await.unwrap();
+    assert_eq!(
+        h.n("e", "api", 0, "b_daily_tk"),
+        Some(6000),
+        "reset to 10, less 4"
+    );
+    assert_eq!(h.n("e", "api", 0, "b_daily_pe"), Some(midnight));
+    lease.rollback().await.unwrap();
+    assert_eq!(
+        h.n("e", "api", 0, "b_daily_tk"),
+        Some(6000),
+        "the refund of an old-period debit does not lift the new period's balance"
+    );
+    assert_eq!(h.n("e", "api", 0, "b_daily_tc"), Some(1000 + 4000));
+}
+
 /// Scenario 9: the fast path's condition set — expired TTL, vu reached, vu absent, vu = 0.
 pub async fn s09_fast_condition_set(b: &Backend) {
     let h = b.harness(T0).await;

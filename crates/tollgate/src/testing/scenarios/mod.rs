@@ -559,5 +559,12 @@ macro_rules! scenario_tests {
                 $crate::testing::scenarios::cascade::cascade_lease_rollback_restores_both(&b).await
             }
         }
+        #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+        async fn refund_after_a_reset_stays_in_its_period() {
+            if let Some(b) = $backend {
+                $crate::testing::scenarios::basics::refund_after_a_reset_stays_in_its_period(&b)
+                    .await
+            }
+        }
     };
 }
