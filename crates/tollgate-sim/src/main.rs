@@ -67,9 +67,6 @@ fn main() -> ExitCode {
             }
         },
     };
-    if mutant == Some(Mutant::GrantMove) {
-        println!("note: the GrantMove guard (ADR-145 grant move) has no guard site yet: this build funds no quota shard by a move, so disabling it changes nothing (pending the lead's ADR-145 work)");
-    }
     tollgate_sim::mutants::set(mutant.as_slice());
     let (start, n) = match cli.seed {
         Some(s) => (s, 1),
