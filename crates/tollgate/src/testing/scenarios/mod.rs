@@ -566,5 +566,11 @@ macro_rules! scenario_tests {
                     .await
             }
         }
+        #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+        async fn s35_corrupt_sibling_ws() {
+            if let Some(b) = $backend {
+                $crate::testing::scenarios::sharded::s35_corrupt_sibling_ws(&b).await
+            }
+        }
     };
 }

@@ -962,3 +962,26 @@ pub async fn stagger_dead_cover_grants_nothing(b: &Backend) {
     h.slow().acquire(E, R, &[("session", 0)]).await.unwrap();
     assert_eq!(tk(&h, 2), 2500);
 }
+
+/// Scenario 35: a corrupt `ws` on a sibling is met by the create's sibling read — a typed
+/// error naming `b_session_ws` (the original raised RateLimiterUnavailable; a corrupt item
+/// is not an outage, so tollgate says `Corrupt`), and nothing is written.
+pub async fn s35_corrupt_sibling_ws(b: &Backend) {
+    let h = b.harness(T0).await;
+    limits(&h, &[session()]).await;
+    h.lim.acquire(E, R, &[("session", 1)]).await.unwrap();
+    h.lim.bump_shard_count(E, R, 1).await.unwrap();
+    let k = h.key(E, R, 0);
+    let mut i = h.item(E, R, 0);
+    i.insert("b_session_ws".into(), Value::S("1.5".into()));
+    h.raw.raw_put(&k, i);
+    h.at(T0 + 60_000);
+    h.rng.pin(1);
+    let e = h.slow().acquire(E, R, &[("session", 1)]).await.unwrap_err();
+    assert!(matches!(e, Error::Corrupt(_)), "{e}");
+    assert!(e.to_string().contains("b_session_ws"), "{e}");
+    assert!(
+        h.raw.raw_get(&h.key(E, R, 1)).is_none(),
+        "shard 1 not created"
+    );
+}
