@@ -4,8 +4,10 @@
 use std::collections::{BTreeMap, HashMap};
 use std::sync::Mutex;
 
+use tollgate_core::bucket::SCHED_NONE;
 use tollgate_core::error::RuleError;
 use tollgate_core::keys;
+use tollgate_core::schedule::Schedule;
 use tollgate_core::value::{Item, Key, Value};
 use tollgate_core::Limit;
 use tollgate_store::Store;
@@ -108,6 +110,9 @@ pub fn encode(limits: &[Limit], on_unavailable: Option<OnUnavailable>) -> Item {
             i.insert(format!("{p}_{n}_rsched"), Value::S(c.expr().into()));
             i.insert(format!("{p}_{n}_tz"), Value::S(c.tz().into()));
         }
+        if let Some(s) = l.schedule() {
+            i.insert(format!("{p}_{n}_sched"), Value::S(s.encode()));
+        }
     }
     if let Some(o) = on_unavailable {
         let v = match o {
@@ -178,6 +183,18 @@ pub fn decode(item: &Item) -> Result<(Vec<Limit>, Option<OnUnavailable>)> {
         let cal = cron.as_deref().map(|c| (c, tz.as_str()));
         let l = Limit::from_parts(n, cp, ra, rp, cal, rsa)
             .map_err(|e| corrupt(&key, &format!("{p}_{n}_cp"), &e.to_string()))?;
+        // ADR-135: a stored schedule must decode and fit the limit, or the item is corrupt
+        // naming the attribute.
+        let l = match text("sched")?.filter(|s| s != SCHED_NONE) {
+            None => l,
+            Some(raw) => {
+                let a = format!("{p}_{n}_sched");
+                let sched =
+                    Schedule::decode(&raw).map_err(|e| corrupt(&key, &a, &e.to_string()))?;
+                l.with_schedule(sched)
+                    .map_err(|e| corrupt(&key, &a, &e.to_string()))?
+            }
+        };
         out.push(l);
     }
     let on = match item.get(ON_UNAVAILABLE) {

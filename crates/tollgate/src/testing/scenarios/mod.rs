@@ -5,6 +5,7 @@ pub mod aggregator;
 pub mod basics;
 pub mod cascade;
 pub mod gaps;
+pub mod schedules;
 pub mod sharded;
 
 /// Generate one `#[tokio::test]` per limiter behaviour scenario, on `$backend`: an
@@ -557,6 +558,24 @@ macro_rules! scenario_tests {
         async fn cascade_lease_rollback_restores_both() {
             if let Some(b) = $backend {
                 $crate::testing::scenarios::cascade::cascade_lease_rollback_restores_both(&b).await
+            }
+        }
+        #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+        async fn s85_scheduled_capacity_at_a_boundary() {
+            if let Some(b) = $backend {
+                $crate::testing::scenarios::schedules::s85_scheduled_capacity_at_a_boundary(&b).await
+            }
+        }
+        #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+        async fn s85_boundary_divides_after_the_schedule() {
+            if let Some(b) = $backend {
+                $crate::testing::scenarios::schedules::s85_boundary_divides_after_the_schedule(&b).await
+            }
+        }
+        #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+        async fn s85_schedule_change_syncs() {
+            if let Some(b) = $backend {
+                $crate::testing::scenarios::schedules::s85_schedule_change_syncs(&b).await
             }
         }
     };
