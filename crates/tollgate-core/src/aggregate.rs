@@ -491,6 +491,55 @@ mod tests {
         );
     }
 
+    /// ADR-135 on the aggregator: a scheduled limit is rebuilt from its stored base and
+    /// schedule; past the boundary the refill pass clamps to the new per-shard cap, rewrites
+    /// `cp`/`ra` and restamps the expired `vu` with the next boundary. A stored schedule that
+    /// cannot be evaluated skips the item (`sched_error`); a missing base is corrupt.
+    #[test]
+    fn scheduled_limit_rebuilt_clamped_and_restamped() {
+        let night = 1_764_540_000_000; // 2025-11-30T22:00:00Z
+        let st = LimitState {
+            sched: Some("1|UTC|* 22:00-06:00 10/10".into()),
+            bcp: Some(100_000),
+            bra: Some(100_000),
+            ..rpm(40_000, 0)
+        };
+        let img = image(night - 1000, Some(night), &[("rpm", st.clone())]);
+        let limits = stored_limits(&img).unwrap();
+        assert_eq!(limits[0].capacity_milli(), 100_000);
+        assert!(limits[0].schedule().is_some());
+        let w = write(plan_refill(&img, 2, night, &BTreeMap::new()).unwrap());
+        assert_eq!(w.clamped, ["rpm"]);
+        assert_eq!(add_of(&w.update, "b_rpm_tk"), Some(-35_000));
+        assert_eq!(set_of(&w.update, "b_rpm_cp"), Some(10_000));
+        assert_eq!(set_of(&w.update, "b_rpm_ra"), Some(10_000));
+        assert_eq!(set_of(&w.update, "vu"), Some(night + 8 * 3_600_000));
+        for (raw, attr) in [
+            ("1|UTC|* 22:00-06:00", "b_rpm_sched"),
+            ("7|UTC|* 22:00-06:00 10", "b_rpm_sched"),
+        ] {
+            let bad = LimitState {
+                sched: Some(raw.into()),
+                ..st.clone()
+            };
+            let img = image(night - 1000, Some(night), &[("rpm", bad)]);
+            match plan_refill(&img, 2, night, &BTreeMap::new()).unwrap() {
+                Decision::Unevaluable { limit, reason } => {
+                    assert_eq!(limit, "rpm");
+                    assert!(reason.contains(attr), "{reason}");
+                }
+                d => panic!("expected a skip, got {d:?}"),
+            }
+        }
+        let img = image(
+            night - 1000,
+            Some(night),
+            &[("rpm", LimitState { bcp: None, ..st })],
+        );
+        let e = stored_limits(&img).unwrap_err().to_string();
+        assert!(e.contains("b_rpm_bcp"), "{e}");
+    }
+
     /// Calendar reset: SET to the share with gc = S and the edge marked, pinned on the
     /// balance read (debt forgiven, scenario 82/83 numbers).
     #[test]

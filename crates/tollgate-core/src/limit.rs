@@ -503,6 +503,52 @@ mod tests {
         assert!(Limit::quota_after("s", 5, Duration::from_millis(1500)).is_err());
     }
 
+    /// ADR-135: the schedule is applied to the base values (first match, else the base);
+    /// a quota's schedule may not set a rate; the spec form round-trips.
+    #[test]
+    fn effective_parameters_and_schedule_validation() {
+        use crate::schedule::Schedule;
+        let l = Limit::per_minute("rpm", 100)
+            .unwrap()
+            .with_schedule(
+                Schedule::new(&["* 22:00-06:00 10", "sat 06:00-22:00 50/20"], "UTC").unwrap(),
+            )
+            .unwrap();
+        let at = |s: &str| s.parse::<jiff::Timestamp>().unwrap().as_millisecond();
+        // 2026-11-30 is a Monday; 2026-11-28 a Saturday.
+        let e = |s: &str| {
+            let p = l.effective(at(s));
+            (p.capacity, p.ra)
+        };
+        assert_eq!(e("2026-11-30T12:00:00Z"), (100_000, 100_000));
+        assert_eq!(
+            e("2026-11-30T23:00:00Z"),
+            (10_000, 100_000),
+            "no rate: base rate"
+        );
+        assert_eq!(e("2026-11-28T12:00:00Z"), (50_000, 20_000));
+        assert_eq!(
+            l.next_boundary(at("2026-11-30T12:00:00Z")),
+            Some(at("2026-11-30T22:00:00Z"))
+        );
+        assert_eq!(LimitSpec::from(&l).to_limit().unwrap(), l);
+        let q = Limit::quota_calendar("rpd", 1000, "0 0 * * *", "UTC").unwrap();
+        let rated = Schedule::new(&["sat,sun 00:00-24:00 500/5"], "UTC").unwrap();
+        let err = q.clone().with_schedule(rated).unwrap_err().to_string();
+        assert!(err.contains("rpd") && err.contains("rate"), "{err}");
+        let q = q
+            .with_schedule(Schedule::new(&["sat,sun 00:00-24:00 500"], "UTC").unwrap())
+            .unwrap();
+        assert_eq!(q.effective(at("2026-11-28T12:00:00Z")).capacity, 500_000);
+        assert_eq!(q.effective(at("2026-11-28T12:00:00Z")).ra, 0);
+        let spec = LimitSpec {
+            schedule: Some(vec!["* 25:00-06:00 10".into()]),
+            ..LimitSpec::from(&l)
+        };
+        let err = spec.to_limit().unwrap_err().to_string();
+        assert!(err.contains("rpm") && err.contains("25:00"), "{err}");
+    }
+
     #[test]
     fn spec_round_trip() {
         for l in [

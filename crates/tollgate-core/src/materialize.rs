@@ -448,6 +448,73 @@ mod tests {
         assert_eq!(e.balance, 50_000);
     }
 
+    /// ADR-135 per limit kind, at S = 2 (capacity 1000 by day, 100 on weekends, UTC): a
+    /// dripping limit is clamped to the lowered per-shard cap on the pass after the boundary
+    /// and refills toward a raised one at the rate in force; a calendar quota is clamped to
+    /// `C_eff // gc` when lowered, keeps its balance when raised (nothing minted) and is
+    /// reset to the new share at its next edge.
+    #[test]
+    fn scheduled_limits_per_kind() {
+        use crate::schedule::Schedule;
+        let weekend = || Schedule::new(&["sat,sun 00:00-24:00 100"], "UTC").unwrap();
+        let sat = 1_763_769_600_000; // 2025-11-22T00:00:00Z, a Saturday
+        let mon = sat + 2 * 86_400_000;
+        let drip = Limit::per_minute("rpm", 1000)
+            .unwrap()
+            .with_schedule(weekend())
+            .unwrap();
+        let st = LimitState {
+            tk: 400_000,
+            cp: 1_000_000,
+            ra: 1_000_000,
+            rp: 60_000,
+            ..Default::default()
+        };
+        let e = evaluate(&drip, Some(&st), sat - 1, 2, sat, None);
+        assert_eq!(
+            (e.balance, e.ceiling, e.params.capacity),
+            (50_000, 50_000, 100_000)
+        );
+        let low = LimitState {
+            tk: 0,
+            ..st.clone()
+        };
+        let e = evaluate(&drip, Some(&low), mon - 6_000, 2, mon, None);
+        assert_eq!(
+            (e.balance, e.ceiling),
+            (50_000, 500_000),
+            "6 s at 500/min per shard"
+        );
+        let q = Limit::quota_calendar("rpd", 1000, "0 0 1 * *", "UTC")
+            .unwrap()
+            .with_schedule(weekend())
+            .unwrap();
+        let qs = LimitState {
+            tk: 300_000,
+            cp: 1_000_000,
+            gc: Some(2),
+            pe: Some(sat - 21 * 86_400_000), // 2025-11-01
+            ..Default::default()
+        };
+        let e = evaluate(&q, Some(&qs), sat - 1, 2, sat + 1, None);
+        assert_eq!((e.transition, e.balance), (Transition::Kept, 50_000));
+        let ql = LimitState {
+            tk: 20_000,
+            ..qs.clone()
+        };
+        let e = evaluate(&q, Some(&ql), mon - 1, 2, mon, None);
+        assert_eq!(
+            (e.transition, e.balance, e.ceiling),
+            (Transition::Kept, 20_000, 500_000)
+        );
+        let dec1 = 1_764_547_200_000; // 2025-12-01T00:00:00Z, a Monday
+        let e = evaluate(&q, Some(&ql), dec1 - 1, 2, dec1, None);
+        assert_eq!(
+            (e.transition, e.balance),
+            (Transition::CalendarReset, 500_000)
+        );
+    }
+
     /// Scenario 79 (ADR-145 ceiling): a quota shard granted at gc = 1 on S = 4 keeps the
     /// ceiling C // 1 and its balance (not clamped to C // 4) inside its period; the reset
     /// at the next edge sizes it at S: share C // 4, gc = 4.

@@ -497,3 +497,33 @@ pub fn params_hash(limits: &[Limit]) -> String {
     }
     format!("{h:016x}")
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::schedule::Schedule;
+
+    fn night(cap: &str) -> Limit {
+        Limit::per_minute("rpm", 100)
+            .unwrap()
+            .with_schedule(Schedule::new(&[format!("* 22:00-06:00 {cap}")], "UTC").unwrap())
+            .unwrap()
+    }
+
+    /// ADR-120 × ADR-135: the schedule is part of the parameter hash.
+    #[test]
+    fn schedule_changes_the_parameter_hash() {
+        let plain = params_hash(&[Limit::per_minute("rpm", 100).unwrap()]);
+        assert_ne!(params_hash(&[night("10")]), plain);
+        assert_ne!(params_hash(&[night("10")]), params_hash(&[night("20")]));
+        assert_eq!(params_hash(&[night("10")]), params_hash(&[night("10")]));
+    }
+
+    /// #557: a scheduled dripping limit's TTL horizon is the worst over its base and every
+    /// entry: 100 per minute by day (60 s to fill) but 100 at 1 per minute overnight (6000 s).
+    #[test]
+    fn ttl_horizon_is_the_worst_regime() {
+        assert_eq!(ttl_for(&[night("10")], 0, 1), Some(60));
+        assert_eq!(ttl_for(&[night("100/1")], 0, 1), Some(6000));
+    }
+}

@@ -390,6 +390,54 @@ mod tests {
     use super::*;
     use std::time::Duration;
 
+    /// ADR-135: a schedule round-trips through a config item; a stored schedule that cannot
+    /// be evaluated, or that sets a rate on a quota, is corrupt naming the attribute.
+    #[test]
+    fn schedule_round_trip_and_corruption() {
+        use tollgate_core::schedule::Schedule;
+        let night = || Schedule::new(&["* 22:00-06:00 10/10"], "Europe/Berlin").unwrap();
+        let limits = vec![
+            Limit::per_minute("rpm", 100)
+                .unwrap()
+                .with_schedule(night())
+                .unwrap(),
+            Limit::quota_after("session", 10, Duration::from_secs(18_000))
+                .unwrap()
+                .with_schedule(Schedule::new(&["sat,sun 00:00-24:00 5"], "UTC").unwrap())
+                .unwrap(),
+        ];
+        let item = encode(&limits, None);
+        assert_eq!(
+            item.get("l_rpm_sched"),
+            Some(&Value::S("1|Europe/Berlin|* 22:00-06:00 10/10".into()))
+        );
+        assert!(item.contains_key("w_session_sched"));
+        let (mut back, _) = decode(&item).unwrap();
+        back.sort_by(|a, b| a.name().cmp(b.name()));
+        assert_eq!(back, limits);
+        for (attr, bad) in [
+            ("l_rpm_sched", Value::S("1|UTC|* 25:00-06:00 10".into())),
+            ("l_rpm_sched", Value::S("9|UTC|* 22:00-06:00 10".into())),
+            ("l_rpm_sched", Value::N(3)),
+            (
+                "w_session_sched",
+                Value::S("1|UTC|* 22:00-06:00 5/5".into()),
+            ),
+        ] {
+            let mut i = item.clone();
+            i.insert(attr.into(), bad);
+            let e = decode(&i).unwrap_err().to_string();
+            assert!(e.contains(attr), "{e}");
+        }
+        // The "no schedule" marker reads as none.
+        let mut i = item.clone();
+        i.insert("l_rpm_sched".into(), Value::S("-".into()));
+        let (back, _) = decode(&i).unwrap();
+        assert!(back
+            .iter()
+            .any(|l| l.name() == "rpm" && l.schedule().is_none()));
+    }
+
     #[test]
     fn round_trip_and_corruption() {
         let limits = vec![
