@@ -3,7 +3,7 @@
 #![allow(missing_docs)]
 
 use crate::testing::*;
-use crate::{Limit, Scope};
+use crate::{Error, Limit, Scope};
 use tollgate_core::schedule::Schedule;
 use tollgate_core::value::Value;
 
@@ -45,7 +45,8 @@ fn text(h: &H, e: &str, shard: u32, a: &str) -> Option<String> {
 ///   (9,000), `vu` restamped to 06:00 CET = 05:00Z — nine real hours later, not eight;
 /// - the next acquire is back on the fast path;
 /// - at the morning boundary a raised capacity mints nothing: the balance refills toward
-///   100,000 at the day rate (30 s × 100/min = 50 tokens from an empty bucket).
+///   100,000 at the day rate (30 s × 100/min = 50 tokens from an empty bucket);
+/// - a rejection by night reports the night capacity (10), and 11 tokens never fit.
 pub async fn s85_scheduled_capacity_at_a_boundary(b: &Backend) {
     let night = t("2026-10-24T20:00:00Z"); // 22:00 CEST
     let day = night - 30_000; // 21:59:30 CEST (inside the config cache's 60 s)
@@ -91,6 +92,14 @@ pub async fn s85_scheduled_capacity_at_a_boundary(b: &Backend) {
     let d = h.stats().since(&s);
     assert_eq!((d.writes(), d.reads()), (1, 0), "back on the fast path");
     assert_eq!(h.n("e", R, 0, "b_rpm_tk"), Some(8_000));
+    // #475: a rejection reports the capacity in force (10 by night), and 11 never fits.
+    match h.lim.acquire("e", R, &[("rpm", 11)]).await {
+        Err(Error::RateLimitExceeded(x)) => {
+            assert_eq!(x.statuses[0].capacity, 10);
+            assert_eq!(x.retry_after_ms, None);
+        }
+        r => panic!("expected a rejection, got {:?}", r.map(|_| ())),
+    }
 
     // Empty the night bucket 30 s before the morning boundary (it refilled to its cap of
     // 10 over the night).
