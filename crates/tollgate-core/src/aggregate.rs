@@ -7,7 +7,9 @@
 //! Every balance comes from [`evaluate`] (the one home of materialisation) and the written
 //! `rf` from [`next_rf`]; this module only decides *whether* the aggregator may write and
 //! what it pins. The item is self-describing: the limits are rebuilt from the stored
-//! `cp/ra/rp/rsched/tz/rsa` ([`stored_limits`]).
+//! `cp/ra/rp/rsched/tz/rsa`, and a scheduled limit's `sched` with its base `bcp/bra`
+//! ([`stored_limits`]); an item whose stored schedule cannot be evaluated is skipped
+//! (ADR-135 `sched_error`).
 //!
 //! What the aggregator never does: open (anchor) a window — a window is anchored by a use,
 //! and an exhausted quota produces no write to react to — and fan out a window start (that
@@ -22,24 +24,67 @@ use crate::ids::WCU;
 use crate::keys::battr;
 use crate::limit::{Limit, Refill};
 use crate::materialize::{evaluate, evaluate_wcu, valid_until, Evaluated, Transition};
+use crate::schedule::Schedule;
 use crate::window;
 use crate::writes::{next_rf, set_pin};
 
 /// The limits stored on a bucket item, rebuilt from its own attributes (`cp`, `ra`, `rp`,
 /// `rsched`/`tz`, `rsa`): the aggregator needs no config read. A stored combination no
 /// limit can have is reported as corrupt, naming the limit.
+///
+/// A scheduled limit (`b_{n}_sched`) is rebuilt from its base values `bcp`/`bra` (its `cp`/`ra`
+/// are materialised) and its decoded schedule; a schedule that does not decode, or a
+/// missing base, is corrupt naming that attribute.
 pub fn stored_limits(img: &BucketImage) -> Result<Vec<Limit>, RuleError> {
     img.limits
         .iter()
         .map(|(n, st)| {
-            let cal = st.rsched.as_ref().map(|(c, tz)| (c.as_str(), tz.as_str()));
-            Limit::from_parts(n, st.cp, st.ra, st.rp, cal, st.rsa).map_err(|e| RuleError::Corrupt {
+            let corrupt = |attribute: String, reason: String| RuleError::Corrupt {
                 key: img.key.clone(),
-                attribute: battr(n, "cp"),
-                reason: format!("stored parameters do not form a limit: {e}"),
-            })
+                attribute,
+                reason,
+            };
+            let sched = stored_schedule(img, n)?;
+            let (cp, ra) = match (&sched, st.bcp, st.bra) {
+                (None, _, _) => (st.cp, st.ra),
+                (Some(_), Some(cp), Some(ra)) => (cp, ra),
+                (Some(_), None, _) => {
+                    return Err(corrupt(battr(n, "bcp"), "missing (sched present)".into()))
+                }
+                (Some(_), Some(_), None) => {
+                    return Err(corrupt(battr(n, "bra"), "missing (sched present)".into()))
+                }
+            };
+            let cal = st.rsched.as_ref().map(|(c, tz)| (c.as_str(), tz.as_str()));
+            let l = Limit::from_parts(n, cp, ra, st.rp, cal, st.rsa).map_err(|e| {
+                corrupt(
+                    battr(n, "cp"),
+                    format!("stored parameters do not form a limit: {e}"),
+                )
+            })?;
+            match sched {
+                None => Ok(l),
+                Some(s) => l
+                    .with_schedule(s)
+                    .map_err(|e| corrupt(battr(n, "sched"), e.to_string())),
+            }
         })
         .collect()
+}
+
+/// The stored schedule of limit `n` on the item, decoded; one that cannot be evaluated is
+/// corrupt naming `b_{n}_sched`.
+pub fn stored_schedule(img: &BucketImage, n: &str) -> Result<Option<Schedule>, RuleError> {
+    let Some(raw) = img.limits.get(n).and_then(|st| st.sched.as_deref()) else {
+        return Ok(None);
+    };
+    Schedule::decode(raw)
+        .map(Some)
+        .map_err(|e| RuleError::Corrupt {
+            key: img.key.clone(),
+            attribute: battr(n, "sched"),
+            reason: format!("stored schedule cannot be evaluated: {e}"),
+        })
 }
 
 /// What the refill pass decided for one item.
@@ -54,6 +99,13 @@ pub enum Decision {
     Skip {
         /// The limit whose pending window ended.
         limit: String,
+    },
+    /// A stored schedule cannot be evaluated (ADR-135 `sched_error`): the item is skipped.
+    Unevaluable {
+        /// The limit whose schedule is corrupt.
+        limit: String,
+        /// Why.
+        reason: String,
     },
     /// Write this.
     Write(RefillWrite),
@@ -113,6 +165,14 @@ pub fn plan_refill(
     now: i64,
     consumed: &BTreeMap<String, i64>,
 ) -> Result<Decision, RuleError> {
+    for n in img.limits.keys() {
+        if let Err(e) = stored_schedule(img, n) {
+            return Ok(Decision::Unevaluable {
+                limit: n.clone(),
+                reason: e.to_string(),
+            });
+        }
+    }
     let limits = stored_limits(img)?;
     let s = shard_count.max(1);
     for l in &limits {
@@ -213,6 +273,17 @@ pub fn plan_refill(
         }
         if let Some(rc) = e.carry {
             u = u.set(battr(n, "rc"), rc);
+        }
+        // ADR-135: a scheduled limit's stored parameters follow the regime materialised.
+        if e.sched_stored
+            && img
+                .limits
+                .get(n)
+                .is_some_and(|st| (st.cp, st.ra) != (e.params.capacity, e.params.ra))
+        {
+            u = u
+                .set(battr(n, "cp"), e.params.capacity)
+                .set(battr(n, "ra"), e.params.ra);
         }
         if e.transition.is_set() {
             if let Some(gc) = e.gc {
@@ -418,6 +489,55 @@ mod tests {
             Some(1),
             "rf never stays or moves back"
         );
+    }
+
+    /// ADR-135 on the aggregator: a scheduled limit is rebuilt from its stored base and
+    /// schedule; past the boundary the refill pass clamps to the new per-shard cap, rewrites
+    /// `cp`/`ra` and restamps the expired `vu` with the next boundary. A stored schedule that
+    /// cannot be evaluated skips the item (`sched_error`); a missing base is corrupt.
+    #[test]
+    fn scheduled_limit_rebuilt_clamped_and_restamped() {
+        let night = 1_764_540_000_000; // 2025-11-30T22:00:00Z
+        let st = LimitState {
+            sched: Some("1|UTC|* 22:00-06:00 10/10".into()),
+            bcp: Some(100_000),
+            bra: Some(100_000),
+            ..rpm(40_000, 0)
+        };
+        let img = image(night - 1000, Some(night), &[("rpm", st.clone())]);
+        let limits = stored_limits(&img).unwrap();
+        assert_eq!(limits[0].capacity_milli(), 100_000);
+        assert!(limits[0].schedule().is_some());
+        let w = write(plan_refill(&img, 2, night, &BTreeMap::new()).unwrap());
+        assert_eq!(w.clamped, ["rpm"]);
+        assert_eq!(add_of(&w.update, "b_rpm_tk"), Some(-35_000));
+        assert_eq!(set_of(&w.update, "b_rpm_cp"), Some(10_000));
+        assert_eq!(set_of(&w.update, "b_rpm_ra"), Some(10_000));
+        assert_eq!(set_of(&w.update, "vu"), Some(night + 8 * 3_600_000));
+        for (raw, attr) in [
+            ("1|UTC|* 22:00-06:00", "b_rpm_sched"),
+            ("7|UTC|* 22:00-06:00 10", "b_rpm_sched"),
+        ] {
+            let bad = LimitState {
+                sched: Some(raw.into()),
+                ..st.clone()
+            };
+            let img = image(night - 1000, Some(night), &[("rpm", bad)]);
+            match plan_refill(&img, 2, night, &BTreeMap::new()).unwrap() {
+                Decision::Unevaluable { limit, reason } => {
+                    assert_eq!(limit, "rpm");
+                    assert!(reason.contains(attr), "{reason}");
+                }
+                d => panic!("expected a skip, got {d:?}"),
+            }
+        }
+        let img = image(
+            night - 1000,
+            Some(night),
+            &[("rpm", LimitState { bcp: None, ..st })],
+        );
+        let e = stored_limits(&img).unwrap_err().to_string();
+        assert!(e.contains("b_rpm_bcp"), "{e}");
     }
 
     /// Calendar reset: SET to the share with gc = S and the edge marked, pinned on the

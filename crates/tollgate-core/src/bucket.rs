@@ -42,6 +42,9 @@ pub mod attr {
     pub const CASCADE: &str = "cascade";
 }
 
+/// The stored "no schedule" marker (BUCKET_SCHED_NONE).
+pub const SCHED_NONE: &str = "-";
+
 /// One limit's state on a bucket item. Millitokens and ms.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct LimitState {
@@ -72,6 +75,14 @@ pub struct LimitState {
     /// Period-applied marker of a calendar quota: the reset edge this shard's balance
     /// reflects (the calendar counterpart of `wa`; `rf` stands in where it is absent).
     pub pe: Option<i64>,
+    /// The limit's time-of-day schedule, as stored (`b_{n}_sched`, ADR-135; decoded by
+    /// [`crate::schedule::Schedule::decode`]). `"-"` reads as none.
+    pub sched: Option<String>,
+    /// Base (unscheduled) capacity of a scheduled limit (`b_{n}_bcp`): `cp` holds the
+    /// materialised value.
+    pub bcp: Option<i64>,
+    /// Base (unscheduled) drip amount of a scheduled limit (`b_{n}_bra`).
+    pub bra: Option<i64>,
 }
 
 /// A decoded bucket item.
@@ -97,8 +108,9 @@ pub struct BucketImage {
     pub disabled: bool,
 }
 
-const FIELDS: [&str; 14] = [
+const FIELDS: [&str; 17] = [
     "tk", "cp", "ra", "rp", "tc", "rc", "ws", "rsa", "wa", "wtc", "gc", "rsched", "tz", "pe",
+    "sched", "bcp", "bra",
 ];
 
 fn corrupt(key: &str, attribute: &str, reason: impl Into<String>) -> RuleError {
@@ -218,6 +230,9 @@ impl BucketImage {
                 gc: g("gc")?,
                 rsched,
                 pe: g("pe")?,
+                sched: gs("sched")?.filter(|x| x != SCHED_NONE),
+                bcp: g("bcp")?,
+                bra: g("bra")?,
             };
             if n == WCU {
                 wcu = Some(st);

@@ -16,6 +16,7 @@ pub mod limit;
 pub mod materialize;
 pub mod mutants;
 pub mod refill;
+pub mod schedule;
 pub mod status;
 pub mod value;
 pub mod window;

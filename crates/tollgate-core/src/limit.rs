@@ -9,6 +9,7 @@ use serde::{Deserialize, Serialize};
 use crate::calendar::CalendarReset;
 use crate::error::RuleError;
 use crate::ids::validate_limit_name;
+use crate::schedule::Schedule;
 
 /// Millitokens per token.
 pub const MILLI: i64 = 1000;
@@ -41,6 +42,17 @@ pub struct Limit {
     name: String,
     capacity: i64,
     refill: Refill,
+    schedule: Option<Schedule>,
+}
+
+/// A limit's effective (entity-wide, undivided) parameters at one instant: after its
+/// schedule is applied, before the per-shard division.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Effective {
+    /// Capacity (millitokens).
+    pub capacity: i64,
+    /// Drip amount per period (millitokens; 0 for quotas).
+    pub ra: i64,
 }
 
 fn tokens_to_milli(name: &str, what: &str, tokens: i64) -> Result<i64, RuleError> {
@@ -77,6 +89,7 @@ impl Limit {
                 amount: tokens_to_milli(name, "refill amount", refill_amount)?,
                 period_ms,
             },
+            schedule: None,
         })
     }
 
@@ -116,6 +129,7 @@ impl Limit {
             name: name.into(),
             capacity: tokens_to_milli(name, "capacity", capacity)?,
             refill: Refill::Calendar(Box::new(cal)),
+            schedule: None,
         })
     }
 
@@ -138,6 +152,7 @@ impl Limit {
             name: name.into(),
             capacity: tokens_to_milli(name, "capacity", capacity)?,
             refill: Refill::Window { reset_after_s: s },
+            schedule: None,
         })
     }
 
@@ -184,7 +199,54 @@ impl Limit {
             name: name.into(),
             capacity: capacity_milli,
             refill,
+            schedule: None,
         })
+    }
+
+    /// Attach a time-of-day schedule (ADR-135) that replaces the capacity (and, for a
+    /// dripping limit, the rate) while one of its entries applies. A quota's entries may not
+    /// set a rate (ADR-137: a quota never drips).
+    pub fn with_schedule(mut self, schedule: Schedule) -> Result<Self, RuleError> {
+        if self.is_quota() && schedule.entries().iter().any(|e| e.rate_milli().is_some()) {
+            return Err(RuleError::InvalidLimit {
+                name: self.name.clone(),
+                reason: "a quota's schedule sets a capacity only, never a rate".into(),
+            });
+        }
+        self.schedule = Some(schedule);
+        Ok(self)
+    }
+
+    /// The time-of-day schedule, if any.
+    pub fn schedule(&self) -> Option<&Schedule> {
+        self.schedule.as_ref()
+    }
+
+    /// Rule "effective parameters" (ADR-135, §4.1): the capacity and drip amount at `now` —
+    /// the schedule's entry in force, else the base values. The per-shard division
+    /// (`C // S`, `ra // S`) is applied to these, never before.
+    pub fn effective(&self, now_ms: i64) -> Effective {
+        let base = Effective {
+            capacity: self.capacity,
+            ra: self.ra(),
+        };
+        match self.schedule.as_ref().and_then(|s| s.active(now_ms)) {
+            None => base,
+            Some(e) => Effective {
+                capacity: e.capacity_milli(),
+                ra: if self.is_quota() {
+                    0
+                } else {
+                    e.rate_milli().unwrap_or(base.ra)
+                },
+            },
+        }
+    }
+
+    /// The next instant after `now_ms` at which the effective parameters may change (the
+    /// schedule's next boundary), `None` when unscheduled or never.
+    pub fn next_boundary(&self, now_ms: i64) -> Option<i64> {
+        self.schedule.as_ref().and_then(|s| s.next_boundary(now_ms))
     }
 
     /// The limit's name.
@@ -234,6 +296,18 @@ impl Limit {
     }
     /// A compact description for tools and errors.
     pub fn describe(&self) -> String {
+        match &self.schedule {
+            None => self.describe_base(),
+            Some(s) => format!(
+                "{}; scheduled in {}: {}",
+                self.describe_base(),
+                s.tz(),
+                s.entry_texts().join("; ")
+            ),
+        }
+    }
+
+    fn describe_base(&self) -> String {
         let cap = self.capacity / MILLI;
         match &self.refill {
             Refill::Drip { amount, period_ms } => {
@@ -262,6 +336,17 @@ impl Limit {
     }
 }
 
+/// Name a schedule error after the limit it belongs to.
+pub fn name_error(name: &str, e: RuleError) -> RuleError {
+    match e {
+        RuleError::InvalidLimit { reason, .. } => RuleError::InvalidLimit {
+            name: name.into(),
+            reason,
+        },
+        e => e,
+    }
+}
+
 /// A serialisable description of a limit (config items, HTTP and CLI).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct LimitSpec {
@@ -284,11 +369,30 @@ pub struct LimitSpec {
     /// Duration window length in seconds (quotas).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub reset_after_s: Option<i64>,
+    /// Time-of-day schedule entries, `DAYS HH:MM-HH:MM CAPACITY[/RATE]` (ADR-135; see
+    /// [`crate::schedule`]).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub schedule: Option<Vec<String>>,
+    /// The schedule's time zone (default UTC).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub schedule_tz: Option<String>,
 }
 
 impl LimitSpec {
     /// Validate into a [`Limit`].
     pub fn to_limit(&self) -> Result<Limit, RuleError> {
+        let l = self.base_limit()?;
+        match &self.schedule {
+            None => Ok(l),
+            Some(entries) => {
+                let tz = self.schedule_tz.as_deref().unwrap_or("UTC");
+                let s = Schedule::new(entries, tz).map_err(|e| name_error(&self.name, e))?;
+                l.with_schedule(s)
+            }
+        }
+    }
+
+    fn base_limit(&self) -> Result<Limit, RuleError> {
         match (
             self.refill_amount,
             self.reset_cron.as_deref(),
@@ -343,6 +447,8 @@ impl From<&Limit> for LimitSpec {
             reset_cron: None,
             reset_tz: None,
             reset_after_s: None,
+            schedule: l.schedule.as_ref().map(Schedule::entry_texts),
+            schedule_tz: l.schedule.as_ref().map(|s| s.tz().to_string()),
         };
         match &l.refill {
             Refill::Drip { amount, period_ms } => {
@@ -395,6 +501,52 @@ mod tests {
         assert!(Limit::per_minute("wcu", 5).is_err());
         assert!(Limit::rate("r", 5, 5, Duration::from_millis(0)).is_err());
         assert!(Limit::quota_after("s", 5, Duration::from_millis(1500)).is_err());
+    }
+
+    /// ADR-135: the schedule is applied to the base values (first match, else the base);
+    /// a quota's schedule may not set a rate; the spec form round-trips.
+    #[test]
+    fn effective_parameters_and_schedule_validation() {
+        use crate::schedule::Schedule;
+        let l = Limit::per_minute("rpm", 100)
+            .unwrap()
+            .with_schedule(
+                Schedule::new(&["* 22:00-06:00 10", "sat 06:00-22:00 50/20"], "UTC").unwrap(),
+            )
+            .unwrap();
+        let at = |s: &str| s.parse::<jiff::Timestamp>().unwrap().as_millisecond();
+        // 2026-11-30 is a Monday; 2026-11-28 a Saturday.
+        let e = |s: &str| {
+            let p = l.effective(at(s));
+            (p.capacity, p.ra)
+        };
+        assert_eq!(e("2026-11-30T12:00:00Z"), (100_000, 100_000));
+        assert_eq!(
+            e("2026-11-30T23:00:00Z"),
+            (10_000, 100_000),
+            "no rate: base rate"
+        );
+        assert_eq!(e("2026-11-28T12:00:00Z"), (50_000, 20_000));
+        assert_eq!(
+            l.next_boundary(at("2026-11-30T12:00:00Z")),
+            Some(at("2026-11-30T22:00:00Z"))
+        );
+        assert_eq!(LimitSpec::from(&l).to_limit().unwrap(), l);
+        let q = Limit::quota_calendar("rpd", 1000, "0 0 * * *", "UTC").unwrap();
+        let rated = Schedule::new(&["sat,sun 00:00-24:00 500/5"], "UTC").unwrap();
+        let err = q.clone().with_schedule(rated).unwrap_err().to_string();
+        assert!(err.contains("rpd") && err.contains("rate"), "{err}");
+        let q = q
+            .with_schedule(Schedule::new(&["sat,sun 00:00-24:00 500"], "UTC").unwrap())
+            .unwrap();
+        assert_eq!(q.effective(at("2026-11-28T12:00:00Z")).capacity, 500_000);
+        assert_eq!(q.effective(at("2026-11-28T12:00:00Z")).ra, 0);
+        let spec = LimitSpec {
+            schedule: Some(vec!["* 25:00-06:00 10".into()]),
+            ..LimitSpec::from(&l)
+        };
+        let err = spec.to_limit().unwrap_err().to_string();
+        assert!(err.contains("rpm") && err.contains("25:00"), "{err}");
     }
 
     #[test]

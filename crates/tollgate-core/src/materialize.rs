@@ -5,7 +5,7 @@
 //! the fast path's projection (`would_refill_satisfy`) reads it.
 
 use crate::bucket::{LimitState, WCU_CAPACITY, WCU_PERIOD_MS};
-use crate::limit::{Limit, Refill};
+use crate::limit::{Effective, Limit, Refill};
 use crate::refill::refill;
 use crate::window;
 
@@ -87,6 +87,11 @@ pub struct Evaluated {
     pub rsa: Option<i64>,
     /// The read state's `tc` (for projections).
     pub tc: i64,
+    /// The effective (scheduled, undivided) parameters this pass materialised: what the
+    /// write stamps as `cp`/`ra` (ADR-135).
+    pub params: Effective,
+    /// The item read carries a schedule for this limit (`b_{n}_sched`).
+    pub sched_stored: bool,
 }
 
 impl Evaluated {
@@ -125,6 +130,11 @@ pub fn evaluate_wcu(state: Option<&LimitState>, rf: i64, now: i64) -> Evaluated 
         pe: None,
         rsa: None,
         tc: state.map(|s| s.tc).unwrap_or(0),
+        params: Effective {
+            capacity: WCU_CAPACITY,
+            ra: WCU_CAPACITY,
+        },
+        sched_stored: false,
     }
 }
 
@@ -139,6 +149,12 @@ pub fn evaluate_wcu(state: Option<&LimitState>, rf: i64, now: i64) -> Evaluated 
 ///   `share − max(0, tc − wtc)`, never above the share, `wa = ws`, `gc = S` (ADR-139/140);
 ///   otherwise keep, and stamp `wa` with the value read (marks unmarked items);
 /// - a quota inside its period keeps its balance, clamped to its ceiling `C // gc`.
+///
+/// `C` and `ra` are the limit's effective parameters at `now` ([`Limit::effective`],
+/// ADR-135: the schedule first, then the division by `S`). So at a schedule boundary a
+/// lowered capacity clamps the balance to the new per-shard cap on this pass, and a raised
+/// one mints nothing: a dripping limit refills toward the new cap at the (new) rate, a
+/// quota keeps its balance until its next reset grants the new share.
 pub fn evaluate(
     limit: &Limit,
     state: Option<&LimitState>,
@@ -148,7 +164,8 @@ pub fn evaluate(
     seed: Option<Seed>,
 ) -> Evaluated {
     let s = shard_count.max(1);
-    let cap = limit.capacity_milli();
+    let params = limit.effective(now);
+    let cap = params.capacity;
     let part = share(cap, s);
     let mut e = Evaluated {
         name: limit.name().to_string(),
@@ -164,6 +181,8 @@ pub fn evaluate(
         pe: None,
         rsa: limit.rsa(),
         tc: state.map(|st| st.tc).unwrap_or(0),
+        params,
+        sched_stored: state.is_some_and(|st| st.sched.is_some()),
     };
     let Some(st) = state else {
         let seed = seed.unwrap_or(Seed {
@@ -189,11 +208,11 @@ pub fn evaluate(
         return e;
     };
     match limit.refill() {
-        Refill::Drip { amount, period_ms } => {
+        Refill::Drip { period_ms, .. } => {
             let r = refill(
                 st.tk,
                 part,
-                shard_rate(*amount, s),
+                shard_rate(params.ra, s),
                 *period_ms,
                 rf,
                 st.rc,
@@ -264,12 +283,16 @@ pub fn quota_ceiling(capacity: i64, gc: Option<i64>, tk: i64, shard_count: i64) 
     capacity / crate::grant::infer_gc(gc, tk, capacity, shard_count)
 }
 
-/// The instant from which the fast path may no longer write this item: the earliest of the
-/// next calendar edge and the end of every window in force (`vu`). `None` = never.
+/// The instant from which the fast path may no longer write this item (`vu`): the earliest
+/// of the next calendar edge, the end of every window in force and the next schedule
+/// boundary of every scheduled limit (ADR-135/137/139). `None` = never.
 pub fn valid_until(limits: &[Limit], evals: &[Evaluated], now: i64) -> Option<i64> {
     let mut vu: Option<i64> = None;
     let mut take = |t: i64| vu = Some(vu.map_or(t, |v: i64| v.min(t)));
     for l in limits {
+        if let Some(b) = l.next_boundary(now) {
+            take(b)
+        }
         match l.refill() {
             Refill::Calendar(c) => {
                 if let Some(n) = c.next_edge(now) {
@@ -423,6 +446,73 @@ mod tests {
         assert_eq!((e.balance, e.ceiling), (500_000, 500_000));
         let e = evaluate(&l, Some(&st), 0, 2, 6_000, None);
         assert_eq!(e.balance, 50_000);
+    }
+
+    /// ADR-135 per limit kind, at S = 2 (capacity 1000 by day, 100 on weekends, UTC): a
+    /// dripping limit is clamped to the lowered per-shard cap on the pass after the boundary
+    /// and refills toward a raised one at the rate in force; a calendar quota is clamped to
+    /// `C_eff // gc` when lowered, keeps its balance when raised (nothing minted) and is
+    /// reset to the new share at its next edge.
+    #[test]
+    fn scheduled_limits_per_kind() {
+        use crate::schedule::Schedule;
+        let weekend = || Schedule::new(&["sat,sun 00:00-24:00 100"], "UTC").unwrap();
+        let sat = 1_763_769_600_000; // 2025-11-22T00:00:00Z, a Saturday
+        let mon = sat + 2 * 86_400_000;
+        let drip = Limit::per_minute("rpm", 1000)
+            .unwrap()
+            .with_schedule(weekend())
+            .unwrap();
+        let st = LimitState {
+            tk: 400_000,
+            cp: 1_000_000,
+            ra: 1_000_000,
+            rp: 60_000,
+            ..Default::default()
+        };
+        let e = evaluate(&drip, Some(&st), sat - 1, 2, sat, None);
+        assert_eq!(
+            (e.balance, e.ceiling, e.params.capacity),
+            (50_000, 50_000, 100_000)
+        );
+        let low = LimitState {
+            tk: 0,
+            ..st.clone()
+        };
+        let e = evaluate(&drip, Some(&low), mon - 6_000, 2, mon, None);
+        assert_eq!(
+            (e.balance, e.ceiling),
+            (50_000, 500_000),
+            "6 s at 500/min per shard"
+        );
+        let q = Limit::quota_calendar("rpd", 1000, "0 0 1 * *", "UTC")
+            .unwrap()
+            .with_schedule(weekend())
+            .unwrap();
+        let qs = LimitState {
+            tk: 300_000,
+            cp: 1_000_000,
+            gc: Some(2),
+            pe: Some(sat - 21 * 86_400_000), // 2025-11-01
+            ..Default::default()
+        };
+        let e = evaluate(&q, Some(&qs), sat - 1, 2, sat + 1, None);
+        assert_eq!((e.transition, e.balance), (Transition::Kept, 50_000));
+        let ql = LimitState {
+            tk: 20_000,
+            ..qs.clone()
+        };
+        let e = evaluate(&q, Some(&ql), mon - 1, 2, mon, None);
+        assert_eq!(
+            (e.transition, e.balance, e.ceiling),
+            (Transition::Kept, 20_000, 500_000)
+        );
+        let dec1 = 1_764_547_200_000; // 2025-12-01T00:00:00Z, a Monday
+        let e = evaluate(&q, Some(&ql), dec1 - 1, 2, dec1, None);
+        assert_eq!(
+            (e.transition, e.balance),
+            (Transition::CalendarReset, 500_000)
+        );
     }
 
     /// Scenario 79 (ADR-145 ceiling): a quota shard granted at gc = 1 on S = 4 keeps the

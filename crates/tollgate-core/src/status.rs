@@ -58,10 +58,12 @@ pub fn limit_status(
     let available: i64 = views.iter().map(|v| v.eval.balance).sum();
     let best = views.iter().map(|v| v.eval.balance).max().unwrap_or(0);
     let ceiling = views.iter().map(|v| v.eval.ceiling).max().unwrap_or(0);
+    // ADR-135 / #475: the capacity and rate reported are the ones in force at `now`.
+    let eff = limit.effective(now_ms);
     let (kind, resets_at, retry) = match limit.refill() {
-        Refill::Drip { amount, period_ms } => {
+        Refill::Drip { period_ms, .. } => {
             let s = views.first().map(|v| v.shard_count).unwrap_or(1);
-            let rate = shard_rate(*amount, s);
+            let rate = shard_rate(eff.ra, s);
             let carry = views.first().map(|v| v.carry).unwrap_or(0);
             let full_in = views
                 .iter()
@@ -80,7 +82,7 @@ pub fn limit_status(
         Refill::Calendar(c) => {
             let next = c.next_edge(now_ms);
             let retry = if requested_milli
-                > limit.capacity_milli() / views.first().map(|v| v.shard_count).unwrap_or(1)
+                > eff.capacity / views.first().map(|v| v.shard_count).unwrap_or(1)
             {
                 None
             } else {
@@ -100,7 +102,7 @@ pub fn limit_status(
                 .map(|ws| ws + reset_after_s * 1000)
                 .filter(|e| *e > now_ms);
             let retry = if requested_milli
-                > limit.capacity_milli() / views.first().map(|v| v.shard_count).unwrap_or(1)
+                > eff.capacity / views.first().map(|v| v.shard_count).unwrap_or(1)
             {
                 None
             } else {
@@ -112,7 +114,7 @@ pub fn limit_status(
     LimitStatus {
         limit: limit.name().to_string(),
         kind: kind.into(),
-        capacity: limit.capacity_milli() / MILLI,
+        capacity: eff.capacity / MILLI,
         available: available.div_euclid(MILLI),
         requested: requested_milli / MILLI,
         exceeded,

@@ -30,9 +30,16 @@ pub fn ttl_for(limits: &[Limit], now_ms: i64, multiplier: i64) -> Option<i64> {
     let horizon_ms = limits
         .iter()
         .map(|l| match l.refill() {
-            Refill::Drip { amount, period_ms } => {
-                (l.capacity_milli() + amount - 1) / amount * period_ms
-            }
+            // #557: a scheduled limit's horizon is the worst over its base and every entry.
+            Refill::Drip { amount, period_ms } => std::iter::once((l.capacity_milli(), *amount))
+                .chain(l.schedule().into_iter().flat_map(|s| {
+                    s.entries()
+                        .iter()
+                        .map(|e| (e.capacity_milli(), e.rate_milli().unwrap_or(*amount)))
+                }))
+                .map(|(cp, ra)| (cp + ra - 1) / ra * period_ms)
+                .max()
+                .unwrap_or(0),
             Refill::Calendar(c) => c.period_ms(now_ms),
             Refill::Window { reset_after_s } => reset_after_s * 1000,
         })
@@ -153,12 +160,31 @@ pub struct ItemStamp<'a> {
     pub ph: &'a str,
 }
 
-fn stamp_params(mut u: Update, l: &Limit) -> Update {
+/// Rule "stored parameters are materialised" (ADR-135): `cp`/`ra` are the effective values
+/// this pass evaluated; a scheduled limit also carries its schedule and base values so the
+/// slow path and the aggregator can recompute without config, and an unscheduled one drops
+/// a schedule it no longer has.
+fn stamp_params(mut u: Update, l: &Limit, e: &Evaluated) -> Update {
     let n = l.name();
     u = u
-        .set(battr(n, "cp"), l.capacity_milli())
-        .set(battr(n, "ra"), l.ra())
+        .set(battr(n, "cp"), e.params.capacity)
+        .set(battr(n, "ra"), e.params.ra)
         .set(battr(n, "rp"), l.rp());
+    match l.schedule() {
+        Some(s) => {
+            u = u
+                .set(battr(n, "sched"), s.encode())
+                .set(battr(n, "bcp"), l.capacity_milli())
+                .set(battr(n, "bra"), l.ra());
+        }
+        None if e.sched_stored => {
+            u = u
+                .remove(battr(n, "sched"))
+                .remove(battr(n, "bcp"))
+                .remove(battr(n, "bra"));
+        }
+        None => {}
+    }
     if let Some(c) = l.calendar() {
         u = u
             .set(battr(n, "rsched"), c.expr())
@@ -220,7 +246,7 @@ pub fn normal_write(
             .find(|(a, _)| a == n)
             .map(|(_, v)| *v)
             .unwrap_or(0);
-        u = stamp_params(u, l);
+        u = stamp_params(u, l, e);
         let credit = e.credit();
         if credit - consumed != 0 || e.transition == Transition::Seed {
             u = u.add(battr(n, "tk"), credit - consumed);
@@ -414,9 +440,14 @@ pub fn create_item(
             .unwrap_or(0);
         put(battr(n, "tk"), Value::N(e.balance - consumed));
         put(battr(n, "tc"), Value::N(consumed));
-        put(battr(n, "cp"), Value::N(l.capacity_milli()));
-        put(battr(n, "ra"), Value::N(l.ra()));
+        put(battr(n, "cp"), Value::N(e.params.capacity));
+        put(battr(n, "ra"), Value::N(e.params.ra));
         put(battr(n, "rp"), Value::N(l.rp()));
+        if let Some(s) = l.schedule() {
+            put(battr(n, "sched"), s.encode().into());
+            put(battr(n, "bcp"), Value::N(l.capacity_milli()));
+            put(battr(n, "bra"), Value::N(l.ra()));
+        }
         if let Some(c) = l.calendar() {
             put(battr(n, "rsched"), c.expr().into());
             put(battr(n, "tz"), c.tz().into());
@@ -459,13 +490,15 @@ pub fn params_hash(limits: &[Limit]) -> String {
                 .calendar()
                 .map(|c| format!("{}@{}", c.expr(), c.tz()))
                 .unwrap_or_default();
+            let sched = l.schedule().map(|s| s.encode()).unwrap_or_default();
             format!(
-                "{}:{}:{}:{}:{}",
+                "{}:{}:{}:{}:{}:{}",
                 l.name(),
                 l.capacity_milli(),
                 l.ra(),
                 l.rp(),
-                cal
+                cal,
+                sched
             )
         })
         .collect();
@@ -476,4 +509,34 @@ pub fn params_hash(limits: &[Limit]) -> String {
         h = h.wrapping_mul(0x0000_0100_0000_01b3);
     }
     format!("{h:016x}")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::schedule::Schedule;
+
+    fn night(cap: &str) -> Limit {
+        Limit::per_minute("rpm", 100)
+            .unwrap()
+            .with_schedule(Schedule::new(&[format!("* 22:00-06:00 {cap}")], "UTC").unwrap())
+            .unwrap()
+    }
+
+    /// ADR-120 × ADR-135: the schedule is part of the parameter hash.
+    #[test]
+    fn schedule_changes_the_parameter_hash() {
+        let plain = params_hash(&[Limit::per_minute("rpm", 100).unwrap()]);
+        assert_ne!(params_hash(&[night("10")]), plain);
+        assert_ne!(params_hash(&[night("10")]), params_hash(&[night("20")]));
+        assert_eq!(params_hash(&[night("10")]), params_hash(&[night("10")]));
+    }
+
+    /// #557: a scheduled dripping limit's TTL horizon is the worst over its base and every
+    /// entry: 100 per minute by day (60 s to fill) but 100 at 1 per minute overnight (6000 s).
+    #[test]
+    fn ttl_horizon_is_the_worst_regime() {
+        assert_eq!(ttl_for(&[night("10")], 0, 1), Some(60));
+        assert_eq!(ttl_for(&[night("100/1")], 0, 1), Some(6000));
+    }
 }

@@ -180,6 +180,15 @@ impl Aggregator {
             let consumed = self.consumed(&img);
             match plan_refill(&img, s_used, now, &consumed)? {
                 Decision::Nothing => {}
+                Decision::Unevaluable { limit, reason } => {
+                    rep.skipped += 1;
+                    tracing::warn!(
+                        shard,
+                        limit,
+                        reason,
+                        "aggregator: schedule cannot be evaluated; item skipped"
+                    );
+                }
                 Decision::Skip { limit } => {
                     rep.skipped += 1;
                     tracing::debug!(

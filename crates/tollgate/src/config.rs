@@ -4,8 +4,10 @@
 use std::collections::{BTreeMap, HashMap};
 use std::sync::Mutex;
 
+use tollgate_core::bucket::SCHED_NONE;
 use tollgate_core::error::RuleError;
 use tollgate_core::keys;
+use tollgate_core::schedule::Schedule;
 use tollgate_core::value::{Item, Key, Value};
 use tollgate_core::Limit;
 use tollgate_store::Store;
@@ -108,6 +110,9 @@ pub fn encode(limits: &[Limit], on_unavailable: Option<OnUnavailable>) -> Item {
             i.insert(format!("{p}_{n}_rsched"), Value::S(c.expr().into()));
             i.insert(format!("{p}_{n}_tz"), Value::S(c.tz().into()));
         }
+        if let Some(s) = l.schedule() {
+            i.insert(format!("{p}_{n}_sched"), Value::S(s.encode()));
+        }
     }
     if let Some(o) = on_unavailable {
         let v = match o {
@@ -178,6 +183,18 @@ pub fn decode(item: &Item) -> Result<(Vec<Limit>, Option<OnUnavailable>)> {
         let cal = cron.as_deref().map(|c| (c, tz.as_str()));
         let l = Limit::from_parts(n, cp, ra, rp, cal, rsa)
             .map_err(|e| corrupt(&key, &format!("{p}_{n}_cp"), &e.to_string()))?;
+        // ADR-135: a stored schedule must decode and fit the limit, or the item is corrupt
+        // naming the attribute.
+        let l = match text("sched")?.filter(|s| s != SCHED_NONE) {
+            None => l,
+            Some(raw) => {
+                let a = format!("{p}_{n}_sched");
+                let sched =
+                    Schedule::decode(&raw).map_err(|e| corrupt(&key, &a, &e.to_string()))?;
+                l.with_schedule(sched)
+                    .map_err(|e| corrupt(&key, &a, &e.to_string()))?
+            }
+        };
         out.push(l);
     }
     let on = match item.get(ON_UNAVAILABLE) {
@@ -372,6 +389,54 @@ impl ConfigCache {
 mod tests {
     use super::*;
     use std::time::Duration;
+
+    /// ADR-135: a schedule round-trips through a config item; a stored schedule that cannot
+    /// be evaluated, or that sets a rate on a quota, is corrupt naming the attribute.
+    #[test]
+    fn schedule_round_trip_and_corruption() {
+        use tollgate_core::schedule::Schedule;
+        let night = || Schedule::new(&["* 22:00-06:00 10/10"], "Europe/Berlin").unwrap();
+        let limits = vec![
+            Limit::per_minute("rpm", 100)
+                .unwrap()
+                .with_schedule(night())
+                .unwrap(),
+            Limit::quota_after("session", 10, Duration::from_secs(18_000))
+                .unwrap()
+                .with_schedule(Schedule::new(&["sat,sun 00:00-24:00 5"], "UTC").unwrap())
+                .unwrap(),
+        ];
+        let item = encode(&limits, None);
+        assert_eq!(
+            item.get("l_rpm_sched"),
+            Some(&Value::S("1|Europe/Berlin|* 22:00-06:00 10/10".into()))
+        );
+        assert!(item.contains_key("w_session_sched"));
+        let (mut back, _) = decode(&item).unwrap();
+        back.sort_by(|a, b| a.name().cmp(b.name()));
+        assert_eq!(back, limits);
+        for (attr, bad) in [
+            ("l_rpm_sched", Value::S("1|UTC|* 25:00-06:00 10".into())),
+            ("l_rpm_sched", Value::S("9|UTC|* 22:00-06:00 10".into())),
+            ("l_rpm_sched", Value::N(3)),
+            (
+                "w_session_sched",
+                Value::S("1|UTC|* 22:00-06:00 5/5".into()),
+            ),
+        ] {
+            let mut i = item.clone();
+            i.insert(attr.into(), bad);
+            let e = decode(&i).unwrap_err().to_string();
+            assert!(e.contains(attr), "{e}");
+        }
+        // The "no schedule" marker reads as none.
+        let mut i = item.clone();
+        i.insert("l_rpm_sched".into(), Value::S("-".into()));
+        let (back, _) = decode(&i).unwrap();
+        assert!(back
+            .iter()
+            .any(|l| l.name() == "rpm" && l.schedule().is_none()));
+    }
 
     #[test]
     fn round_trip_and_corruption() {

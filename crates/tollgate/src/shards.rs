@@ -114,7 +114,8 @@ pub(crate) async fn plan_seeds(
     let s = plan.shard_count;
     let now = plan.now;
     for l in missing {
-        let part = share(l.capacity_milli(), s);
+        let cap = l.effective(now).capacity;
+        let part = share(cap, s);
         if !l.is_quota() || !sharded {
             plan.seeds.push((
                 l.name().into(),
@@ -133,7 +134,7 @@ pub(crate) async fn plan_seeds(
             .iter()
             .filter_map(|(i, img)| {
                 let st = img.limits.get(l.name())?;
-                let gc = infer_gc(st.gc, st.tk, l.capacity_milli(), img.shard_count);
+                let gc = infer_gc(st.gc, st.tk, cap, img.shard_count);
                 let sibling = if quota_grant_is_current(l, st, img.rf, now) {
                     Sibling {
                         shard: *i,

@@ -5,6 +5,7 @@ pub mod aggregator;
 pub mod basics;
 pub mod cascade;
 pub mod gaps;
+pub mod schedules;
 pub mod sharded;
 
 /// Generate one `#[tokio::test]` per limiter behaviour scenario, on `$backend`: an
@@ -77,6 +78,12 @@ macro_rules! scenario_tests {
         async fn reset_is_a_set_despite_a_concurrent_refund() {
             if let Some(b) = $backend {
                 $crate::testing::scenarios::basics::reset_is_a_set_despite_a_concurrent_refund(&b).await
+            }
+        }
+        #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+        async fn refund_after_a_reset_stays_in_its_period() {
+            if let Some(b) = $backend {
+                $crate::testing::scenarios::basics::refund_after_a_reset_stays_in_its_period(&b).await
             }
         }
         #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -398,6 +405,12 @@ macro_rules! scenario_tests {
             }
         }
         #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+        async fn s35_corrupt_sibling_ws() {
+            if let Some(b) = $backend {
+                $crate::testing::scenarios::sharded::s35_corrupt_sibling_ws(&b).await
+            }
+        }
+        #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
         async fn s81_daily_quota_at_midnight() {
             if let Some(b) = $backend {
                 $crate::testing::scenarios::gaps::s81_daily_quota_at_midnight(&b).await
@@ -560,16 +573,21 @@ macro_rules! scenario_tests {
             }
         }
         #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-        async fn refund_after_a_reset_stays_in_its_period() {
+        async fn s85_scheduled_capacity_at_a_boundary() {
             if let Some(b) = $backend {
-                $crate::testing::scenarios::basics::refund_after_a_reset_stays_in_its_period(&b)
-                    .await
+                $crate::testing::scenarios::schedules::s85_scheduled_capacity_at_a_boundary(&b).await
             }
         }
         #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-        async fn s35_corrupt_sibling_ws() {
+        async fn s85_boundary_divides_after_the_schedule() {
             if let Some(b) = $backend {
-                $crate::testing::scenarios::sharded::s35_corrupt_sibling_ws(&b).await
+                $crate::testing::scenarios::schedules::s85_boundary_divides_after_the_schedule(&b).await
+            }
+        }
+        #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+        async fn s85_schedule_change_syncs() {
+            if let Some(b) = $backend {
+                $crate::testing::scenarios::schedules::s85_schedule_change_syncs(&b).await
             }
         }
     };
