@@ -160,6 +160,8 @@ pub struct FailedWrite {
     pub op: usize,
     /// Entity of the bucket written.
     pub entity: String,
+    /// Shard of the bucket written.
+    pub shard: u32,
     /// Scheduler step.
     pub step: u64,
 }
@@ -370,10 +372,15 @@ impl Ledger {
 
     /// A bucket write of operation `op` that returned an error (applied or not).
     pub fn record_failed_write(&mut self, op: Option<usize>, key: &Key, step: u64) {
-        let (Some(op), Some((entity, _, _))) = (op, parse_bucket(key)) else {
+        let (Some(op), Some((entity, _, shard))) = (op, parse_bucket(key)) else {
             return;
         };
-        self.failed_writes.push(FailedWrite { op, entity, step });
+        self.failed_writes.push(FailedWrite {
+            op,
+            entity,
+            shard,
+            step,
+        });
     }
 
     /// The entities an operation's writes land on: the acquire's entity, then its cascade
@@ -412,34 +419,37 @@ impl Ledger {
                 .map(|((_, l), v)| (l.clone(), *v))
                 .collect()
         };
-        let failed_on = |e: &str, after: u64| {
-            self.failed_writes
-                .iter()
-                .any(|f| f.op == id && f.entity == e && f.step > after)
+        let failed_on = |e: &str, shard: Option<u32>, after: u64| {
+            self.failed_writes.iter().any(|f| {
+                f.op == id && f.entity == e && shard.is_none_or(|s| s == f.shard) && f.step > after
+            })
         };
         let (mc, mp) = (of(moved, child), of(moved, parent));
         let (fc, fp) = (of(full, child), of(full, parent));
         if let OpKind::Acquire { .. } = op.kind {
-            // The child's debit stands: the rollback after the parent's refusal failed.
-            let debit = self
+            // The child's debit stands: the rollback after the parent's refusal failed (a
+            // later failed write on the debited shard itself: the child's own fan-outs go
+            // to its siblings).
+            let (debit, shard) = self
                 .tc
                 .iter()
                 .filter(|e| e.op == Some(id) && e.entity == *child && e.delta > 0)
-                .map(|e| e.step)
+                .map(|e| (e.step, e.shard))
                 .max()?;
-            return (mp.is_empty() && !mc.is_empty() && mc == fc && failed_on(child, debit))
+            let undo_failed = failed_on(child, Some(shard), debit);
+            return (mp.is_empty() && !mc.is_empty() && mc == fc && undo_failed)
                 .then(|| {
                     format!(
                         "the child {child}'s debit {mc:?} stands: the parent refused and the child's rollback write failed"
                     )
                 });
         }
-        if !mc.is_empty() && mc == fc && mp.is_empty() && failed_on(parent, 0) {
+        if !mc.is_empty() && mc == fc && mp.is_empty() && failed_on(parent, None, 0) {
             return Some(format!(
                 "only the child {child}'s side applied {mc:?}; the parent {parent}'s write failed (its side stays open)"
             ));
         }
-        if !mp.is_empty() && mp == fp && mc.is_empty() && failed_on(child, 0) {
+        if !mp.is_empty() && mp == fp && mc.is_empty() && failed_on(child, None, 0) {
             return Some(format!(
                 "only the parent {parent}'s side applied {mp:?}; the child {child}'s write failed (its side stays open)"
             ));
