@@ -9,7 +9,14 @@
 //!   acquire by its amounts, a commit by its adjustments, a rollback by minus the debit); an
 //!   operation that failed moved nothing — unless one of its writes was applied with its
 //!   response lost, which is reported as a *residual* (the caller was told "error" but `tc`
-//!   moved), not as a violation.
+//!   moved), not as a violation. Movements are counted per entity: a cascade acquire
+//!   (ADR-146) that succeeded moved its amounts on the child *and* on the parent, and its
+//!   lease's commit or rollback moves both; a failed one moved neither (the parent's refusal
+//!   rolled the child back). Two cascade partial outcomes are residuals, not violations, when
+//!   a write of the operation failed: a refused cascade acquire whose child rollback write
+//!   failed after the child's debit (the child keeps a debit nobody was granted), and a
+//!   cascade commit/rollback of which exactly one side applied in full while a write on the
+//!   other side failed (that side stays open, as `Lease::commit` documents).
 //! - `window-roll-charge`: a roll into a fanned-out window leaves `tk + (tc − wtc)` at most
 //!   the shard's share (consumption since the fan-out snapshot is charged, ADR-140).
 //! - `tc-total`: at the end, Σ `tc` over every shard of every (entity, resource, limit) equals
@@ -45,6 +52,9 @@ pub enum OpKind {
         resource: String,
         /// Named amounts (milli).
         amounts: Vec<(String, i64)>,
+        /// The parent the acquire cascades to (ADR-146): a success charged the same
+        /// amounts on the parent's bucket too; a failure charged neither.
+        parent: Option<String>,
     },
     /// A lease commit of adjustments (milli, positive = consumed more).
     Commit {
@@ -142,6 +152,20 @@ pub struct OldRf {
     pub step: u64,
 }
 
+/// A write by a client operation that the store refused or failed (a lost response included:
+/// the caller cannot tell whether it applied).
+#[derive(Debug, Clone)]
+pub struct FailedWrite {
+    /// The operation.
+    pub op: usize,
+    /// Entity of the bucket written.
+    pub entity: String,
+    /// Shard of the bucket written.
+    pub shard: u32,
+    /// Scheduler step.
+    pub step: u64,
+}
+
 /// A broken invariant.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Violation {
@@ -162,6 +186,8 @@ pub struct Ledger {
     pub creations: Vec<Creation>,
     /// Older-writer stamps.
     pub old_rf: Vec<OldRf>,
+    /// Bucket writes of client operations that failed (for cascade partial outcomes).
+    pub failed_writes: Vec<FailedWrite>,
     /// Violations found.
     pub violations: Vec<Violation>,
     /// Documented residuals (not violations): lost responses whose write applied.
@@ -192,6 +218,12 @@ pub fn limits_on(item: &Item) -> Vec<String> {
 }
 
 type Slot = (String, String, String);
+
+/// Where an acquire's debit landed: (shard, ws, rf).
+type Landed = (u32, Option<i64>, i64);
+
+/// `tc` moved per (entity, limit).
+type Moves = BTreeMap<(String, String), i64>;
 
 impl Ledger {
     /// Start an operation; returns its id.
@@ -338,6 +370,93 @@ impl Ledger {
         }
     }
 
+    /// A bucket write of operation `op` that returned an error (applied or not).
+    pub fn record_failed_write(&mut self, op: Option<usize>, key: &Key, step: u64) {
+        let (Some(op), Some((entity, _, shard))) = (op, parse_bucket(key)) else {
+            return;
+        };
+        self.failed_writes.push(FailedWrite {
+            op,
+            entity,
+            shard,
+            step,
+        });
+    }
+
+    /// The entities an operation's writes land on: the acquire's entity, then its cascade
+    /// parent (for a commit or rollback, those of the acquire that granted the lease).
+    fn sides(&self, kind: &OpKind) -> Vec<String> {
+        let acq = match kind {
+            OpKind::Commit { lease_of, .. } | OpKind::Rollback { lease_of, .. } => {
+                self.ops.get(*lease_of).map(|o| &o.kind)
+            }
+            k => Some(k),
+        };
+        match acq {
+            Some(OpKind::Acquire { entity, parent, .. }) => std::iter::once(entity.clone())
+                .chain(parent.clone())
+                .collect(),
+            _ => Vec::new(),
+        }
+    }
+
+    /// A failed cascade operation whose per-side movements are an allowed partial outcome
+    /// (see `consumed-once` in the module docs): its description, else `None`.
+    fn cascade_partial(
+        &self,
+        id: usize,
+        op: &OpRec,
+        moved: &Moves,
+        full: &Moves,
+    ) -> Option<String> {
+        let sides = self.sides(&op.kind);
+        let [child, parent] = sides.as_slice() else {
+            return None;
+        };
+        let of = |m: &Moves, e: &str| -> BTreeMap<String, i64> {
+            m.iter()
+                .filter(|((en, _), _)| en == e)
+                .map(|((_, l), v)| (l.clone(), *v))
+                .collect()
+        };
+        let failed_on = |e: &str, shard: Option<u32>, after: u64| {
+            self.failed_writes.iter().any(|f| {
+                f.op == id && f.entity == e && shard.is_none_or(|s| s == f.shard) && f.step > after
+            })
+        };
+        let (mc, mp) = (of(moved, child), of(moved, parent));
+        let (fc, fp) = (of(full, child), of(full, parent));
+        if let OpKind::Acquire { .. } = op.kind {
+            // The child's debit stands: the rollback after the parent's refusal failed (a
+            // later failed write on the debited shard itself: the child's own fan-outs go
+            // to its siblings).
+            let (debit, shard) = self
+                .tc
+                .iter()
+                .filter(|e| e.op == Some(id) && e.entity == *child && e.delta > 0)
+                .map(|e| (e.step, e.shard))
+                .max()?;
+            let undo_failed = failed_on(child, Some(shard), debit);
+            return (mp.is_empty() && !mc.is_empty() && mc == fc && undo_failed)
+                .then(|| {
+                    format!(
+                        "the child {child}'s debit {mc:?} stands: the parent refused and the child's rollback write failed"
+                    )
+                });
+        }
+        if !mc.is_empty() && mc == fc && mp.is_empty() && failed_on(parent, None, 0) {
+            return Some(format!(
+                "only the child {child}'s side applied {mc:?}; the parent {parent}'s write failed (its side stays open)"
+            ));
+        }
+        if !mp.is_empty() && mp == fp && mc.is_empty() && failed_on(child, None, 0) {
+            return Some(format!(
+                "only the parent {parent}'s side applied {mp:?}; the child {child}'s write failed (its side stays open)"
+            ));
+        }
+        None
+    }
+
     /// An older writer's raw write (exempt from `rf-monotonic`; its backward stamps are
     /// credited to dripping limits' allowance).
     pub fn record_old_writer(&mut self, key: &Key, before: &Item, after: &Item, step: u64) {
@@ -382,11 +501,14 @@ impl Ledger {
     }
 
     fn check_consumed_once(&mut self, limits: &BTreeMap<String, Vec<Limit>>) {
-        let mut by_op: BTreeMap<usize, (BTreeMap<String, i64>, bool)> = BTreeMap::new();
+        let mut by_op: BTreeMap<usize, (Moves, bool)> = BTreeMap::new();
         for e in &self.tc {
             if let Some(op) = e.op {
                 let slot = by_op.entry(op).or_default();
-                *slot.0.entry(e.limit.clone()).or_default() += e.delta;
+                *slot
+                    .0
+                    .entry((e.entity.clone(), e.limit.clone()))
+                    .or_default() += e.delta;
                 slot.1 |= e.lost;
             } else {
                 let d = format!(
@@ -403,38 +525,64 @@ impl Ledger {
         let mut residuals = Vec::new();
         for (id, op) in self.ops.iter().enumerate() {
             let (moved, lost) = by_op.get(&id).cloned().unwrap_or_default();
-            let moved: BTreeMap<String, i64> = moved.into_iter().filter(|(_, v)| *v != 0).collect();
-            let expected: BTreeMap<String, i64> = match (&op.kind, op.ok) {
-                (_, Some(false)) | (_, None) => BTreeMap::new(),
-                (OpKind::Acquire { amounts, .. }, _) => amounts.iter().cloned().collect(),
-                (OpKind::Commit { deltas, .. }, _) => deltas.iter().cloned().collect(),
-                (OpKind::Rollback { debits, .. }, _) => {
+            let moved: Moves = moved.into_iter().filter(|(_, v)| *v != 0).collect();
+            // What the operation moves when it succeeds, on every side (child, then parent).
+            let per_side: Vec<(String, i64)> = match &op.kind {
+                OpKind::Acquire { amounts, .. } => amounts.clone(),
+                OpKind::Commit { deltas, .. } => deltas.clone(),
+                OpKind::Rollback { debits, .. } => {
                     debits.iter().map(|(k, v)| (k.clone(), -v)).collect()
                 }
-                (OpKind::Check, _) => BTreeMap::new(),
+                OpKind::Check => Vec::new(),
             };
-            let expected: BTreeMap<String, i64> =
-                expected.into_iter().filter(|(_, v)| *v != 0).collect();
+            let mut full = Moves::new();
+            for e in self.sides(&op.kind) {
+                for (l, v) in &per_side {
+                    *full.entry((e.clone(), l.clone())).or_default() += v;
+                }
+            }
+            full.retain(|_, v| *v != 0);
+            let expected = if op.ok == Some(true) {
+                full.clone()
+            } else {
+                Moves::new()
+            };
             if moved == expected {
                 continue;
             }
+            let show = |m: &Moves| -> BTreeMap<String, i64> {
+                m.iter()
+                    .map(|((e, l), v)| (format!("{e}:{l}"), *v))
+                    .collect()
+            };
             if op.ok != Some(true) && lost {
                 residuals.push(format!(
                     "op {id} (c{} {}) failed with {} but its write applied: tc moved {:?} (lost response, caller told error)",
                     op.client,
                     kind_name(&op.kind),
                     op.err.as_deref().unwrap_or("?"),
-                    moved
+                    show(&moved)
                 ));
                 continue;
+            }
+            if op.ok == Some(false) {
+                if let Some(why) = self.cascade_partial(id, op, &moved, &full) {
+                    residuals.push(format!(
+                        "op {id} (c{} {}) failed with {}: {why} (cascade partial outcome: nothing granted beyond what both buckets covered)",
+                        op.client,
+                        kind_name(&op.kind),
+                        op.err.as_deref().unwrap_or("?"),
+                    ));
+                    continue;
+                }
             }
             found.push(format!(
                 "op {id} (c{} {} {}): tc moved {:?}, expected {:?}{}",
                 op.client,
                 kind_name(&op.kind),
                 if op.ok == Some(true) { "ok" } else { "failed" },
-                moved,
-                expected,
+                show(&moved),
+                show(&expected),
                 op.err
                     .as_deref()
                     .map(|e| format!(" (error: {e})"))
@@ -488,21 +636,28 @@ impl Ledger {
     /// window/period (see the module docs).
     fn admissions(&self) -> Vec<Admission> {
         let mut out = Vec::new();
-        // Where each acquire's debit landed, per limit.
-        let mut landed: BTreeMap<(usize, String), (u32, Option<i64>, i64)> = BTreeMap::new();
+        // Where each acquire's debit landed, per entity (a cascade acquire debits the
+        // child and the parent) and limit.
+        let mut landed: BTreeMap<(usize, String, String), Landed> = BTreeMap::new();
         for e in &self.tc {
             let Some(op) = e.op else { continue };
             let Some(rec) = self.ops.get(op) else {
                 continue;
             };
             // A write whose response was lost still applied: its debit was admitted (the
-            // tokens are gone) and its refund was credited, whatever the caller was told.
-            if rec.ok != Some(true) && !e.lost {
+            // tokens are gone) and its refund was credited, whatever the caller was told. So
+            // was the applied side of a failed cascade commit or rollback (its refund is back
+            // in the bucket and can be spent again).
+            let refund = matches!(rec.kind, OpKind::Commit { .. } | OpKind::Rollback { .. });
+            if rec.ok != Some(true) && !e.lost && !refund {
                 continue;
             }
             match &rec.kind {
                 OpKind::Acquire { .. } => {
-                    landed.insert((op, e.limit.clone()), (e.shard, e.ws, e.rf));
+                    landed.insert(
+                        (op, e.entity.clone(), e.limit.clone()),
+                        (e.shard, e.ws, e.rf),
+                    );
                     out.push(Admission {
                         slot: (e.entity.clone(), e.resource.clone(), e.limit.clone()),
                         shard: e.shard,
@@ -517,7 +672,9 @@ impl Ledger {
                 OpKind::Commit { lease_of, .. } | OpKind::Rollback { lease_of, .. }
                     if e.delta < 0 =>
                 {
-                    if let Some(&(shard, ws, rf)) = landed.get(&(*lease_of, e.limit.clone())) {
+                    if let Some(&(shard, ws, rf)) =
+                        landed.get(&(*lease_of, e.entity.clone(), e.limit.clone()))
+                    {
                         if shard == e.shard {
                             out.push(Admission {
                                 slot: (e.entity.clone(), e.resource.clone(), e.limit.clone()),

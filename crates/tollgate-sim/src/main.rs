@@ -31,7 +31,7 @@ struct Cli {
     /// ConsistentSiblingRead, GrantMove, RfLock.
     #[arg(long)]
     mutant: Option<String>,
-    /// Workload: rate, calendar, window, multi, lease, hot, or all (rotate by seed).
+    /// Workload: rate, calendar, window, multi, lease, hot, cascade, or all (rotate by seed).
     #[arg(long, default_value = "all")]
     workload: String,
     /// Also run every seed twice and compare the trace hashes.
@@ -150,7 +150,7 @@ fn main() -> ExitCode {
         f.raw_writes
     );
     println!(
-        "residuals: {} (lost responses whose write applied: caller told error, tc moved; documented, not violations)",
+        "residuals: {} (lost responses whose write applied: caller told error, tc moved; cascade partial outcomes: one side applied, the other's write failed; documented, not violations)",
         sum.residuals
     );
     let _ = fmt_milli;

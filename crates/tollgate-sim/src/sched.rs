@@ -249,6 +249,11 @@ impl Shared {
         let step = st.step;
         let op = st.current_op.get(client).copied().flatten();
         let lost = matches!(err, Some(StoreError::Ambiguous(_)));
+        if err.is_some() {
+            for k in keys {
+                st.ledger.record_failed_write(op, k, step);
+            }
+        }
         for (k, (b, a)) in keys.iter().zip(before.into_iter().zip(after)) {
             st.ledger
                 .record_write(client, op, k, b.as_ref(), a.as_ref(), now, step, lost);

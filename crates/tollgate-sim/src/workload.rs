@@ -25,8 +25,25 @@ pub const T0: i64 = 1_757_000_000_000;
 /// The first UTC midnight after [`T0`].
 pub const MIDNIGHT: i64 = 1_757_030_400_000;
 
-/// Names of the workloads, in the order `--workload all` rotates through them.
-pub const WORKLOADS: [&str; 6] = ["rate", "calendar", "window", "multi", "lease", "hot"];
+/// Names of the workloads, in the order `--workload all` rotates through them (new ones are
+/// appended, so a workload keeps its name; the rotation by seed moves when one is added).
+pub const WORKLOADS: [&str; 7] = [
+    "rate", "calendar", "window", "multi", "lease", "hot", "cascade",
+];
+
+/// The cascade workload's family (ADR-146): children that spend from one shared parent.
+#[derive(Debug, Clone)]
+pub struct Cascade {
+    /// The parent (also `entities[0]`: the hot one).
+    pub parent: String,
+    /// The children (the rest of `entities`), each created with the parent as its parent.
+    pub children: Vec<String>,
+    /// Cascade switched on by the resource's policy (`set_cascade` on the resource scope)
+    /// rather than by each child's META flag.
+    pub via_resource: bool,
+    /// Probability that a client acquires on the parent itself (no cascade).
+    pub parent_p: f64,
+}
 
 /// One run's workload, drawn from the seed.
 #[derive(Debug, Clone)]
@@ -59,6 +76,8 @@ pub struct Spec {
     pub knobs: Knobs,
     /// Per-request fault probability of the FaultyStore.
     pub fault_p: f64,
+    /// The cascade family, when the workload cascades.
+    pub cascade: Option<Cascade>,
 }
 
 fn secs(s: i64) -> Duration {
@@ -93,6 +112,7 @@ pub fn build(name: &'static str, rng: &mut SmallRng, clients: Option<usize>) -> 
             lost_fanout_p: if fault_p > 0.0 { 0.1 } else { 0.0 },
         },
         fault_p,
+        cascade: None,
     };
     let window = |rng: &mut SmallRng, cap: i64| -> (Limit, i64) {
         let w = *[60, 120, 300].choose(rng).unwrap_or(&60);
@@ -146,6 +166,41 @@ pub fn build(name: &'static str, rng: &mut SmallRng, clients: Option<usize>) -> 
             s.lease_p = 0.6;
             s.knobs.max_step_ms = w / 10;
         }
+        "cascade" => {
+            // Children charge their own bucket and the shared parent's (ADR-146); the parent
+            // carries every child's traffic, so it is the hot one, doubled by drained `wcu`.
+            let n_children = rng.gen_range(2..=4);
+            let children: Vec<String> = (0..n_children).map(|i| format!("k{i}")).collect();
+            s.entities = std::iter::once("p".to_string())
+                .chain(children.iter().cloned())
+                .collect();
+            let tpm = rng.gen_range(60..=160);
+            let mut limits = vec![Limit::rate("tpm", tpm, tpm, secs(60)).expect("valid rate")];
+            let quota = rng.gen_range(0..3);
+            let mut step = 20_000;
+            if quota != 1 {
+                limits.push(daily(rng.gen_range(20..=60)));
+            }
+            if quota != 0 {
+                let cap = rng.gen_range(12..=40);
+                let (l, w) = window(rng, cap);
+                limits.push(l);
+                step = w / 12;
+            }
+            s.limits = limits;
+            s.start_ms = MIDNIGHT - rng.gen_range(60_000..=600_000);
+            s.clients = clients.max(3);
+            s.ops_per_client = rng.gen_range(20..=40);
+            s.wcu_drains = rng.gen_range(2..=6);
+            s.lease_p = 0.5;
+            s.knobs.max_step_ms = step;
+            s.cascade = Some(Cascade {
+                parent: "p".into(),
+                children,
+                via_resource: rng.gen_bool(0.5),
+                parent_p: 0.15,
+            });
+        }
         _ => {
             // hot: one entity hammered, doubled up to 32 shards by drained `wcu`.
             let cap = rng.gen_range(64..=160);
@@ -163,11 +218,41 @@ pub fn build(name: &'static str, rng: &mut SmallRng, clients: Option<usize>) -> 
     s
 }
 
-/// Store the workload's limits at the resource level (directly, before the run).
+/// Store the workload's limits at the resource level (directly, before the run); for the
+/// cascade workload, create the parent and its children and switch cascade on (by each
+/// child's META flag or by the resource's policy).
 pub async fn setup(mem: Arc<tollgate_store::MemoryStore>, spec: &Spec) -> Result<(), Error> {
-    let lim = Limiter::builder(mem).namespace(NS).build()?;
-    lim.set_limits(&Scope::Resource(spec.resource.clone()), &spec.limits, None)
-        .await
+    // Simulated time and a fixed shard draw: the entities' `created_at` stamps end up in the
+    // final store, which the run's hash covers.
+    let clock = Arc::new(crate::sched::SkewClock {
+        base: Arc::new(std::sync::atomic::AtomicI64::new(spec.start_ms)),
+        skew: 0,
+    });
+    let lim = Limiter::builder(mem)
+        .namespace(NS)
+        .clock(clock)
+        .rng(Arc::new(PinnedRng::new(0)))
+        .build()?;
+    let scope = Scope::Resource(spec.resource.clone());
+    lim.set_limits(&scope, &spec.limits, None).await?;
+    let Some(c) = &spec.cascade else {
+        return Ok(());
+    };
+    lim.create_entity(&c.parent, None, None, Default::default())
+        .await?;
+    for k in &c.children {
+        let new = tollgate::NewEntity {
+            name: None,
+            parent_id: Some(&c.parent),
+            cascade: !c.via_resource,
+            metadata: Default::default(),
+        };
+        lim.create_entity_with(k, new).await?;
+    }
+    if c.via_resource {
+        lim.set_cascade(&scope, Some(true)).await?;
+    }
+    Ok(())
 }
 
 /// Pick the amounts (tokens) of one acquire.
@@ -212,10 +297,17 @@ pub async fn client(sh: Arc<Shared>, id: usize, lim: Limiter, spec: Arc<Spec>, m
         for _ in 0..rng.gen_range(0..3) {
             sh.turn(id).await;
         }
-        let ent = if rng.gen_bool(0.7) {
-            spec.entities[0].clone()
-        } else {
-            spec.entities[rng.gen_range(0..spec.entities.len())].clone()
+        let (ent, parent) = match &spec.cascade {
+            Some(c) if !rng.gen_bool(c.parent_p) => (
+                c.children[rng.gen_range(0..c.children.len())].clone(),
+                Some(c.parent.clone()),
+            ),
+            Some(c) => (c.parent.clone(), None),
+            None if rng.gen_bool(0.7) => (spec.entities[0].clone(), None),
+            None => (
+                spec.entities[rng.gen_range(0..spec.entities.len())].clone(),
+                None,
+            ),
         };
         let amts = amounts(&spec, &mut rng);
         let refs: Vec<(&str, i64)> = amts.iter().map(|(n, a)| (n.as_str(), *a)).collect();
@@ -227,6 +319,7 @@ pub async fn client(sh: Arc<Shared>, id: usize, lim: Limiter, spec: Arc<Spec>, m
                     entity: ent.clone(),
                     resource: spec.resource.clone(),
                     amounts: milli(&amts),
+                    parent: parent.clone(),
                 },
             );
             let r = lim.acquire(&ent, &spec.resource, &refs).await;
@@ -320,6 +413,11 @@ pub async fn chaos(sh: Arc<Shared>, id: usize, spec: Arc<Spec>, mut rng: SmallRn
         }
         sh.turn(id).await;
         let ent = &spec.entities[rng.gen_range(0..spec.entities.len())];
+        // The cascade workload's parent is its hot entity: the drains double it.
+        let ent = match &spec.cascade {
+            Some(c) if !old => &c.parent,
+            _ => ent,
+        };
         let k0 = keys::bucket(NS, ent, &spec.resource, 0);
         let s = sh
             .mem

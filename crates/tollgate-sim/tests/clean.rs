@@ -44,3 +44,28 @@ fn seed_584_rf_lock_not_advanced() {
     });
     assert!(r.violations.is_empty(), "{:?}", r.violations);
 }
+
+/// The cascade workload (ADR-146) breaks nothing with every guard in place: the ledger
+/// attributes each cascade admission to the child and to the shared parent, so the
+/// allowance invariants bound the parent too, and the parent (the hot entity) doubles.
+#[test]
+fn cascade_workload_is_clean() {
+    let s = run_many(0, 40, None, Some("cascade"), None);
+    let detail: Vec<String> = s
+        .failing
+        .iter()
+        .map(|(seed, wl, v)| format!("seed {seed} [{wl}] {}: {}", v.invariant, v.detail))
+        .collect();
+    assert_eq!(s.violations, 0, "{}", detail.join("\n"));
+    assert!(
+        s.admitted > 1000,
+        "cascade admitted too little: {}",
+        s.admitted
+    );
+    assert!(s.refused > 100, "the parent never refused: {}", s.refused);
+    assert!(
+        s.max_shards >= 8,
+        "the parent never doubled far: {}",
+        s.max_shards
+    );
+}
