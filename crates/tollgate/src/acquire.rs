@@ -247,7 +247,7 @@ fn returned_image(new: Option<&tollgate_core::value::Item>, key: &Key) -> Result
         .ok_or_else(|| Error::Corrupt(format!("{key}: no item returned")))
 }
 
-fn backoff(attempt: u32) -> Duration {
+pub(crate) fn backoff(attempt: u32) -> Duration {
     Duration::from_millis(25u64 << attempt.min(3))
 }
 

@@ -16,11 +16,12 @@
 
 use std::sync::Arc;
 
-use crate::acquire::Request;
+use crate::acquire::{backoff, Request};
 use crate::config::Source;
 use crate::error::{Error, Result};
 use crate::lease::Lease;
 use crate::limiter::{Inner, Stats};
+use tollgate_store::StoreError;
 
 /// Rule ADR-146 / C3, the effective cascade policy of (entity, resource): the first
 /// explicit flag along the ADR-125 walk `[entity×resource config, entity _default_ config,
@@ -79,15 +80,35 @@ impl Inner {
                 Ok(lease)
             }
             Err(e) => {
-                if let Err(undo) = lease.rollback().await {
-                    tracing::warn!(
-                        error = %undo,
-                        entity = %child.entity,
-                        resource = %child.resource,
-                        "cascade: the child's debit could not be rolled back after the parent refused"
-                    );
-                }
+                undo_child(&mut lease, child).await;
                 Err(e)
+            }
+        }
+    }
+}
+
+/// Roll the child's debit back after the parent refused (ADR-146: both admit or nothing is
+/// kept). A refusal that certainly did not apply (throttled, transaction conflict) is
+/// retried a few times with backoff; an ambiguous outcome is never resent (the refund is an
+/// ADD: resending could credit twice). What cannot be undone stays debited — capacity lost,
+/// never admitted — and is logged.
+async fn undo_child(lease: &mut Lease, child: &Request) {
+    const ATTEMPTS: u32 = 4;
+    for attempt in 0..ATTEMPTS {
+        match lease.rollback().await {
+            Ok(()) => return,
+            Err(Error::Unavailable(StoreError::Throttled(_) | StoreError::TransactionConflict))
+                if attempt + 1 < ATTEMPTS =>
+            {
+                tokio::time::sleep(backoff(attempt)).await;
+            }
+            Err(undo) => {
+                tracing::warn!(
+                    error = %undo,
+                    resource = %child.resource,
+                    "cascade: the child's debit could not be rolled back after the parent refused"
+                );
+                return;
             }
         }
     }

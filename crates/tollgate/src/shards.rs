@@ -250,15 +250,29 @@ async fn read_siblings(
     Ok(out)
 }
 
-/// Donor debits as transaction operations.
+/// Donor debits as transaction operations: one update per donor shard, debiting every
+/// quota it funds under all their conditions. A transaction may address an item once, so
+/// two quotas funded by the same donor must share one operation (the simulator found
+/// creates that failed as "addresses the item twice" on every attempt).
 pub(crate) fn move_ops(inner: &Inner, req: &Request, moves: &[Move]) -> Vec<TransactOp> {
-    moves
-        .iter()
-        .map(|m| {
+    let mut by_shard: Vec<(u32, Update, Condition)> = Vec::new();
+    for m in moves {
+        let debit = |u: Update| u.add(battr(&m.limit, "tk"), -m.amount);
+        match by_shard.iter_mut().find(|(s, _, _)| *s == m.shard) {
+            Some((_, u, c)) => {
+                *u = debit(std::mem::take(u));
+                *c = std::mem::replace(c, Condition::exists("PK")).and(m.condition.clone());
+            }
+            None => by_shard.push((m.shard, debit(Update::new()), m.condition.clone())),
+        }
+    }
+    by_shard
+        .into_iter()
+        .map(|(shard, update, condition)| {
             TransactOp::Update(UpdateRequest {
-                key: inner.bucket_key(req, m.shard),
-                update: Update::new().add(battr(&m.limit, "tk"), -m.amount),
-                condition: Some(m.condition.clone()),
+                key: inner.bucket_key(req, shard),
+                update,
+                condition: Some(condition),
                 returns: ReturnValues::None,
             })
         })

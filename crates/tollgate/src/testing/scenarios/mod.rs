@@ -411,6 +411,12 @@ macro_rules! scenario_tests {
             }
         }
         #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+        async fn two_quotas_move_from_one_donor() {
+            if let Some(b) = $backend {
+                $crate::testing::scenarios::sharded::two_quotas_move_from_one_donor(&b).await
+            }
+        }
+        #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
         async fn s81_daily_quota_at_midnight() {
             if let Some(b) = $backend {
                 $crate::testing::scenarios::gaps::s81_daily_quota_at_midnight(&b).await
@@ -570,6 +576,12 @@ macro_rules! scenario_tests {
         async fn cascade_lease_rollback_restores_both() {
             if let Some(b) = $backend {
                 $crate::testing::scenarios::cascade::cascade_lease_rollback_restores_both(&b).await
+            }
+        }
+        #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+        async fn cascade_child_undo_survives_a_throttle() {
+            if let Some(b) = $backend {
+                $crate::testing::scenarios::cascade::cascade_child_undo_survives_a_throttle(&b).await
             }
         }
         #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -985,3 +985,33 @@ pub async fn s35_corrupt_sibling_ws(b: &Backend) {
         "shard 1 not created"
     );
 }
+
+/// Two quotas funded by one donor (ADR-145): a session window and a daily quota on one
+/// item both move from shard 0 when shard 1 is created — in one transaction that debits
+/// shard 0 once for both (a transaction may address an item only once; two debit operations
+/// made every create fail, found by the simulator).
+pub async fn two_quotas_move_from_one_donor(b: &Backend) {
+    let h = b.harness(T0).await;
+    let daily = Limit::quota_calendar("rpd", 1000, "0 0 * * *", "UTC").unwrap();
+    limits(&h, &[session(), daily]).await;
+    h.lim
+        .acquire(E, R, &[("session", 1), ("rpd", 1)])
+        .await
+        .unwrap();
+    h.lim.bump_shard_count(E, R, 1).await.unwrap();
+    h.at(T0 + 60_000);
+    h.rng.pin(1);
+    let before = h.stats();
+    h.lim
+        .acquire(E, R, &[("session", 1), ("rpd", 1)])
+        .await
+        .unwrap();
+    assert_eq!(h.stats().since(&before).transactions, 1);
+    assert_eq!(h.tks(E, R, "session", 2), vec![4000, 4000]);
+    assert_eq!(h.tks(E, R, "rpd", 2), vec![499_000, 499_000]);
+    assert_eq!(
+        h.n(E, R, 1, "b_session_ws"),
+        Some(T0),
+        "joined the live window"
+    );
+}
