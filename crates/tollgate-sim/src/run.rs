@@ -183,7 +183,7 @@ pub fn run_seed(cfg: &RunConfig) -> SeedReport {
     }
     // The older writer's clock: within the bound, and in half the runs as far behind as
     // the bound allows (its `rf` stamps then land below window starts).
-    let chaos_skew = if spec.skew > 0 {
+    let mut chaos_skew = if spec.skew > 0 {
         let s = rng.gen_range(-spec.skew..=spec.skew);
         if rng.gen_bool(0.5) {
             -spec.skew
@@ -193,6 +193,17 @@ pub fn run_seed(cfg: &RunConfig) -> SeedReport {
     } else {
         0
     };
+    // An older writer runs on some other machine, outside our clients' skew bound: where a
+    // duration window is in play, half the runs give it a clock up to 30 s behind
+    // (scenario 54's backward `rf`), the hazard the `wa` marker exists for. (Drawn only for
+    // window workloads, so the other workloads' runs are unchanged.)
+    let has_window = spec
+        .limits
+        .iter()
+        .any(|l| matches!(l.refill(), tollgate_core::Refill::Window { .. }));
+    if has_window && spec.old_writes > 0 && rng.gen_bool(0.5) {
+        chaos_skew = -rng.gen_range(1000..=30_000);
+    }
     if spec.old_writes + spec.wcu_drains > 0 {
         let crng = SmallRng::seed_from_u64(rng.gen());
         tasks.push((
