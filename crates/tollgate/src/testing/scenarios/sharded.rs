@@ -894,11 +894,8 @@ fn stage_window(h: &H, s: u32, ws: i64, rf: i64, gc: i64, tk_milli: i64) {
     h.set_n(E, R, s, "shard_count", 4);
 }
 
-/// Staggered windows, join (simulator seed 4136; ADR-139/140 × ADR-145): shard 0 is in an
-/// older staggered window S0 = T1 + 30 min, shard 1 already opened a later one B. A slot
-/// created now adopts B, the newest live start. Joining S0 late would put slot 3's share
-/// into the phase starting at T1, where shard 1 (gc 2 then) had already held it.
-pub async fn stagger_join_newest_live_start(b: &Backend) {
+/// Shards 0 and 1 in window T0 (scenario 27), then the count doubled to 4.
+async fn four_shards(b: &Backend) -> H {
     let h = b.harness(T0).await;
     limits(&h, &[session()]).await;
     h.lim.acquire(E, R, &[("session", 1)]).await.unwrap();
@@ -907,6 +904,15 @@ pub async fn stagger_join_newest_live_start(b: &Backend) {
     h.rng.pin(1);
     h.lim.acquire(E, R, &[("session", 1)]).await.unwrap();
     assert_eq!(h.lim.bump_shard_count(E, R, 2).await.unwrap(), 4);
+    h
+}
+
+/// Staggered windows, join (simulator seed 4136; ADR-139/140 × ADR-145): shard 0 is in an
+/// older staggered window S0 = T1 + 30 min, shard 1 already opened a later one B. A slot
+/// created now adopts B, the newest live start. Joining S0 late would put slot 3's share
+/// into the phase starting at T1, where shard 1 (gc 2 then) had already held it.
+pub async fn stagger_join_newest_live_start(b: &Backend) {
+    let h = four_shards(b).await;
     let s0 = T1 + 1_800_000;
     let later = T1 + W + 300_000;
     stage_window(&h, 0, s0, s0, 4, 2500);
@@ -937,14 +943,7 @@ pub async fn stagger_join_newest_live_start(b: &Backend) {
 /// shard 1's dead balance is not moved. (A fresh share here is the double grant the
 /// simulator found as 18 of 16 at seed 6722.)
 pub async fn stagger_dead_cover_grants_nothing(b: &Backend) {
-    let h = b.harness(T0).await;
-    limits(&h, &[session()]).await;
-    h.lim.acquire(E, R, &[("session", 1)]).await.unwrap();
-    h.lim.bump_shard_count(E, R, 1).await.unwrap();
-    h.at(T0 + 60_000);
-    h.rng.pin(1);
-    h.lim.acquire(E, R, &[("session", 1)]).await.unwrap();
-    assert_eq!(h.lim.bump_shard_count(E, R, 2).await.unwrap(), 4);
+    let h = four_shards(b).await;
     let s0 = T1 + 1_800_000;
     stage_window(&h, 0, s0, s0, 4, 2500);
     stage_window(&h, 1, T1, T1 + 60_000, 2, 3000);
