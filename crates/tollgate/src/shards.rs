@@ -134,31 +134,20 @@ pub(crate) async fn plan_seeds(
             .iter()
             .filter_map(|(i, img)| {
                 let st = img.limits.get(l.name())?;
-                let gc = infer_gc(st.gc, st.tk, cap, img.shard_count);
-                let sibling = if quota_grant_is_current(l, st, img.rf, now) {
-                    Sibling {
-                        shard: *i,
-                        tk: st.tk,
-                        gc,
-                        current: true,
-                    }
+                let (tk, current) = if quota_grant_is_current(l, st, img.rf, now) {
+                    (st.tk, true)
                 } else if join_ws.is_some_and(|j| window_grant_overlaps(l, st, img.rf, j)) {
                     // Covered in this phase already; its dead balance is not moved.
-                    Sibling {
-                        shard: *i,
-                        tk: 0,
-                        gc,
-                        current: true,
-                    }
+                    (0, true)
                 } else {
-                    Sibling {
-                        shard: *i,
-                        tk: st.tk,
-                        gc,
-                        current: false,
-                    }
+                    (st.tk, false)
                 };
-                Some(sibling)
+                Some(Sibling {
+                    shard: *i,
+                    tk,
+                    gc: infer_gc(st.gc, st.tk, cap, img.shard_count),
+                    current,
+                })
             })
             .collect();
         let grant = if mutants::off(Mutant::GrantMove) {
