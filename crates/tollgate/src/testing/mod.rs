@@ -4,6 +4,7 @@
 //! ([`scenario_tests!`](crate::scenario_tests)).
 
 pub mod hook;
+pub mod intercept;
 pub mod scenarios;
 
 use std::future::Future;

@@ -365,66 +365,6 @@ pub async fn cascade_lease_rollback_restores_both(b: &Backend) {
     }
 }
 
-/// A store that throttles the `nth` update (counting from 1) of one key, once.
-struct ThrottleNth {
-    inner: std::sync::Arc<dyn TestStore>,
-    key: tollgate_core::value::Key,
-    nth: std::sync::atomic::AtomicI64,
-}
-
-#[async_trait::async_trait]
-impl tollgate_store::Store for ThrottleNth {
-    async fn get(
-        &self,
-        k: &tollgate_core::value::Key,
-        c: bool,
-    ) -> Result<Option<tollgate_core::value::Item>, tollgate_store::StoreError> {
-        self.inner.get(k, c).await
-    }
-    async fn batch_get(
-        &self,
-        k: &[tollgate_core::value::Key],
-        c: bool,
-    ) -> Result<Vec<Option<tollgate_core::value::Item>>, tollgate_store::StoreError> {
-        self.inner.batch_get(k, c).await
-    }
-    async fn put(&self, r: tollgate_store::PutRequest) -> Result<(), tollgate_store::StoreError> {
-        self.inner.put(r).await
-    }
-    async fn update(
-        &self,
-        r: tollgate_store::UpdateRequest,
-    ) -> Result<Option<tollgate_core::value::Item>, tollgate_store::StoreError> {
-        use std::sync::atomic::Ordering;
-        if r.key == self.key && self.nth.fetch_sub(1, Ordering::SeqCst) == 1 {
-            return Err(tollgate_store::StoreError::Throttled("injected".into()));
-        }
-        self.inner.update(r).await
-    }
-    async fn delete(
-        &self,
-        r: tollgate_store::DeleteRequest,
-    ) -> Result<Option<tollgate_core::value::Item>, tollgate_store::StoreError> {
-        self.inner.delete(r).await
-    }
-    async fn transact_write(
-        &self,
-        o: Vec<tollgate_store::TransactOp>,
-        t: Option<String>,
-    ) -> Result<(), tollgate_store::StoreError> {
-        self.inner.transact_write(o, t).await
-    }
-    async fn query(
-        &self,
-        q: tollgate_store::Query,
-    ) -> Result<Vec<tollgate_core::value::Item>, tollgate_store::StoreError> {
-        self.inner.query(q).await
-    }
-    fn backend(&self) -> &'static str {
-        "throttle-nth"
-    }
-}
-
 /// ADR-146, both admit or nothing is kept: when the parent refuses and the child's
 /// rollback is throttled (it certainly did not apply), the rollback is retried and the
 /// child ends exactly as before (the simulator saw child debits stuck after one try).
@@ -440,11 +380,17 @@ pub async fn cascade_child_undo_survives_a_throttle(b: &Backend) {
     h.lim.acquire(C, R, &[("tpd", 2)]).await.unwrap();
     assert_eq!(h.tks(C, R, "tpd", 1), vec![98_000]);
     // The child's next updates: 1 = its debit, 2 = the rollback (throttled once).
-    let store = std::sync::Arc::new(ThrottleNth {
-        inner: h.raw.clone(),
-        key: h.key(C, R, 0),
-        nth: std::sync::atomic::AtomicI64::new(2),
-    });
+    let key = h.key(C, R, 0);
+    let nth = std::sync::atomic::AtomicI64::new(2);
+    let on_update = move |r: &tollgate_store::UpdateRequest| {
+        (r.key == key && nth.fetch_sub(1, std::sync::atomic::Ordering::SeqCst) == 1)
+            .then(|| tollgate_store::StoreError::Throttled("injected".into()))
+    };
+    let store = std::sync::Arc::new(crate::testing::intercept::Intercept::new(
+        h.raw.clone(),
+        Box::new(on_update),
+        Box::new(|_| None),
+    ));
     let lim = crate::Limiter::builder(store)
         .clock(h.clock.clone())
         .rng(h.rng.clone())

@@ -8,13 +8,11 @@ use std::sync::atomic::{AtomicI64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use async_trait::async_trait;
-use tollgate_core::value::{Item, Key, Value};
-use tollgate_store::{
-    CancelReason, DeleteRequest, PutRequest, Query, Store, StoreError, TransactOp, UpdateRequest,
-};
+use tollgate_core::value::Value;
+use tollgate_store::{CancelReason, StoreError, TransactOp};
 
 use crate::testing::hook::On;
+use crate::testing::intercept::Intercept;
 use crate::testing::*;
 use crate::{Error, Limit, Limiter, OnUnavailable, Options, Scope};
 
@@ -437,72 +435,43 @@ pub async fn q5_walk_with_spending(b: &Backend) {
     assert!(admitted + h.spendable(E, R, "rpd", 32) <= 1000);
 }
 
-/// A store that answers a transaction carrying a quota move (an update beside the slot's
-/// own write) with `TransactionConflict` on the moved item, `left` times; everything else
-/// passes through.
+/// Conflicts injected so far (`seen`) and still to inject (`left`).
 struct Conflicts {
-    inner: Arc<dyn TestStore>,
     left: AtomicI64,
     seen: AtomicI64,
 }
 
-#[async_trait]
-impl Store for Conflicts {
-    async fn get(&self, k: &Key, c: bool) -> Result<Option<Item>, StoreError> {
-        self.inner.get(k, c).await
-    }
-    async fn batch_get(&self, k: &[Key], c: bool) -> Result<Vec<Option<Item>>, StoreError> {
-        self.inner.batch_get(k, c).await
-    }
-    async fn put(&self, r: PutRequest) -> Result<(), StoreError> {
-        self.inner.put(r).await
-    }
-    async fn update(&self, r: UpdateRequest) -> Result<Option<Item>, StoreError> {
-        self.inner.update(r).await
-    }
-    async fn delete(&self, r: DeleteRequest) -> Result<Option<Item>, StoreError> {
-        self.inner.delete(r).await
-    }
-    async fn transact_write(
-        &self,
-        o: Vec<TransactOp>,
-        t: Option<String>,
-    ) -> Result<(), StoreError> {
-        let is_move = |op: &TransactOp| matches!(op, TransactOp::Update(_));
-        if o.iter().skip(1).any(is_move) && self.left.load(Ordering::SeqCst) > 0 {
-            self.left.fetch_sub(1, Ordering::SeqCst);
-            self.seen.fetch_add(1, Ordering::SeqCst);
-            let reasons = o
-                .iter()
-                .enumerate()
-                .map(|(i, op)| {
-                    if i > 0 && is_move(op) {
-                        CancelReason::TransactionConflict
-                    } else {
-                        CancelReason::None
-                    }
-                })
-                .collect();
-            return Err(StoreError::TransactionCanceled { reasons });
-        }
-        self.inner.transact_write(o, t).await
-    }
-    async fn query(&self, q: Query) -> Result<Vec<Item>, StoreError> {
-        self.inner.query(q).await
-    }
-    fn backend(&self) -> &'static str {
-        "conflicts"
-    }
-}
-
-/// A slow-path client over `h`'s store whose move transactions conflict `n` times.
+/// A slow-path client over `h`'s store whose transactions carrying a quota move (an update
+/// beside the slot's own write) fail with `TransactionConflict` on the moved item, `n`
+/// times; everything else passes through.
 async fn conflicting(h: &H, n: i64, policy: OnUnavailable) -> (Limiter, Arc<Conflicts>) {
     let c = Arc::new(Conflicts {
-        inner: h.raw.clone(),
         left: AtomicI64::new(n),
         seen: AtomicI64::new(0),
     });
-    let lim = Limiter::builder(c.clone())
+    let counts = c.clone();
+    let on_transact = move |o: &[TransactOp]| {
+        let is_move = |op: &TransactOp| matches!(op, TransactOp::Update(_));
+        if !(o.iter().skip(1).any(is_move) && counts.left.load(Ordering::SeqCst) > 0) {
+            return None;
+        }
+        counts.left.fetch_sub(1, Ordering::SeqCst);
+        counts.seen.fetch_add(1, Ordering::SeqCst);
+        let reasons = o
+            .iter()
+            .enumerate()
+            .map(|(i, op)| {
+                if i > 0 && is_move(op) {
+                    CancelReason::TransactionConflict
+                } else {
+                    CancelReason::None
+                }
+            })
+            .collect();
+        Some(StoreError::TransactionCanceled { reasons })
+    };
+    let store = Intercept::new(h.raw.clone(), Box::new(|_| None), Box::new(on_transact));
+    let lim = Limiter::builder(Arc::new(store))
         .clock(h.clock.clone())
         .rng(h.rng.clone())
         .options(Options {
