@@ -31,6 +31,18 @@
 //!   created shards of (share at creation + rate share × (true time + skew bound − the `rf`
 //!   stamped at creation)) + what older writers' backward `rf` stamps re-credited.
 //!
+//! - `rate-envelope`: for a dripping limit, the token-bucket envelope over every interval that
+//!   ends at an admission: what the entity consumed in `[a, b]` (admissions and positive
+//!   adjustments, less refunds) is at most `capacity + rate × (b − a + 2 × skew)` (+ one token
+//!   of rounding), whatever the shard count; backward `rf` stamps of older writers in the
+//!   interval (or up to one full refill before it) are credited.
+//! - `lease-net`: per lease and limit, what the lease consumed net of its adjustments and its
+//!   rollback never goes below zero (a refund never returns more than the lease took).
+//! - `honest-answer`: a refusal names at least one exceeded limit; an exceeded limit reports
+//!   less available than requested, no retry-after exactly when the request is larger than
+//!   the capacity, and a limit reported as not exceeded fits; an admission reports no limit
+//!   exceeded.
+//!
 //! "Admitted" is what callers were told was granted: successful acquires, less refunds
 //! (rollback, negative adjustment) that landed on the same shard in the same window/period
 //! (refunds that land elsewhere cannot be re-spent and are not credited). Positive
@@ -87,6 +99,34 @@ pub struct OpRec {
     pub err: Option<String>,
     /// Simulated time when it started.
     pub t: i64,
+    /// What the answer reported (acquires): admitted or refused, with its statuses.
+    pub answer: Option<Answer>,
+}
+
+/// What one limit's status in an answer said.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Reported {
+    /// Limit name.
+    pub limit: String,
+    /// Capacity (tokens).
+    pub capacity: i64,
+    /// Available (tokens).
+    pub available: i64,
+    /// Requested (tokens).
+    pub requested: i64,
+    /// Marked exceeded.
+    pub exceeded: bool,
+    /// Retry-after (ms).
+    pub retry_after_ms: Option<i64>,
+}
+
+/// An acquire's answer as the caller saw it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Answer {
+    /// Admitted (a lease) or refused (`RateLimitExceeded`).
+    pub admitted: bool,
+    /// The statuses it reported.
+    pub statuses: Vec<Reported>,
 }
 
 /// One change of a limit's `tc` on one shard item.
@@ -150,6 +190,8 @@ pub struct OldRf {
     pub after: i64,
     /// Scheduler step.
     pub step: u64,
+    /// True time.
+    pub t: i64,
 }
 
 /// A write by a client operation that the store refused or failed (a lost response included:
@@ -234,6 +276,7 @@ impl Ledger {
             ok: None,
             err: None,
             t,
+            answer: None,
         });
         self.ops.len() - 1
     }
@@ -243,6 +286,13 @@ impl Ledger {
         if let Some(o) = self.ops.get_mut(op) {
             o.ok = Some(err.is_none());
             o.err = err;
+        }
+    }
+
+    /// Record what an acquire's answer reported.
+    pub fn answer(&mut self, op: usize, answer: Answer) {
+        if let Some(o) = self.ops.get_mut(op) {
+            o.answer = Some(answer);
         }
     }
 
@@ -459,7 +509,7 @@ impl Ledger {
 
     /// An older writer's raw write (exempt from `rf-monotonic`; its backward stamps are
     /// credited to dripping limits' allowance).
-    pub fn record_old_writer(&mut self, key: &Key, before: &Item, after: &Item, step: u64) {
+    pub fn record_old_writer(&mut self, key: &Key, before: &Item, after: &Item, step: u64, t: i64) {
         let Some((entity, resource, shard)) = parse_bucket(key) else {
             return;
         };
@@ -471,6 +521,7 @@ impl Ledger {
                 before: b,
                 after: a,
                 step,
+                t,
             });
         }
     }
@@ -484,6 +535,8 @@ impl Ledger {
     pub fn finish(&mut self, limits: &BTreeMap<String, Vec<Limit>>, items: &[Item], skew: i64) {
         self.check_consumed_once(limits);
         self.check_tc_total(items);
+        self.check_lease_net();
+        self.check_answers();
         let adm = self.admissions();
         for (res, ls) in limits {
             for l in ls {
@@ -493,7 +546,8 @@ impl Ledger {
                     }
                     Refill::Calendar(_) => self.check_calendar(res, l, &adm),
                     Refill::Drip { amount, period_ms } => {
-                        self.check_rate(res, l, *amount, *period_ms, skew, &adm)
+                        self.check_rate(res, l, *amount, *period_ms, skew, &adm);
+                        self.check_envelope(res, l, *amount, *period_ms, skew);
                     }
                 }
             }
@@ -789,6 +843,164 @@ impl Ledger {
         }
         for d in out {
             self.violate("calendar-allowance", d);
+        }
+    }
+
+    /// `lease-net`: per lease (the acquire that granted it) and limit, the acquire's debit plus
+    /// every adjustment and rollback the store applied for it never sums below zero.
+    fn check_lease_net(&mut self) {
+        let mut net: BTreeMap<(usize, String, String), i64> = BTreeMap::new();
+        for e in &self.tc {
+            let Some(op) = e.op else { continue };
+            let lease = match self.ops.get(op).map(|o| &o.kind) {
+                Some(OpKind::Acquire { .. }) => op,
+                Some(OpKind::Commit { lease_of, .. } | OpKind::Rollback { lease_of, .. }) => {
+                    *lease_of
+                }
+                _ => continue,
+            };
+            *net.entry((lease, e.entity.clone(), e.limit.clone()))
+                .or_default() += e.delta;
+        }
+        let mut out = Vec::new();
+        for ((lease, ent, limit), v) in net {
+            if v < 0 {
+                out.push(format!(
+                    "the lease of op {lease} ({ent} {limit}) consumed {} net: refunds returned more than it took",
+                    fmt_milli(v)
+                ));
+            }
+        }
+        for d in out {
+            self.violate("lease-net", d);
+        }
+    }
+
+    /// `honest-answer`: every answer agrees with the statuses it reports.
+    fn check_answers(&mut self) {
+        let mut out = Vec::new();
+        for (id, op) in self.ops.iter().enumerate() {
+            let Some(a) = &op.answer else { continue };
+            let tag = |why: &str, st: Option<&Reported>| {
+                format!(
+                    "op {id} (c{}) {}: {why}{}",
+                    op.client,
+                    if a.admitted { "admitted" } else { "refused" },
+                    st.map(|s| format!(
+                        " — {} capacity {} available {} requested {} exceeded {} retry_after {:?}",
+                        s.limit, s.capacity, s.available, s.requested, s.exceeded, s.retry_after_ms
+                    ))
+                    .unwrap_or_default()
+                )
+            };
+            if a.admitted {
+                if let Some(s) = a.statuses.iter().find(|s| s.exceeded) {
+                    out.push(tag("an admission reports an exceeded limit", Some(s)));
+                }
+                continue;
+            }
+            if !a.statuses.iter().any(|s| s.exceeded) {
+                out.push(tag("a refusal names no exceeded limit", None));
+            }
+            for s in &a.statuses {
+                if s.exceeded && s.available >= s.requested {
+                    out.push(tag("refused while its status says the amount is available", Some(s)));
+                } else if !s.exceeded && s.available < s.requested {
+                    out.push(tag("a limit reported as fitting does not cover the amount", Some(s)));
+                } else if s.exceeded && s.requested > s.capacity && s.retry_after_ms.is_some() {
+                    out.push(tag("a retry-after for a request that can never fit", Some(s)));
+                } else if s.exceeded && s.requested <= s.capacity && s.retry_after_ms.is_none() {
+                    out.push(tag("no retry-after for a request that fits the capacity", Some(s)));
+                }
+            }
+        }
+        for d in out {
+            self.violate("honest-answer", d);
+        }
+    }
+
+    /// `rate-envelope` for one dripping limit (see the module docs). Every `tc` change the
+    /// store applied counts, whatever the caller was told (a lost response still moved
+    /// tokens): acquires' debits (the admissions), commits' adjustments, rollbacks.
+    fn check_envelope(&mut self, res: &str, l: &Limit, ra: i64, rp: i64, skew: i64) {
+        let cap = i128::from(l.capacity_milli());
+        let full_ms = i128::from(l.capacity_milli()) * i128::from(rp) / i128::from(ra.max(1));
+        let mut by_entity: BTreeMap<&str, Vec<&TcEvent>> = BTreeMap::new();
+        for e in self
+            .tc
+            .iter()
+            .filter(|e| e.resource == res && e.limit == l.name())
+        {
+            by_entity.entry(e.entity.as_str()).or_default().push(e);
+        }
+        let mut out = Vec::new();
+        for (ent, mut evs) in by_entity {
+            evs.sort_by_key(|e| e.step);
+            let s_max = self
+                .creations
+                .iter()
+                .filter(|c| c.entity == ent && c.resource == res)
+                .map(|c| c.shard_count)
+                .max()
+                .unwrap_or(1)
+                .max(1);
+            // Σ over shards of the per-shard rate `max(1, ra // S)`.
+            let rate = i128::from(ra.max(s_max));
+            // Backward stamps: (step, true time, ms re-credited).
+            let stamps: Vec<(u64, i64, i64)> = self
+                .old_rf
+                .iter()
+                .filter(|o| o.entity == ent && o.resource == res && o.after < o.before)
+                .map(|o| (o.step, o.t, o.before - o.after))
+                .collect();
+            let is_admission = |e: &TcEvent| {
+                e.delta > 0
+                    && matches!(
+                        e.op.and_then(|o| self.ops.get(o)).map(|o| &o.kind),
+                        Some(OpKind::Acquire { .. })
+                    )
+            };
+            'next: for j in 0..evs.len() {
+                if !is_admission(evs[j]) {
+                    continue;
+                }
+                let tj = evs[j].t;
+                let mut sum: i128 = 0;
+                for i in (0..=j).rev() {
+                    sum += i128::from(evs[i].delta);
+                    let ti = evs[i].t;
+                    // A backward stamp re-credits refill at the next materialisation, which
+                    // may come up to one full refill later.
+                    let credit: i128 = stamps
+                        .iter()
+                        .filter(|(st, t, _)| {
+                            *st <= evs[j].step && i128::from(*t) + full_ms >= i128::from(ti)
+                        })
+                        .map(|(_, _, d)| i128::from(*d))
+                        .sum::<i128>()
+                        * rate
+                        / i128::from(rp);
+                    let span = i128::from(tj - ti + 2 * skew);
+                    let allow = cap + rate * span / i128::from(rp) + 1000 + credit;
+                    if sum > allow {
+                        out.push(format!(
+                            "step {}: {ent}/{res} {}: consumed {} in [{ti}, {tj}] ({} ms) > capacity {} + refill over it {} (rate {}/{} ms, up to {s_max} shards)",
+                            evs[j].step,
+                            l.name(),
+                            fmt_milli(i64::try_from(sum).unwrap_or(i64::MAX)),
+                            tj - ti,
+                            fmt_milli(l.capacity_milli()),
+                            fmt_milli(i64::try_from(allow - cap).unwrap_or(i64::MAX)),
+                            fmt_milli(i64::try_from(rate).unwrap_or(i64::MAX)),
+                            rp
+                        ));
+                        break 'next;
+                    }
+                }
+            }
+        }
+        for d in out {
+            self.violate("rate-envelope", d);
         }
     }
 

@@ -45,6 +45,8 @@ pub struct Summary {
     pub failing: Vec<(u64, &'static str, Violation)>,
     /// Violations per invariant name.
     pub by_invariant: std::collections::BTreeMap<&'static str, u64>,
+    /// The first seed that broke each invariant.
+    pub first_seed: std::collections::BTreeMap<&'static str, u64>,
     /// Largest shard count any run reached.
     pub max_shards: i64,
 }
@@ -62,6 +64,7 @@ impl Summary {
         self.max_shards = self.max_shards.max(r.max_shards);
         for v in &r.violations {
             *self.by_invariant.entry(v.invariant).or_default() += 1;
+            self.first_seed.entry(v.invariant).or_insert(r.seed);
         }
         if let Some(v) = r.violations.first() {
             self.failing.push((r.seed, r.workload, v.clone()));

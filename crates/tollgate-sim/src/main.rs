@@ -154,6 +154,10 @@ fn main() -> ExitCode {
         sum.residuals
     );
     let _ = fmt_milli;
+    for (inv, n) in &sum.by_invariant {
+        let first = sum.first_seed.get(inv).copied().unwrap_or_default();
+        println!("  {inv}: {n} violation(s), first at seed {first}");
+    }
     for (inv, k) in &sum.by_invariant {
         println!(
             "violated invariant {inv}: {k} times in {} seeds",

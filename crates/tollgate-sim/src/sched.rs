@@ -289,6 +289,11 @@ impl Shared {
         id
     }
 
+    /// Record what an acquire's answer reported.
+    pub fn answer(&self, op: usize, answer: crate::ledger::Answer) {
+        self.lock().ledger.answer(op, answer);
+    }
+
     /// Finish a ledger operation (`err` = the caller's error, if any).
     pub fn end_op(&self, client: usize, op: usize, err: Option<String>) {
         let mut g = self.lock();
@@ -325,7 +330,8 @@ impl Shared {
         }
         if old_writer {
             let step = st.step;
-            st.ledger.record_old_writer(key, before, after, step);
+            let t = self.now();
+            st.ledger.record_old_writer(key, before, after, step, t);
         }
     }
 

@@ -27,8 +27,8 @@ pub const MIDNIGHT: i64 = 1_757_030_400_000;
 
 /// Names of the workloads, in the order `--workload all` rotates through them (new ones are
 /// appended, so a workload keeps its name; the rotation by seed moves when one is added).
-pub const WORKLOADS: [&str; 7] = [
-    "rate", "calendar", "window", "multi", "lease", "hot", "cascade",
+pub const WORKLOADS: [&str; 9] = [
+    "rate", "calendar", "window", "multi", "lease", "hot", "cascade", "burst", "drip",
 ];
 
 /// The cascade workload's family (ADR-146): children that spend from one shared parent.
@@ -78,6 +78,12 @@ pub struct Spec {
     pub fault_p: f64,
     /// The cascade family, when the workload cascades.
     pub cascade: Option<Cascade>,
+    /// Largest amount of the `tok` limit one acquire asks for (tokens).
+    pub tok_max: i64,
+    /// Probability that a client idles (true time jumps past a full refill) and then bursts.
+    pub idle_p: f64,
+    /// Probability that a lease adjustment tries to refund more than the lease holds.
+    pub over_refund_p: f64,
 }
 
 fn secs(s: i64) -> Duration {
@@ -113,6 +119,9 @@ pub fn build(name: &'static str, rng: &mut SmallRng, clients: Option<usize>) -> 
         },
         fault_p,
         cascade: None,
+        tok_max: 1,
+        idle_p: 0.0,
+        over_refund_p: 0.0,
     };
     let window = |rng: &mut SmallRng, cap: i64| -> (Limit, i64) {
         let w = *[60, 120, 300].choose(rng).unwrap_or(&60);
@@ -201,6 +210,37 @@ pub fn build(name: &'static str, rng: &mut SmallRng, clients: Option<usize>) -> 
                 parent_p: 0.15,
             });
         }
+        "burst" => {
+            // The idle-then-burst repro: a bucket left idle past a full refill is spent in a
+            // burst by warm clients; leases adjust both ways (debt included) and roll back.
+            let cap = rng.gen_range(5..=20);
+            s.limits = vec![
+                Limit::rate("tok", cap, cap, secs(6)).expect("valid rate"),
+                Limit::rate("rpm", 60, 60, secs(60)).expect("valid rate"),
+            ];
+            s.tok_max = rng.gen_range(1..=4);
+            s.idle_p = 0.15;
+            s.lease_p = 0.5;
+            s.over_refund_p = 0.2;
+            s.knobs.max_step_ms = *[20, 100, 400].choose(rng).unwrap_or(&100);
+            s.ops_per_client = rng.gen_range(20..=40);
+        }
+        "drip" => {
+            // Sharded dripping limits: a hot entity doubled by drained `wcu` after drains,
+            // requests larger than one shard's share, debt from positive adjustments on one
+            // shard, refusals on uneven shards.
+            let cap = rng.gen_range(16..=64);
+            s.limits = vec![Limit::rate("tok", cap, cap, secs(10)).expect("valid rate")];
+            s.entities = vec!["hot".into()];
+            s.clients = clients.max(3);
+            s.tok_max = rng.gen_range(2..=(cap / 2).max(3));
+            s.idle_p = 0.05;
+            s.lease_p = 0.5;
+            s.over_refund_p = 0.1;
+            s.wcu_drains = rng.gen_range(1..=5);
+            s.ops_per_client = rng.gen_range(20..=40);
+            s.knobs.max_step_ms = *[50, 300, 1000].choose(rng).unwrap_or(&300);
+        }
         _ => {
             // hot: one entity hammered, doubled up to 32 shards by drained `wcu`.
             let cap = rng.gen_range(64..=160);
@@ -262,6 +302,7 @@ fn amounts(spec: &Spec, rng: &mut SmallRng) -> Vec<(String, i64)> {
         let name = l.name().to_string();
         let a = match l.refill() {
             Refill::Drip { .. } if name == "tpm" => rng.gen_range(1..=20),
+            Refill::Drip { .. } if name == "tok" => rng.gen_range(1..=spec.tok_max.max(1)),
             Refill::Drip { .. } => 1,
             Refill::Calendar(_) => rng.gen_range(1..=3),
             Refill::Window { .. } => rng.gen_range(0..=3),
@@ -276,6 +317,23 @@ fn amounts(spec: &Spec, rng: &mut SmallRng) -> Vec<(String, i64)> {
         out.sort();
     }
     out
+}
+
+fn answer(admitted: bool, statuses: &[tollgate::LimitStatus]) -> crate::ledger::Answer {
+    crate::ledger::Answer {
+        admitted,
+        statuses: statuses
+            .iter()
+            .map(|s| crate::ledger::Reported {
+                limit: s.limit.clone(),
+                capacity: s.capacity,
+                available: s.available,
+                requested: s.requested,
+                exceeded: s.exceeded,
+                retry_after_ms: s.retry_after_ms,
+            })
+            .collect(),
+    }
 }
 
 fn milli(a: &[(String, i64)]) -> Vec<(String, i64)> {
@@ -293,9 +351,19 @@ fn err_text(e: &Error) -> String {
 /// One simulated client: acquires, leases with adjust/commit or rollback, and the retry a
 /// real client makes after a lost response.
 pub async fn client(sh: Arc<Shared>, id: usize, lim: Limiter, spec: Arc<Spec>, mut rng: SmallRng) {
+    let mut burst = 0;
     for _ in 0..spec.ops_per_client {
-        for _ in 0..rng.gen_range(0..3) {
-            sh.turn(id).await;
+        if burst > 0 {
+            burst -= 1;
+        } else if spec.idle_p > 0.0 && rng.gen_bool(spec.idle_p) {
+            // Idle past a full refill, then burst: the next few acquires go back to back.
+            let idle = rng.gen_range(5_000..=15_000);
+            sh.advance_to(sh.now() + idle);
+            burst = rng.gen_range(3..=12);
+        } else {
+            for _ in 0..rng.gen_range(0..3) {
+                sh.turn(id).await;
+            }
         }
         let (ent, parent) = match &spec.cascade {
             Some(c) if !rng.gen_bool(c.parent_p) => (
@@ -323,6 +391,11 @@ pub async fn client(sh: Arc<Shared>, id: usize, lim: Limiter, spec: Arc<Spec>, m
                 },
             );
             let r = lim.acquire(&ent, &spec.resource, &refs).await;
+            match &r {
+                Ok(lease) => sh.answer(op, answer(true, lease.statuses())),
+                Err(Error::RateLimitExceeded(x)) => sh.answer(op, answer(false, &x.statuses)),
+                Err(_) => {}
+            }
             sh.end_op(id, op, r.as_ref().err().map(err_text));
             match r {
                 Ok(mut lease) => {
@@ -379,7 +452,12 @@ async fn lease_action(
             .filter(|(n, _)| n == l.name())
             .map(|(_, d)| *d)
             .sum::<i64>();
-        let d = rng.gen_range(-(named + already)..=3);
+        let d = if spec.over_refund_p > 0.0 && rng.gen_bool(spec.over_refund_p) {
+            // More than the lease holds: the limiter must refuse it.
+            -(named + already) - rng.gen_range(1..=3)
+        } else {
+            rng.gen_range(-(named + already)..=3)
+        };
         if d != 0 && lease.adjust(l.name(), d).is_ok() {
             deltas.push((l.name().to_string(), d));
         }
