@@ -50,12 +50,15 @@ impl Transition {
 }
 
 /// How to seed a limit the item does not carry yet.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct Seed {
-    /// The balance to start with (a full share, or a grant moved from a sibling).
+    /// The balance to start with (a full share, a grant moved from a sibling, or a dripping
+    /// limit's part of a split).
     pub balance: i64,
     /// For windows: the start to adopt (`None` opens one at now).
     pub join_ws: Option<i64>,
+    /// For dripping limits: the shard count the new share is sized at (`None`: the pass's).
+    pub count: Option<i64>,
 }
 
 /// One limit, materialised on one shard.
@@ -92,6 +95,11 @@ pub struct Evaluated {
     pub params: Effective,
     /// The item read carries a schedule for this limit (`b_{n}_sched`).
     pub sched_stored: bool,
+    /// Dripping limits: the per-shard drip rate (milli per `rp`); 0 for quotas.
+    pub rate: i64,
+    /// Dripping limits: the share count to stamp as `b_{n}_gc`, when the item does not
+    /// carry it yet (a seed, or an item written before the drip grant count existed).
+    pub drip_gc: Option<i64>,
 }
 
 impl Evaluated {
@@ -135,7 +143,20 @@ pub fn evaluate_wcu(state: Option<&LimitState>, rf: i64, now: i64) -> Evaluated 
             ra: WCU_CAPACITY,
         },
         sched_stored: false,
+        rate: WCU_CAPACITY,
+        drip_gc: None,
     }
+}
+
+/// Rule "a dripping share is sized at the shard's own grant count": the shard count a
+/// dripping limit's ceiling `C // g` and rate `ra // g` are sized at is the item's `b_{n}_gc`
+/// — the count at which the shard was created or last split (see `shards::plan_seeds` in
+/// the limiter) — never simply the entity's current count, so that a doubling neither
+/// shrinks a shard's balance nor mints one for the new shards: the shards' families
+/// partition the entity and `Σ C // g ≤ C`. An item written before the rule (no `gc`) is
+/// sized at the count in force, as it was then.
+pub fn drip_share_count(state: &LimitState, shard_count: i64) -> i64 {
+    state.gc.filter(|g| *g >= 1).unwrap_or(shard_count.max(1))
 }
 
 /// Materialise `limit` on a shard whose item has `state` for it (or none) and stamp `rf`,
@@ -183,16 +204,25 @@ pub fn evaluate(
         tc: state.map(|st| st.tc).unwrap_or(0),
         params,
         sched_stored: state.is_some_and(|st| st.sched.is_some()),
+        rate: 0,
+        drip_gc: None,
     };
     let Some(st) = state else {
         let seed = seed.unwrap_or(Seed {
             balance: part,
-            join_ws: None,
+            ..Seed::default()
         });
         e.transition = Transition::Seed;
         e.balance = seed.balance.min(part);
         match limit.refill() {
-            Refill::Drip { .. } => e.carry = Some(0),
+            Refill::Drip { .. } => {
+                let g = seed.count.unwrap_or(s).max(1);
+                e.ceiling = share(cap, g);
+                e.rate = shard_rate(params.ra, g);
+                e.balance = seed.balance.min(e.ceiling);
+                e.carry = Some(0);
+                e.drip_gc = Some(g);
+            }
             Refill::Calendar(cal) => {
                 e.gc = Some(s);
                 e.pe = cal.prev_edge(now);
@@ -209,15 +239,11 @@ pub fn evaluate(
     };
     match limit.refill() {
         Refill::Drip { period_ms, .. } => {
-            let r = refill(
-                st.tk,
-                part,
-                shard_rate(params.ra, s),
-                *period_ms,
-                rf,
-                st.rc,
-                now,
-            );
+            let g = drip_share_count(st, s);
+            e.ceiling = share(cap, g);
+            e.rate = shard_rate(params.ra, g);
+            e.drip_gc = st.gc.is_none().then_some(g);
+            let r = refill(st.tk, e.ceiling, e.rate, *period_ms, rf, st.rc, now);
             e.balance = r.tk;
             e.carry = Some(r.carry);
             e.transition = Transition::Refill;
@@ -283,13 +309,44 @@ pub fn quota_ceiling(capacity: i64, gc: Option<i64>, tk: i64, shard_count: i64) 
     capacity / crate::grant::infer_gc(gc, tk, capacity, shard_count)
 }
 
+/// Rule "the fast path trusts a dripping balance only until it would be full": the instant
+/// at which a dripping limit written with `consumed` at `rf_written` reaches its ceiling
+/// again. The fast path debits the stored balance as of `rf` and the next refill adds all
+/// the time since; that is exact only while no refill would have been clamped away at the
+/// ceiling in between, so `vu` never lies past this instant. A write that leaves the
+/// limit full (or above its ceiling) trusts nothing: `rf_written`. `None` for quotas.
+pub fn drip_full_at(limit: &Limit, e: &Evaluated, consumed: i64, rf_written: i64) -> Option<i64> {
+    let Refill::Drip { period_ms, .. } = limit.refill() else {
+        return None;
+    };
+    if crate::mutants::off(crate::mutants::Mutant::TrustHorizon) {
+        return None;
+    }
+    let after = e.balance - consumed;
+    if after >= e.ceiling {
+        return Some(rf_written);
+    }
+    let carry = e.carry.unwrap_or(0);
+    crate::refill::time_to_refill(e.ceiling - after, e.rate, *period_ms, carry)
+        .map(|t| rf_written.saturating_add(t))
+}
+
 /// The instant from which the fast path may no longer write this item (`vu`): the earliest
-/// of the next calendar edge, the end of every window in force and the next schedule
-/// boundary of every scheduled limit (ADR-135/137/139). `None` = never.
-pub fn valid_until(limits: &[Limit], evals: &[Evaluated], now: i64) -> Option<i64> {
+/// of the next calendar edge, the end of every window in force, the next schedule boundary
+/// of every scheduled limit (ADR-135/137/139) and the instant every dripping limit written
+/// with `consumed` at `rf_written` would be full again ([`drip_full_at`]). `None` = never
+/// (an item with no limit that refills or resets).
+pub fn valid_until(
+    limits: &[Limit],
+    evals: &[Evaluated],
+    consumed: &[(String, i64)],
+    rf_written: i64,
+    now: i64,
+) -> Option<i64> {
     let mut vu: Option<i64> = None;
     let mut take = |t: i64| vu = Some(vu.map_or(t, |v: i64| v.min(t)));
-    for l in limits {
+    for (l, e) in limits.iter().zip(evals) {
+        debug_assert_eq!(l.name(), e.name, "evaluations follow the limits");
         if let Some(b) = l.next_boundary(now) {
             take(b)
         }
@@ -300,11 +357,19 @@ pub fn valid_until(limits: &[Limit], evals: &[Evaluated], now: i64) -> Option<i6
                 }
             }
             Refill::Window { reset_after_s } => {
-                if let Some(ws) = evals.iter().find(|e| e.name == l.name()).and_then(|e| e.ws) {
+                if let Some(ws) = e.ws {
                     take(ws + reset_after_s * 1000)
                 }
             }
-            Refill::Drip { .. } => {}
+            Refill::Drip { .. } => {
+                let c = consumed
+                    .iter()
+                    .find(|(n, _)| n == l.name())
+                    .map_or(0, |(_, a)| *a);
+                if let Some(t) = drip_full_at(l, e, c, rf_written) {
+                    take(t)
+                }
+            }
         }
     }
     vu

@@ -24,11 +24,24 @@ pub enum Mutant {
     GrantMove,
     /// The `rf = expected` lock of the slow path's normal write.
     RfLock,
+    /// The dripping trust horizon: `vu` never past the instant a dripping balance is full
+    /// again, required by balance-only writes, and kept by refunds and rf-locked writes
+    /// (falls back to the original's "no `vu` or `vu` later" with `vu` from boundaries only).
+    TrustHorizon,
+    /// A lease refuses a refund beyond what it consumed (falls back to accepting any).
+    LeaseNet,
+    /// A request or a lease's usage that one shard cannot cover is charged across the
+    /// entity's shards (falls back to one shard: refusals while the entity could pay, debt
+    /// stranded on one shard).
+    EntityDebit,
+    /// A new dripping shard is funded by splitting its covering sibling (falls back to a
+    /// fresh share: a doubling mints).
+    DripSplit,
 }
 
 impl Mutant {
     /// Every mutant, in declaration order.
-    pub const ALL: [Mutant; 7] = [
+    pub const ALL: [Mutant; 11] = [
         Mutant::WindowFloor,
         Mutant::WaMarker,
         Mutant::WtcCharge,
@@ -36,6 +49,10 @@ impl Mutant {
         Mutant::ConsistentSiblingRead,
         Mutant::GrantMove,
         Mutant::RfLock,
+        Mutant::TrustHorizon,
+        Mutant::LeaseNet,
+        Mutant::EntityDebit,
+        Mutant::DripSplit,
     ];
 
     /// The name used on the command line.
@@ -48,6 +65,10 @@ impl Mutant {
             Mutant::ConsistentSiblingRead => "ConsistentSiblingRead",
             Mutant::GrantMove => "GrantMove",
             Mutant::RfLock => "RfLock",
+            Mutant::TrustHorizon => "TrustHorizon",
+            Mutant::LeaseNet => "LeaseNet",
+            Mutant::EntityDebit => "EntityDebit",
+            Mutant::DripSplit => "DripSplit",
         }
     }
 

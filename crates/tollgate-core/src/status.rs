@@ -43,11 +43,15 @@ pub struct ShardView<'a> {
 /// Rule "retry-after and the one reset instant": build a limit's status from the views of
 /// the shards read (one for a fast-path decision, all of them for availability).
 ///
-/// - available = Σ balances; capacity = the entity's capacity;
+/// - available = Σ balances (debt counted); capacity = the entity's capacity;
+/// - a request is judged against the entity, not one shard (a request larger than one
+///   shard's share is debited from several, see [`crate::spread`]): it can never fit — no
+///   retry-after — exactly when it is larger than the entity's capacity;
 /// - quotas reset at one instant per entity: the window end `ws + rsa` of the window in
 ///   force (the latest start among the shards: shards converge on one), or the next
 ///   calendar edge;
-/// - an exceeded rate limit retries when the best shard has dripped the deficit in.
+/// - an exceeded rate limit retries when the shards read have dripped in enough, together,
+///   to cover it ([`entity_refill_time`]).
 pub fn limit_status(
     limit: &Limit,
     views: &[ShardView<'_>],
@@ -56,34 +60,39 @@ pub fn limit_status(
     now_ms: i64,
 ) -> LimitStatus {
     let available: i64 = views.iter().map(|v| v.eval.balance).sum();
-    let best = views.iter().map(|v| v.eval.balance).max().unwrap_or(0);
-    let ceiling = views.iter().map(|v| v.eval.ceiling).max().unwrap_or(0);
     // ADR-135 / #475: the capacity and rate reported are the ones in force at `now`.
     let eff = limit.effective(now_ms);
+    let never = requested_milli > eff.capacity;
     let (kind, resets_at, retry) = match limit.refill() {
         Refill::Drip { period_ms, .. } => {
-            let s = views.first().map(|v| v.shard_count).unwrap_or(1);
-            let rate = shard_rate(eff.ra, s);
-            let carry = views.first().map(|v| v.carry).unwrap_or(0);
+            let rate = |v: &ShardView<'_>| {
+                if v.eval.rate > 0 {
+                    v.eval.rate
+                } else {
+                    shard_rate(eff.ra, v.shard_count)
+                }
+            };
             let full_in = views
                 .iter()
                 .filter_map(|v| {
-                    time_to_refill(v.eval.ceiling - v.eval.balance, rate, *period_ms, v.carry)
+                    time_to_refill(v.eval.ceiling - v.eval.balance, rate(v), *period_ms, v.carry)
                 })
                 .max()
                 .unwrap_or(0);
-            let retry = if requested_milli > ceiling {
+            let retry = if never {
                 None
             } else {
-                time_to_refill(requested_milli - best, rate, *period_ms, carry)
+                let shards: Vec<(i64, i64, i64, i64)> = views
+                    .iter()
+                    .map(|v| (v.eval.balance, v.eval.ceiling, rate(v), v.carry))
+                    .collect();
+                Some(entity_refill_time(&shards, requested_milli, *period_ms).unwrap_or(full_in))
             };
             ("rate", (full_in > 0).then_some(now_ms + full_in), retry)
         }
         Refill::Calendar(c) => {
             let next = c.next_edge(now_ms);
-            let retry = if requested_milli
-                > eff.capacity / views.first().map(|v| v.shard_count).unwrap_or(1)
-            {
+            let retry = if never {
                 None
             } else {
                 next.map(|n| (n - now_ms).max(1))
@@ -101,12 +110,11 @@ pub fn limit_status(
                 .max()
                 .map(|ws| ws + reset_after_s * 1000)
                 .filter(|e| *e > now_ms);
-            let retry = if requested_milli
-                > eff.capacity / views.first().map(|v| v.shard_count).unwrap_or(1)
-            {
+            let retry = if never {
                 None
             } else {
-                end.map(|e| (e - now_ms).max(1))
+                // With no live window the next use opens one with the full allowance.
+                Some(end.map_or(1, |e| (e - now_ms).max(1)))
             };
             ("quota", end, retry)
         }
@@ -125,6 +133,45 @@ pub fn limit_status(
         },
         resets_at_ms: resets_at,
     }
+}
+
+/// Milliseconds until shards `(balance, ceiling, rate, carry)` dripping at once hold
+/// `requested` together (each clamped at its ceiling); `None` when they cannot, even full.
+pub fn entity_refill_time(shards: &[(i64, i64, i64, i64)], requested: i64, rp: i64) -> Option<i64> {
+    let at = |t: i64| -> i64 {
+        shards
+            .iter()
+            .map(|(b, c, ra, carry)| {
+                if t <= 0 || *ra <= 0 || rp <= 0 {
+                    return (*b).min(*c);
+                }
+                let added = (i128::from(t) * i128::from(*ra) + i128::from(*carry)) / i128::from(rp);
+                let v = i128::from(*b) + added;
+                i64::try_from(v.min(i128::from(*c))).unwrap_or(i64::MAX)
+            })
+            .sum()
+    };
+    if at(0) >= requested {
+        return Some(0);
+    }
+    let full = shards
+        .iter()
+        .filter_map(|(b, c, ra, carry)| time_to_refill(c - b, *ra, rp, *carry))
+        .max()
+        .unwrap_or(0);
+    if at(full) < requested {
+        return None;
+    }
+    let (mut lo, mut hi) = (0i64, full.max(1));
+    while lo + 1 < hi {
+        let mid = lo + (hi - lo) / 2;
+        if at(mid) >= requested {
+            hi = mid;
+        } else {
+            lo = mid;
+        }
+    }
+    Some(hi)
 }
 
 #[cfg(test)]

@@ -50,7 +50,14 @@ pub fn ttl_for(limits: &[Limit], now_ms: i64, multiplier: i64) -> Option<i64> {
 /// The speculative write (§4.3): ADD the amounts and one `wcu`, conditioned on the item
 /// existing, every named balance covering its amount (a zero amount still requires
 /// `tk >= 0`), `wcu` covering one write, the item not expired, its parameters current
-/// (`ph`), not disabled, and `vu` not reached. It reads nothing and touches no `rf`, window or grant.
+/// (`ph`), not disabled, and `vu` present and not reached. It reads nothing and touches no
+/// `rf`, window or grant.
+///
+/// Rule "an item without `vu` is never trusted": every rf-locked write stamps `vu`
+/// ([`crate::materialize::valid_until`]: dripping limits always have a full instant), so an
+/// item without one was last written by a writer that does not know the trust horizon (an
+/// older client removes it); the fast path would then debit a balance that may have
+/// refilled past its ceiling, and sends such an item to the slow path instead.
 pub fn fast_write(amounts: &Amounts, ph: &str, now_ms: i64) -> (Update, Condition) {
     let mut u = Update::new();
     let mut c = Condition::exists("PK");
@@ -66,8 +73,18 @@ pub fn fast_write(amounts: &Amounts, ph: &str, now_ms: i64) -> (Update, Conditio
         .and(Condition::not_exists(attr::TTL).or(Condition::gt(attr::TTL, now_ms / 1000)))
         .and(Condition::not_exists(attr::DISABLED))
         .and(Condition::eq(attr::PH, ph))
-        .and(Condition::not_exists(attr::VU).or(Condition::gt(attr::VU, now_ms)));
+        .and(trusted_at(now_ms));
     (u, c)
+}
+
+/// The condition under which a balance-only `ADD` (a fast-path debit, a lease adjustment)
+/// is exact at `now_ms`: the item's `vu` is present and later (see [`fast_write`] and
+/// [`crate::materialize::drip_full_at`]).
+pub fn trusted_at(now_ms: i64) -> Condition {
+    if crate::mutants::off(crate::mutants::Mutant::TrustHorizon) {
+        return Condition::not_exists(attr::VU).or(Condition::gt(attr::VU, now_ms));
+    }
+    Condition::gt(attr::VU, now_ms)
 }
 
 /// Why a speculative write failed, read off the old item (§4.3 classification order).
@@ -109,7 +126,7 @@ pub fn classify_fast_failure(
     if img.ttl.is_some_and(|t| t <= now_ms / 1000) {
         return FastFailure::Expired;
     }
-    if img.vu.is_some_and(|v| v <= now_ms) {
+    if img.vu.is_none_or(|v| v <= now_ms) {
         return FastFailure::Boundary;
     }
     if img.ph.as_deref() != Some(ph) {
@@ -210,11 +227,32 @@ pub fn next_rf(now_ms: i64, locked: Option<i64>, evals: &[Evaluated]) -> i64 {
     evals.iter().filter_map(|e| e.ws).fold(floor, i64::max)
 }
 
+/// How an rf-locked write charges its amounts.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Charging<'a> {
+    /// Debt allowed: no balance floor (a lease's reported usage); `false` for an acquire,
+    /// whose consumption must be covered.
+    pub debt: bool,
+    /// Limits whose (negative) amount is a refund recorded in `tc` only (its period ended).
+    pub tc_only: &'a [String],
+}
+
+/// The part of each amount that moves the balance (a `tc`-only refund moves none).
+pub fn balance_charges(amounts: &Amounts, tc_only: &[String]) -> Vec<(String, i64)> {
+    amounts
+        .iter()
+        .map(|(n, a)| (n.clone(), if tc_only.contains(n) { 0 } else { *a }))
+        .collect()
+}
+
 /// The rf-locked normal write (§4.4): SET `rf`, `vu`, `ttl`, `ph`, parameters and window /
-/// grant stamps; ADD each limit's credit minus its consumption and the consumption to `tc`.
-/// Condition: `rf` unchanged, and where consumption exceeds the credit, the live balance
-/// still covers the difference (concurrent fast-path debits); seeds require the limit to be
-/// absent.
+/// grant stamps; ADD each limit's credit minus its consumption and the consumption to `tc`
+/// (amounts may be negative: a lease's refund). Condition: `rf` unchanged; where consumption
+/// exceeds the credit (and no debt is allowed), the live balance still covers the
+/// difference (concurrent fast-path debits); a reset's balance is pinned to the value read;
+/// a dripping balance may not have risen since the read (rule "the trust horizon is
+/// computed from what was read": a refund landing in between would make the `vu` this
+/// write stamps trust a balance that is full sooner); seeds require the limit to be absent.
 pub fn normal_write(
     expected_rf: i64,
     stamp: &ItemStamp<'_>,
@@ -222,6 +260,7 @@ pub fn normal_write(
     evals: &[Evaluated],
     wcu: &Evaluated,
     amounts: &Amounts,
+    charging: Charging<'_>,
 ) -> (Update, Condition) {
     let mut u = Update::new()
         .set(attr::RF, stamp.rf)
@@ -248,11 +287,19 @@ pub fn normal_write(
             .unwrap_or(0);
         u = stamp_params(u, l, e);
         let credit = e.credit();
-        if credit - consumed != 0 || e.transition == Transition::Seed {
-            u = u.add(battr(n, "tk"), credit - consumed);
+        let debit = if charging.tc_only.contains(&n.to_string()) {
+            0
+        } else {
+            consumed
+        };
+        if credit - debit != 0 || e.transition == Transition::Seed {
+            u = u.add(battr(n, "tk"), credit - debit);
         }
         if consumed != 0 {
             u = u.add(battr(n, "tc"), consumed);
+        }
+        if let Some(g) = e.drip_gc {
+            u = u.set(battr(n, "gc"), g);
         }
         if let Some(rc) = e.carry {
             u = u.set(battr(n, "rc"), rc);
@@ -279,8 +326,15 @@ pub fn normal_write(
             c = c.and(Condition::not_exists(battr(n, "tk")));
         } else if e.transition.is_set() {
             c = c.and(set_pin(n, e.read_tk));
-        } else if consumed > credit {
-            c = c.and(Condition::ge(battr(n, "tk"), consumed - credit));
+        } else {
+            if !charging.debt && debit > credit {
+                c = c.and(Condition::ge(battr(n, "tk"), debit - credit));
+            }
+            if e.transition == Transition::Refill
+                && !crate::mutants::off(crate::mutants::Mutant::TrustHorizon)
+            {
+                c = c.and(Condition::le(battr(n, "tk"), e.read_tk));
+            }
         }
     }
     // The write-capacity guard refills on every rf-locked write (the original only refilled
@@ -309,11 +363,13 @@ pub fn set_pin(limit: &str, read_tk: i64) -> Condition {
 }
 
 /// The consumption-only retry (§4.4), after the rf lock was lost: ADD the amounts, each
-/// conditioned on the live balance covering it. No refill, no `rf`, `vu`, window or grant
-/// stamp.
-pub fn retry_write(amounts: &Amounts) -> (Update, Condition) {
+/// conditioned on the live balance covering it and — like the fast path — on the item's
+/// trust horizon (`vu` later than `now_ms`: the winner of the lock stamped one; a balance
+/// past it may have refilled to its ceiling and must be materialised instead). No refill,
+/// no `rf`, `vu`, window or grant stamp.
+pub fn retry_write(amounts: &Amounts, now_ms: i64) -> (Update, Condition) {
     let mut u = Update::new();
-    let mut c = Condition::exists("PK");
+    let mut c = Condition::exists("PK").and(trusted_at(now_ms));
     for (n, a) in amounts {
         if *a != 0 {
             u = u.add(battr(n, "tk"), -a).add(battr(n, "tc"), *a);
@@ -321,6 +377,47 @@ pub fn retry_write(amounts: &Amounts) -> (Update, Condition) {
         c = c.and(Condition::ge(battr(n, "tk"), *a));
     }
     (u, c)
+}
+
+/// Rule "a refund keeps the trust horizon": the largest balance (as of `rf`) a dripping
+/// limit may hold for `vu` to stay true — below it no refill is clamped away at the ceiling
+/// before `vu`. A refund that would lift the balance above it must also pull `vu` in.
+pub fn trust_ceiling(ceiling: i64, rate: i64, rp: i64, carry: i64, rf: i64, vu: i64) -> i64 {
+    if vu <= rf || rate <= 0 || rp <= 0 {
+        return ceiling;
+    }
+    let elapsed = i128::from(vu - 1 - rf);
+    let added = (elapsed * i128::from(rate) + i128::from(carry)) / i128::from(rp);
+    i64::try_from(i128::from(ceiling) - added).unwrap_or(i64::MIN)
+}
+
+/// The condition under which a lease's refunds of dripping limits may land as a plain
+/// `ADD` without touching `vu` ([`trust_ceiling`]): the item is still the one `img` shows
+/// (`rf` and `vu` unchanged, so its refill baseline, remainder and parameters are too) and
+/// every refunded balance stays at or below its trust ceiling. `refunds` are positive
+/// amounts of milli returned. `None` when `img` has no horizon to keep (then the refund
+/// must pull `vu` in).
+pub fn refund_trust(
+    img: &BucketImage,
+    limits: &[Limit],
+    refunds: &Amounts,
+    shard_count: i64,
+) -> Option<Condition> {
+    let vu = img.vu?;
+    let mut c = Condition::eq(attr::RF, img.rf).and(Condition::eq(attr::VU, vu));
+    for (n, r) in refunds {
+        let Some(l) = limits.iter().find(|l| l.name() == n) else {
+            continue;
+        };
+        if !matches!(l.refill(), Refill::Drip { .. }) {
+            continue;
+        }
+        let st = img.limits.get(n)?;
+        let e = evaluate(l, Some(st), img.rf, shard_count, img.rf, None);
+        let max = trust_ceiling(e.ceiling, e.rate, l.rp(), st.rc, img.rf, vu);
+        c = c.and(Condition::le(battr(n, "tk"), max.saturating_sub(*r)));
+    }
+    Some(c)
 }
 
 /// Adjust / rollback (path 4): ADD `−delta` to the balance and `+delta` to `tc` per limit;
@@ -464,7 +561,7 @@ pub fn create_item(
         if let Some(wa) = e.wa {
             put(battr(n, "wa"), Value::N(wa));
         }
-        if let Some(gc) = e.gc {
+        if let Some(gc) = e.gc.or(e.drip_gc) {
             put(battr(n, "gc"), Value::N(gc));
         }
         if let Some(pe) = e.pe {

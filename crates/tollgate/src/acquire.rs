@@ -14,15 +14,16 @@ use tollgate_core::materialize::{evaluate, evaluate_wcu, valid_until, Evaluated}
 use tollgate_core::status::{limit_status, ShardView};
 use tollgate_core::value::Key;
 use tollgate_core::writes::{
-    classify_fast_failure, create_item, fast_write, next_rf, normal_write, params_hash, refund_pin,
-    retry_write, ttl_for, would_refill_satisfy, BucketIdentity, FastFailure, ItemStamp, TtlWrite,
+    balance_charges, classify_fast_failure, create_item, fast_write, next_rf, normal_write,
+    params_hash, refund_pin, retry_write, ttl_for, would_refill_satisfy, BucketIdentity, Charging,
+    FastFailure, ItemStamp, TtlWrite,
 };
 use tollgate_core::{LimitStatus, RuleError};
 use tollgate_store::{CancelReason, PutRequest, StoreError, TransactOp, UpdateRequest};
 
 use crate::config::{OnUnavailable, Source};
 use crate::error::{Error, Exceeded, Result};
-use crate::lease::Lease;
+use crate::lease::{Lease, Part};
 use crate::limiter::{Inner, Limiter, Stats};
 use crate::shards;
 
@@ -36,6 +37,7 @@ pub struct AcquireOptions {
 }
 
 /// A validated request.
+#[derive(Debug, Clone)]
 pub(crate) struct Request {
     pub entity: String,
     pub resource: String,
@@ -91,8 +93,23 @@ pub(crate) struct LostLock(pub(crate) Option<Box<tollgate_core::value::Item>>);
 
 enum Fast {
     Granted(Box<Lease>),
-    Slow(u32),
+    /// Take the slow path on this shard, planning from this image when one is known (a
+    /// failed write's old item: no read needed).
+    Slow(u32, Option<BucketImage>),
     Rejected(Box<Exceeded>),
+}
+
+/// Whether a speculative write on `img` would fail for a reason only the slow path handles
+/// (its trust horizon passed, its parameters or limits changed, its TTL passed): then the
+/// slow path plans from `img` at once instead of spending a write to learn it.
+fn needs_materialising(img: &BucketImage, req: &Request, now: i64) -> bool {
+    img.vu.is_none_or(|v| v <= now)
+        || img.ph.as_deref() != Some(req.ph.as_str())
+        || img.ttl.is_some_and(|t| t <= now / 1000)
+        || req
+            .amounts
+            .iter()
+            .any(|(n, _)| !img.limits.contains_key(n))
 }
 
 impl Limiter {
@@ -217,6 +234,7 @@ impl Limiter {
             }
         }
         inner.rejections.clear();
+        inner.images.clear();
         Ok(written)
     }
 
@@ -311,17 +329,29 @@ impl Inner {
                     Stats::bump(&self.stats.local_rejections);
                     Err(Error::RateLimitExceeded(x))
                 }
-                Ok(shard) => match self.fast(req, shard, s, now).await? {
-                    Fast::Granted(l) => Ok(*l),
-                    Fast::Rejected(x) => Err(Error::RateLimitExceeded(x)),
-                    Fast::Slow(shard) => self.slow(req, shard).await,
-                },
+                Ok(shard) => {
+                    // Rule "plan from what the store last said": a shard this process last
+                    // saw past its trust horizon is materialised from that image, in one
+                    // write, rather than refused by a speculative write first.
+                    let known = self
+                        .images
+                        .get(&req.entity, &req.resource, shard)
+                        .filter(|img| needs_materialising(img, req, now) && !img.disabled);
+                    match known {
+                        Some(img) => self.slow(req, shard, Some(img)).await,
+                        None => match self.fast(req, shard, s, now).await? {
+                            Fast::Granted(l) => Ok(*l),
+                            Fast::Rejected(x) => Err(Error::RateLimitExceeded(x)),
+                            Fast::Slow(shard, img) => self.slow(req, shard, img).await,
+                        },
+                    }
+                }
             },
             Some(s) => {
                 let shard = self.rng.draw(0, s as u32);
-                self.slow(req, shard).await
+                self.slow(req, shard, None).await
             }
-            None => self.slow(req, 0).await,
+            None => self.slow(req, 0, None).await,
         };
         if let Err(Error::RateLimitExceeded(_)) = &r {
             Stats::bump(&self.stats.rejections);
@@ -360,7 +390,13 @@ impl Inner {
             }
         }
         if open.is_empty() {
-            return Err(self.exceeded(req, &views.iter().map(Some).collect::<Vec<_>>(), s, now));
+            if let Some(x) = self.exceeded(req, &views.iter().map(Some).collect::<Vec<_>>(), s, now)
+            {
+                return Err(x);
+            }
+            // Every shard is short on its own but together they cover it: draw any (the
+            // store decides, across shards if need be).
+            return Ok((0..s as u32).collect());
         }
         Ok(open)
     }
@@ -377,9 +413,9 @@ impl Inner {
                     // Throttled: the partition is hot. Spread out if we can.
                     let new_s = self.bump(req, s).await?;
                     if new_s > s {
-                        return Ok(Fast::Slow(self.rng.draw(s as u32, new_s as u32)));
+                        return Ok(Fast::Slow(self.rng.draw(s as u32, new_s as u32), None));
                     }
-                    return Ok(Fast::Slow(cur));
+                    return Ok(Fast::Slow(cur, None));
                 }
                 Err(Some((failure, img))) => match failure {
                     FastFailure::Disabled => {
@@ -388,11 +424,11 @@ impl Inner {
                             resource: req.resource.clone(),
                         })
                     }
-                    FastFailure::Missing
-                    | FastFailure::Expired
+                    FastFailure::Missing => return Ok(Fast::Slow(cur, None)),
+                    FastFailure::Expired
                     | FastFailure::Boundary
                     | FastFailure::ParamsChanged
-                    | FastFailure::LimitMissing => return Ok(Fast::Slow(cur)),
+                    | FastFailure::LimitMissing => return Ok(Fast::Slow(cur, img)),
                     FastFailure::WcuExhausted | FastFailure::Both => {
                         let img = img.ok_or_else(|| Error::Corrupt("no image".into()))?;
                         if would_refill_satisfy(&img, &req.limits, &req.amounts, now) {
@@ -400,20 +436,23 @@ impl Inner {
                             // app-limit rejection.
                             let wcu = evaluate_wcu(img.wcu.as_ref(), img.rf, now);
                             if !shards::should_double(wcu.balance, img.shard_count) {
-                                return Ok(Fast::Slow(cur));
+                                return Ok(Fast::Slow(cur, Some(img)));
                             }
                             let new_s = self.bump(req, img.shard_count.max(s)).await?;
                             if new_s > s {
-                                return Ok(Fast::Slow(self.rng.draw(s as u32, new_s as u32)));
+                                return Ok(Fast::Slow(
+                                    self.rng.draw(s as u32, new_s as u32),
+                                    None,
+                                ));
                             }
-                            return Ok(Fast::Slow(cur));
+                            return Ok(Fast::Slow(cur, Some(img)));
                         }
                         images.push(img);
                     }
                     FastFailure::AppLimit => {
                         let img = img.ok_or_else(|| Error::Corrupt("no image".into()))?;
                         if would_refill_satisfy(&img, &req.limits, &req.amounts, now) {
-                            return Ok(Fast::Slow(cur));
+                            return Ok(Fast::Slow(cur, Some(img)));
                         }
                         self.rejections
                             .record(&req.entity, &req.resource, cur, img.clone(), now);
@@ -439,17 +478,21 @@ impl Inner {
             .get(&req.entity, &req.resource)
             .unwrap_or(s)
             .max(s);
-        let x = if s_now > 1 {
-            self.entity_exceeded(req, s_now, now).await?
-        } else {
-            self.exceeded(
-                req,
-                &images.iter().map(Some).collect::<Vec<_>>(),
-                s_now,
-                now,
-            )
-        };
-        Ok(Fast::Rejected(x))
+        if s_now > 1 {
+            // Rule "a debit belongs to the entity": the shards probed cannot pay, the
+            // entity may (read them all; admit across several, or refuse honestly).
+            return match self.entity_acquire(req, s_now, shard, now).await {
+                Ok(lease) => Ok(Fast::Granted(Box::new(lease))),
+                Err(Error::RateLimitExceeded(x)) => Ok(Fast::Rejected(x)),
+                Err(e) => Err(e),
+            };
+        }
+        match self.exceeded(req, &images.iter().map(Some).collect::<Vec<_>>(), s_now, now) {
+            Some(x) => Ok(Fast::Rejected(x)),
+            // The image shows enough (a refill the stored balance did not carry yet): the
+            // slow path materialises it.
+            None => Ok(Fast::Slow(cur, images.pop())),
+        }
     }
 
     /// One speculative write. `Ok(Ok(lease))` admitted; `Ok(Err(Some(..)))` refused with the
@@ -477,6 +520,8 @@ impl Inner {
                 let img = returned_image(new.as_ref(), &key)?;
                 self.shards
                     .raise(&req.entity, &req.resource, img.shard_count);
+                self.images
+                    .put(&req.entity, &req.resource, shard, img.clone());
                 Stats::bump(&self.stats.fast_admits);
                 let evals = self.evaluate_all(req, &img, now);
                 Ok(Ok(self.lease(
@@ -485,14 +530,19 @@ impl Inner {
                     key,
                     &evals,
                     Some(&img),
+                    Some(img.clone()),
                     img.shard_count,
                     now,
                 )))
             }
             Err(StoreError::ConditionFailed { old }) => {
                 let img = old.as_deref().map(BucketImage::decode).transpose()?;
-                if let Some(i) = &img {
-                    self.shards.raise(&req.entity, &req.resource, i.shard_count);
+                match &img {
+                    Some(i) => {
+                        self.shards.raise(&req.entity, &req.resource, i.shard_count);
+                        self.images.put(&req.entity, &req.resource, shard, i.clone());
+                    }
+                    None => self.images.forget(&req.entity, &req.resource, shard),
                 }
                 let f = classify_fast_failure(img.as_ref(), &req.amounts, &req.ph, now);
                 Ok(Err(Some((f, img))))
@@ -529,22 +579,21 @@ impl Inner {
     /// materialisation at `now` projects. `None`: `evals` are what the write stored, before
     /// the debit (slow path, create). Statuses always report the balance after the debit.
     #[allow(clippy::too_many_arguments)]
-    fn lease(
+    pub(crate) fn lease(
         self: &Arc<Self>,
         req: &Request,
         shard: u32,
         key: Key,
         evals: &[Evaluated],
         landed: Option<&BucketImage>,
+        after: Option<BucketImage>,
         s: i64,
         now: i64,
     ) -> Lease {
         let debited = landed.is_some();
-        let mut ceilings = BTreeMap::new();
         let mut pins = BTreeMap::new();
         let mut statuses = Vec::new();
         for (l, e) in req.limits.iter().zip(evals) {
-            ceilings.insert(l.name().to_string(), e.ceiling);
             let (ws, pe, rf) = match landed {
                 Some(img) => {
                     let st = img.limits.get(l.name());
@@ -570,44 +619,39 @@ impl Inner {
                 statuses.push(limit_status(l, &[view], *a, false, now));
             }
         }
-        Lease::granted(
-            self.clone(),
-            &req.entity,
-            &req.resource,
+        let part = Part {
             shard,
             key,
-            req.limits.clone(),
-            ceilings,
+            held: req.amounts.iter().cloned().collect(),
             pins,
-            req.amounts.clone(),
-            statuses,
-        )
+            image: after,
+        };
+        Lease::granted(self.clone(), req, vec![part], statuses)
     }
 
-    /// Statuses of a refusal from the shard images at hand.
+    /// The refusal the shard images at hand support: `None` when, by them, the entity
+    /// covers every named limit (a refill or refund the failed write did not see) — the
+    /// caller then materialises instead of refusing (rule "a refusal never says
+    /// available").
     pub(crate) fn exceeded(
         &self,
         req: &Request,
         images: &[Option<&BucketImage>],
         s: i64,
         now: i64,
-    ) -> Box<Exceeded> {
-        let mut statuses = self.statuses(req, images, s, now, Some(&req.amounts));
-        if !statuses.iter().any(|s| s.exceeded) {
-            // The shards refused, but the view read since shows enough (a refill or refund
-            // landed in between): the named limits are still the refusal's cause.
-            for st in &mut statuses {
-                st.exceeded = true;
-                st.retry_after_ms = Some(st.retry_after_ms.unwrap_or(1).max(1));
-            }
-        }
-        Box::new(Exceeded::new(&req.entity, &req.resource, statuses))
+    ) -> Option<Box<Exceeded>> {
+        let statuses = self.statuses(req, images, s, now, Some(&req.amounts));
+        statuses
+            .iter()
+            .any(|s| s.exceeded)
+            .then(|| Box::new(Exceeded::new(&req.entity, &req.resource, statuses)))
     }
 
     /// Entity-wide statuses of the limits `req` names, summed over the shard images given
-    /// (index = shard). A missing shard counts as a fresh one for dripping limits, and for
-    /// quotas only when no shard exists at all (a quota shard is funded by a move, not a
-    /// mint). A limit is exceeded when `judged` names it and no shard covers its amount.
+    /// (index = shard). A missing shard counts for nothing while any shard exists (a new
+    /// shard is funded from its siblings: a move for quotas, a split for dripping limits),
+    /// and as a fresh one when none does. A limit is exceeded when `judged` names it and the
+    /// entity's balance (every shard's, debt counted) does not cover its amount.
     pub(crate) fn statuses(
         &self,
         req: &Request,
@@ -624,7 +668,6 @@ impl Inner {
                 .find(|(n, _)| n == l.name())
                 .map(|(_, a)| (l, *a))
         }) {
-            let seeded = !l.is_quota() || none_exist;
             let evals: Vec<Evaluated> = images
                 .iter()
                 .filter_map(|img| match img {
@@ -636,7 +679,7 @@ impl Inner {
                         now,
                         None,
                     )),
-                    None if seeded => Some(evaluate(l, None, now, s, now, None)),
+                    None if none_exist => Some(evaluate(l, None, now, s, now, None)),
                     None => None,
                 })
                 .collect();
@@ -648,56 +691,38 @@ impl Inner {
                     carry: e.carry.unwrap_or(0),
                 })
                 .collect();
-            let best = evals.iter().map(|e| e.balance).max().unwrap_or(0);
+            let total: i64 = evals.iter().map(|e| e.balance).sum();
             let exceeded = judged
                 .and_then(|j| j.iter().find(|(n, _)| n == l.name()))
-                .is_some_and(|(_, want)| best < *want);
+                .is_some_and(|(_, want)| total < *want);
             out.push(limit_status(l, &views, a, exceeded, now));
         }
         out
     }
 
-    /// A one-shard refusal restated for the entity when it has several shards (#475).
-    async fn speak_of_entity(
-        &self,
-        req: &Request,
-        x: Box<Exceeded>,
-        s: i64,
-        now: i64,
-    ) -> Result<Box<Exceeded>> {
-        if s > 1 {
-            self.entity_exceeded(req, s, now).await
-        } else {
-            Ok(x)
-        }
-    }
-
-    /// A refusal that speaks of the entity: read every shard (one batch read).
-    async fn entity_exceeded(&self, req: &Request, s: i64, now: i64) -> Result<Box<Exceeded>> {
-        let keys: Vec<Key> = (0..s as u32).map(|i| self.bucket_key(req, i)).collect();
-        let items = self.store.batch_get(&keys, false).await?;
-        let images: Vec<Option<BucketImage>> = items
-            .iter()
-            .map(|i| i.as_ref().map(BucketImage::decode).transpose())
-            .collect::<std::result::Result<_, _>>()?;
-        let refs: Vec<Option<&BucketImage>> = images.iter().map(|i| i.as_ref()).collect();
-        Ok(self.exceeded(req, &refs, s, now))
-    }
-
-    /// The slow path on one shard: a consistent read, then create, the rf-locked normal
-    /// write, or — when the lock was lost — the consumption-only retry.
+    /// The slow path on one shard: a consistent read (unless the image is known: the last
+    /// one this process saw, or a failed write's old item), then create, the rf-locked
+    /// normal write, or — when the lock was lost to a writer that left the item trusted —
+    /// the consumption-only retry.
     ///
-    /// Rule "contention is a refusal, not an outage" (Q11): a transaction that keeps
-    /// conflicting (1 try + 3 retries) is retried once more with quota moves disabled (the
-    /// slot then gets no grant from a busy donor), and if that still conflicts the request
-    /// is refused with `RateLimitExceeded` — never `Unavailable`, so `on_unavailable =
-    /// allow` does not admit a contended entity without limit.
-    pub(crate) async fn slow(self: &Arc<Self>, req: &Request, shard: u32) -> Result<Lease> {
+    /// Rule "contention is not an outage" (Q11): a transaction that keeps conflicting
+    /// (1 try + 3 retries) is retried once more with quota moves disabled (the slot then
+    /// gets no grant from a busy donor), and if that still conflicts the request fails with
+    /// [`Error::Contended`] — never `Unavailable`, so `on_unavailable = allow` does not
+    /// admit a contended entity without limit, and never a refusal that would claim the
+    /// entity cannot pay.
+    pub(crate) async fn slow(
+        self: &Arc<Self>,
+        req: &Request,
+        shard: u32,
+        known: Option<BucketImage>,
+    ) -> Result<Lease> {
         let key = self.bucket_key(req, shard);
         let mut attempt = 0;
         let mut moves = true;
+        let mut known = known;
         loop {
-            let r = self.slow_once(req, shard, &key, moves).await;
+            let r = self.slow_once(req, shard, &key, moves, known.take()).await;
             match r {
                 Err(Error::Unavailable(e)) if e.is_retryable() && attempt < 3 => {
                     tokio::time::sleep(backoff(attempt)).await;
@@ -709,11 +734,10 @@ impl Inner {
                     attempt = 0;
                 }
                 Err(Error::Unavailable(StoreError::TransactionConflict)) => {
-                    let now = self.clock.now_ms();
-                    let s = self.shards.get(&req.entity, &req.resource).unwrap_or(1);
-                    return Err(Error::RateLimitExceeded(
-                        self.entity_exceeded(req, s.max(1), now).await?,
-                    ));
+                    return Err(Error::Contended {
+                        entity: req.entity.clone(),
+                        resource: req.resource.clone(),
+                    });
                 }
                 r => return r,
             }
@@ -726,14 +750,16 @@ impl Inner {
         shard: u32,
         key: &Key,
         moves: bool,
+        known: Option<BucketImage>,
     ) -> Result<Lease> {
         // ADR-145: a lost move re-plans once, then seeds with moves disabled.
         let mut moves = moves;
         let mut replanned = false;
         let mut rereads = 0;
+        let mut known = known;
         loop {
-            match self.slow_attempt(req, shard, key, moves).await {
-                Err(Error::Reread) if rereads < 4 => rereads += 1,
+            match self.slow_attempt(req, shard, key, moves, &mut known).await {
+                Err(Error::Reread) if rereads < 6 => rereads += 1,
                 Err(Error::Reread) => {
                     return Err(Error::Unavailable(StoreError::TransactionConflict))
                 }
@@ -747,19 +773,24 @@ impl Inner {
         }
     }
 
+    /// One slow-path pass. `known`: the image to plan from instead of reading (taken); a
+    /// pass that must be re-planned leaves the image its failed write returned there.
     async fn slow_attempt(
         self: &Arc<Self>,
         req: &Request,
         shard: u32,
         key: &Key,
         moves: bool,
+        known: &mut Option<BucketImage>,
     ) -> Result<Lease> {
         let now = self.clock.now_ms();
-        let item = self.store.get(key, true).await?;
-        let Some(item) = item else {
-            return self.create(req, shard, key, now, moves).await;
+        let img = match known.take() {
+            Some(img) => img,
+            None => match self.store.get(key, true).await? {
+                None => return self.create(req, shard, key, now, moves, known).await,
+                Some(item) => BucketImage::decode(&item)?,
+            },
         };
-        let img = BucketImage::decode(&item)?;
         if img.disabled {
             return Err(Error::ResourceDisabled {
                 entity: req.entity.clone(),
@@ -819,8 +850,10 @@ impl Inner {
         if let (Some(x), true) = (&refusal, plan.moves.is_empty()) {
             self.rejections
                 .record(&req.entity, &req.resource, shard, img, now);
-            let x = self.speak_of_entity(req, x.clone(), s, now).await?;
-            return Err(Error::RateLimitExceeded(x));
+            if s > 1 {
+                return self.entity_acquire(req, s, shard, now).await;
+            }
+            return Err(Error::RateLimitExceeded(x.clone()));
         }
         // A refused request whose seed planned a move still commits the move, with nothing
         // consumed (the grant is the slot's either way).
@@ -829,53 +862,160 @@ impl Inner {
         } else {
             req.amounts.clone()
         };
-        let wcu = evaluate_wcu(img.wcu.as_ref(), img.rf, now);
-        let stamp = ItemStamp {
-            rf: next_rf(now, Some(img.rf), &evals),
-            vu: valid_until(&req.limits, &evals, now),
-            ttl: req.ttl,
-            ph: &req.ph,
-        };
-        let (update, condition) = normal_write(img.rf, &stamp, &req.limits, &evals, &wcu, &amounts);
-        let write = UpdateRequest {
-            key: key.clone(),
-            update: update.set(attr::CASCADE, req.cascade),
-            condition: Some(condition),
-            returns: ReturnValues::None,
-        };
+        let (write, rf_written) = self.materialising_write(
+            req,
+            key,
+            &img,
+            &evals,
+            &amounts,
+            Charging::default(),
+            now,
+        );
         let landed = self
             .commit_slot(req, shard, TransactOp::Update(write), &plan.moves, pin)
             .await?;
         match (landed, refusal) {
-            (Ok(()), Some(x)) => Err(Error::RateLimitExceeded(
-                self.speak_of_entity(req, x, s, now).await?,
-            )),
-            (Ok(()), None) => {
+            (Ok(_), Some(x)) => {
+                self.images.forget(&req.entity, &req.resource, shard);
+                if s > 1 {
+                    return self.entity_acquire(req, s, shard, now).await;
+                }
+                Err(Error::RateLimitExceeded(x))
+            }
+            (Ok(new), None) => {
                 Stats::bump(&self.stats.slow_admits);
                 self.rejections.forget(&req.entity, &req.resource, shard);
                 for m in &plan.moves {
                     self.rejections.forget(&req.entity, &req.resource, m.shard);
                 }
+                let new = self.remember(req, shard, new.as_deref())?;
+                debug_assert!(new.as_ref().is_none_or(|n| n.rf == rf_written));
                 self.after_materialise(req, shard, s, &evals).await;
-                Ok(self.lease(req, shard, key.clone(), &evals, None, s, now))
+                Ok(self.lease(req, shard, key.clone(), &evals, None, new, s, now))
             }
             (Err(LostLock(old)), _) => {
-                // The lock is still ours (rf unchanged) but a pinned reset balance moved:
-                // re-read and re-plan rather than spend the pre-reset balance.
-                let lock_held = old
-                    .as_deref()
-                    .and_then(|i| i.get(attr::RF))
-                    .and_then(tollgate_core::value::Value::as_n)
-                    == Some(img_rf);
-                if lock_held
-                    && evals
-                        .iter()
-                        .any(|e| e.transition.is_set() || e.gc.is_some())
-                {
-                    return Err(Error::Reread);
-                }
-                self.retry(req, shard, key, s, now).await
+                let old = old.as_deref().map(BucketImage::decode).transpose()?;
+                self.after_lost_lock(req, shard, key, s, img_rf, &evals, old, now, known)
+                    .await
             }
+        }
+    }
+
+    /// The rf-locked write that materialises `evals` on the item `img` and charges
+    /// `amounts` (the normal write, §4.4), returning its new image; never onto a disabled
+    /// item. Also returns the `rf` it stamps.
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn materialising_write(
+        &self,
+        req: &Request,
+        key: &Key,
+        img: &BucketImage,
+        evals: &[Evaluated],
+        amounts: &[(String, i64)],
+        charging: Charging<'_>,
+        now: i64,
+    ) -> (UpdateRequest, i64) {
+        let wcu = evaluate_wcu(img.wcu.as_ref(), img.rf, now);
+        let rf = next_rf(now, Some(img.rf), evals);
+        let stamp = ItemStamp {
+            rf,
+            vu: valid_until(
+                &req.limits,
+                evals,
+                &balance_charges(amounts, charging.tc_only),
+                rf,
+                now,
+            ),
+            ttl: req.ttl,
+            ph: &req.ph,
+        };
+        let (update, condition) =
+            normal_write(img.rf, &stamp, &req.limits, evals, &wcu, amounts, charging);
+        (
+            UpdateRequest {
+                key: key.clone(),
+                update: update.set(attr::CASCADE, req.cascade),
+                condition: Some(condition.and(Condition::not_exists(attr::DISABLED))),
+                returns: ReturnValues::AllNew,
+            },
+            rf,
+        )
+    }
+
+    /// Remember the image a write returned (`ALL_NEW`) for the next plan; `None` when the
+    /// write returned nothing (a transaction): the shard's entry is dropped.
+    pub(crate) fn remember(
+        &self,
+        req: &Request,
+        shard: u32,
+        new: Option<&tollgate_core::value::Item>,
+    ) -> Result<Option<BucketImage>> {
+        match new {
+            Some(i) => {
+                let img = BucketImage::decode(i)?;
+                self.images
+                    .put(&req.entity, &req.resource, shard, img.clone());
+                Ok(Some(img))
+            }
+            None => {
+                self.images.forget(&req.entity, &req.resource, shard);
+                Ok(None)
+            }
+        }
+    }
+
+    /// The slot's own conditional write failed (the rf lock lost to another writer, a
+    /// pinned balance moved, a create race lost): decide from the item it returned. A
+    /// writer that left the item trusted (`vu` later than now) lets the consumption-only
+    /// retry compose with it; otherwise the pass is re-planned from that image (no read).
+    #[allow(clippy::too_many_arguments)]
+    async fn after_lost_lock(
+        self: &Arc<Self>,
+        req: &Request,
+        shard: u32,
+        key: &Key,
+        s: i64,
+        read_rf: i64,
+        evals: &[Evaluated],
+        old: Option<BucketImage>,
+        now: i64,
+        known: &mut Option<BucketImage>,
+    ) -> Result<Lease> {
+        let Some(old) = old else {
+            // The item is gone: read again (and create it).
+            return Err(Error::Reread);
+        };
+        if old.disabled {
+            return Err(Error::ResourceDisabled {
+                entity: req.entity.clone(),
+                resource: req.resource.clone(),
+            });
+        }
+        self.shards
+            .raise(&req.entity, &req.resource, old.shard_count);
+        self.images
+            .put(&req.entity, &req.resource, shard, old.clone());
+        // The lock is still ours (rf unchanged) but a pinned balance moved: re-plan rather
+        // than spend the pre-reset balance.
+        let lock_held = old.rf == read_rf;
+        let trusted = old.vu.is_some_and(|v| v > now);
+        if (lock_held
+            && evals
+                .iter()
+                .any(|e| e.transition.is_set() || e.gc.is_some()))
+            || !trusted
+            || needs_materialising(&old, req, now)
+        {
+            *known = Some(old);
+            return Err(Error::Reread);
+        }
+        match self.retry(req, shard, key, s, now).await? {
+            Ok(lease) => Ok(lease),
+            Err(Some(img)) => {
+                *known = Some(img);
+                Err(Error::Reread)
+            }
+            Err(None) => Err(Error::Reread),
         }
     }
 
@@ -892,7 +1032,7 @@ impl Inner {
         own: TransactOp,
         moves: &[shards::Move],
         count_pin: Option<CountPin>,
-    ) -> Result<std::result::Result<(), LostLock>> {
+    ) -> Result<std::result::Result<Option<Box<tollgate_core::value::Item>>, LostLock>> {
         let count = count_pin.map(|p| match p {
             CountPin::Count(s) if s <= 1 => Condition::exists("PK").and(
                 Condition::not_exists(attr::SHARD_COUNT).or(Condition::eq(attr::SHARD_COUNT, 1)),
@@ -938,12 +1078,12 @@ impl Inner {
         }
         if rest.is_empty() && check.is_none() {
             let r = match own {
-                TransactOp::Update(u) => self.store.update(u).await.map(|_| ()),
-                TransactOp::Put(p) => self.store.put(p).await,
-                other => self.store.transact_write(vec![other], None).await,
+                TransactOp::Update(u) => self.store.update(u).await.map(|n| n.map(Box::new)),
+                TransactOp::Put(p) => self.store.put(p).await.map(|()| None),
+                other => self.store.transact_write(vec![other], None).await.map(|()| None),
             };
             return match r {
-                Ok(()) => Ok(Ok(())),
+                Ok(n) => Ok(Ok(n)),
                 Err(StoreError::ConditionFailed { old }) => Ok(Err(LostLock(old))),
                 Err(e) => Err(e.into()),
             };
@@ -954,7 +1094,7 @@ impl Inner {
         ops.extend(check);
         match self.transact(ops).await {
             Err(Error::MoveLost) if checked && moves.is_empty() => Err(Error::Reread),
-            r => r,
+            r => r.map(|x| x.map(|()| None)),
         }
     }
 
@@ -1036,7 +1176,9 @@ impl Inner {
         )))
     }
 
-    /// The consumption-only retry after a lost rf lock or create race.
+    /// The consumption-only retry after a lost rf lock or create race, on an item whose
+    /// writer left it trusted. `Ok(Err(image))`: the item is no longer trusted (or changed
+    /// shape): re-plan from the image it returned.
     async fn retry(
         self: &Arc<Self>,
         req: &Request,
@@ -1044,8 +1186,8 @@ impl Inner {
         key: &Key,
         s: i64,
         now: i64,
-    ) -> Result<Lease> {
-        let (update, condition) = retry_write(&req.amounts);
+    ) -> Result<std::result::Result<Lease, Option<BucketImage>>> {
+        let (update, condition) = retry_write(&req.amounts, now);
         let r = self
             .store
             .update(UpdateRequest {
@@ -1058,26 +1200,51 @@ impl Inner {
         match r {
             Ok(new) => {
                 let img = returned_image(new.as_ref(), key)?;
+                self.images
+                    .put(&req.entity, &req.resource, shard, img.clone());
                 Stats::bump(&self.stats.slow_admits);
                 let evals = self.evaluate_all(req, &img, now);
-                Ok(self.lease(req, shard, key.clone(), &evals, Some(&img), s, now))
-            }
-            Err(StoreError::ConditionFailed { old }) => {
-                let img = old.as_deref().map(BucketImage::decode).transpose()?;
-                Err(Error::RateLimitExceeded(self.exceeded(
+                Ok(Ok(self.lease(
                     req,
-                    &[img.as_ref()],
+                    shard,
+                    key.clone(),
+                    &evals,
+                    Some(&img),
+                    Some(img.clone()),
                     s,
                     now,
                 )))
+            }
+            Err(StoreError::ConditionFailed { old }) => {
+                let Some(img) = old.as_deref().map(BucketImage::decode).transpose()? else {
+                    return Ok(Err(None));
+                };
+                self.images
+                    .put(&req.entity, &req.resource, shard, img.clone());
+                if img.disabled {
+                    return Err(Error::ResourceDisabled {
+                        entity: req.entity.clone(),
+                        resource: req.resource.clone(),
+                    });
+                }
+                if needs_materialising(&img, req, now) {
+                    return Ok(Err(Some(img)));
+                }
+                if s > 1 {
+                    return self.entity_acquire(req, s, shard, now).await.map(Ok);
+                }
+                match self.exceeded(req, &[Some(&img)], s, now) {
+                    Some(x) => Err(Error::RateLimitExceeded(x)),
+                    None => Ok(Err(Some(img))),
+                }
             }
             Err(e) => Err(e.into()),
         }
     }
 
     /// Create a missing shard item (Put if absent, in one transaction with the moves that
-    /// fund its quotas). Losing the race falls back to the consumption-only retry on the
-    /// winner's item.
+    /// fund its quotas and the split that funds its dripping limits). Losing the race
+    /// continues on the winner's item.
     async fn create(
         self: &Arc<Self>,
         req: &Request,
@@ -1085,6 +1252,7 @@ impl Inner {
         key: &Key,
         now: i64,
         moves: bool,
+        known: &mut Option<BucketImage>,
     ) -> Result<Lease> {
         let cached = self.shards.get(&req.entity, &req.resource).unwrap_or(1);
         if shard != 0 {
@@ -1100,7 +1268,7 @@ impl Inner {
             }
         }
         let all: Vec<&Limit> = req.limits.iter().collect();
-        let plan = shards::plan_seeds(
+        let plan = shards::plan_seeds_of(
             self,
             req,
             &all,
@@ -1108,8 +1276,15 @@ impl Inner {
             cached.max(shard as i64 + 1),
             now,
             moves,
+            true,
         )
         .await?;
+        if let Some(first) = plan.split_first {
+            // The family splits one level at a time: create the covering sibling's buddy
+            // (nothing charged there), then plan this slot again.
+            Box::pin(self.create_empty(req, first, moves)).await?;
+            return Err(Error::Reread);
+        }
         let s = plan.shard_count;
         let now = plan.now;
         let evals: Vec<Evaluated> = req
@@ -1118,7 +1293,10 @@ impl Inner {
             .map(|l| evaluate(l, None, now, s, now, plan.seed(l.name())))
             .collect();
         let refusal = self.refuse(req, &evals, s, now);
-        if let (Some(x), true) = (&refusal, plan.moves.is_empty()) {
+        if let (Some(x), true) = (&refusal, plan.moves.is_empty() && plan.splits.is_empty()) {
+            if s > 1 {
+                return self.entity_acquire(req, s, shard, now).await;
+            }
             return Err(Error::RateLimitExceeded(x.clone()));
         }
         let amounts: Vec<(String, i64)> = if refusal.is_some() {
@@ -1126,9 +1304,10 @@ impl Inner {
         } else {
             req.amounts.clone()
         };
+        let rf = next_rf(now, None, &evals);
         let stamp = ItemStamp {
-            rf: next_rf(now, None, &evals),
-            vu: valid_until(&req.limits, &evals, now),
+            rf,
+            vu: valid_until(&req.limits, &evals, &amounts, rf, now),
             ttl: req.ttl,
             ph: &req.ph,
         };
@@ -1144,7 +1323,7 @@ impl Inner {
         item.insert(attr::CASCADE.into(), req.cascade.into());
         let put = PutRequest {
             key: key.clone(),
-            item,
+            item: item.clone(),
             condition: Some(Condition::not_exists("PK")),
         };
         // A create on shard 0 is pinned by its own `attribute_not_exists(PK)`; any other
@@ -1155,24 +1334,53 @@ impl Inner {
             }
             _ => None,
         };
+        let mut moves_ops = plan.moves.clone();
+        moves_ops.extend(plan.splits.iter().cloned());
         let landed = self
-            .commit_slot(req, shard, TransactOp::Put(put), &plan.moves, pin)
+            .commit_slot(req, shard, TransactOp::Put(put), &moves_ops, pin)
             .await?;
         match (landed, refusal) {
-            (Ok(()), Some(x)) => {
+            (Ok(_), Some(x)) => {
                 self.shards.raise(&req.entity, &req.resource, s);
+                self.images.forget(&req.entity, &req.resource, shard);
+                if s > 1 {
+                    return self.entity_acquire(req, s, shard, now).await;
+                }
                 Err(Error::RateLimitExceeded(x))
             }
-            (Ok(()), None) => {
+            (Ok(_), None) => {
                 Stats::bump(&self.stats.slow_admits);
                 self.shards.raise(&req.entity, &req.resource, s);
-                for m in &plan.moves {
+                for m in &moves_ops {
                     self.rejections.forget(&req.entity, &req.resource, m.shard);
+                    self.images.forget(&req.entity, &req.resource, m.shard);
                 }
+                let mut full = item;
+                full.insert("PK".into(), key.pk.clone().into());
+                full.insert("SK".into(), key.sk.clone().into());
+                let new = self.remember(req, shard, Some(&full))?;
                 self.after_materialise(req, shard, s, &evals).await;
-                Ok(self.lease(req, shard, key.clone(), &evals, None, s, now))
+                Ok(self.lease(req, shard, key.clone(), &evals, None, new, s, now))
             }
-            (Err(LostLock(_)), _) => self.retry(req, shard, key, s, now).await,
+            (Err(LostLock(old)), _) => {
+                let old = old.as_deref().map(BucketImage::decode).transpose()?;
+                self.after_lost_lock(req, shard, key, s, i64::MIN, &evals, old, now, known)
+                    .await
+            }
+        }
+    }
+
+    /// Create shard `shard` charging nothing (an intermediate level of a dripping split);
+    /// losing the race to another creator is fine.
+    async fn create_empty(self: &Arc<Self>, req: &Request, shard: u32, moves: bool) -> Result<()> {
+        let empty = Request {
+            amounts: Vec::new(),
+            ..req.clone()
+        };
+        let key = self.bucket_key(req, shard);
+        match self.slow_once(&empty, shard, &key, moves, None).await {
+            Ok(_) | Err(Error::RateLimitExceeded(_)) => Ok(()),
+            Err(e) => Err(e),
         }
     }
 

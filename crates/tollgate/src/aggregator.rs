@@ -207,7 +207,7 @@ impl Aggregator {
                     let pin = w.grants.then_some(CountPin::Count(s_used));
                     rep.writes += 1;
                     match self.inner.commit_slot(&req, shard, own, &[], pin).await {
-                        Ok(Ok(())) => {
+                        Ok(Ok(_)) => {
                             rep.refilled_items += 1;
                             rep.rolled += w.rolled.len();
                             rep.reset += w.reset.len();
@@ -334,16 +334,22 @@ impl Aggregator {
         let inner = &self.inner;
         let now = inner.clock.now_ms();
         let all: Vec<&Limit> = req.limits.iter().collect();
-        let plan = shards::plan_seeds(inner, req, &all, slot, s, now, true).await?;
+        let plan = shards::plan_seeds_of(inner, req, &all, slot, s, now, true, true).await?;
+        if plan.split_first.is_some() {
+            // The family splits one level at a time: a client creates the levels in order.
+            return Ok(false);
+        }
         let s = plan.shard_count;
         let evals: Vec<Evaluated> = req
             .limits
             .iter()
             .map(|l| evaluate(l, None, plan.now, s, plan.now, plan.seed(l.name())))
             .collect();
+        // The clone's balances are its own (a split, moves): its trust horizon is not shard
+        // 0's, so its first use materialises it.
         let stamp = ItemStamp {
             rf: img0.rf,
-            vu: img0.vu,
+            vu: Some(0),
             ttl: img0.ttl.map_or(TtlWrite::Remove, TtlWrite::Set),
             ph: &req.ph,
         };
@@ -386,13 +392,15 @@ impl Aggregator {
         // overtaken still conserves the allowance — its `gc` records the count it was sized
         // at, so it covers (and funds) the slots the newer doubling opened, and every reset
         // is sized at shard 0's count, not the item's. (Removing such a pin failed no test.)
+        let mut donors = plan.moves.clone();
+        donors.extend(plan.splits.iter().cloned());
         match inner
-            .commit_slot(req, slot, TransactOp::Put(put), &plan.moves, None)
+            .commit_slot(req, slot, TransactOp::Put(put), &donors, None)
             .await?
         {
-            Ok(()) => {
+            Ok(_) => {
                 inner.shards.raise(&req.entity, &req.resource, s);
-                for m in &plan.moves {
+                for m in &donors {
                     inner.rejections.forget(&req.entity, &req.resource, m.shard);
                 }
                 Ok(true)

@@ -96,3 +96,36 @@ impl RejectionCache {
         self.lock().clear();
     }
 }
+
+/// The last image of each bucket shard this process wrote or was shown by a failed write
+/// (`ALL_NEW` / `ALL_OLD`). Used only to plan the next write without reading first (rule
+/// "plan from what the store last said"): every write planned from it is conditioned on
+/// what it assumes (`rf`, the balances read), so a stale entry costs one failed write,
+/// whose returned image replaces it, never an over-admission.
+#[derive(Debug, Default)]
+pub struct ImageCache(Mutex<HashMap<ShardId, BucketImage>>);
+
+impl ImageCache {
+    /// The last image of a shard.
+    pub fn get(&self, e: &str, r: &str, shard: u32) -> Option<BucketImage> {
+        let g = self.0.lock().unwrap_or_else(|x| x.into_inner());
+        g.get(&(e.to_string(), r.to_string(), shard)).cloned()
+    }
+    /// Remember a shard's image.
+    pub fn put(&self, e: &str, r: &str, shard: u32, img: BucketImage) {
+        let mut g = self.0.lock().unwrap_or_else(|x| x.into_inner());
+        if g.len() >= CAP {
+            g.clear();
+        }
+        g.insert((e.to_string(), r.to_string(), shard), img);
+    }
+    /// Forget one shard.
+    pub fn forget(&self, e: &str, r: &str, shard: u32) {
+        let mut g = self.0.lock().unwrap_or_else(|x| x.into_inner());
+        g.remove(&(e.to_string(), r.to_string(), shard));
+    }
+    /// Forget everything (administrative writes).
+    pub fn clear(&self) {
+        self.0.lock().unwrap_or_else(|x| x.into_inner()).clear();
+    }
+}

@@ -114,6 +114,27 @@ pub enum Error {
     /// The lease was already committed or rolled back.
     #[error("lease is no longer active")]
     LeaseClosed,
+    /// A lease adjustment would refund more than the lease consumed of the limit (a lease's
+    /// net never goes below zero: it cannot return tokens of earlier leases).
+    #[error("adjustment {delta} of {limit:?} would refund more than the lease consumed ({consumed})")]
+    InvalidAdjustment {
+        /// The limit.
+        limit: String,
+        /// The adjustment asked for (tokens).
+        delta: i64,
+        /// What the lease had consumed of it, adjustments included (tokens).
+        consumed: i64,
+    },
+    /// The entity's buckets stayed contended by concurrent writers through every retry:
+    /// nothing was charged. Not a refusal (the entity may well have the tokens) and not an
+    /// outage (so `on_unavailable = allow` does not admit through it): retry shortly.
+    #[error("the buckets of {entity:?}/{resource:?} are contended: nothing was charged, retry shortly")]
+    Contended {
+        /// Entity.
+        entity: String,
+        /// Resource.
+        resource: String,
+    },
     /// A stored item could not be decoded.
     #[error("corrupt stored data: {0}")]
     Corrupt(String),

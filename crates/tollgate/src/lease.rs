@@ -4,6 +4,19 @@
 //! stands (admission was decided and written when the lease was granted), adjustments that
 //! were never committed are discarded, and a warning is logged. Dropping a lease therefore
 //! never refunds and never charges more than the estimate.
+//!
+//! Rule "a lease's net never goes below zero": per limit, what the lease consumed (the
+//! acquire's debit plus every adjustment) never drops below zero — a refund returns at most
+//! what the lease took, never tokens of earlier leases ([`Error::InvalidAdjustment`]).
+//!
+//! Rule "usage counts at the instant it is reported": a positive adjustment is charged
+//! when `commit` writes it, after the refill up to that instant — as a balance-only `ADD`
+//! only while the shard's trust horizon holds (`vu` later than now, where such an `ADD` is
+//! exact), otherwise by an rf-locked write that materialises the balance first — so earlier
+//! refill can neither absorb it nor let it escape the ceiling. Usage the lease's shard
+//! cannot cover is taken from its siblings and the rest is levelled over the entity's
+//! shards as debt (`tollgate_core::spread`). A refund keeps the trust horizon
+//! (`tollgate_core::writes::refund_trust`) or pulls `vu` in.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -11,11 +24,13 @@ use std::sync::Arc;
 use tollgate_core::bucket::{attr, BucketImage};
 use tollgate_core::expr::{Condition, ReturnValues, Update};
 use tollgate_core::limit::{MAX_TOKENS, MILLI};
+use tollgate_core::mutants::{self, Mutant};
 use tollgate_core::value::Key;
-use tollgate_core::writes::adjust_write;
+use tollgate_core::writes::{adjust_write, refund_trust, trusted_at, Charging};
 use tollgate_core::{Limit, LimitStatus, RuleError};
-use tollgate_store::{StoreError, UpdateRequest};
+use tollgate_store::{CancelReason, StoreError, TransactOp, UpdateRequest};
 
+use crate::acquire::Request;
 use crate::error::{Error, Result};
 use crate::limiter::Inner;
 
@@ -25,20 +40,31 @@ enum State {
     Closed,
 }
 
-/// A granted request. Amounts are in tokens.
-#[derive(Debug)]
-pub struct Lease {
-    pub(crate) lim: Option<Arc<Inner>>,
-    pub(crate) entity: String,
-    pub(crate) resource: String,
-    pub(crate) shard: u32,
-    pub(crate) key: Key,
-    pub(crate) limits: Vec<Limit>,
-    pub(crate) ceilings: BTreeMap<String, i64>,
+/// One shard a lease holds tokens on.
+#[derive(Debug, Clone)]
+pub(crate) struct Part {
+    /// Shard index.
+    pub shard: u32,
+    /// Its bucket key.
+    pub key: Key,
+    /// Milli held there per limit: the debit, plus the adjustments that landed there.
+    pub held: BTreeMap<String, i64>,
     /// Per quota limit: the condition under which a refund still belongs to the debit's
     /// period (see `tollgate_core::writes::refund_pin`).
-    pub(crate) pins: BTreeMap<String, Condition>,
-    pub(crate) initial: Vec<(String, i64)>,
+    pub pins: BTreeMap<String, Condition>,
+    /// The item right after the debit, when the write returned it (a refund's trust check
+    /// is computed from it).
+    pub image: Option<BucketImage>,
+}
+
+/// A granted request. Amounts are in tokens.
+pub struct Lease {
+    pub(crate) lim: Option<Arc<Inner>>,
+    pub(crate) req: Option<Request>,
+    pub(crate) entity: String,
+    pub(crate) resource: String,
+    /// The shards debited; the first is the one the acquire aimed at.
+    pub(crate) parts: Vec<Part>,
     pub(crate) pending: BTreeMap<String, i64>,
     pub(crate) statuses: Vec<LimitStatus>,
     /// The parent's lease of a cascade acquire (ADR-146): adjust, commit and rollback apply
@@ -47,30 +73,37 @@ pub struct Lease {
     state: State,
 }
 
+impl std::fmt::Debug for Lease {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let parts: Vec<(u32, &BTreeMap<String, i64>)> =
+            self.parts.iter().map(|p| (p.shard, &p.held)).collect();
+        f.debug_struct("Lease")
+            .field("entity", &self.entity)
+            .field("resource", &self.resource)
+            .field("degraded", &self.lim.is_none())
+            .field("held_milli_by_shard", &parts)
+            .field("pending_milli", &self.pending)
+            .field("statuses", &self.statuses)
+            .field("parent", &self.parent)
+            .field("closed", &(self.state == State::Closed))
+            .finish()
+    }
+}
+
 impl Lease {
-    #[allow(clippy::too_many_arguments)]
     pub(crate) fn granted(
         lim: Arc<Inner>,
-        entity: &str,
-        resource: &str,
-        shard: u32,
-        key: Key,
-        limits: Vec<Limit>,
-        ceilings: BTreeMap<String, i64>,
-        pins: BTreeMap<String, Condition>,
-        initial: Vec<(String, i64)>,
+        req: &Request,
+        parts: Vec<Part>,
         statuses: Vec<LimitStatus>,
     ) -> Self {
+        debug_assert!(!parts.is_empty(), "a granted lease holds at least one shard");
         Lease {
             lim: Some(lim),
-            entity: entity.into(),
-            resource: resource.into(),
-            shard,
-            key,
-            limits,
-            ceilings,
-            pins,
-            initial,
+            req: Some(req.clone()),
+            entity: req.entity.clone(),
+            resource: req.resource.clone(),
+            parts,
             pending: BTreeMap::new(),
             statuses,
             parent: None,
@@ -82,14 +115,10 @@ impl Lease {
     pub(crate) fn degraded(entity: &str, resource: &str) -> Self {
         Lease {
             lim: None,
+            req: None,
             entity: entity.into(),
             resource: resource.into(),
-            shard: 0,
-            key: Key::new("", ""),
-            limits: Vec::new(),
-            ceilings: BTreeMap::new(),
-            pins: BTreeMap::new(),
-            initial: Vec::new(),
+            parts: Vec::new(),
             pending: BTreeMap::new(),
             statuses: Vec::new(),
             parent: None,
@@ -112,9 +141,14 @@ impl Lease {
         &self.resource
     }
 
-    /// The shard the acquire debited.
+    /// The shard the acquire debited (the first, when it debited several).
     pub fn shard(&self) -> u32 {
-        self.shard
+        self.parts.first().map_or(0, |p| p.shard)
+    }
+
+    /// Every shard the lease holds tokens on.
+    pub fn shards(&self) -> Vec<u32> {
+        self.parts.iter().map(|p| p.shard).collect()
     }
 
     /// Statuses of the limits the acquire named, as admitted.
@@ -128,13 +162,25 @@ impl Lease {
         self.parent.as_deref()
     }
 
+    fn limits(&self) -> &[Limit] {
+        self.req.as_ref().map_or(&[], |r| r.limits.as_slice())
+    }
+
+    /// Milli held per limit over every shard (debit and landed adjustments).
+    fn held(&self) -> BTreeMap<String, i64> {
+        let mut out: BTreeMap<String, i64> = BTreeMap::new();
+        for p in &self.parts {
+            for (n, m) in &p.held {
+                *out.entry(n.clone()).or_default() += m;
+            }
+        }
+        out
+    }
+
     /// Tokens consumed per limit: the acquire's debit plus adjustments so far (this
     /// entity's; a cascade parent's are on [`Lease::parent`]).
     pub fn consumed(&self) -> BTreeMap<String, i64> {
-        let mut out: BTreeMap<String, i64> = BTreeMap::new();
-        for (n, m) in &self.initial {
-            *out.entry(n.clone()).or_default() += m;
-        }
+        let mut out = self.held();
         for (n, m) in &self.pending {
             *out.entry(n.clone()).or_default() += m;
         }
@@ -148,7 +194,8 @@ impl Lease {
 
     /// Record that `delta` more tokens (negative: fewer) were used of `limit` — any limit of
     /// the resource, including one the acquire did not name. Never refused for lack of
-    /// balance (debt is allowed); written by [`Lease::commit`].
+    /// balance (debt is allowed); refused with [`Error::InvalidAdjustment`] when it would
+    /// return more than the lease consumed of `limit`. Written by [`Lease::commit`].
     pub fn adjust(&mut self, limit: &str, delta: i64) -> Result<()> {
         if self.state == State::Closed {
             return Err(Error::LeaseClosed);
@@ -162,42 +209,55 @@ impl Lease {
         if self.lim.is_none() {
             return Ok(());
         }
-        if !self.limits.iter().any(|l| l.name() == limit) {
+        if !self.limits().iter().any(|l| l.name() == limit) {
             return Err(Error::UnknownLimit {
                 limit: limit.into(),
                 resource: self.resource.clone(),
                 known: self
-                    .limits
+                    .limits()
                     .iter()
                     .map(|l| l.name())
                     .collect::<Vec<_>>()
                     .join(", "),
             });
         }
+        let held = self.held().get(limit).copied().unwrap_or(0);
+        let pending = self.pending.get(limit).copied().unwrap_or(0);
+        let net = held
+            .saturating_add(pending)
+            .saturating_add(delta.saturating_mul(MILLI));
+        if net < 0 && !mutants::off(Mutant::LeaseNet) {
+            return Err(Error::InvalidAdjustment {
+                limit: limit.into(),
+                delta,
+                consumed: (held + pending) / MILLI,
+            });
+        }
+        // ADR-146: a cascade lease adjusts the parent as well, on the limits it shares
+        // (checked first, so a refusal there leaves both sides as they were).
+        if let Some(p) = self.parent.as_deref_mut() {
+            if p.limits().iter().any(|l| l.name() == limit) {
+                p.adjust(limit, delta)?;
+            }
+        }
         let e = self.pending.entry(limit.to_string()).or_default();
         *e = e.saturating_add(delta * MILLI);
         if *e == 0 {
             self.pending.remove(limit);
         }
-        // ADR-146: a cascade lease adjusts the parent as well, on the limits it shares.
-        if let Some(p) = self.parent.as_deref_mut() {
-            if p.limits.iter().any(|l| l.name() == limit) {
-                p.adjust(limit, delta)?;
-            }
-        }
         Ok(())
     }
 
-    /// Write the adjustments (one unconditional ADD on the debited shard; with cascade,
-    /// then one on the parent's). After an ambiguous store failure a side is closed:
-    /// resending could charge twice. A side that failed otherwise stays open, and a second
-    /// call writes only what is still open.
+    /// Write the adjustments: refunds on the shards that hold the tokens, usage on the
+    /// shard debited (see the module rules); with cascade, then the parent's. After an
+    /// ambiguous store failure a side is closed: resending could charge twice. A side that
+    /// failed otherwise stays open, and a second call writes only what is still open.
     pub async fn commit(&mut self) -> Result<()> {
         self.finish(false).await
     }
 
-    /// Refund everything the acquire debited (exactly), discarding adjustments; with
-    /// cascade, the parent's debit too.
+    /// Refund everything the lease holds (exactly: the debit and any adjustment that
+    /// landed), discarding pending adjustments; with cascade, the parent's too.
     pub async fn rollback(&mut self) -> Result<()> {
         self.finish(true).await
     }
@@ -209,12 +269,12 @@ impl Lease {
         }
         let mut r = Ok(());
         if self.state == State::Open {
-            let deltas: Vec<(String, i64)> = if rollback {
-                self.initial.iter().map(|(k, v)| (k.clone(), -v)).collect()
+            r = if rollback {
+                self.pending.clear();
+                self.refund_all().await
             } else {
-                self.pending.iter().map(|(k, v)| (k.clone(), *v)).collect()
+                self.write_pending().await
             };
-            r = self.write(&deltas).await;
             self.close_after(&r);
         }
         if let Some(p) = self.parent.as_deref_mut().filter(|p| !p.is_closed()) {
@@ -240,80 +300,470 @@ impl Lease {
         }
     }
 
-    async fn write(&self, deltas: &[(String, i64)]) -> Result<()> {
-        let Some(lim) = &self.lim else {
-            return Ok(());
-        };
-        if deltas.iter().all(|(_, d)| *d == 0) {
+    /// Rollback: every part refunds what it holds (one transaction when several do).
+    async fn refund_all(&mut self) -> Result<()> {
+        let plan: Vec<(usize, Vec<(String, i64)>)> = (0..self.parts.len())
+            .map(|i| {
+                let r: Vec<(String, i64)> = self.parts[i]
+                    .held
+                    .iter()
+                    .filter(|(_, m)| **m > 0)
+                    .map(|(n, m)| (n.clone(), *m))
+                    .collect();
+                (i, r)
+            })
+            .filter(|(_, r)| !r.is_empty())
+            .collect();
+        self.refund_parts(plan).await
+    }
+
+    /// Commit: refunds first (on the parts holding the limit, in order, all in one write or
+    /// transaction), then usage on the first part; each step leaves `pending` and `held`
+    /// as far as it landed.
+    async fn write_pending(&mut self) -> Result<()> {
+        let mut plan: BTreeMap<usize, Vec<(String, i64)>> = BTreeMap::new();
+        for (n, d) in self.pending.iter().filter(|(_, d)| **d < 0) {
+            let mut rest = -d;
+            for (i, p) in self.parts.iter().enumerate() {
+                let take = p.held.get(n).copied().unwrap_or(0).min(rest);
+                if take > 0 {
+                    plan.entry(i).or_default().push((n.clone(), take));
+                    rest -= take;
+                }
+                if rest == 0 {
+                    break;
+                }
+            }
+            debug_assert_eq!(rest, 0, "the lease-net rule keeps refunds within what is held");
+        }
+        let usage: Vec<(String, i64)> = self
+            .pending
+            .iter()
+            .filter(|(_, d)| **d > 0)
+            .map(|(n, d)| (n.clone(), *d))
+            .collect();
+        if usage.is_empty() {
+            if !plan.is_empty() {
+                self.refund_parts(plan.into_iter().collect()).await?;
+            }
+            self.pending.clear();
             return Ok(());
         }
-        lim.rejections
-            .forget(&self.entity, &self.resource, self.shard);
-        // Refunds of quota debits credit the balance only while the shard is still in the
-        // debit's period; past it they are recorded in `tc` alone.
-        let mut tc_only: Vec<String> = Vec::new();
-        let mut attempt = 0;
-        let new = loop {
+        // Usage lands on the first part together with that part's refunds, in one write;
+        // refunds held on other parts (a lease debited across shards) go first.
+        let first = plan.remove(&0).unwrap_or_default();
+        if !plan.is_empty() {
+            self.refund_parts(plan.into_iter().collect()).await?;
+            let moved: Vec<String> = self
+                .pending
+                .iter()
+                .filter(|(_, d)| **d < 0)
+                .map(|(n, _)| n.clone())
+                .collect();
+            for n in moved {
+                let on_first = first.iter().find(|(f, _)| *f == n).map_or(0, |(_, t)| *t);
+                self.pending.insert(n, -on_first);
+            }
+            self.pending.retain(|_, d| *d != 0);
+        }
+        let mut deltas = usage;
+        deltas.extend(first.into_iter().map(|(n, t)| (n, -t)));
+        self.charge_first(&deltas).await?;
+        self.pending.clear();
+        Ok(())
+    }
+
+    /// Refund (positive milli per limit) on several parts at once — one write, or one
+    /// transaction when several parts take part (all or none). Per part: a balance-only
+    /// `ADD` that keeps the trust horizon where it can, else pulls `vu` in with the same
+    /// write; a quota refund whose period ended is recorded in `tc` only.
+    async fn refund_parts(&mut self, plan: Vec<(usize, Vec<(String, i64)>)>) -> Result<()> {
+        let (Some(lim), Some(req)) = (self.lim.clone(), self.req.clone()) else {
+            return Ok(());
+        };
+        let plan: Vec<(usize, Vec<(String, i64)>)> = plan
+            .into_iter()
+            .filter(|(_, r)| r.iter().any(|(_, m)| *m != 0))
+            .collect();
+        if plan.is_empty() {
+            return Ok(());
+        }
+        let s = lim
+            .shards
+            .get(&req.entity, &req.resource)
+            .unwrap_or(1)
+            .max(1);
+        struct One {
+            part: usize,
+            refunds: Vec<(String, i64)>,
+            deltas: Vec<(String, i64)>,
+            tc_only: Vec<String>,
+            trust: Option<Condition>,
+            /// Some refunded limit drips: its trust horizon must be kept or pulled in.
+            drips: bool,
+        }
+        let mut ones: Vec<One> = plan
+            .into_iter()
+            .map(|(i, refunds)| {
+                let drips = refunds.iter().any(|(n, _)| {
+                    req.limits
+                        .iter()
+                        .any(|l| l.name() == n && !l.is_quota())
+                });
+                let trust = self.parts[i]
+                    .image
+                    .as_ref()
+                    .filter(|_| drips)
+                    .and_then(|img| refund_trust(img, &req.limits, &refunds, s));
+                One {
+                    part: i,
+                    deltas: refunds.iter().map(|(n, r)| (n.clone(), -r)).collect(),
+                    refunds,
+                    tc_only: Vec::new(),
+                    trust,
+                    drips,
+                }
+            })
+            .collect();
+        for o in &ones {
+            lim.rejections
+                .forget(&req.entity, &req.resource, self.parts[o.part].shard);
+        }
+        let build = |o: &One, parts: &[Part]| -> UpdateRequest {
             let mut condition = Condition::exists("PK");
-            for (n, d) in deltas {
-                if *d < 0 && !tc_only.contains(n) {
-                    if let Some(p) = self.pins.get(n) {
+            for (n, _) in &o.refunds {
+                if !o.tc_only.contains(n) {
+                    if let Some(p) = parts[o.part].pins.get(n) {
                         condition = condition.and(p.clone());
                     }
                 }
             }
-            let req = UpdateRequest {
-                key: self.key.clone(),
-                update: adjust_write(deltas, &tc_only),
+            let mut update = adjust_write(&o.deltas, &o.tc_only);
+            match (&o.trust, o.drips) {
+                (Some(t), _) => condition = condition.and(t.clone()),
+                // Nothing known to keep: pull the trust horizon in (the next acquire
+                // materialises and clamps).
+                (None, true) => update = update.set(attr::VU, 0),
+                (None, false) => {}
+            }
+            UpdateRequest {
+                key: parts[o.part].key.clone(),
+                update,
                 condition: Some(condition),
                 returns: ReturnValues::AllNew,
-            };
-            match lim.store.update(req).await {
-                Ok(n) => break n,
-                Err(StoreError::ConditionFailed { old: None }) => {
-                    tracing::warn!(key = %self.key, "lease target bucket is gone; adjustment dropped");
-                    return Ok(());
-                }
-                Err(StoreError::ConditionFailed { old: Some(old) }) if attempt < 3 => {
-                    attempt += 1;
-                    for (n, d) in deltas {
-                        let ended = self
-                            .pins
-                            .get(n)
-                            .is_some_and(|p| !tollgate_store::eval::eval_condition(Some(&old), p));
-                        if *d < 0 && ended && !tc_only.contains(n) {
-                            tc_only.push(n.clone());
-                        }
-                    }
-                }
-                Err(StoreError::ConditionFailed { .. }) => {
-                    return Err(Error::Unavailable(StoreError::TransactionConflict))
-                }
-                Err(e) => return Err(e.into()),
             }
         };
-        lim.rejections
-            .forget(&self.entity, &self.resource, self.shard);
-        // A refund that leaves a balance above its ceiling (e.g. after a reset) forces the
-        // next acquire onto the slow path, which clamps it (scenario 8).
-        if let Some(img) = new.as_ref().and_then(|i| BucketImage::decode(i).ok()) {
-            let above = img
-                .limits
-                .iter()
-                .any(|(n, s)| self.ceilings.get(n).is_some_and(|c| s.tk > *c));
-            if above {
-                let req = UpdateRequest {
-                    key: self.key.clone(),
-                    update: Update::new().set(attr::VU, 0),
-                    condition: Some(Condition::exists("PK")),
-                    returns: ReturnValues::None,
+        let mut attempt = 0;
+        let news: Vec<Option<tollgate_core::value::Item>> = loop {
+            // Per part: the old item when its condition failed (`Some(None)`: gone).
+            let failed: Vec<(usize, Option<tollgate_core::value::Item>)> = if ones.len() == 1 {
+                match lim.store.update(build(&ones[0], &self.parts)).await {
+                    Ok(n) => break vec![n],
+                    Err(StoreError::ConditionFailed { old }) => vec![(0, old.map(|b| *b))],
+                    Err(e) => return Err(e.into()),
+                }
+            } else {
+                let ops: Vec<TransactOp> = ones
+                    .iter()
+                    .map(|o| TransactOp::Update(build(o, &self.parts)))
+                    .collect();
+                match lim.store.transact_write(ops, None).await {
+                    Ok(()) => break ones.iter().map(|_| None).collect(),
+                    Err(StoreError::TransactionCanceled { reasons }) => {
+                        let f: Vec<(usize, Option<tollgate_core::value::Item>)> = reasons
+                            .into_iter()
+                            .enumerate()
+                            .filter_map(|(i, r)| match r {
+                                CancelReason::ConditionFailed { old } => Some((i, old)),
+                                _ => None,
+                            })
+                            .collect();
+                        if f.is_empty() {
+                            return Err(Error::Unavailable(StoreError::TransactionConflict));
+                        }
+                        f
+                    }
+                    Err(e) => return Err(e.into()),
+                }
+            };
+            if attempt >= 3 {
+                return Err(Error::Unavailable(StoreError::TransactionConflict));
+            }
+            attempt += 1;
+            let mut gone = Vec::new();
+            for (j, old) in failed {
+                let Some(old) = old else {
+                    gone.push(j);
+                    continue;
                 };
-                if let Err(e) = lim.store.update(req).await {
-                    tracing::debug!(error = %e, "could not force the slow path after a refund");
+                let o = &mut ones[j];
+                for (n, _) in &o.refunds {
+                    let ended = self.parts[o.part]
+                        .pins
+                        .get(n)
+                        .is_some_and(|p| !tollgate_store::eval::eval_condition(Some(&old), p));
+                    if ended && !o.tc_only.contains(n) {
+                        o.tc_only.push(n.clone());
+                    }
+                }
+                // The item moved on since the lease saw it: its horizon cannot be kept
+                // without knowing it, so the refund pulls `vu` in.
+                if o
+                    .trust
+                    .as_ref()
+                    .is_some_and(|t| !tollgate_store::eval::eval_condition(Some(&old), t))
+                {
+                    o.trust = None;
+                }
+            }
+            for j in gone.into_iter().rev() {
+                let o = ones.remove(j);
+                tracing::warn!(key = %self.parts[o.part].key, "lease target bucket is gone; refund dropped");
+                let deltas = o.deltas.clone();
+                self.land(o.part, &deltas);
+            }
+            if ones.is_empty() {
+                return Ok(());
+            }
+        };
+        for (o, new) in ones.iter().zip(news) {
+            let deltas = o.deltas.clone();
+            self.land(o.part, &deltas);
+            let shard = self.parts[o.part].shard;
+            let key = self.parts[o.part].key.clone();
+            lim.rejections.forget(&req.entity, &req.resource, shard);
+            let img = new.as_ref().and_then(|i| BucketImage::decode(i).ok());
+            match &img {
+                Some(img) => lim
+                    .images
+                    .put(&req.entity, &req.resource, shard, img.clone()),
+                None => lim.images.forget(&req.entity, &req.resource, shard),
+            }
+            // A refund that leaves a quota balance above its ceiling (e.g. after a reset)
+            // forces the next acquire onto the slow path, which clamps it (scenario 8).
+            if let Some(img) = img.filter(|img| img.vu.is_none_or(|v| v > 0)) {
+                let above = img.limits.iter().any(|(n, st)| {
+                    req.limits.iter().find(|l| l.name() == n).is_some_and(|l| {
+                        let e = tollgate_core::materialize::evaluate(
+                            l,
+                            Some(st),
+                            img.rf,
+                            s,
+                            img.rf,
+                            None,
+                        );
+                        st.tk > e.ceiling
+                    })
+                });
+                if above {
+                    let r = lim
+                        .store
+                        .update(UpdateRequest {
+                            key: key.clone(),
+                            update: Update::new().set(attr::VU, 0),
+                            condition: Some(Condition::exists("PK")),
+                            returns: ReturnValues::None,
+                        })
+                        .await;
+                    if let Err(e) = r {
+                        tracing::debug!(error = %e, "could not force the slow path after a refund");
+                    }
+                    lim.images.forget(&req.entity, &req.resource, shard);
                 }
             }
         }
         Ok(())
+    }
+
+    /// Record on part `i` that `deltas` (milli, positive = usage) landed there.
+    fn land(&mut self, i: usize, deltas: &[(String, i64)]) {
+        for (n, d) in deltas {
+            *self.parts[i].held.entry(n.clone()).or_default() += d;
+        }
+    }
+
+    /// Write `deltas` (milli; positive: reported usage, negative: refunds of what this
+    /// part holds) on the first part at the instant they are reported: one balance-only
+    /// `ADD` while the shard is trusted and covers the usage (the refunds keeping its trust
+    /// horizon or pulling `vu` in); otherwise one rf-locked write that materialises the
+    /// balance first — spread over the entity's shards when this one cannot cover the usage
+    /// (see the module rules).
+    async fn charge_first(&mut self, deltas: &[(String, i64)]) -> Result<()> {
+        let (Some(lim), Some(req)) = (self.lim.clone(), self.req.clone()) else {
+            return Ok(());
+        };
+        let (key, shard) = (self.parts[0].key.clone(), self.parts[0].shard);
+        lim.rejections.forget(&req.entity, &req.resource, shard);
+        let now = lim.clock.now_ms();
+        let s = lim
+            .shards
+            .get(&req.entity, &req.resource)
+            .unwrap_or(1)
+            .max(1);
+        let refunds: Vec<(String, i64)> = deltas
+            .iter()
+            .filter(|(_, d)| *d < 0)
+            .map(|(n, d)| (n.clone(), -d))
+            .collect();
+        let drip_refund = refunds
+            .iter()
+            .any(|(n, _)| req.limits.iter().any(|l| l.name() == n && !l.is_quota()));
+        let mut condition = Condition::exists("PK").and(trusted_at(now));
+        for (n, d) in deltas {
+            if *d > 0 {
+                condition =
+                    condition.and(Condition::ge(tollgate_core::keys::battr(n, "tk"), *d));
+            } else if let Some(p) = self.parts[0].pins.get(n) {
+                condition = condition.and(p.clone());
+            }
+        }
+        let mut update = adjust_write(deltas, &[]);
+        if drip_refund {
+            match self.parts[0]
+                .image
+                .as_ref()
+                .and_then(|img| refund_trust(img, &req.limits, &refunds, s))
+            {
+                Some(t) => condition = condition.and(t),
+                None => update = update.set(attr::VU, 0),
+            }
+        }
+        let r = lim
+            .store
+            .update(UpdateRequest {
+                key: key.clone(),
+                update,
+                condition: Some(condition),
+                returns: ReturnValues::AllNew,
+            })
+            .await;
+        let old = match r {
+            Ok(new) => {
+                self.land(0, deltas);
+                lim.remember(&req, shard, new.as_ref())?;
+                return Ok(());
+            }
+            Err(StoreError::ConditionFailed { old: None }) => {
+                tracing::warn!(key = %key, "lease target bucket is gone; adjustment dropped");
+                self.land(0, deltas);
+                return Ok(());
+            }
+            Err(StoreError::ConditionFailed { old: Some(old) }) => old,
+            Err(e) => return Err(e.into()),
+        };
+        // A quota refund whose period ended is recorded in `tc` only.
+        let tc_only: Vec<String> = refunds
+            .iter()
+            .filter(|(n, _)| {
+                self.parts[0]
+                    .pins
+                    .get(n)
+                    .is_some_and(|p| !tollgate_store::eval::eval_condition(Some(&old), p))
+            })
+            .map(|(n, _)| n.clone())
+            .collect();
+        let img = BucketImage::decode(&old)?;
+        let landed = lim
+            .charge_materialised(&req, shard, &key, img, deltas, &tc_only)
+            .await?;
+        for (sh, k, takes) in landed {
+            let i = match self.parts.iter().position(|p| p.shard == sh) {
+                Some(i) => i,
+                None => {
+                    self.parts.push(Part {
+                        shard: sh,
+                        key: k,
+                        held: BTreeMap::new(),
+                        pins: BTreeMap::new(),
+                        image: None,
+                    });
+                    self.parts.len() - 1
+                }
+            };
+            self.land(i, &takes);
+        }
+        Ok(())
+    }
+}
+
+impl Inner {
+    /// Write `deltas` (debt allowed; negative: refunds, `tc_only` ones in `tc` alone) on
+    /// `shard`, materialised from `img`: one rf-locked write when the shard covers the usage
+    /// (or is the entity's only one); else the refunds land there first and the usage is
+    /// taken across the entity's shards. Returns where it landed: (shard, key, milli per
+    /// limit).
+    pub(crate) async fn charge_materialised(
+        self: &Arc<Self>,
+        req: &Request,
+        shard: u32,
+        key: &Key,
+        img: BucketImage,
+        deltas: &[(String, i64)],
+        tc_only: &[String],
+    ) -> Result<Vec<(u32, Key, Vec<(String, i64)>)>> {
+        let mut img = img;
+        let mut deltas = deltas.to_vec();
+        let mut landed = Vec::new();
+        for _ in 0..6 {
+            let now = self.clock.now_ms();
+            let s = self
+                .shards
+                .get(&req.entity, &req.resource)
+                .unwrap_or(1)
+                .max(img.shard_count);
+            let evals = self.evaluate_all(req, &img, now);
+            let covers = deltas.iter().filter(|(_, d)| *d > 0).all(|(n, d)| {
+                evals
+                    .iter()
+                    .find(|e| e.name == *n)
+                    .is_some_and(|e| e.balance >= *d)
+            });
+            let spill = !covers && s > 1 && !mutants::off(Mutant::EntityDebit);
+            let here: Vec<(String, i64)> = if spill {
+                deltas.iter().filter(|(_, d)| *d < 0).cloned().collect()
+            } else {
+                deltas.clone()
+            };
+            if !here.is_empty() {
+                let (write, _) = self.materialising_write(
+                    req,
+                    key,
+                    &img,
+                    &evals,
+                    &here,
+                    Charging {
+                        debt: true,
+                        tc_only,
+                    },
+                    now,
+                );
+                match self.store.update(write).await {
+                    Ok(new) => {
+                        self.remember(req, shard, new.as_ref())?;
+                        crate::shards::fan_out(self, req, shard, s, &evals).await;
+                        landed.push((shard, key.clone(), here.clone()));
+                        deltas.retain(|(_, d)| *d > 0);
+                        if !spill {
+                            return Ok(landed);
+                        }
+                    }
+                    Err(StoreError::ConditionFailed { old: Some(old) }) => {
+                        img = BucketImage::decode(&old)?;
+                        continue;
+                    }
+                    Err(StoreError::ConditionFailed { old: None }) => {
+                        tracing::warn!(key = %key, "lease target bucket is gone; adjustment dropped");
+                        landed.push((shard, key.clone(), deltas.clone()));
+                        return Ok(landed);
+                    }
+                    Err(e) => return Err(e.into()),
+                }
+            }
+            let usage: Vec<(String, i64)> = deltas.iter().filter(|(_, d)| *d > 0).cloned().collect();
+            landed.extend(self.entity_charge(req, s, shard, &usage, now).await?);
+            return Ok(landed);
+        }
+        Err(Error::Unavailable(StoreError::TransactionConflict))
     }
 }
 

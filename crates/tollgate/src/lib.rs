@@ -46,6 +46,7 @@ mod aggregator;
 mod availability;
 mod caches;
 mod cascade;
+mod entity;
 pub mod clock;
 pub mod config;
 mod error;

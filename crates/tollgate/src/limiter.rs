@@ -12,7 +12,7 @@ use tollgate_core::value::{Item, Value};
 use tollgate_core::{Limit, RuleError};
 use tollgate_store::{DeleteRequest, PutRequest, Query, Store, StoreError, UpdateRequest};
 
-use crate::caches::{RejectionCache, ShardCounts};
+use crate::caches::{ImageCache, RejectionCache, ShardCounts};
 use crate::clock::{Clock, SeededRng, ShardRng, SystemClock};
 use crate::config::{self, ConfigCache, OnUnavailable, Scope};
 use crate::error::{Error, Result};
@@ -112,6 +112,7 @@ pub struct Inner {
     pub(crate) config: ConfigCache,
     pub(crate) shards: ShardCounts,
     pub(crate) rejections: RejectionCache,
+    pub(crate) images: ImageCache,
     pub(crate) stats: Stats,
 }
 
@@ -198,6 +199,7 @@ impl LimiterBuilder {
                 config: ConfigCache::new(ttl_ms),
                 shards: ShardCounts::default(),
                 rejections: RejectionCache::new(rej_ms),
+                images: ImageCache::default(),
                 stats: Stats::default(),
                 opts: self.opts,
             }),
@@ -446,6 +448,7 @@ impl Limiter {
         self.inner.shards.forget_entity(id);
         self.inner.config.clear();
         self.inner.rejections.clear();
+        self.inner.images.clear();
         Ok(keys_to_delete.len())
     }
 
@@ -494,6 +497,7 @@ impl Limiter {
             .await?;
         self.inner.config.clear();
         self.inner.rejections.clear();
+        self.inner.images.clear();
         Ok(())
     }
 
@@ -534,6 +538,7 @@ impl Limiter {
         }
         self.inner.config.clear();
         self.inner.rejections.clear();
+        self.inner.images.clear();
         Ok(old.is_some())
     }
 
@@ -565,6 +570,7 @@ impl Limiter {
             .await?;
         self.inner.config.clear();
         self.inner.rejections.clear();
+        self.inner.images.clear();
         Ok(())
     }
 

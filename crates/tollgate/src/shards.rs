@@ -1,7 +1,7 @@
 //! Sharding rules that need the store: seeding a limit on a new shard (joining shard 0's
 //! live window, quota grants) and the rollover fan-out of an opened window (ADR-139/140).
 
-use tollgate_core::bucket::{BucketImage, WCU_CAPACITY};
+use tollgate_core::bucket::{attr, BucketImage, WCU_CAPACITY};
 use tollgate_core::expr::{Condition, ReturnValues, SetValue, Update};
 use tollgate_core::grant::{
     donor_condition, infer_gc, plan_quota_grant, quota_grant_is_current, window_grant_overlaps,
@@ -9,7 +9,7 @@ use tollgate_core::grant::{
 };
 use tollgate_core::keys::battr;
 use tollgate_core::limit::{Limit, Refill};
-use tollgate_core::materialize::{share, Evaluated, Seed};
+use tollgate_core::materialize::{drip_share_count, evaluate, share, Evaluated, Seed};
 use tollgate_core::mutants::{self, Mutant};
 use tollgate_core::value::Value;
 use tollgate_core::window;
@@ -37,6 +37,10 @@ pub(crate) struct Move {
     pub amount: i64,
     /// The donor's condition (same generation, same period, still holds the amount).
     pub condition: Condition,
+    /// A dripping split (see [`plan_seeds`]): the donor's new grant count for the limit; the
+    /// donor is also sent to the slow path once (`vu = 0`), which re-materialises it at its
+    /// halved share.
+    pub split_gc: Option<i64>,
 }
 
 /// How the limits missing on one shard are seeded, with the moves that fund them.
@@ -56,6 +60,11 @@ pub(crate) struct SeedPlan {
     /// Shard 0's count as the planner read it (`Some(None)`: absent), when it read it: the
     /// grant was sized against it, so the commit pins it.
     pub shard0: Option<Option<i64>>,
+    /// Dripping splits that fund the slot (donor debits with their grant-count stamp).
+    pub splits: Vec<Move>,
+    /// The slot cannot be split into yet: its covering sibling must first split into this
+    /// slot (the next level of the family), which is created first.
+    pub split_first: Option<u32>,
 }
 
 impl SeedPlan {
@@ -66,7 +75,15 @@ impl SeedPlan {
 
 /// Plan how to seed `missing` limits on `shard`, caller's count `s_caller`.
 ///
-/// - dripping limits: a full share, and no sibling read (a drip-only create reads nothing);
+/// - dripping limits on a new shard of a sharded entity (rule "a doubling splits, it does
+///   not mint"): the shard's family is covered by its closest existing ancestor — the
+///   sibling `a` with the largest grant count `g` (`b_{n}_gc`) such that `shard ≡ a (mod g)`.
+///   When the shard is `a`'s next-level buddy (`a + g`), `a` splits: the new shard gets
+///   `⌊P / 2⌋` of `a`'s balance `P` materialised now, `a` keeps the rest, both are sized at
+///   `2g`, in one transaction (`a` pinned on `rf` and `g`, sent to the slow path once).
+///   When the buddy is another slot, that slot is created first ([`SeedPlan::split_first`]).
+///   With no covering sibling (a new entity, or its ancestor expired) the shard gets a
+///   fresh share. A limit seeded onto an existing item gets a fresh share;
 /// - quotas on an unsharded entity: a fresh share (windows open at now);
 /// - quotas with siblings (ADR-145): read the siblings strongly consistently, size at the
 ///   largest count seen, and move the grant from the covering current sibling; a slot no
@@ -86,15 +103,31 @@ pub(crate) async fn plan_seeds(
     now: i64,
     moves: bool,
 ) -> Result<SeedPlan> {
+    plan_seeds_of(inner, req, missing, shard, s_caller, now, moves, false).await
+}
+
+/// [`plan_seeds`] for a whole new item (`creating`: dripping limits may split a sibling).
+#[allow(clippy::too_many_arguments)]
+pub(crate) async fn plan_seeds_of(
+    inner: &Inner,
+    req: &Request,
+    missing: &[&Limit],
+    shard: u32,
+    s_caller: i64,
+    now: i64,
+    moves: bool,
+    creating: bool,
+) -> Result<SeedPlan> {
     let mut plan = SeedPlan {
         shard_count: s_caller.max(1),
         now,
         ..SeedPlan::default()
     };
     let quotas: Vec<&Limit> = missing.iter().copied().filter(|l| l.is_quota()).collect();
+    let drips = creating && missing.iter().any(|l| !l.is_quota());
     let sharded = shard > 0 || s_caller > 1;
     let mut images: Vec<(u32, BucketImage)> = Vec::new();
-    if !quotas.is_empty() && sharded {
+    if (!quotas.is_empty() || drips) && sharded {
         images = read_siblings(inner, req, shard, s_caller).await?;
         let seen = images.iter().map(|(_, i)| i.shard_count).max().unwrap_or(1);
         if seen > s_caller {
@@ -116,12 +149,48 @@ pub(crate) async fn plan_seeds(
     for l in missing {
         let cap = l.effective(now).capacity;
         let part = share(cap, s);
-        if !l.is_quota() || !sharded {
+        if !l.is_quota() {
+            let seed = if drips && sharded && !mutants::off(Mutant::DripSplit) {
+                match plan_drip_split(l, &images, shard, s, now) {
+                    DripSeed::Fresh => Seed {
+                        balance: part,
+                        count: Some(s),
+                        ..Seed::default()
+                    },
+                    DripSeed::Split { donor, g, half, condition } => {
+                        plan.splits.push(Move {
+                            shard: donor,
+                            limit: l.name().into(),
+                            amount: half,
+                            condition,
+                            split_gc: Some(2 * g),
+                        });
+                        Seed {
+                            balance: half,
+                            count: Some(2 * g),
+                            ..Seed::default()
+                        }
+                    }
+                    DripSeed::First(slot) => {
+                        plan.split_first = Some(slot);
+                        Seed::default()
+                    }
+                }
+            } else {
+                Seed {
+                    balance: part,
+                    ..Seed::default()
+                }
+            };
+            plan.seeds.push((l.name().into(), seed));
+            continue;
+        }
+        if !sharded {
             plan.seeds.push((
                 l.name().into(),
                 Seed {
                     balance: part,
-                    join_ws: None,
+                    ..Seed::default()
                 },
             ));
             continue;
@@ -177,6 +246,7 @@ pub(crate) async fn plan_seeds(
                                     img.shard_count,
                                     now,
                                 ),
+                                split_gc: None,
                             });
                         }
                     }
@@ -189,10 +259,74 @@ pub(crate) async fn plan_seeds(
             Seed {
                 balance: tokens,
                 join_ws,
+                ..Seed::default()
             },
         ));
     }
     Ok(plan)
+}
+
+/// How a new shard's dripping limit is funded.
+enum DripSeed {
+    /// No sibling covers the slot: a fresh share.
+    Fresh,
+    /// The covering sibling `donor` (grant count `g`) splits into this slot: `half` moves.
+    Split {
+        donor: u32,
+        g: i64,
+        half: i64,
+        condition: Condition,
+    },
+    /// The covering sibling's next-level buddy is this other slot: create it first.
+    First(u32),
+}
+
+/// The dripping split rule of [`plan_seeds`] for one limit on a new slot.
+fn plan_drip_split(
+    l: &Limit,
+    images: &[(u32, BucketImage)],
+    slot: u32,
+    s: i64,
+    now: i64,
+) -> DripSeed {
+    let n = l.name();
+    let ancestor = images
+        .iter()
+        .filter_map(|(i, img)| {
+            let st = img.limits.get(n)?;
+            let g = drip_share_count(st, img.shard_count);
+            (i64::from(slot) % g == i64::from(*i) % g).then_some((*i, g, img, st))
+        })
+        .max_by(|a, b| a.1.cmp(&b.1).then(b.0.cmp(&a.0)));
+    let Some((a, g, img, st)) = ancestor else {
+        return DripSeed::Fresh;
+    };
+    if g >= s {
+        // Only the slot itself could cover itself at the full count.
+        return DripSeed::Fresh;
+    }
+    let buddy = i64::from(a) + g;
+    if buddy != i64::from(slot) {
+        return match u32::try_from(buddy) {
+            Ok(b) => DripSeed::First(b),
+            Err(_) => DripSeed::Fresh,
+        };
+    }
+    let e = evaluate(l, Some(st), img.rf, img.shard_count.max(g), now, None);
+    let half = e.balance.div_euclid(2);
+    let gc = battr(n, "gc");
+    let generation = match st.gc {
+        Some(x) => Condition::eq(gc, x),
+        None => Condition::not_exists(gc),
+    };
+    DripSeed::Split {
+        donor: a,
+        g,
+        half,
+        condition: Condition::exists("PK")
+            .and(Condition::eq(attr::RF, img.rf))
+            .and(generation),
+    }
 }
 
 /// Rule "a new shard joins the entity's live window" (ADR-139/140): the start it adopts is
@@ -244,23 +378,36 @@ async fn read_siblings(
 /// two quotas funded by the same donor must share one operation (the simulator found
 /// creates that failed as "addresses the item twice" on every attempt).
 pub(crate) fn move_ops(inner: &Inner, req: &Request, moves: &[Move]) -> Vec<TransactOp> {
-    let mut by_shard: Vec<(u32, Update, Condition)> = Vec::new();
+    // Per donor: its update, its condition, and whether it is split (sent slow once).
+    let mut by_shard: Vec<(u32, Update, Condition, bool)> = Vec::new();
     for m in moves {
-        let debit = |u: Update| u.add(battr(&m.limit, "tk"), -m.amount);
-        match by_shard.iter_mut().find(|(s, _, _)| *s == m.shard) {
-            Some((_, u, c)) => {
+        let debit = |u: Update| {
+            let u = u.add(battr(&m.limit, "tk"), -m.amount);
+            match m.split_gc {
+                Some(g) => u.set(battr(&m.limit, "gc"), g),
+                None => u,
+            }
+        };
+        match by_shard.iter_mut().find(|(s, _, _, _)| *s == m.shard) {
+            Some((_, u, c, split)) => {
                 *u = debit(std::mem::take(u));
                 *c = std::mem::replace(c, Condition::exists("PK")).and(m.condition.clone());
+                *split |= m.split_gc.is_some();
             }
-            None => by_shard.push((m.shard, debit(Update::new()), m.condition.clone())),
+            None => by_shard.push((
+                m.shard,
+                debit(Update::new()),
+                m.condition.clone(),
+                m.split_gc.is_some(),
+            )),
         }
     }
     by_shard
         .into_iter()
-        .map(|(shard, update, condition)| {
+        .map(|(shard, update, condition, split)| {
             TransactOp::Update(UpdateRequest {
                 key: inner.bucket_key(req, shard),
-                update,
+                update: if split { update.set(attr::VU, 0) } else { update },
                 condition: Some(condition),
                 returns: ReturnValues::None,
             })

@@ -52,9 +52,19 @@ proptest! {
                         let (a, d) = (x.div_euclid(1000), x.rem_euclid(1000) - 30);
                         if let Ok(mut l) = h.lim.acquire("e", "api", &[("tpm", a)]).await {
                             net += a * 1000;
-                            l.adjust("tpm", d).unwrap();
-                            l.commit().await.unwrap();
-                            net += d * 1000;
+                            if a + d < 0 {
+                                // A lease never returns more than it consumed.
+                                let refused = matches!(
+                                    l.adjust("tpm", d),
+                                    Err(tollgate::Error::InvalidAdjustment { .. })
+                                );
+                                prop_assert!(refused, "an over-refund was accepted");
+                                l.commit().await.unwrap();
+                            } else {
+                                l.adjust("tpm", d).unwrap();
+                                l.commit().await.unwrap();
+                                net += d * 1000;
+                            }
                         }
                     }
                     Op::Rollback(a) => {

@@ -66,12 +66,20 @@ pub async fn s04_fast_path_composes_with_slow_path(b: &Backend) {
         let ph = params_hash(&limits);
         let stamp = ItemStamp {
             rf: T0,
-            vu: valid_until(&limits, &evals, T0),
+            vu: valid_until(&limits, &evals, &[], T0, T0),
             ttl: TtlWrite::Remove,
             ph: &ph,
         };
         let amounts = vec![("rpm".to_string(), 3000)];
-        let (u, c) = normal_write(img.rf, &stamp, &limits, &evals, &wcu, &amounts);
+        let (u, c) = normal_write(
+            img.rf,
+            &stamp,
+            &limits,
+            &evals,
+            &wcu,
+            &amounts,
+            Default::default(),
+        );
         // Meanwhile a fast-path write debits without touching rf.
         h.set_n("e", "api", 0, "b_rpm_tk", 5000 - fast_debit);
         let r = h
@@ -94,7 +102,7 @@ pub async fn s05_retry_touches_only_balances(b: &Backend) {
     entity_limits(&h, "e", "api", &[session()]).await;
     h.lim.acquire("e", "api", &[("session", 1)]).await.unwrap();
     let before = h.item("e", "api", 0);
-    let (u, c) = retry_write(&[("session".to_string(), 2000)]);
+    let (u, c) = retry_write(&[("session".to_string(), 2000)], T0);
     h.store
         .update(UpdateRequest {
             key: h.key("e", "api", 0),
@@ -111,7 +119,7 @@ pub async fn s05_retry_touches_only_balances(b: &Backend) {
     assert_eq!(h.n("e", "api", 0, "b_session_tk"), Some(7000));
     assert_eq!(h.n("e", "api", 0, "b_session_tc"), Some(3000));
     // Failing the floor: nothing changes.
-    let (u, c) = retry_write(&[("session".to_string(), 8000)]);
+    let (u, c) = retry_write(&[("session".to_string(), 8000)], T0);
     let r = h
         .store
         .update(UpdateRequest {
@@ -124,7 +132,8 @@ pub async fn s05_retry_touches_only_balances(b: &Backend) {
     assert!(matches!(r, Err(StoreError::ConditionFailed { .. })));
 }
 
-/// Scenario 6: adjust and rollback, exactly.
+/// Scenario 6: adjust and rollback, exactly — and a lease never returns more than it took
+/// (a 0-token lease cannot refund 2: that would hand out tokens of earlier leases).
 pub async fn s06_adjust_and_rollback(b: &Backend) {
     let h = b.harness(T0).await;
     entity_limits(&h, "e", "api", &[Limit::per_day("tpd", 10).unwrap()]).await;
@@ -135,16 +144,30 @@ pub async fn s06_adjust_and_rollback(b: &Backend) {
     assert_eq!(h.n("e", "api", 0, "b_tpd_tk"), Some(2000));
     assert_eq!(h.n("e", "api", 0, "b_tpd_tc"), Some(8000));
     let mut b = h.lim.acquire("e", "api", &[("tpd", 0)]).await.unwrap();
-    b.adjust("tpd", -2).unwrap();
+    match b.adjust("tpd", -2) {
+        Err(Error::InvalidAdjustment {
+            delta: -2,
+            consumed: 0,
+            ..
+        }) => {}
+        r => panic!("a refund beyond the lease's net must be refused, got {r:?}"),
+    }
     b.commit().await.unwrap();
-    assert_eq!(h.n("e", "api", 0, "b_tpd_tk"), Some(4000));
-    assert_eq!(h.n("e", "api", 0, "b_tpd_tc"), Some(6000));
+    assert_eq!(h.n("e", "api", 0, "b_tpd_tk"), Some(2000));
+    assert_eq!(h.n("e", "api", 0, "b_tpd_tc"), Some(8000));
+    // A refund of what the lease took lands exactly.
+    let mut b = h.lim.acquire("e", "api", &[("tpd", 2)]).await.unwrap();
+    b.adjust("tpd", -2).unwrap();
+    assert!(matches!(b.adjust("tpd", -1), Err(Error::InvalidAdjustment { .. })));
+    b.commit().await.unwrap();
+    assert_eq!(h.n("e", "api", 0, "b_tpd_tk"), Some(2000));
+    assert_eq!(h.n("e", "api", 0, "b_tpd_tc"), Some(8000));
     // Rollback restores tk and tc exactly.
-    let mut c = h.lim.acquire("e", "api", &[("tpd", 4)]).await.unwrap();
+    let mut c = h.lim.acquire("e", "api", &[("tpd", 1)]).await.unwrap();
     c.adjust("tpd", 9).unwrap();
     c.rollback().await.unwrap();
-    assert_eq!(h.n("e", "api", 0, "b_tpd_tk"), Some(4000));
-    assert_eq!(h.n("e", "api", 0, "b_tpd_tc"), Some(6000));
+    assert_eq!(h.n("e", "api", 0, "b_tpd_tk"), Some(2000));
+    assert_eq!(h.n("e", "api", 0, "b_tpd_tc"), Some(8000));
     assert!(matches!(c.commit().await, Err(Error::LeaseClosed)));
 }
 
@@ -238,33 +261,45 @@ pub async fn dropped_lease_keeps_its_debit_only(b: &Backend) {
     assert_eq!(h.n("e", "llm", 0, "b_tpd_tc"), Some(10_000));
 }
 
-/// L3: a lost rf lock ends in the consumption-only retry, guarded by the balance.
+/// L3: a lost rf lock ends in the consumption-only retry, guarded by the balance — when the
+/// writer that took the lock left the item trusted (`vu` later than now). One that left it
+/// past its trust horizon makes the pass re-plan from the item it returned (no read): the
+/// refill since its `rf` is credited first.
 pub async fn l3_lost_lock_retries_consumption_only(b: &Backend) {
-    let mut o = opts();
-    o.speculative = false;
-    let h = b.harness_with(T0, o).await;
-    entity_limits(&h, "e", "api", &[Limit::per_minute("rpm", 10).unwrap()]).await;
-    h.lim.acquire("e", "api", &[("rpm", 1)]).await.unwrap();
-    // Another writer moves rf between our read and write.
-    let (lim, hk) = h.hooked(false);
-    let k = h.key("e", "api", 0);
-    hk.stage(On::Update, Some(k.clone()), move |m| {
-        let mut i = m.raw_get(&k).unwrap();
-        let rf = i
-            .get("rf")
-            .and_then(tollgate_core::value::Value::as_n)
-            .unwrap();
-        i.insert("rf".into(), tollgate_core::value::Value::N(rf + 1));
-        m.raw_put(&k, i);
-    });
-    h.at(T0 + 6000);
-    let lease = lim.acquire("e", "api", &[("rpm", 2)]).await.unwrap();
-    assert_eq!(lease.consumed()["rpm"], 2);
-    // The refill credit (1 token for 6 s) was not applied: 9 − 2 = 7; rf is the other
-    // writer's value.
-    assert_eq!(h.n("e", "api", 0, "b_rpm_tk"), Some(7000));
-    assert_eq!(h.n("e", "api", 0, "rf"), Some(T0 + 1));
-    assert_eq!(h.n("e", "api", 0, "b_rpm_tc"), Some(3000));
+    for (winner_vu, tk_after, tc_after) in [(Some(T0 + 60_000), 7000, 3000), (None, 7999, 3000)] {
+        let mut o = opts();
+        o.speculative = false;
+        let h = b.harness_with(T0, o).await;
+        entity_limits(&h, "e", "api", &[Limit::per_minute("rpm", 10).unwrap()]).await;
+        h.lim.acquire("e", "api", &[("rpm", 1)]).await.unwrap();
+        // Another writer moves rf between our read and write.
+        let (lim, hk) = h.hooked(false);
+        let k = h.key("e", "api", 0);
+        hk.stage(On::Update, Some(k.clone()), move |m| {
+            let mut i = m.raw_get(&k).unwrap();
+            let rf = i
+                .get("rf")
+                .and_then(tollgate_core::value::Value::as_n)
+                .unwrap();
+            i.insert("rf".into(), tollgate_core::value::Value::N(rf + 1));
+            if let Some(vu) = winner_vu {
+                i.insert("vu".into(), tollgate_core::value::Value::N(vu));
+            }
+            m.raw_put(&k, i);
+        });
+        h.at(T0 + 6000);
+        let lease = lim.acquire("e", "api", &[("rpm", 2)]).await.unwrap();
+        assert_eq!(lease.consumed()["rpm"], 2);
+        // Trusted: the refill credit (1 token for 6 s) was not applied: 9 − 2 = 7, and rf is
+        // the other writer's value. Untrusted: re-planned, 5,999 ms credited (0.999 token).
+        assert_eq!(h.n("e", "api", 0, "b_rpm_tk"), Some(tk_after));
+        if winner_vu.is_some() {
+            assert_eq!(h.n("e", "api", 0, "rf"), Some(T0 + 1));
+        } else {
+            assert!(h.n("e", "api", 0, "rf") > Some(T0 + 1));
+        }
+        assert_eq!(h.n("e", "api", 0, "b_rpm_tc"), Some(tc_after));
+    }
 }
 
 /// Scenario 8: a refund that would leave a balance above its ceiling. For a quota, a refund
@@ -330,32 +365,23 @@ pub async fn reset_is_a_set_despite_a_concurrent_refund(b: &Backend) {
     assert_eq!(h.n("e", "api", 0, "b_daily_tk"), Some(9000));
 }
 
-/// A refund stays in its period (simulator seed 13318): a consumption-only retry after the
-/// edge debits the old period's balance (the lock was lost to a writer that stamped an `rf`
-/// before the edge, so no reset was applied). A reset then replaces that balance; rolling the
-/// lease back afterwards must not credit the new period (it would re-grant 3).
+/// A refund stays in its period: a debit of the old period's balance can land after the
+/// edge — a fast write from a client whose clock is still before it (its `vu` check passes
+/// by that clock). A reset then replaces that balance; rolling the lease back afterwards
+/// must not credit the new period (it would re-grant 3).
 pub async fn refund_after_a_reset_stays_in_its_period(b: &Backend) {
     let midnight = 1_757_030_400_000;
     let h = b.harness(midnight - 60_000).await;
     let daily = Limit::quota_calendar("daily", 10, "0 0 * * *", "UTC").unwrap();
     entity_limits(&h, "e", "api", &[daily]).await;
     h.lim.acquire("e", "api", &[("daily", 1)]).await.unwrap();
-    h.at(midnight + 1000);
-    let (lim, hk) = h.hooked(false);
-    let k = h.key("e", "api", 0);
-    hk.stage(On::Update, Some(k.clone()), move |m| {
-        let mut i = m.raw_get(&k).unwrap();
-        i.insert(
-            "rf".into(),
-            tollgate_core::value::Value::N(midnight - 30_000),
-        );
-        m.raw_put(&k, i);
-    });
-    let mut lease = lim.acquire("e", "api", &[("daily", 3)]).await.unwrap();
+    // The lagging client's clock: a second before midnight.
+    h.at(midnight - 1000);
+    let mut lease = h.lim.acquire("e", "api", &[("daily", 3)]).await.unwrap();
     assert_eq!(
         h.n("e", "api", 0, "b_daily_tk"),
         Some(6000),
-        "the retry debited the old period's balance"
+        "the lagging fast write debited the old period's balance"
     );
     h.at(midnight + 2000);
     h.slow().acquire("e", "api", &[("daily", 4)]).await.unwrap();
@@ -374,26 +400,37 @@ pub async fn refund_after_a_reset_stays_in_its_period(b: &Backend) {
     assert_eq!(h.n("e", "api", 0, "b_daily_tc"), Some(1000 + 4000));
 }
 
-/// Scenario 9: the fast path's condition set — expired TTL, vu reached, vu absent, vu = 0.
+/// Scenario 9: the fast path's condition set — expired TTL, vu reached, vu = 0, and (rule
+/// "an item without `vu` is never trusted") vu absent. A dripping item carries the instant
+/// it would be full again as its `vu`; inside it the fast path writes alone. A failed fast
+/// write returns the item, and the slow path plans from it: no read.
 pub async fn s09_fast_condition_set(b: &Backend) {
     let h = b.harness(T0).await;
     entity_limits(&h, "e", "api", &[Limit::per_minute("rpm", 100).unwrap()]).await;
     h.lim.acquire("e", "api", &[("rpm", 1)]).await.unwrap();
-    assert_eq!(h.n("e", "api", 0, "vu"), None, "a drip-only item has no vu");
+    assert_eq!(
+        h.n("e", "api", 0, "vu"),
+        Some(T0 + 600),
+        "one token short of full, at 100/min: full again in 600 ms"
+    );
     let s = h.stats();
     h.lim.acquire("e", "api", &[("rpm", 1)]).await.unwrap();
-    assert_eq!(h.stats().since(&s).reads(), 0, "vu absent → fast path");
-    for (attr, v) in [("vu", 0), ("vu", T0), ("ttl", T0 / 1000)] {
-        h.set_n("e", "api", 0, attr, v);
+    let d = h.stats().since(&s);
+    assert_eq!((d.updates, d.reads()), (1, 0), "inside vu → fast path");
+    for (attr, v) in [("vu", Some(0)), ("vu", Some(T0)), ("ttl", Some(T0 / 1000)), ("vu", None)] {
+        match v {
+            Some(v) => h.set_n("e", "api", 0, attr, v),
+            None => h.remove("e", "api", 0, attr),
+        }
         let s = h.stats();
         h.lim.acquire("e", "api", &[("rpm", 1)]).await.unwrap();
         let d = h.stats().since(&s);
         assert_eq!(
             (d.updates, d.gets),
-            (2, 1),
-            "{attr}={v}: failed fast write, read, normal write"
+            (2, 0),
+            "{attr}={v:?}: failed fast write, normal write planned from the item it returned"
         );
-        h.remove("e", "api", 0, attr);
+        assert!(h.n("e", "api", 0, "vu") > Some(T0), "re-stamped");
     }
 }
 
@@ -503,8 +540,8 @@ pub async fn s21_s24_half_open_end(b: &Backend) {
     let d = h.stats().since(&s);
     assert_eq!(
         (d.updates, d.gets),
-        (2, 1),
-        "boundary: fast write fails, slow path opens"
+        (1, 0),
+        "boundary: this client's last image is past its vu, so the slow path opens from it in one write"
     );
     assert_eq!(h.n("e", "llm", 0, "b_session_ws"), Some(T0 + W));
     assert_eq!(h.n("e", "llm", 0, "b_session_tk"), Some(9000));

@@ -110,12 +110,12 @@ pub async fn s81_daily_quota_at_midnight(b: &Backend) {
     let (after, d) = (h.lim.stats(), h.stats().since(&reqs));
     assert_eq!(
         after.fast_admits, before.fast_admits,
-        "the fast write failed on vu"
+        "past vu: no fast write"
     );
     assert_eq!(after.slow_admits, before.slow_admits + 1);
     assert_eq!(
-        d.updates, 2,
-        "the failed fast write, then the normal write: {d:?}"
+        d.updates, 1,
+        "this client's last image is past its vu: the normal write, planned from it: {d:?}"
     );
     assert_eq!(h.n(E, R, 0, "b_daily_tk"), Some(9000));
     assert_eq!(h.n(E, R, 0, "b_daily_tc"), Some(11_000));
@@ -227,12 +227,15 @@ pub async fn w13_when_the_fanout_runs(b: &Backend) {
     h.rng.pin(0);
     h.slow().acquire(E, R, &[("session", 1)]).await.unwrap();
     assert_eq!(fanouts(&h.slow()), 0, "no open, no fan-out");
-    // The window ended; a request that cannot fit (share 5) writes nothing.
+    // The window ended; a request that can never fit (capacity 10) writes nothing.
     h.at(T1);
-    rejected(h.slow().acquire(E, R, &[("session", 6)]).await);
+    rejected(h.slow().acquire(E, R, &[("session", 11)]).await);
     assert_eq!(fanouts(&h.slow()), 0, "a rejected request anchors nothing");
     assert_eq!(h.n(E, R, 0, "b_session_ws"), Some(T0));
-    // The opening pass loses its rf lock: the consumption-only retry admits, opens nothing.
+    // The opening pass loses its rf lock to a writer that left the item past its trust
+    // horizon (the window ended): no consumption-only retry there (it would spend the
+    // ended window's balance); the pass re-plans from the item the failed write returned,
+    // opens the window and fans it out once.
     let k0 = h.key(E, R, 0);
     let (lim, hk) = h.hooked(false);
     let k = k0.clone();
@@ -242,28 +245,8 @@ pub async fn w13_when_the_fanout_runs(b: &Backend) {
         m.raw_put(&k, i);
     });
     lim.acquire(E, R, &[("session", 1)]).await.unwrap();
-    assert_eq!(fanouts(&lim), 0, "the retry never fans out");
-    assert_eq!(
-        h.n(E, R, 0, "b_session_ws"),
-        Some(T0),
-        "the retry never opens"
-    );
-    assert_eq!(h.n(E, R, 1, "b_session_ws"), Some(T0));
-    // The write failed: lock lost and the retry refused.
-    let (lim, hk) = h.hooked(false);
-    let k = k0.clone();
-    hk.stage(On::Update, Some(k0.clone()), move |m| {
-        let mut i = m.raw_get(&k).unwrap();
-        i.insert("rf".into(), Value::N(T1 - 2));
-        i.insert("b_session_tk".into(), Value::N(0));
-        m.raw_put(&k, i);
-    });
-    rejected(lim.acquire(E, R, &[("session", 1)]).await);
-    assert_eq!(fanouts(&lim), 0, "a failed write never fans out");
-    assert_eq!(h.n(E, R, 1, "b_session_ws"), Some(T0));
-    // And when it should: the landed open fans out to the S − 1 = 1 sibling.
-    h.slow().acquire(E, R, &[("session", 1)]).await.unwrap();
-    assert_eq!(fanouts(&h.slow()), 1);
+    assert_eq!(fanouts(&lim), 1, "the landed open fans out to the S − 1 = 1 sibling");
+    assert_eq!(h.n(E, R, 0, "b_session_ws"), Some(T1));
     assert_eq!(h.n(E, R, 1, "b_session_ws"), Some(T1));
 
     // S = max(cached, item): the client caches 2, shard 0's item says 8 → 7 siblings.
@@ -507,16 +490,14 @@ pub async fn q11_transaction_conflicts(b: &Backend) {
     for policy in [OnUnavailable::Block, OnUnavailable::Allow] {
         let h = setup(b.harness(T0).await).await;
         let (lim, c) = conflicting(&h, i64::MAX, policy).await;
-        let r = lim.acquire(E, R, &[("rpd", 1)]).await;
-        assert!(
-            matches!(r, Err(Error::RateLimitExceeded(_))),
-            "{policy:?}: {r:?}"
-        );
-        assert_eq!(c.seen.load(Ordering::SeqCst), 4, "1 try + 3 retries");
+        let l = lim.acquire(E, R, &[("rpd", 1)]).await.unwrap();
+        assert!(!l.is_degraded(), "{policy:?}: charged, never a degraded admit");
+        assert_eq!(l.shards(), vec![0], "{policy:?}: the entity paid from shard 0");
+        assert!(c.seen.load(Ordering::SeqCst) >= 4, "1 try + 3 retries");
         assert!(h.raw.raw_get(&h.key(E, R, 1)).is_none(), "nothing written");
-        assert_eq!(h.n(E, R, 0, "b_rpd_tk"), Some(1_000_000));
+        assert_eq!(h.n(E, R, 0, "b_rpd_tk"), Some(999_000));
         lim.acquire(E, R, &[("rpd", 0)]).await.unwrap();
-        assert_eq!(h.tks(E, R, "rpd", 2), vec![1_000_000, 0]);
+        assert_eq!(h.tks(E, R, "rpd", 2), vec![999_000, 0]);
         assert_eq!(h.n(E, R, 1, "b_rpd_gc"), Some(2));
         assert_eq!(
             h.n(E, R, 0, "b_rpd_gc"),

@@ -1,0 +1,362 @@
+//! Rule "a debit belongs to the entity" (the planner is `tollgate_core::spread`), executed:
+//! when the shard an acquire (or a lease's reported usage) was aimed at cannot cover it,
+//! read every shard of the entity (strongly consistently), materialise each, and either
+//! charge several shards in one transaction — all or none — or refuse with statuses that
+//! speak of what the entity has (the same balances the decision used).
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use tollgate_core::bucket::{attr, BucketImage};
+use tollgate_core::expr::Condition;
+use tollgate_core::materialize::Evaluated;
+use tollgate_core::mutants::{self, Mutant};
+use tollgate_core::spread::plan_spread;
+use tollgate_core::status::{limit_status, ShardView};
+use tollgate_core::value::Key;
+use tollgate_core::writes::{refund_pin, Charging};
+use tollgate_core::LimitStatus;
+use tollgate_store::{CancelReason, StoreError, TransactOp};
+
+use crate::acquire::{backoff, Request};
+use crate::error::{Error, Exceeded, Result};
+use crate::lease::{Lease, Part};
+use crate::limiter::{Inner, Stats};
+
+/// One shard as the entity-wide planner saw it.
+struct Seen {
+    shard: u32,
+    key: Key,
+    img: Option<BucketImage>,
+    /// Materialised at now, one per limit of the request (empty: the shard cannot take
+    /// part — it does not exist, or does not carry every limit yet).
+    evals: Vec<Evaluated>,
+}
+
+/// What an entity-wide charge did.
+enum Charged {
+    /// Landed: per shard touched, the milli taken per limit, and the evaluations and
+    /// returned image behind it.
+    Landed(Vec<(u32, Key, Vec<(String, i64)>, Vec<Evaluated>)>),
+    /// The entity cannot pay (acquires only): the statuses that say so.
+    Short(Vec<LimitStatus>),
+}
+
+impl Inner {
+    /// An acquire the shards tried cannot cover alone: admit it across the entity's shards
+    /// when the entity can pay, else refuse honestly.
+    pub(crate) async fn entity_acquire(
+        self: &Arc<Self>,
+        req: &Request,
+        s: i64,
+        preferred: u32,
+        _now: i64,
+    ) -> Result<Lease> {
+        match self.entity_debit(req, s, preferred, &req.amounts, false).await? {
+            Charged::Short(statuses) => {
+                let x = Exceeded::new(&req.entity, &req.resource, statuses);
+                debug_assert!(!x.violations().is_empty(), "a refusal names a limit");
+                Err(Error::RateLimitExceeded(Box::new(x)))
+            }
+            Charged::Landed(parts) => {
+                Stats::bump(&self.stats.slow_admits);
+                let now = self.clock.now_ms();
+                let mut after: BTreeMap<String, Vec<Evaluated>> = BTreeMap::new();
+                let mut lease_parts = Vec::new();
+                for (shard, key, takes, evals) in parts {
+                    let mut pins = BTreeMap::new();
+                    for (l, e) in req.limits.iter().zip(&evals) {
+                        if let Some(p) = refund_pin(l, e.ws, e.pe, now) {
+                            pins.insert(l.name().to_string(), p);
+                        }
+                        let take = takes
+                            .iter()
+                            .find(|(n, _)| n == l.name())
+                            .map_or(0, |(_, t)| *t);
+                        after.entry(l.name().to_string()).or_default().push(Evaluated {
+                            balance: e.balance - take,
+                            opened: false,
+                            ..e.clone()
+                        });
+                    }
+                    lease_parts.push(Part {
+                        shard,
+                        key,
+                        held: takes.into_iter().collect(),
+                        pins,
+                        image: None,
+                    });
+                }
+                let s_now = self.shards.get(&req.entity, &req.resource).unwrap_or(s);
+                let statuses = req
+                    .limits
+                    .iter()
+                    .filter_map(|l| {
+                        let a = req.amounts.iter().find(|(n, _)| n == l.name())?.1;
+                        let evals = after.get(l.name())?;
+                        let views: Vec<ShardView<'_>> = evals
+                            .iter()
+                            .map(|e| ShardView {
+                                eval: e,
+                                shard_count: s_now,
+                                carry: e.carry.unwrap_or(0),
+                            })
+                            .collect();
+                        Some(limit_status(l, &views, a, false, now))
+                    })
+                    .collect();
+                Ok(Lease::granted(self.clone(), req, lease_parts, statuses))
+            }
+        }
+    }
+
+    /// A lease's usage its shard cannot cover: charge it across the entity (debt levelled).
+    pub(crate) async fn entity_charge(
+        self: &Arc<Self>,
+        req: &Request,
+        s: i64,
+        preferred: u32,
+        usage: &[(String, i64)],
+        _now: i64,
+    ) -> Result<Vec<(u32, Key, Vec<(String, i64)>)>> {
+        match self.entity_debit(req, s, preferred, usage, true).await? {
+            Charged::Landed(parts) => Ok(parts
+                .into_iter()
+                .map(|(shard, key, takes, _)| (shard, key, takes))
+                .collect()),
+            Charged::Short(_) => Err(Error::Unavailable(StoreError::TransactionConflict)),
+        }
+    }
+
+    async fn read_entity(&self, req: &Request, s: i64, now: i64) -> Result<Vec<Seen>> {
+        let keys: Vec<Key> = (0..s as u32).map(|i| self.bucket_key(req, i)).collect();
+        let items = self.store.batch_get(&keys, true).await?;
+        let mut out = Vec::with_capacity(keys.len());
+        for (i, (key, item)) in keys.into_iter().zip(items).enumerate() {
+            let img = item.as_ref().map(BucketImage::decode).transpose()?;
+            let evals = match &img {
+                Some(img) if req.limits.iter().all(|l| img.limits.contains_key(l.name())) => req
+                    .limits
+                    .iter()
+                    .map(|l| {
+                        tollgate_core::materialize::evaluate(
+                            l,
+                            img.limits.get(l.name()),
+                            img.rf,
+                            s.max(img.shard_count),
+                            now,
+                            None,
+                        )
+                    })
+                    .collect(),
+                _ => Vec::new(),
+            };
+            out.push(Seen {
+                shard: i as u32,
+                key,
+                img,
+                evals,
+            });
+        }
+        Ok(out)
+    }
+
+    /// Read every shard, plan with `plan_spread` per limit, commit all or none (bounded
+    /// re-plans on conflicts), or report the entity short.
+    async fn entity_debit(
+        self: &Arc<Self>,
+        req: &Request,
+        s: i64,
+        preferred: u32,
+        amounts: &[(String, i64)],
+        debt: bool,
+    ) -> Result<Charged> {
+        let mut s = s.max(1);
+        for attempt in 0..5u32 {
+            let now = self.clock.now_ms();
+            let mut seen = self.read_entity(req, s, now).await?;
+            let stored = seen
+                .first()
+                .and_then(|x| x.img.as_ref())
+                .map_or(1, |i| i.shard_count);
+            if stored > s {
+                s = stored;
+                self.shards.raise(&req.entity, &req.resource, s);
+                seen = self.read_entity(req, s, now).await?;
+            }
+            if !debt && seen.iter().any(|x| x.img.as_ref().is_some_and(|i| i.disabled)) {
+                return Err(Error::ResourceDisabled {
+                    entity: req.entity.clone(),
+                    resource: req.resource.clone(),
+                });
+            }
+            // Per limit: the takes per shard.
+            let mut plan: Vec<(String, Vec<i64>)> = Vec::new();
+            let mut short = false;
+            for (n, a) in amounts {
+                let Some(li) = req.limits.iter().position(|l| l.name() == n) else {
+                    continue;
+                };
+                let balances: Vec<Option<i64>> = seen
+                    .iter()
+                    .map(|x| {
+                        let only_preferred = !debt && mutants::off(Mutant::EntityDebit);
+                        if only_preferred && x.shard != preferred {
+                            return None;
+                        }
+                        x.evals.get(li).map(|e| e.balance)
+                    })
+                    .collect();
+                match plan_spread(&balances, preferred as usize, *a, debt) {
+                    Some(t) => plan.push((n.clone(), t)),
+                    None => short = true,
+                }
+            }
+            if short {
+                return Ok(Charged::Short(self.entity_statuses(req, &seen, amounts, s, now)));
+            }
+            // Per shard touched: its amounts.
+            let mut per_shard: BTreeMap<u32, Vec<(String, i64)>> = BTreeMap::new();
+            for (n, takes) in &plan {
+                for (i, t) in takes.iter().enumerate() {
+                    if *t != 0 {
+                        per_shard.entry(i as u32).or_default().push((n.clone(), *t));
+                    }
+                }
+            }
+            if per_shard.is_empty() {
+                per_shard.insert(preferred, Vec::new());
+            }
+            let mut ops = Vec::new();
+            let mut touched = Vec::new();
+            let mut grants = false;
+            for (shard, amts) in &per_shard {
+                let x = &seen[*shard as usize];
+                let Some(img) = &x.img else { continue };
+                if x.evals.is_empty() {
+                    continue;
+                }
+                grants |= x.evals.iter().any(|e| e.gc.is_some());
+                let (write, _) = self.materialising_write(
+                    req,
+                    &x.key,
+                    img,
+                    &x.evals,
+                    amts,
+                    Charging {
+                        debt,
+                        tc_only: &[],
+                    },
+                    now,
+                );
+                ops.push(TransactOp::Update(write));
+                touched.push((*shard, x.key.clone(), amts.clone(), x.evals.clone()));
+            }
+            if grants {
+                // Rule "a grant is sized at the live shard count" (see `commit_slot`).
+                let k0 = self.bucket_key(req, 0);
+                let c = if s <= 1 {
+                    Condition::exists("PK").and(
+                        Condition::not_exists(attr::SHARD_COUNT)
+                            .or(Condition::eq(attr::SHARD_COUNT, 1)),
+                    )
+                } else {
+                    Condition::exists("PK").and(Condition::eq(attr::SHARD_COUNT, s))
+                };
+                match ops.iter_mut().find(|op| *op.key() == k0) {
+                    Some(TransactOp::Update(u)) => {
+                        u.condition = Some(match u.condition.take() {
+                            Some(x) => x.and(c),
+                            None => c,
+                        });
+                    }
+                    _ => ops.push(TransactOp::Check {
+                        key: k0,
+                        condition: c,
+                    }),
+                }
+            }
+            let single = ops.len() == 1 && matches!(ops[0], TransactOp::Update(_));
+            let r = if single {
+                match ops.pop() {
+                    Some(TransactOp::Update(u)) => self.store.update(u).await.map(Some),
+                    _ => unreachable_update(),
+                }
+            } else {
+                self.store.transact_write(ops, None).await.map(|()| None)
+            };
+            match r {
+                Ok(new) => {
+                    for (shard, _, _, evals) in &touched {
+                        self.rejections.forget(&req.entity, &req.resource, *shard);
+                        if new.is_none() {
+                            self.images.forget(&req.entity, &req.resource, *shard);
+                        }
+                        crate::shards::fan_out(self, req, *shard, s, evals).await;
+                    }
+                    if let (Some(new), Some((shard, _, _, _))) = (new, touched.first()) {
+                        self.remember(req, *shard, new.as_ref())?;
+                    }
+                    return Ok(Charged::Landed(touched));
+                }
+                Err(StoreError::ConditionFailed { .. })
+                | Err(StoreError::TransactionCanceled { .. })
+                | Err(StoreError::TransactionConflict)
+                | Err(StoreError::Throttled(_)) => {
+                    if let Err(StoreError::TransactionCanceled { reasons }) = &r {
+                        if reasons
+                            .iter()
+                            .any(|x| matches!(x, CancelReason::Validation(_)))
+                        {
+                            return Err(Error::Unavailable(StoreError::Validation(format!(
+                                "entity-wide debit refused: {reasons:?}"
+                            ))));
+                        }
+                    }
+                    tokio::time::sleep(backoff(attempt)).await;
+                }
+                Err(e) => return Err(e.into()),
+            }
+        }
+        Err(Error::Contended {
+            entity: req.entity.clone(),
+            resource: req.resource.clone(),
+        })
+    }
+
+    /// The statuses of a refusal decided by `entity_debit`: from the same materialised
+    /// balances (every shard that can take part), exceeded where their sum is short.
+    fn entity_statuses(
+        &self,
+        req: &Request,
+        seen: &[Seen],
+        amounts: &[(String, i64)],
+        s: i64,
+        now: i64,
+    ) -> Vec<LimitStatus> {
+        req.limits
+            .iter()
+            .enumerate()
+            .filter_map(|(li, l)| {
+                let a = amounts.iter().find(|(n, _)| n == l.name())?.1;
+                let evals: Vec<&Evaluated> = seen.iter().filter_map(|x| x.evals.get(li)).collect();
+                let views: Vec<ShardView<'_>> = evals
+                    .iter()
+                    .map(|e| ShardView {
+                        eval: e,
+                        shard_count: s,
+                        carry: e.carry.unwrap_or(0),
+                    })
+                    .collect();
+                let total: i64 = evals.iter().map(|e| e.balance).sum();
+                Some(limit_status(l, &views, a, total < a, now))
+            })
+            .collect()
+    }
+}
+
+fn unreachable_update() -> std::result::Result<Option<Option<tollgate_core::value::Item>>, StoreError> {
+    Err(StoreError::Validation(
+        "an entity-wide debit of one shard is one update".into(),
+    ))
+}
