@@ -281,6 +281,13 @@ pub fn plan_refill(
         if let Some(rc) = e.carry {
             u = u.set(battr(n, "rc"), rc);
         }
+        // The trust horizon moves with the balance and the `rf` written (the balance read
+        // is pinned above).
+        if let Some(l) = limits.iter().find(|l| l.name() == n) {
+            if let Some(fu) = crate::materialize::drip_full_at(l, e, 0, w.rf) {
+                u = u.set(battr(n, "fu"), fu);
+            }
+        }
         // ADR-135: a scheduled limit's stored parameters follow the regime materialised.
         if e.sched_stored
             && img
@@ -308,20 +315,10 @@ pub fn plan_refill(
             u = u.set(battr(WCU, "rc"), rc);
         }
     }
-    // The trust horizon moves with the balances written (dripping limits: the instant they
-    // are full again, from the balance read — pinned below), so `vu` is stamped whenever it
-    // changes; a boundary already passed is stamped too (the fast path stays off).
-    let dripping = evals
-        .iter()
-        .zip(&limits)
-        .any(|(e, l)| matches!(l.refill(), Refill::Drip { .. }) && e.transition == Transition::Refill);
-    match valid_until(&limits, &evals, &[], w.rf, now) {
-        Some(next) if dripping || img.vu.is_none_or(|v| v <= now) => {
-            if img.vu != Some(next) {
-                u = u.set(attr::VU, next);
-            }
+    if img.vu.is_none_or(|v| v <= now) {
+        if let Some(next) = valid_until(&limits, &evals, now).filter(|v| *v > now) {
+            u = u.set(attr::VU, next);
         }
-        _ => {}
     }
     w.update = u;
     w.condition = c;
@@ -530,10 +527,10 @@ mod tests {
         assert_eq!(add_of(&w.update, "b_rpm_tk"), Some(-35_000));
         assert_eq!(set_of(&w.update, "b_rpm_cp"), Some(10_000));
         assert_eq!(set_of(&w.update, "b_rpm_ra"), Some(10_000));
-        // Clamped to its ceiling, the bucket is full: the trust horizon is the write's own
-        // `rf` (rule `materialize::drip_full_at`), earlier than the next boundary.
-        assert_eq!(set_of(&w.update, "vu").or(img.vu), Some(w.rf));
-        assert!(w.rf < night + 8 * 3_600_000);
+        assert_eq!(set_of(&w.update, "vu"), Some(night + 8 * 3_600_000));
+        // Clamped to its ceiling, the bucket is full: its trust horizon is the write's own
+        // `rf` (rule `materialize::drip_full_at`).
+        assert_eq!(set_of(&w.update, "b_rpm_fu"), Some(w.rf));
         for (raw, attr) in [
             ("1|UTC|* 22:00-06:00", "b_rpm_sched"),
             ("7|UTC|* 22:00-06:00 10", "b_rpm_sched"),

@@ -83,6 +83,10 @@ pub struct LimitState {
     pub bcp: Option<i64>,
     /// Base (unscheduled) drip amount of a scheduled limit (`b_{n}_bra`).
     pub bra: Option<i64>,
+    /// Dripping limits: the trust horizon `b_{n}_fu` — the instant the balance written at
+    /// `rf` is full again; a balance-only debit of this limit is exact only before it
+    /// (see `materialize::drip_full_at`). Absent: never trusted.
+    pub fu: Option<i64>,
 }
 
 /// A decoded bucket item.
@@ -108,9 +112,9 @@ pub struct BucketImage {
     pub disabled: bool,
 }
 
-const FIELDS: [&str; 17] = [
+const FIELDS: [&str; 18] = [
     "tk", "cp", "ra", "rp", "tc", "rc", "ws", "rsa", "wa", "wtc", "gc", "rsched", "tz", "pe",
-    "sched", "bcp", "bra",
+    "sched", "bcp", "bra", "fu",
 ];
 
 fn corrupt(key: &str, attribute: &str, reason: impl Into<String>) -> RuleError {
@@ -233,6 +237,7 @@ impl BucketImage {
                 sched: gs("sched")?.filter(|x| x != SCHED_NONE),
                 bcp: g("bcp")?,
                 bra: g("bra")?,
+                fu: g("fu")?,
             };
             if n == WCU {
                 wcu = Some(st);

@@ -309,12 +309,14 @@ pub fn quota_ceiling(capacity: i64, gc: Option<i64>, tk: i64, shard_count: i64) 
     capacity / crate::grant::infer_gc(gc, tk, capacity, shard_count)
 }
 
-/// Rule "the fast path trusts a dripping balance only until it would be full": the instant
-/// at which a dripping limit written with `consumed` at `rf_written` reaches its ceiling
-/// again. The fast path debits the stored balance as of `rf` and the next refill adds all
-/// the time since; that is exact only while no refill would have been clamped away at the
-/// ceiling in between, so `vu` never lies past this instant. A write that leaves the
-/// limit full (or above its ceiling) trusts nothing: `rf_written`. `None` for quotas.
+/// Rule "the fast path trusts a dripping balance only until it would be full" (the trust
+/// horizon, stored as `b_{n}_fu`): the instant at which a dripping limit written with
+/// `consumed` at `rf_written` reaches its ceiling again. The fast path debits the stored
+/// balance as of `rf` and the next refill adds all the time since; that is exact only while
+/// no refill would have been clamped away at the ceiling in between, so a balance-only debit
+/// of the limit is allowed only before this instant. A write that leaves the limit full (or
+/// above its ceiling) trusts nothing: `rf_written`. `None` for quotas (and with the
+/// `TrustHorizon` mutant).
 pub fn drip_full_at(limit: &Limit, e: &Evaluated, consumed: i64, rf_written: i64) -> Option<i64> {
     let Refill::Drip { period_ms, .. } = limit.refill() else {
         return None;
@@ -332,17 +334,12 @@ pub fn drip_full_at(limit: &Limit, e: &Evaluated, consumed: i64, rf_written: i64
 }
 
 /// The instant from which the fast path may no longer write this item (`vu`): the earliest
-/// of the next calendar edge, the end of every window in force, the next schedule boundary
-/// of every scheduled limit (ADR-135/137/139) and the instant every dripping limit written
-/// with `consumed` at `rf_written` would be full again ([`drip_full_at`]). `None` = never
-/// (an item with no limit that refills or resets).
-pub fn valid_until(
-    limits: &[Limit],
-    evals: &[Evaluated],
-    consumed: &[(String, i64)],
-    rf_written: i64,
-    now: i64,
-) -> Option<i64> {
+/// of the next calendar edge, the end of every window in force and the next schedule
+/// boundary of every scheduled limit (ADR-135/137/139). `None` = never. A dripping limit's
+/// own trust horizon is per limit ([`drip_full_at`], stored as `b_{n}_fu`): a fast write
+/// checks it only for the limits it debits, so an idle limit that sits full does not keep
+/// a busy one off the fast path.
+pub fn valid_until(limits: &[Limit], evals: &[Evaluated], now: i64) -> Option<i64> {
     let mut vu: Option<i64> = None;
     let mut take = |t: i64| vu = Some(vu.map_or(t, |v: i64| v.min(t)));
     for (l, e) in limits.iter().zip(evals) {
@@ -361,15 +358,7 @@ pub fn valid_until(
                     take(ws + reset_after_s * 1000)
                 }
             }
-            Refill::Drip { .. } => {
-                let c = consumed
-                    .iter()
-                    .find(|(n, _)| n == l.name())
-                    .map_or(0, |(_, a)| *a);
-                if let Some(t) = drip_full_at(l, e, c, rf_written) {
-                    take(t)
-                }
-            }
+            Refill::Drip { .. } => {}
         }
     }
     vu

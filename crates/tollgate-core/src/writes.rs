@@ -50,15 +50,14 @@ pub fn ttl_for(limits: &[Limit], now_ms: i64, multiplier: i64) -> Option<i64> {
 /// The speculative write (§4.3): ADD the amounts and one `wcu`, conditioned on the item
 /// existing, every named balance covering its amount (a zero amount still requires
 /// `tk >= 0`), `wcu` covering one write, the item not expired, its parameters current
-/// (`ph`), not disabled, and `vu` present and not reached. It reads nothing and touches no
-/// `rf`, window or grant.
-///
-/// Rule "an item without `vu` is never trusted": every rf-locked write stamps `vu`
-/// ([`crate::materialize::valid_until`]: dripping limits always have a full instant), so an
-/// item without one was last written by a writer that does not know the trust horizon (an
-/// older client removes it); the fast path would then debit a balance that may have
-/// refilled past its ceiling, and sends such an item to the slow path instead.
-pub fn fast_write(amounts: &Amounts, ph: &str, now_ms: i64) -> (Update, Condition) {
+/// (`ph`), not disabled, `vu` not reached, and every named dripping limit inside its trust
+/// horizon ([`trusted`]). It reads nothing and touches no `rf`, window or grant.
+pub fn fast_write(
+    amounts: &Amounts,
+    limits: &[Limit],
+    ph: &str,
+    now_ms: i64,
+) -> (Update, Condition) {
     let mut u = Update::new();
     let mut c = Condition::exists("PK");
     for (n, amt) in amounts {
@@ -73,18 +72,53 @@ pub fn fast_write(amounts: &Amounts, ph: &str, now_ms: i64) -> (Update, Conditio
         .and(Condition::not_exists(attr::TTL).or(Condition::gt(attr::TTL, now_ms / 1000)))
         .and(Condition::not_exists(attr::DISABLED))
         .and(Condition::eq(attr::PH, ph))
-        .and(trusted_at(now_ms));
+        .and(trusted(limits, amounts, now_ms));
     (u, c)
 }
 
-/// The condition under which a balance-only `ADD` (a fast-path debit, a lease adjustment)
-/// is exact at `now_ms`: the item's `vu` is present and later (see [`fast_write`] and
-/// [`crate::materialize::drip_full_at`]).
-pub fn trusted_at(now_ms: i64) -> Condition {
+/// Whether `limit` drips (it has a trust horizon).
+fn drips(limits: &[Limit], name: &str) -> bool {
+    limits
+        .iter()
+        .any(|l| l.name() == name && matches!(l.refill(), Refill::Drip { .. }))
+}
+
+/// The condition under which a balance-only `ADD` of `amounts` (a fast-path debit, the
+/// consumption-only retry, a lease's reported usage) is exact at `now_ms`: the item's `vu`
+/// (its boundaries: calendar edges, window ends, schedule changes) not reached, and every
+/// named dripping limit inside its trust horizon `b_{n}_fu` (rule
+/// [`crate::materialize::drip_full_at`]; a limit without one — written by a writer that does
+/// not know the rule — is never trusted).
+pub fn trusted(limits: &[Limit], amounts: &Amounts, now_ms: i64) -> Condition {
+    let mut c = Condition::not_exists(attr::VU).or(Condition::gt(attr::VU, now_ms));
     if crate::mutants::off(crate::mutants::Mutant::TrustHorizon) {
-        return Condition::not_exists(attr::VU).or(Condition::gt(attr::VU, now_ms));
+        return c;
     }
-    Condition::gt(attr::VU, now_ms)
+    for (n, _) in amounts {
+        if drips(limits, n) {
+            c = c.and(Condition::gt(battr(n, "fu"), now_ms));
+        }
+    }
+    c
+}
+
+/// Whether the image trusts a balance-only write of `amounts` at `now_ms` (the same rule
+/// as [`trusted`], read off a decoded item).
+pub fn image_trusted(img: &BucketImage, limits: &[Limit], amounts: &Amounts, now_ms: i64) -> bool {
+    if img.vu.is_some_and(|v| v <= now_ms) {
+        return false;
+    }
+    if crate::mutants::off(crate::mutants::Mutant::TrustHorizon) {
+        return true;
+    }
+    amounts.iter().all(|(n, _)| {
+        !drips(limits, n)
+            || img
+                .limits
+                .get(n)
+                .and_then(|st| st.fu)
+                .is_some_and(|fu| fu > now_ms)
+    })
 }
 
 /// Why a speculative write failed, read off the old item (§4.3 classification order).
@@ -114,6 +148,7 @@ pub enum FastFailure {
 pub fn classify_fast_failure(
     old: Option<&BucketImage>,
     amounts: &Amounts,
+    limits: &[Limit],
     ph: &str,
     now_ms: i64,
 ) -> FastFailure {
@@ -126,7 +161,7 @@ pub fn classify_fast_failure(
     if img.ttl.is_some_and(|t| t <= now_ms / 1000) {
         return FastFailure::Expired;
     }
-    if img.vu.is_none_or(|v| v <= now_ms) {
+    if !image_trusted(img, limits, amounts, now_ms) {
         return FastFailure::Boundary;
     }
     if img.ph.as_deref() != Some(ph) {
@@ -301,6 +336,9 @@ pub fn normal_write(
         if let Some(g) = e.drip_gc {
             u = u.set(battr(n, "gc"), g);
         }
+        if let Some(fu) = crate::materialize::drip_full_at(l, e, debit, stamp.rf) {
+            u = u.set(battr(n, "fu"), fu);
+        }
         if let Some(rc) = e.carry {
             u = u.set(battr(n, "rc"), rc);
         }
@@ -363,13 +401,13 @@ pub fn set_pin(limit: &str, read_tk: i64) -> Condition {
 }
 
 /// The consumption-only retry (§4.4), after the rf lock was lost: ADD the amounts, each
-/// conditioned on the live balance covering it and — like the fast path — on the item's
-/// trust horizon (`vu` later than `now_ms`: the winner of the lock stamped one; a balance
-/// past it may have refilled to its ceiling and must be materialised instead). No refill,
-/// no `rf`, `vu`, window or grant stamp.
-pub fn retry_write(amounts: &Amounts, now_ms: i64) -> (Update, Condition) {
+/// conditioned on the live balance covering it and — like the fast path — on the trust
+/// horizon ([`trusted`]: the winner of the lock stamped one; a balance past it may have
+/// refilled to its ceiling and must be materialised instead). No refill, no `rf`, `vu`,
+/// window or grant stamp.
+pub fn retry_write(amounts: &Amounts, limits: &[Limit], now_ms: i64) -> (Update, Condition) {
     let mut u = Update::new();
-    let mut c = Condition::exists("PK").and(trusted_at(now_ms));
+    let mut c = Condition::exists("PK").and(trusted(limits, amounts, now_ms));
     for (n, a) in amounts {
         if *a != 0 {
             u = u.add(battr(n, "tk"), -a).add(battr(n, "tc"), *a);
@@ -380,44 +418,54 @@ pub fn retry_write(amounts: &Amounts, now_ms: i64) -> (Update, Condition) {
 }
 
 /// Rule "a refund keeps the trust horizon": the largest balance (as of `rf`) a dripping
-/// limit may hold for `vu` to stay true — below it no refill is clamped away at the ceiling
-/// before `vu`. A refund that would lift the balance above it must also pull `vu` in.
-pub fn trust_ceiling(ceiling: i64, rate: i64, rp: i64, carry: i64, rf: i64, vu: i64) -> i64 {
-    if vu <= rf || rate <= 0 || rp <= 0 {
+/// limit may hold for its horizon `fu` to stay true — below it no refill is clamped away at
+/// the ceiling before `fu`. A refund that would lift the balance above it must also pull
+/// the horizon in.
+pub fn trust_ceiling(ceiling: i64, rate: i64, rp: i64, carry: i64, rf: i64, fu: i64) -> i64 {
+    if fu <= rf || rate <= 0 || rp <= 0 {
         return ceiling;
     }
-    let elapsed = i128::from(vu - 1 - rf);
+    let elapsed = i128::from(fu - 1 - rf);
     let added = (elapsed * i128::from(rate) + i128::from(carry)) / i128::from(rp);
     i64::try_from(i128::from(ceiling) - added).unwrap_or(i64::MIN)
 }
 
 /// The condition under which a lease's refunds of dripping limits may land as a plain
-/// `ADD` without touching `vu` ([`trust_ceiling`]): the item is still the one `img` shows
-/// (`rf` and `vu` unchanged, so its refill baseline, remainder and parameters are too) and
-/// every refunded balance stays at or below its trust ceiling. `refunds` are positive
-/// amounts of milli returned. `None` when `img` has no horizon to keep (then the refund
-/// must pull `vu` in).
+/// `ADD` without touching their trust horizons ([`trust_ceiling`]): the item is still the
+/// one `img` shows (`rf` and each refunded limit's `fu` unchanged, so its refill baseline,
+/// remainder and parameters are too) and every refunded balance stays at or below its trust
+/// ceiling. `refunds` are positive amounts of milli returned. `None` when a refunded
+/// dripping limit has no horizon to keep (then the refund must pull it in: `fu = 0`).
 pub fn refund_trust(
     img: &BucketImage,
     limits: &[Limit],
     refunds: &Amounts,
     shard_count: i64,
 ) -> Option<Condition> {
-    let vu = img.vu?;
-    let mut c = Condition::eq(attr::RF, img.rf).and(Condition::eq(attr::VU, vu));
+    let mut c = Condition::eq(attr::RF, img.rf);
     for (n, r) in refunds {
-        let Some(l) = limits.iter().find(|l| l.name() == n) else {
-            continue;
-        };
-        if !matches!(l.refill(), Refill::Drip { .. }) {
+        if !drips(limits, n) {
             continue;
         }
+        let l = limits.iter().find(|l| l.name() == n)?;
         let st = img.limits.get(n)?;
+        let fu = st.fu?;
         let e = evaluate(l, Some(st), img.rf, shard_count, img.rf, None);
-        let max = trust_ceiling(e.ceiling, e.rate, l.rp(), st.rc, img.rf, vu);
-        c = c.and(Condition::le(battr(n, "tk"), max.saturating_sub(*r)));
+        let max = trust_ceiling(e.ceiling, e.rate, l.rp(), st.rc, img.rf, fu);
+        c = c
+            .and(Condition::eq(battr(n, "fu"), fu))
+            .and(Condition::le(battr(n, "tk"), max.saturating_sub(*r)));
     }
     Some(c)
+}
+
+/// Pull in the trust horizon of every refunded dripping limit (`SET b_{n}_fu = 0`), for a
+/// refund [`refund_trust`] cannot keep it for.
+pub fn refund_untrust(u: Update, limits: &[Limit], refunds: &Amounts) -> Update {
+    refunds
+        .iter()
+        .filter(|(n, _)| drips(limits, n))
+        .fold(u, |u, (n, _)| u.set(battr(n, "fu"), 0))
 }
 
 /// Adjust / rollback (path 4): ADD `−delta` to the balance and `+delta` to `tc` per limit;
@@ -563,6 +611,9 @@ pub fn create_item(
         }
         if let Some(gc) = e.gc.or(e.drip_gc) {
             put(battr(n, "gc"), Value::N(gc));
+        }
+        if let Some(fu) = crate::materialize::drip_full_at(l, e, consumed, stamp.rf) {
+            put(battr(n, "fu"), Value::N(fu));
         }
         if let Some(pe) = e.pe {
             put(battr(n, "pe"), Value::N(pe));

@@ -33,9 +33,11 @@
 //!
 //! - `rate-envelope`: for a dripping limit, the token-bucket envelope over every interval that
 //!   ends at an admission: what the entity consumed in `[a, b]` (admissions and positive
-//!   adjustments, less refunds) is at most `capacity + rate × (b − a + 2 × skew)` (+ one token
-//!   of rounding), whatever the shard count; backward `rf` stamps of older writers in the
-//!   interval (or up to one full refill before it) are credited.
+//!   adjustments, less refunds) is at most `capacity + rate × (b − a + 2 × (skew + δ))` (+ one
+//!   token of rounding), whatever the shard count, where δ is the longest any write applied
+//!   in the interval waited between being issued and being applied (a request decides with
+//!   the clock reading it carries); backward `rf` stamps of older writers in the interval (or
+//!   up to one full refill before it) are credited.
 //! - `lease-net`: per lease and limit, what the lease consumed net of its adjustments and its
 //!   rollback never goes below zero (a refund never returns more than the lease took).
 //! - `honest-answer`: a refusal names at least one exceeded limit; an exceeded limit reports
@@ -234,6 +236,9 @@ pub struct Ledger {
     pub violations: Vec<Violation>,
     /// Documented residuals (not violations): lost responses whose write applied.
     pub residuals: Vec<String>,
+    /// Per bucket write (entity, resource, step): how long it waited between being issued
+    /// and being applied (ms) — the staleness of the clock reading it carries.
+    pub latencies: Vec<(String, String, u64, i64)>,
 }
 
 /// `(entity, resource, shard)` of a bucket key `{ns}/BUCKET#{entity}#{resource}#{shard}`.
@@ -286,6 +291,13 @@ impl Ledger {
         if let Some(o) = self.ops.get_mut(op) {
             o.ok = Some(err.is_none());
             o.err = err;
+        }
+    }
+
+    /// A bucket write issued `latency` ms before it was applied (at `step`).
+    pub fn record_latency(&mut self, key: &Key, step: u64, latency: i64) {
+        if let Some((e, r, _)) = parse_bucket(key) {
+            self.latencies.push((e, r, step, latency.max(0)));
         }
     }
 
@@ -692,7 +704,8 @@ impl Ledger {
         let mut out = Vec::new();
         // Where each acquire's debit landed, per entity (a cascade acquire debits the
         // child and the parent) and limit.
-        let mut landed: BTreeMap<(usize, String, String), Landed> = BTreeMap::new();
+        // (An acquire may debit several shards: one landing per shard.)
+        let mut landed: BTreeMap<(usize, String, String, u32), Landed> = BTreeMap::new();
         for e in &self.tc {
             let Some(op) = e.op else { continue };
             let Some(rec) = self.ops.get(op) else {
@@ -709,7 +722,7 @@ impl Ledger {
             match &rec.kind {
                 OpKind::Acquire { .. } => {
                     landed.insert(
-                        (op, e.entity.clone(), e.limit.clone()),
+                        (op, e.entity.clone(), e.limit.clone(), e.shard),
                         (e.shard, e.ws, e.rf),
                     );
                     out.push(Admission {
@@ -727,7 +740,7 @@ impl Ledger {
                     if e.delta < 0 =>
                 {
                     if let Some(&(shard, ws, rf)) =
-                        landed.get(&(*lease_of, e.entity.clone(), e.limit.clone()))
+                        landed.get(&(*lease_of, e.entity.clone(), e.limit.clone(), e.shard))
                     {
                         if shard == e.shard {
                             out.push(Admission {
@@ -936,6 +949,13 @@ impl Ledger {
         let mut out = Vec::new();
         for (ent, mut evs) in by_entity {
             evs.sort_by_key(|e| e.step);
+            // The entity's writes in apply order with their latencies.
+            let lat: Vec<(u64, i64)> = self
+                .latencies
+                .iter()
+                .filter(|(e, r, _, _)| e == ent && r == res)
+                .map(|(_, _, s, l)| (*s, *l))
+                .collect();
             let s_max = self
                 .creations
                 .iter()
@@ -966,7 +986,15 @@ impl Ledger {
                 }
                 let tj = evs[j].t;
                 let mut sum: i128 = 0;
+                let mut stale: i64 = 0;
+                let mut li = lat.partition_point(|(s, _)| *s <= evs[j].step);
                 for i in (0..=j).rev() {
+                    // A request carries the clock reading it was built with: one applied
+                    // late decides as of then (its trust check, its refill clamp).
+                    while li > 0 && lat[li - 1].0 + 1 >= evs[i].step {
+                        li -= 1;
+                        stale = stale.max(lat[li].1);
+                    }
                     sum += i128::from(evs[i].delta);
                     let ti = evs[i].t;
                     // A backward stamp re-credits refill at the next materialisation, which
@@ -980,7 +1008,7 @@ impl Ledger {
                         .sum::<i128>()
                         * rate
                         / i128::from(rp);
-                    let span = i128::from(tj - ti + 2 * skew);
+                    let span = i128::from(tj - ti + 2 * (skew + stale));
                     let allow = cap + rate * span / i128::from(rp) + 1000 + credit;
                     if sum > allow {
                         out.push(format!(

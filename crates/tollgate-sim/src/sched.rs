@@ -217,6 +217,7 @@ impl Shared {
         keys: &[Key],
         before: Vec<Option<Item>>,
         err: Option<&StoreError>,
+        t_call: i64,
     ) {
         let after = self.images(keys);
         let mut g = self.lock();
@@ -247,6 +248,9 @@ impl Shared {
         }
         let now = self.now();
         let step = st.step;
+        for k in keys {
+            st.ledger.record_latency(k, step, now - t_call);
+        }
         let op = st.current_op.get(client).copied().flatten();
         let lost = matches!(err, Some(StoreError::Ambiguous(_)));
         if err.is_some() {
@@ -586,16 +590,18 @@ impl Store for SimStore {
     }
 
     async fn put(&self, req: PutRequest) -> Result<(), StoreError> {
+        let t_call = self.sh.now();
         self.sh.turn(self.client).await;
         let keys = vec![req.key.clone()];
         let before = self.sh.images(&keys);
         let r = self.sh.faulty.put(req).await;
         self.sh
-            .after_write(self.client, "put", &keys, before, r.as_ref().err());
+            .after_write(self.client, "put", &keys, before, r.as_ref().err(), t_call);
         r
     }
 
     async fn update(&self, req: UpdateRequest) -> Result<Option<Item>, StoreError> {
+        let t_call = self.sh.now();
         self.sh.turn(self.client).await;
         let keys = vec![req.key.clone()];
         let before = self.sh.images(&keys);
@@ -605,23 +611,24 @@ impl Store for SimStore {
                 "sim: fan-out write lost before it reached the store".into(),
             );
             self.sh
-                .after_write(self.client, "fanout(LOST)", &keys, before, Some(&e));
+                .after_write(self.client, "fanout(LOST)", &keys, before, Some(&e), t_call);
             return Err(e);
         }
         let r = self.sh.faulty.update(req).await;
         let kind = if fanout { "fanout" } else { "update" };
         self.sh
-            .after_write(self.client, kind, &keys, before, r.as_ref().err());
+            .after_write(self.client, kind, &keys, before, r.as_ref().err(), t_call);
         r
     }
 
     async fn delete(&self, req: DeleteRequest) -> Result<Option<Item>, StoreError> {
+        let t_call = self.sh.now();
         self.sh.turn(self.client).await;
         let keys = vec![req.key.clone()];
         let before = self.sh.images(&keys);
         let r = self.sh.faulty.delete(req).await;
         self.sh
-            .after_write(self.client, "delete", &keys, before, r.as_ref().err());
+            .after_write(self.client, "delete", &keys, before, r.as_ref().err(), t_call);
         r
     }
 
@@ -630,6 +637,7 @@ impl Store for SimStore {
         ops: Vec<TransactOp>,
         token: Option<String>,
     ) -> Result<(), StoreError> {
+        let t_call = self.sh.now();
         self.sh.turn(self.client).await;
         let keys: Vec<Key> = ops
             .iter()
@@ -639,7 +647,7 @@ impl Store for SimStore {
         let before = self.sh.images(&keys);
         let r = self.sh.faulty.transact_write(ops, token).await;
         self.sh
-            .after_write(self.client, "transact", &keys, before, r.as_ref().err());
+            .after_write(self.client, "transact", &keys, before, r.as_ref().err(), t_call);
         r
     }
 

@@ -14,7 +14,7 @@ use tollgate_core::materialize::{evaluate, evaluate_wcu, valid_until, Evaluated}
 use tollgate_core::status::{limit_status, ShardView};
 use tollgate_core::value::Key;
 use tollgate_core::writes::{
-    balance_charges, classify_fast_failure, create_item, fast_write, next_rf, normal_write,
+    classify_fast_failure, create_item, fast_write, image_trusted, next_rf, normal_write,
     params_hash, refund_pin, retry_write, ttl_for, would_refill_satisfy, BucketIdentity, Charging,
     FastFailure, ItemStamp, TtlWrite,
 };
@@ -103,7 +103,7 @@ enum Fast {
 /// (its trust horizon passed, its parameters or limits changed, its TTL passed): then the
 /// slow path plans from `img` at once instead of spending a write to learn it.
 fn needs_materialising(img: &BucketImage, req: &Request, now: i64) -> bool {
-    img.vu.is_none_or(|v| v <= now)
+    !image_trusted(img, &req.limits, &req.amounts, now)
         || img.ph.as_deref() != Some(req.ph.as_str())
         || img.ttl.is_some_and(|t| t <= now / 1000)
         || req
@@ -407,6 +407,9 @@ impl Inner {
         let mut images: Vec<BucketImage> = Vec::new();
         let mut cur = shard;
         loop {
+            // Each speculative write carries a fresh clock reading: its trust check is only
+            // as good as the `now` it compares.
+            let now = self.clock.now_ms();
             match self.fast_once(req, cur, now).await? {
                 Ok(lease) => return Ok(Fast::Granted(Box::new(lease))),
                 Err(None) => {
@@ -505,7 +508,7 @@ impl Inner {
         now: i64,
     ) -> Result<std::result::Result<Lease, Option<(FastFailure, Option<BucketImage>)>>> {
         let key = self.bucket_key(req, shard);
-        let (update, condition) = fast_write(&req.amounts, &req.ph, now);
+        let (update, condition) = fast_write(&req.amounts, &req.limits, &req.ph, now);
         let r = self
             .store
             .update(UpdateRequest {
@@ -544,7 +547,7 @@ impl Inner {
                     }
                     None => self.images.forget(&req.entity, &req.resource, shard),
                 }
-                let f = classify_fast_failure(img.as_ref(), &req.amounts, &req.ph, now);
+                let f = classify_fast_failure(img.as_ref(), &req.amounts, &req.limits, &req.ph, now);
                 Ok(Err(Some((f, img))))
             }
             Err(StoreError::Throttled(_)) => Ok(Err(None)),
@@ -919,13 +922,7 @@ impl Inner {
         let rf = next_rf(now, Some(img.rf), evals);
         let stamp = ItemStamp {
             rf,
-            vu: valid_until(
-                &req.limits,
-                evals,
-                &balance_charges(amounts, charging.tc_only),
-                rf,
-                now,
-            ),
+            vu: valid_until(&req.limits, evals, now),
             ttl: req.ttl,
             ph: &req.ph,
         };
@@ -998,7 +995,7 @@ impl Inner {
         // The lock is still ours (rf unchanged) but a pinned balance moved: re-plan rather
         // than spend the pre-reset balance.
         let lock_held = old.rf == read_rf;
-        let trusted = old.vu.is_some_and(|v| v > now);
+        let trusted = image_trusted(&old, &req.limits, &req.amounts, now);
         if (lock_held
             && evals
                 .iter()
@@ -1187,7 +1184,8 @@ impl Inner {
         s: i64,
         now: i64,
     ) -> Result<std::result::Result<Lease, Option<BucketImage>>> {
-        let (update, condition) = retry_write(&req.amounts, now);
+        let now = self.clock.now_ms().max(now);
+        let (update, condition) = retry_write(&req.amounts, &req.limits, now);
         let r = self
             .store
             .update(UpdateRequest {
@@ -1307,7 +1305,7 @@ impl Inner {
         let rf = next_rf(now, None, &evals);
         let stamp = ItemStamp {
             rf,
-            vu: valid_until(&req.limits, &evals, &amounts, rf, now),
+            vu: valid_until(&req.limits, &evals, now),
             ttl: req.ttl,
             ph: &req.ph,
         };

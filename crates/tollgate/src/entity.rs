@@ -33,6 +33,13 @@ struct Seen {
     evals: Vec<Evaluated>,
 }
 
+/// Refunds that ride on the preferred shard's write of an entity-wide charge.
+#[derive(Clone, Copy, Default)]
+struct Extra<'a> {
+    refunds: &'a [(String, i64)],
+    tc_only: &'a [String],
+}
+
 /// What an entity-wide charge did.
 enum Charged {
     /// Landed: per shard touched, the milli taken per limit, and the evaluations and
@@ -52,7 +59,10 @@ impl Inner {
         preferred: u32,
         _now: i64,
     ) -> Result<Lease> {
-        match self.entity_debit(req, s, preferred, &req.amounts, false).await? {
+        match self
+            .entity_debit(req, s, preferred, &req.amounts, false, Extra::default())
+            .await?
+        {
             Charged::Short(statuses) => {
                 let x = Exceeded::new(&req.entity, &req.resource, statuses);
                 debug_assert!(!x.violations().is_empty(), "a refusal names a limit");
@@ -110,16 +120,20 @@ impl Inner {
         }
     }
 
-    /// A lease's usage its shard cannot cover: charge it across the entity (debt levelled).
+    /// A lease's usage its shard cannot cover: charge it across the entity (debt levelled),
+    /// with `refunds` (negative milli; `tc_only` ones in `tc` alone) on the preferred shard in
+    /// the same transaction.
     pub(crate) async fn entity_charge(
         self: &Arc<Self>,
         req: &Request,
         s: i64,
         preferred: u32,
         usage: &[(String, i64)],
-        _now: i64,
+        refunds: &[(String, i64)],
+        tc_only: &[String],
     ) -> Result<Vec<(u32, Key, Vec<(String, i64)>)>> {
-        match self.entity_debit(req, s, preferred, usage, true).await? {
+        let extra = Extra { refunds, tc_only };
+        match self.entity_debit(req, s, preferred, usage, true, extra).await? {
             Charged::Landed(parts) => Ok(parts
                 .into_iter()
                 .map(|(shard, key, takes, _)| (shard, key, takes))
@@ -170,11 +184,18 @@ impl Inner {
         preferred: u32,
         amounts: &[(String, i64)],
         debt: bool,
+        extra: Extra<'_>,
     ) -> Result<Charged> {
         let mut s = s.max(1);
         for attempt in 0..5u32 {
             let now = self.clock.now_ms();
-            let mut seen = self.read_entity(req, s, now).await?;
+            let mut seen = match self.read_entity(req, s, now).await {
+                Err(Error::Unavailable(e)) if e.is_retryable() => {
+                    tokio::time::sleep(backoff(attempt)).await;
+                    continue;
+                }
+                r => r?,
+            };
             let stored = seen
                 .first()
                 .and_then(|x| x.img.as_ref())
@@ -224,8 +245,11 @@ impl Inner {
                     }
                 }
             }
-            if per_shard.is_empty() {
-                per_shard.insert(preferred, Vec::new());
+            if per_shard.is_empty() || !extra.refunds.is_empty() {
+                per_shard
+                    .entry(preferred)
+                    .or_default()
+                    .extend(extra.refunds.iter().cloned());
             }
             let mut ops = Vec::new();
             let mut touched = Vec::new();
@@ -237,16 +261,18 @@ impl Inner {
                     continue;
                 }
                 grants |= x.evals.iter().any(|e| e.gc.is_some());
+                let tc_only = if *shard == preferred {
+                    extra.tc_only
+                } else {
+                    &[]
+                };
                 let (write, _) = self.materialising_write(
                     req,
                     &x.key,
                     img,
                     &x.evals,
                     amts,
-                    Charging {
-                        debt,
-                        tc_only: &[],
-                    },
+                    Charging { debt, tc_only },
                     now,
                 );
                 ops.push(TransactOp::Update(write));

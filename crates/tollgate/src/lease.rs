@@ -26,7 +26,7 @@ use tollgate_core::expr::{Condition, ReturnValues, Update};
 use tollgate_core::limit::{MAX_TOKENS, MILLI};
 use tollgate_core::mutants::{self, Mutant};
 use tollgate_core::value::Key;
-use tollgate_core::writes::{adjust_write, refund_trust, trusted_at, Charging};
+use tollgate_core::writes::{adjust_write, refund_trust, refund_untrust, trusted, Charging};
 use tollgate_core::{Limit, LimitStatus, RuleError};
 use tollgate_store::{CancelReason, StoreError, TransactOp, UpdateRequest};
 
@@ -443,7 +443,7 @@ impl Lease {
                 (Some(t), _) => condition = condition.and(t.clone()),
                 // Nothing known to keep: pull the trust horizon in (the next acquire
                 // materialises and clamps).
-                (None, true) => update = update.set(attr::VU, 0),
+                (None, true) => update = refund_untrust(update, &req.limits, &o.refunds),
                 (None, false) => {}
             }
             UpdateRequest {
@@ -457,7 +457,8 @@ impl Lease {
         let news: Vec<Option<tollgate_core::value::Item>> = loop {
             // Per part: the old item when its condition failed (`Some(None)`: gone).
             let failed: Vec<(usize, Option<tollgate_core::value::Item>)> = if ones.len() == 1 {
-                match lim.store.update(build(&ones[0], &self.parts)).await {
+                let u = build(&ones[0], &self.parts);
+                match retrying(|| lim.store.update(u.clone())).await {
                     Ok(n) => break vec![n],
                     Err(StoreError::ConditionFailed { old }) => vec![(0, old.map(|b| *b))],
                     Err(e) => return Err(e.into()),
@@ -467,7 +468,7 @@ impl Lease {
                     .iter()
                     .map(|o| TransactOp::Update(build(o, &self.parts)))
                     .collect();
-                match lim.store.transact_write(ops, None).await {
+                match retrying(|| lim.store.transact_write(ops.clone(), None)).await {
                     Ok(()) => break ones.iter().map(|_| None).collect(),
                     Err(StoreError::TransactionCanceled { reasons }) => {
                         let f: Vec<(usize, Option<tollgate_core::value::Item>)> = reasons
@@ -608,7 +609,8 @@ impl Lease {
         let drip_refund = refunds
             .iter()
             .any(|(n, _)| req.limits.iter().any(|l| l.name() == n && !l.is_quota()));
-        let mut condition = Condition::exists("PK").and(trusted_at(now));
+        let usage: Vec<(String, i64)> = deltas.iter().filter(|(_, d)| *d > 0).cloned().collect();
+        let mut condition = Condition::exists("PK").and(trusted(&req.limits, &usage, now));
         for (n, d) in deltas {
             if *d > 0 {
                 condition =
@@ -625,18 +627,16 @@ impl Lease {
                 .and_then(|img| refund_trust(img, &req.limits, &refunds, s))
             {
                 Some(t) => condition = condition.and(t),
-                None => update = update.set(attr::VU, 0),
+                None => update = refund_untrust(update, &req.limits, &refunds),
             }
         }
-        let r = lim
-            .store
-            .update(UpdateRequest {
-                key: key.clone(),
-                update,
-                condition: Some(condition),
-                returns: ReturnValues::AllNew,
-            })
-            .await;
+        let u = UpdateRequest {
+            key: key.clone(),
+            update,
+            condition: Some(condition),
+            returns: ReturnValues::AllNew,
+        };
+        let r = retrying(|| lim.store.update(u.clone())).await;
         let old = match r {
             Ok(new) => {
                 self.land(0, deltas);
@@ -689,9 +689,9 @@ impl Lease {
 impl Inner {
     /// Write `deltas` (debt allowed; negative: refunds, `tc_only` ones in `tc` alone) on
     /// `shard`, materialised from `img`: one rf-locked write when the shard covers the usage
-    /// (or is the entity's only one); else the refunds land there first and the usage is
-    /// taken across the entity's shards. Returns where it landed: (shard, key, milli per
-    /// limit).
+    /// (or is the entity's only one); else one transaction that takes the usage across the
+    /// entity's shards with this shard's refunds. Returns where it landed: (shard, key, milli
+    /// per limit).
     pub(crate) async fn charge_materialised(
         self: &Arc<Self>,
         req: &Request,
@@ -702,8 +702,7 @@ impl Inner {
         tc_only: &[String],
     ) -> Result<Vec<(u32, Key, Vec<(String, i64)>)>> {
         let mut img = img;
-        let mut deltas = deltas.to_vec();
-        let mut landed = Vec::new();
+        let deltas = deltas.to_vec();
         for _ in 0..6 {
             let now = self.clock.now_ms();
             let s = self
@@ -718,52 +717,66 @@ impl Inner {
                     .find(|e| e.name == *n)
                     .is_some_and(|e| e.balance >= *d)
             });
-            let spill = !covers && s > 1 && !mutants::off(Mutant::EntityDebit);
-            let here: Vec<(String, i64)> = if spill {
-                deltas.iter().filter(|(_, d)| *d < 0).cloned().collect()
-            } else {
-                deltas.clone()
-            };
-            if !here.is_empty() {
-                let (write, _) = self.materialising_write(
-                    req,
-                    key,
-                    &img,
-                    &evals,
-                    &here,
-                    Charging {
-                        debt: true,
-                        tc_only,
-                    },
-                    now,
-                );
-                match self.store.update(write).await {
-                    Ok(new) => {
-                        self.remember(req, shard, new.as_ref())?;
-                        crate::shards::fan_out(self, req, shard, s, &evals).await;
-                        landed.push((shard, key.clone(), here.clone()));
-                        deltas.retain(|(_, d)| *d > 0);
-                        if !spill {
-                            return Ok(landed);
-                        }
-                    }
-                    Err(StoreError::ConditionFailed { old: Some(old) }) => {
-                        img = BucketImage::decode(&old)?;
-                        continue;
-                    }
-                    Err(StoreError::ConditionFailed { old: None }) => {
-                        tracing::warn!(key = %key, "lease target bucket is gone; adjustment dropped");
-                        landed.push((shard, key.clone(), deltas.clone()));
-                        return Ok(landed);
-                    }
-                    Err(e) => return Err(e.into()),
-                }
+            if !covers && s > 1 && !mutants::off(Mutant::EntityDebit) {
+                // The usage is taken across the entity; this shard's refunds ride in the
+                // same transaction.
+                let usage: Vec<(String, i64)> =
+                    deltas.iter().filter(|(_, d)| *d > 0).cloned().collect();
+                let refunds: Vec<(String, i64)> =
+                    deltas.iter().filter(|(_, d)| *d < 0).cloned().collect();
+                return self
+                    .entity_charge(req, s, shard, &usage, &refunds, tc_only)
+                    .await;
             }
-            let usage: Vec<(String, i64)> = deltas.iter().filter(|(_, d)| *d > 0).cloned().collect();
-            landed.extend(self.entity_charge(req, s, shard, &usage, now).await?);
-            return Ok(landed);
+            let (write, _) = self.materialising_write(
+                req,
+                key,
+                &img,
+                &evals,
+                &deltas,
+                Charging {
+                    debt: true,
+                    tc_only,
+                },
+                now,
+            );
+            match retrying(|| self.store.update(write.clone())).await {
+                Ok(new) => {
+                    self.remember(req, shard, new.as_ref())?;
+                    crate::shards::fan_out(self, req, shard, s, &evals).await;
+                    return Ok(vec![(shard, key.clone(), deltas)]);
+                }
+                Err(StoreError::ConditionFailed { old: Some(old) }) => {
+                    img = BucketImage::decode(&old)?;
+                }
+                Err(StoreError::ConditionFailed { old: None }) => {
+                    tracing::warn!(key = %key, "lease target bucket is gone; adjustment dropped");
+                    return Ok(vec![(shard, key.clone(), deltas)]);
+                }
+                Err(e) => return Err(e.into()),
+            }
         }
         Err(Error::Unavailable(StoreError::TransactionConflict))
+    }
+}
+
+/// A lease write retried, with back-off, while the store says nothing was applied and the
+/// same request may be resent (throttled, conflicting): a commit that stopped half-way would
+/// leave a lease half-reconciled. Three retries, then the error.
+async fn retrying<T, F, Fut>(mut f: F) -> std::result::Result<T, StoreError>
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = std::result::Result<T, StoreError>>,
+{
+    let mut attempt = 0;
+    loop {
+        match f().await {
+            Err(e) if e.is_retryable() && attempt < 3 => {
+                tokio::time::sleep(crate::acquire::backoff(attempt)).await;
+                attempt += 1;
+            }
+            r => return r,
+        }
     }
 }
 

@@ -66,7 +66,7 @@ pub async fn s04_fast_path_composes_with_slow_path(b: &Backend) {
         let ph = params_hash(&limits);
         let stamp = ItemStamp {
             rf: T0,
-            vu: valid_until(&limits, &evals, &[], T0, T0),
+            vu: valid_until(&limits, &evals, T0),
             ttl: TtlWrite::Remove,
             ph: &ph,
         };
@@ -102,7 +102,7 @@ pub async fn s05_retry_touches_only_balances(b: &Backend) {
     entity_limits(&h, "e", "api", &[session()]).await;
     h.lim.acquire("e", "api", &[("session", 1)]).await.unwrap();
     let before = h.item("e", "api", 0);
-    let (u, c) = retry_write(&[("session".to_string(), 2000)], T0);
+    let (u, c) = retry_write(&[("session".to_string(), 2000)], &[session()], T0);
     h.store
         .update(UpdateRequest {
             key: h.key("e", "api", 0),
@@ -119,7 +119,7 @@ pub async fn s05_retry_touches_only_balances(b: &Backend) {
     assert_eq!(h.n("e", "api", 0, "b_session_tk"), Some(7000));
     assert_eq!(h.n("e", "api", 0, "b_session_tc"), Some(3000));
     // Failing the floor: nothing changes.
-    let (u, c) = retry_write(&[("session".to_string(), 8000)], T0);
+    let (u, c) = retry_write(&[("session".to_string(), 8000)], &[session()], T0);
     let r = h
         .store
         .update(UpdateRequest {
@@ -262,7 +262,7 @@ pub async fn dropped_lease_keeps_its_debit_only(b: &Backend) {
 }
 
 /// L3: a lost rf lock ends in the consumption-only retry, guarded by the balance — when the
-/// writer that took the lock left the item trusted (`vu` later than now). One that left it
+/// writer that took the lock left the limit trusted (`b_rpm_fu` later than now). One that left it
 /// past its trust horizon makes the pass re-plan from the item it returned (no read): the
 /// refill since its `rf` is credited first.
 pub async fn l3_lost_lock_retries_consumption_only(b: &Backend) {
@@ -282,8 +282,8 @@ pub async fn l3_lost_lock_retries_consumption_only(b: &Backend) {
                 .and_then(tollgate_core::value::Value::as_n)
                 .unwrap();
             i.insert("rf".into(), tollgate_core::value::Value::N(rf + 1));
-            if let Some(vu) = winner_vu {
-                i.insert("vu".into(), tollgate_core::value::Value::N(vu));
+            if let Some(fu) = winner_vu {
+                i.insert("b_rpm_fu".into(), tollgate_core::value::Value::N(fu));
             }
             m.raw_put(&k, i);
         });
@@ -401,23 +401,30 @@ pub async fn refund_after_a_reset_stays_in_its_period(b: &Backend) {
 }
 
 /// Scenario 9: the fast path's condition set — expired TTL, vu reached, vu = 0, and (rule
-/// "an item without `vu` is never trusted") vu absent. A dripping item carries the instant
-/// it would be full again as its `vu`; inside it the fast path writes alone. A failed fast
-/// write returns the item, and the slow path plans from it: no read.
+/// "the fast path trusts a dripping balance only until it would be full") the limit's trust
+/// horizon `fu` reached or absent. Inside it the fast path writes alone. A failed fast write
+/// returns the item, and the slow path plans from it: no read.
 pub async fn s09_fast_condition_set(b: &Backend) {
     let h = b.harness(T0).await;
     entity_limits(&h, "e", "api", &[Limit::per_minute("rpm", 100).unwrap()]).await;
     h.lim.acquire("e", "api", &[("rpm", 1)]).await.unwrap();
+    assert_eq!(h.n("e", "api", 0, "vu"), None, "a drip-only item has no boundary");
     assert_eq!(
-        h.n("e", "api", 0, "vu"),
+        h.n("e", "api", 0, "b_rpm_fu"),
         Some(T0 + 600),
         "one token short of full, at 100/min: full again in 600 ms"
     );
     let s = h.stats();
     h.lim.acquire("e", "api", &[("rpm", 1)]).await.unwrap();
     let d = h.stats().since(&s);
-    assert_eq!((d.updates, d.reads()), (1, 0), "inside vu → fast path");
-    for (attr, v) in [("vu", Some(0)), ("vu", Some(T0)), ("ttl", Some(T0 / 1000)), ("vu", None)] {
+    assert_eq!((d.updates, d.reads()), (1, 0), "inside fu → fast path");
+    for (attr, v) in [
+        ("vu", Some(0)),
+        ("vu", Some(T0)),
+        ("ttl", Some(T0 / 1000)),
+        ("b_rpm_fu", Some(T0)),
+        ("b_rpm_fu", None),
+    ] {
         match v {
             Some(v) => h.set_n("e", "api", 0, attr, v),
             None => h.remove("e", "api", 0, attr),
@@ -430,7 +437,8 @@ pub async fn s09_fast_condition_set(b: &Backend) {
             (2, 0),
             "{attr}={v:?}: failed fast write, normal write planned from the item it returned"
         );
-        assert!(h.n("e", "api", 0, "vu") > Some(T0), "re-stamped");
+        assert!(h.n("e", "api", 0, "b_rpm_fu") > Some(T0), "re-stamped");
+        h.remove("e", "api", 0, "vu");
     }
 }
 

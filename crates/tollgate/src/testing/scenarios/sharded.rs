@@ -168,10 +168,15 @@ pub async fn s47_burnt_shard_still_rolls(b: &Backend) {
 /// Scenario 49: a retry that lost the lock is charged by the roll. The writer that took
 /// the lock decides which: one that left the item trusted (`vu` later than now) lets the
 /// consumption-only retry debit the un-rolled balance, which the roll then charges through
-/// `tc − wtc`; one that left it untrusted (an older writer removing `vu`) makes the pass
-/// re-plan from the item it returned and roll there. Either way window T1 admits 5.
+/// `tc − wtc` (an older writer that removes `vu` leaves it so too); one that left it past
+/// its boundary (`vu = 0`) makes the pass re-plan from the item it returned and roll there.
+/// Either way window T1 admits 5 on shard 1.
 pub async fn s49_retry_that_lost_the_lock_is_charged(b: &Backend) {
-    for (staged_vu, tk_after, wa_after) in [(Some(T1 + 600_000), 2000, T0), (None, 4000, T1)] {
+    for (staged_vu, tk_after, wa_after) in [
+        (Some(T1 + 600_000), 2000, T0),
+        (None, 2000, T0),
+        (Some(0), 4000, T1),
+    ] {
         let h = b.harness(T0).await;
         two(&h, 3).await;
         h.at(T1 + 20_000);
