@@ -272,6 +272,11 @@ pub fn plan_refill(
                 if !crate::mutants::off(crate::mutants::Mutant::TrustHorizon) {
                     c = c.and(Condition::le(battr(n, "tk"), e.read_tk));
                 }
+                // A split since the image lowered the share (see `writes::normal_write`).
+                c = c.and(match e.gc_read {
+                    Some(g) => Condition::eq(battr(n, "gc"), g),
+                    None => Condition::not_exists(battr(n, "gc")),
+                });
             }
             Transition::Kept => {}
         }

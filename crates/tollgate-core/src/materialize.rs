@@ -100,6 +100,9 @@ pub struct Evaluated {
     /// Dripping limits: the share count to stamp as `b_{n}_gc`, when the item does not
     /// carry it yet (a seed, or an item written before the drip grant count existed).
     pub drip_gc: Option<i64>,
+    /// The `b_{n}_gc` the state read carried (the write pins it: a split of this shard
+    /// lowers its share and must not be undone by a write planned before it).
+    pub gc_read: Option<i64>,
 }
 
 impl Evaluated {
@@ -145,6 +148,7 @@ pub fn evaluate_wcu(state: Option<&LimitState>, rf: i64, now: i64) -> Evaluated 
         sched_stored: false,
         rate: WCU_CAPACITY,
         drip_gc: None,
+        gc_read: None,
     }
 }
 
@@ -206,6 +210,7 @@ pub fn evaluate(
         sched_stored: state.is_some_and(|st| st.sched.is_some()),
         rate: 0,
         drip_gc: None,
+        gc_read: state.and_then(|st| st.gc),
     };
     let Some(st) = state else {
         let seed = seed.unwrap_or(Seed {

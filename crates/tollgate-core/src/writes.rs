@@ -373,6 +373,14 @@ pub fn normal_write(
             {
                 c = c.and(Condition::le(battr(n, "tk"), e.read_tk));
             }
+            // Rule "a split is not undone": the share this pass materialised is the one
+            // read (a split since lowered it, without moving `rf`).
+            if e.transition == Transition::Refill {
+                c = c.and(match e.gc_read {
+                    Some(g) => Condition::eq(battr(n, "gc"), g),
+                    None => Condition::not_exists(battr(n, "gc")),
+                });
+            }
         }
     }
     // The write-capacity guard refills on every rf-locked write (the original only refilled

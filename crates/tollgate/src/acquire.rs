@@ -786,14 +786,19 @@ impl Inner {
         moves: bool,
         known: &mut Option<BucketImage>,
     ) -> Result<Lease> {
-        let now = self.clock.now_ms();
         let img = match known.take() {
             Some(img) => img,
             None => match self.store.get(key, true).await? {
-                None => return self.create(req, shard, key, now, moves, known).await,
+                None => {
+                    let now = self.clock.now_ms();
+                    return self.create(req, shard, key, now, moves, known).await;
+                }
                 Some(item) => BucketImage::decode(&item)?,
             },
         };
+        // The clock is read after the item: a write is only as fresh as the `now` it
+        // carries (its refill, its trust horizon).
+        let now = self.clock.now_ms();
         if img.disabled {
             return Err(Error::ResourceDisabled {
                 entity: req.entity.clone(),
@@ -821,7 +826,12 @@ impl Inner {
             )
             .await?
         };
-        let now = now.max(plan.now);
+        let now = if missing.is_empty() {
+            now
+        } else {
+            // The seed plan read the siblings: the clock again, after that read.
+            plan.now.max(self.clock.now_ms())
+        };
         let mut s = cached.max(img.shard_count).max(plan.shard_count);
         let eval_all = |s: i64| -> Vec<Evaluated> {
             req.limits
@@ -1284,7 +1294,7 @@ impl Inner {
             return Err(Error::Reread);
         }
         let s = plan.shard_count;
-        let now = plan.now;
+        let now = plan.now.max(self.clock.now_ms());
         let evals: Vec<Evaluated> = req
             .limits
             .iter()

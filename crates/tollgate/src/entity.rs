@@ -27,17 +27,24 @@ use crate::limiter::{Inner, Stats};
 struct Seen {
     shard: u32,
     key: Key,
+    item: Option<tollgate_core::value::Item>,
     img: Option<BucketImage>,
     /// Materialised at now, one per limit of the request (empty: the shard cannot take
     /// part — it does not exist, or does not carry every limit yet).
     evals: Vec<Evaluated>,
 }
 
-/// Refunds that ride on the preferred shard's write of an entity-wide charge.
-#[derive(Clone, Copy, Default)]
-struct Extra<'a> {
-    refunds: &'a [(String, i64)],
-    tc_only: &'a [String],
+/// Refunds that ride in the transaction of an entity-wide charge: a lease's refunds on
+/// the shards it holds tokens on, landing all or none with its usage.
+#[derive(Debug, Clone)]
+pub(crate) struct RideAlong<'a> {
+    /// The shard.
+    pub shard: u32,
+    /// Milli returned per limit (positive).
+    pub refunds: Vec<(String, i64)>,
+    /// Per quota limit: the condition under which the refund still credits the balance
+    /// (its period); otherwise it is recorded in `tc` only.
+    pub pins: &'a BTreeMap<String, Condition>,
 }
 
 /// What an entity-wide charge did.
@@ -60,7 +67,7 @@ impl Inner {
         _now: i64,
     ) -> Result<Lease> {
         match self
-            .entity_debit(req, s, preferred, &req.amounts, false, Extra::default())
+            .entity_debit(req, s, preferred, &req.amounts, false, &[])
             .await?
         {
             Charged::Short(statuses) => {
@@ -121,19 +128,16 @@ impl Inner {
     }
 
     /// A lease's usage its shard cannot cover: charge it across the entity (debt levelled),
-    /// with `refunds` (negative milli; `tc_only` ones in `tc` alone) on the preferred shard in
-    /// the same transaction.
+    /// with the lease's `refunds` in the same transaction.
     pub(crate) async fn entity_charge(
         self: &Arc<Self>,
         req: &Request,
         s: i64,
         preferred: u32,
         usage: &[(String, i64)],
-        refunds: &[(String, i64)],
-        tc_only: &[String],
+        refunds: &[RideAlong<'_>],
     ) -> Result<Vec<(u32, Key, Vec<(String, i64)>)>> {
-        let extra = Extra { refunds, tc_only };
-        match self.entity_debit(req, s, preferred, usage, true, extra).await? {
+        match self.entity_debit(req, s, preferred, usage, true, refunds).await? {
             Charged::Landed(parts) => Ok(parts
                 .into_iter()
                 .map(|(shard, key, takes, _)| (shard, key, takes))
@@ -142,13 +146,27 @@ impl Inner {
         }
     }
 
-    async fn read_entity(&self, req: &Request, s: i64, now: i64) -> Result<Vec<Seen>> {
+    async fn read_entity(&self, req: &Request, s: i64) -> Result<Vec<Seen>> {
         let keys: Vec<Key> = (0..s as u32).map(|i| self.bucket_key(req, i)).collect();
         let items = self.store.batch_get(&keys, true).await?;
         let mut out = Vec::with_capacity(keys.len());
         for (i, (key, item)) in keys.into_iter().zip(items).enumerate() {
             let img = item.as_ref().map(BucketImage::decode).transpose()?;
-            let evals = match &img {
+            out.push(Seen {
+                shard: i as u32,
+                key,
+                item,
+                img,
+                evals: Vec::new(),
+            });
+        }
+        Ok(out)
+    }
+
+    /// Materialise every shard that carries all the request's limits at `now`.
+    fn materialise_seen(&self, req: &Request, seen: &mut [Seen], s: i64, now: i64) {
+        for x in seen.iter_mut() {
+            x.evals = match &x.img {
                 Some(img) if req.limits.iter().all(|l| img.limits.contains_key(l.name())) => req
                     .limits
                     .iter()
@@ -165,14 +183,7 @@ impl Inner {
                     .collect(),
                 _ => Vec::new(),
             };
-            out.push(Seen {
-                shard: i as u32,
-                key,
-                img,
-                evals,
-            });
         }
-        Ok(out)
     }
 
     /// Read every shard, plan with `plan_spread` per limit, commit all or none (bounded
@@ -184,12 +195,11 @@ impl Inner {
         preferred: u32,
         amounts: &[(String, i64)],
         debt: bool,
-        extra: Extra<'_>,
+        extra: &[RideAlong<'_>],
     ) -> Result<Charged> {
         let mut s = s.max(1);
         for attempt in 0..5u32 {
-            let now = self.clock.now_ms();
-            let mut seen = match self.read_entity(req, s, now).await {
+            let mut seen = match self.read_entity(req, s).await {
                 Err(Error::Unavailable(e)) if e.is_retryable() => {
                     tokio::time::sleep(backoff(attempt)).await;
                     continue;
@@ -203,8 +213,11 @@ impl Inner {
             if stored > s {
                 s = stored;
                 self.shards.raise(&req.entity, &req.resource, s);
-                seen = self.read_entity(req, s, now).await?;
+                seen = self.read_entity(req, s).await?;
             }
+            // Materialised at the instant after the read: the writes carry this `now`.
+            let now = self.clock.now_ms();
+            self.materialise_seen(req, &mut seen, s, now);
             if !debt && seen.iter().any(|x| x.img.as_ref().is_some_and(|i| i.disabled)) {
                 return Err(Error::ResourceDisabled {
                     entity: req.entity.clone(),
@@ -245,11 +258,21 @@ impl Inner {
                     }
                 }
             }
-            if per_shard.is_empty() || !extra.refunds.is_empty() {
-                per_shard
-                    .entry(preferred)
-                    .or_default()
-                    .extend(extra.refunds.iter().cloned());
+            if per_shard.is_empty() {
+                per_shard.insert(preferred, Vec::new());
+            }
+            // The lease's refunds: in its period they credit the balance, past it `tc` only.
+            let mut tc_only: BTreeMap<u32, Vec<String>> = BTreeMap::new();
+            for r in extra {
+                let item = seen.get(r.shard as usize).and_then(|x| x.item.as_ref());
+                for (n, m) in &r.refunds {
+                    if r.pins.get(n).is_some_and(|p| {
+                        !tollgate_store::eval::eval_condition(item, p)
+                    }) {
+                        tc_only.entry(r.shard).or_default().push(n.clone());
+                    }
+                    per_shard.entry(r.shard).or_default().push((n.clone(), -m));
+                }
             }
             let mut ops = Vec::new();
             let mut touched = Vec::new();
@@ -261,11 +284,7 @@ impl Inner {
                     continue;
                 }
                 grants |= x.evals.iter().any(|e| e.gc.is_some());
-                let tc_only = if *shard == preferred {
-                    extra.tc_only
-                } else {
-                    &[]
-                };
+                let tc_only = tc_only.get(shard).map_or(&[][..], |v| v.as_slice());
                 let (write, _) = self.materialising_write(
                     req,
                     &x.key,

@@ -349,22 +349,41 @@ impl Lease {
             self.pending.clear();
             return Ok(());
         }
-        // Usage lands on the first part together with that part's refunds, in one write;
-        // refunds held on other parts (a lease debited across shards) go first.
+        // Usage lands on the first part together with that part's refunds, in one write. A
+        // lease holding refunds on other shards too (it was debited across several) writes
+        // them all in one transaction with the usage, charged across the entity.
         let first = plan.remove(&0).unwrap_or_default();
         if !plan.is_empty() {
-            self.refund_parts(plan.into_iter().collect()).await?;
-            let moved: Vec<String> = self
-                .pending
+            let (Some(lim), Some(req)) = (self.lim.clone(), self.req.clone()) else {
+                return Ok(());
+            };
+            let mut ride: Vec<crate::entity::RideAlong<'_>> = plan
                 .iter()
-                .filter(|(_, d)| **d < 0)
-                .map(|(n, _)| n.clone())
+                .map(|(i, r)| crate::entity::RideAlong {
+                    shard: self.parts[*i].shard,
+                    refunds: r.clone(),
+                    pins: &self.parts[*i].pins,
+                })
                 .collect();
-            for n in moved {
-                let on_first = first.iter().find(|(f, _)| *f == n).map_or(0, |(_, t)| *t);
-                self.pending.insert(n, -on_first);
+            if !first.is_empty() {
+                ride.push(crate::entity::RideAlong {
+                    shard: self.parts[0].shard,
+                    refunds: first.clone(),
+                    pins: &self.parts[0].pins,
+                });
             }
-            self.pending.retain(|_, d| *d != 0);
+            let s = lim
+                .shards
+                .get(&req.entity, &req.resource)
+                .unwrap_or(1)
+                .max(2);
+            let landed = lim
+                .entity_charge(&req, s, self.parts[0].shard, &usage, &ride)
+                .await?;
+            drop(ride);
+            self.land_all(landed);
+            self.pending.clear();
+            return Ok(());
         }
         let mut deltas = usage;
         deltas.extend(first.into_iter().map(|(n, t)| (n, -t)));
@@ -663,9 +682,16 @@ impl Lease {
             .map(|(n, _)| n.clone())
             .collect();
         let img = BucketImage::decode(&old)?;
+        let pins = self.parts[0].pins.clone();
         let landed = lim
-            .charge_materialised(&req, shard, &key, img, deltas, &tc_only)
+            .charge_materialised(&req, shard, &key, img, deltas, &tc_only, &pins)
             .await?;
+        self.land_all(landed);
+        Ok(())
+    }
+
+    /// Record what an entity-wide charge landed, shard by shard (new shards become parts).
+    fn land_all(&mut self, landed: Vec<(u32, Key, Vec<(String, i64)>)>) {
         for (sh, k, takes) in landed {
             let i = match self.parts.iter().position(|p| p.shard == sh) {
                 Some(i) => i,
@@ -682,7 +708,6 @@ impl Lease {
             };
             self.land(i, &takes);
         }
-        Ok(())
     }
 }
 
@@ -700,6 +725,7 @@ impl Inner {
         img: BucketImage,
         deltas: &[(String, i64)],
         tc_only: &[String],
+        pins: &BTreeMap<String, Condition>,
     ) -> Result<Vec<(u32, Key, Vec<(String, i64)>)>> {
         let mut img = img;
         let deltas = deltas.to_vec();
@@ -722,11 +748,17 @@ impl Inner {
                 // same transaction.
                 let usage: Vec<(String, i64)> =
                     deltas.iter().filter(|(_, d)| *d > 0).cloned().collect();
-                let refunds: Vec<(String, i64)> =
-                    deltas.iter().filter(|(_, d)| *d < 0).cloned().collect();
-                return self
-                    .entity_charge(req, s, shard, &usage, &refunds, tc_only)
-                    .await;
+                let refunds: Vec<(String, i64)> = deltas
+                    .iter()
+                    .filter(|(_, d)| *d < 0)
+                    .map(|(n, d)| (n.clone(), -d))
+                    .collect();
+                let ride = [crate::entity::RideAlong {
+                    shard,
+                    refunds,
+                    pins,
+                }];
+                return self.entity_charge(req, s, shard, &usage, &ride).await;
             }
             let (write, _) = self.materialising_write(
                 req,
