@@ -28,10 +28,12 @@ struct Cli {
     #[arg(long)]
     trace: bool,
     /// Disable one guard: WindowFloor, WaMarker, WtcCharge, MonotonicRf,
-    /// ConsistentSiblingRead, GrantMove, RfLock.
+    /// ConsistentSiblingRead, GrantMove, RfLock, TrustHorizon, LeaseNet, EntityDebit,
+    /// DripSplit.
     #[arg(long)]
     mutant: Option<String>,
-    /// Workload: rate, calendar, window, multi, lease, hot, cascade, or all (rotate by seed).
+    /// Workload: rate, calendar, window, multi, lease, hot, cascade, burst, drip, or all
+    /// (rotate by seed).
     #[arg(long, default_value = "all")]
     workload: String,
     /// Also run every seed twice and compare the trace hashes.

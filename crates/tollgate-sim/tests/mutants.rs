@@ -65,10 +65,13 @@ fn wa_marker_is_needed() {
 
 #[test]
 fn wtc_charge_is_needed() {
+    // The hot workload (up to 32 shards rolling into fanned-out windows) finds it from seed
+    // 70; every workload in rotation rarely reaches it since the exactness rules made
+    // sharded traffic take fewer rolls.
     caught(
         Mutant::WtcCharge,
-        None,
-        2000,
+        Some("hot"),
+        400,
         &["window-roll-charge", "window-allowance"],
     );
 }
@@ -114,4 +117,34 @@ fn consistent_sibling_read_is_needed() {
         400,
         &["calendar-allowance", "window-allowance"],
     );
+}
+
+#[test]
+fn trust_horizon_is_needed() {
+    // The idle-then-burst repro: without the per-limit trust horizon a warm client spends a
+    // bucket that refilled to its ceiling as if the idle time were still to be credited.
+    caught(Mutant::TrustHorizon, Some("burst"), 100, &["rate-envelope"]);
+}
+
+#[test]
+fn lease_net_is_needed() {
+    // A refund beyond what the lease consumed hands out tokens of earlier leases.
+    caught(Mutant::LeaseNet, Some("burst"), 50, &["lease-net"]);
+}
+
+#[test]
+fn entity_debit_is_needed() {
+    // One shard deciding alone refuses while the entity could pay (and its status says so).
+    caught(
+        Mutant::EntityDebit,
+        Some("drip"),
+        50,
+        &["honest-answer", "rate-envelope"],
+    );
+}
+
+#[test]
+fn drip_split_is_needed() {
+    // A new dripping shard seeded with a fresh share mints what the entity did not have.
+    caught(Mutant::DripSplit, Some("drip"), 100, &["rate-envelope"]);
 }
