@@ -72,7 +72,10 @@ impl Inner {
         {
             Charged::Short(statuses) => {
                 let x = Exceeded::new(&req.entity, &req.resource, statuses);
-                debug_assert!(!x.violations().is_empty(), "a refusal names a limit");
+                debug_assert!(
+                    !x.violations().is_empty() || mutants::off(Mutant::EntityDebit),
+                    "a refusal names a limit"
+                );
                 Err(Error::RateLimitExceeded(Box::new(x)))
             }
             Charged::Landed(parts) => {
