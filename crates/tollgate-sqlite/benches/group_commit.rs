@@ -4,14 +4,16 @@
 //! the conditional update), the shape of an acquire.
 //!
 //! `cargo bench -p tollgate-sqlite --bench group_commit` (set `BENCH_SECS` for longer points,
-//! `BENCH_TASKS=1,16,64` for other concurrency levels). Prints throughput, p50 / p99 latency.
+//! `BENCH_TASKS=1,16,64` for other concurrency levels, `BENCH_MAX_BATCH=1` to turn group
+//! commit off). Prints throughput, p50 / p99 latency, and how the batches formed (mean and
+//! largest batch in requests, and the share of batches of one request).
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use tollgate_core::expr::{Condition, ReturnValues, Update};
 use tollgate_core::value::{Item, Key, Value};
-use tollgate_sqlite::SqliteStore;
+use tollgate_sqlite::{SqliteConfig, SqliteStore};
 use tollgate_store::{PutRequest, Store, UpdateRequest};
 
 #[derive(Clone, Copy, PartialEq, Eq)]
@@ -111,24 +113,41 @@ fn main() {
         .enable_all()
         .build()
         .expect("runtime");
+    let max_batch: usize = std::env::var("BENCH_MAX_BATCH")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(tollgate_sqlite::DEFAULT_MAX_BATCH_OPS);
+    let config = SqliteConfig::default().with_max_batch_ops(max_batch);
     let dir = tempfile::tempdir().expect("temp dir");
-    println!("durable SQLite (WAL, synchronous=FULL), {secs} s per point, 2 worker threads");
     println!(
-        "{:<11} {:>5} {:>10} {:>9} {:>9}",
-        "mode", "tasks", "ops/s", "p50 µs", "p99 µs"
+        "durable SQLite (WAL, synchronous=FULL), {secs} s per point, 2 worker threads, \
+         batches of at most {max_batch} ops"
+    );
+    println!(
+        "{:<11} {:>5} {:>10} {:>9} {:>9} {:>8} {:>6} {:>7}",
+        "mode", "tasks", "ops/s", "p50 µs", "p99 µs", "batch", "max", "single"
     );
     for mode in [Mode::Update, Mode::ReadThenUpdate] {
         for &tasks in &levels {
-            let path = dir.path().join(format!("{}-{tasks}.db", mode.name().replace('+', "-")));
-            let store = Arc::new(SqliteStore::open(&path).expect("open"));
+            let path = dir
+                .path()
+                .join(format!("{}-{tasks}.db", mode.name().replace('+', "-")));
+            let store = Arc::new(SqliteStore::open_with(&path, &config).expect("open"));
+            let before = store.group_commit_stats();
             let p = rt.block_on(run_point(Arc::clone(&store), tasks, mode, secs));
+            let after = store.group_commit_stats();
+            let batches = after.batches - before.batches;
+            let singles = after.batches_by_size[0] - before.batches_by_size[0];
             println!(
-                "{:<11} {:>5} {:>10.0} {:>9} {:>9}",
+                "{:<11} {:>5} {:>10.0} {:>9} {:>9} {:>8.1} {:>6} {:>6.0}%",
                 mode.name(),
                 tasks,
                 p.ops as f64 / p.elapsed.as_secs_f64(),
                 percentile(&p.latencies_us, 0.50),
                 percentile(&p.latencies_us, 0.99),
+                (after.requests - before.requests) as f64 / batches.max(1) as f64,
+                after.max_batch_requests,
+                100.0 * singles as f64 / batches.max(1) as f64,
             );
         }
     }

@@ -106,9 +106,17 @@ async fn a_newer_schema_is_refused() {
     raw.pragma_update(None, "user_version", SCHEMA_VERSION + 1)
         .unwrap();
     drop(raw);
+    // A configuration problem, not an outage: Validation (never `is_unavailable`), naming
+    // the file and both versions.
     match SqliteStore::open(&path) {
-        Err(StoreError::Unavailable(m)) => assert!(m.contains("schema version"), "{m}"),
-        other => panic!("expected Unavailable, got {other:?}"),
+        Err(e @ StoreError::Validation(_)) => {
+            assert!(!e.is_unavailable());
+            let m = e.to_string();
+            assert!(m.contains("schema version 2"), "{m}");
+            assert!(m.contains("version 1"), "{m}");
+            assert!(m.contains(&path.display().to_string()), "{m}");
+        }
+        other => panic!("expected Validation, got {other:?}"),
     }
 }
 
@@ -166,9 +174,7 @@ async fn a_corrupt_row_is_reported_with_its_key_never_a_panic() {
 async fn a_write_blocked_beyond_the_busy_timeout_is_unavailable() {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("t.db");
-    let cfg = SqliteConfig {
-        busy_timeout: Duration::from_millis(100),
-    };
+    let cfg = SqliteConfig::default().with_busy_timeout(Duration::from_millis(100));
     let s = SqliteStore::open_with(&path, &cfg).unwrap();
     let k = Key::new("p", "a");
     put_n(&s, &k, 3).await;
