@@ -80,7 +80,7 @@ pub use error::SchemaError;
 pub use schema::SCHEMA_VERSION;
 pub use stats::{GroupCommitStats, SIZE_BUCKETS};
 
-use crate::error::{from_open, from_sqlite};
+use crate::error::from_open;
 use crate::ops::{Outcome, Read, Write};
 use crate::queue::{Answer, Job, Queue, Reply, Request};
 use crate::readers::Readers;
@@ -140,7 +140,9 @@ impl SqliteStore {
         Self::open(IN_MEMORY)
     }
 
-    /// Open with explicit settings. Sets the busy timeout, WAL journal mode,
+    /// Open with explicit settings. Sets the busy timeout, refuses a file that is not a
+    /// tollgate store of this schema version ([`SchemaError`], as
+    /// [`StoreError::Validation`]) before writing anything to it, sets WAL journal mode and
     /// `synchronous=FULL`, creates or checks the schema, and starts the writer.
     pub fn open_with(path: impl AsRef<Path>, config: &SqliteConfig) -> Result<Self, StoreError> {
         config.validate()?;
@@ -158,7 +160,10 @@ impl SqliteStore {
             )
         }
         .map_err(|e| from_open(&shown, "open", e))?;
-        configure(&mut conn, config, &shown)?;
+        conn.busy_timeout(config.busy_timeout)
+            .map_err(|e| from_open(&shown, "set busy timeout on", e))?;
+        schema::precheck(&conn, &shown)?;
+        configure(&mut conn, &shown)?;
         schema::ensure(&mut conn, &shown)?;
         // SQLite names no file for a private (in-memory or temporary) database: a second
         // connection would open another database, so reads share the writer's.
@@ -313,9 +318,7 @@ fn mismatch(call: &str, got: &Outcome) -> StoreError {
     StoreError::Unavailable(format!("sqlite: internal: {call} answered {got:?}"))
 }
 
-fn configure(conn: &mut Connection, config: &SqliteConfig, path: &str) -> Result<(), StoreError> {
-    conn.busy_timeout(config.busy_timeout)
-        .map_err(|e| from_sqlite("set busy timeout", e))?;
+fn configure(conn: &mut Connection, path: &str) -> Result<(), StoreError> {
     // WAL: readers never block the writer and a commit appends to one file. The mode is stored
     // in the file; an in-memory database answers "memory", which is fine.
     let mode: String = conn

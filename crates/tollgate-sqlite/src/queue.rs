@@ -93,6 +93,10 @@ impl Request {
     }
 }
 
+/// The queue no longer takes requests: the store is being dropped.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Closed;
+
 struct State {
     pending: VecDeque<Request>,
     writer_idle: bool,
@@ -130,11 +134,11 @@ impl Queue {
         self.state.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    /// Queue a request; hands it back if the queue is closed.
-    pub fn push(&self, r: Request) -> Result<(), Request> {
+    /// Queue a request; [`Closed`] (the request dropped) once the queue is closed.
+    pub fn push(&self, r: Request) -> Result<(), Closed> {
         let mut st = self.lock();
         if st.closed {
-            return Err(r);
+            return Err(Closed);
         }
         st.pending.push_back(r);
         self.counters.submitted();
@@ -214,5 +218,79 @@ impl Queue {
         st.pending.clear();
         self.work.notify_all();
         self.watch.notify_all();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::Arc;
+    use tollgate_core::value::Key;
+
+    fn request(deadline: Instant) -> (Request, std::sync::mpsc::Receiver<Answer>) {
+        let (tx, rx) = std::sync::mpsc::sync_channel(1);
+        let r = Request {
+            job: Job::Read(Read::Get(Key::new("p", "s"))),
+            queued_at: Instant::now(),
+            deadline,
+            reply: Reply::Blocking(tx),
+        };
+        (r, rx)
+    }
+
+    /// With no writer taking anything (a writer stuck in a commit), the watchdog still refuses
+    /// every queued request at its deadline, unapplied.
+    #[test]
+    fn the_watchdog_refuses_requests_a_stuck_writer_never_reaches() {
+        let queue = Arc::new(Queue::new());
+        let watchdog = {
+            let q = Arc::clone(&queue);
+            std::thread::spawn(move || q.watch(Duration::from_secs(3600)))
+        };
+        let deadline = Duration::from_millis(50);
+        let start = Instant::now();
+        let rxs: Vec<_> = (0..5)
+            .map(|_| {
+                let (r, rx) = request(Instant::now() + deadline);
+                assert!(queue.push(r).is_ok());
+                rx
+            })
+            .collect();
+        for rx in rxs {
+            match rx.recv_timeout(Duration::from_secs(10)) {
+                Ok(Err(StoreError::Unavailable(m))) => assert!(m.contains("deadline"), "{m}"),
+                other => panic!("expected Unavailable, got {other:?}"),
+            }
+        }
+        assert!(start.elapsed() >= deadline, "refused before its deadline");
+        let stats = queue.counters.snapshot();
+        assert_eq!((stats.submitted, stats.expired, stats.batches), (5, 5, 0));
+        queue.close();
+        watchdog.join().unwrap();
+        // A closed queue refuses a request instead of keeping it.
+        let (r, _rx) = request(Instant::now() + deadline);
+        assert_eq!(queue.push(r), Err(Closed));
+    }
+
+    #[test]
+    fn a_batch_takes_what_is_queued_up_to_the_item_bound() {
+        let queue = Queue::new();
+        let far = Instant::now() + Duration::from_secs(3600);
+        let _rxs: Vec<_> = (0..5)
+            .map(|_| {
+                let (r, rx) = request(far);
+                assert!(queue.push(r).is_ok());
+                rx
+            })
+            .collect();
+        let mut batch = Vec::new();
+        assert!(queue.take(3, &mut batch));
+        assert_eq!(batch.len(), 3);
+        batch.clear();
+        assert!(queue.take(3, &mut batch));
+        assert_eq!(batch.len(), 2);
+        batch.clear();
+        queue.close();
+        assert!(!queue.take(3, &mut batch));
     }
 }

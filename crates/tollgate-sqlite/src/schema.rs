@@ -52,24 +52,25 @@ const V1_TABLES: [(&str, &[&str]); 2] = [
     ("tokens", &["token", "ops", "created_ms"]),
 ];
 
-/// Create the schema if the file is new, or check that it is one this build understands.
-/// A file of another version, or with other tables, is a [`SchemaError`] naming `path`
-/// (so [`StoreError::Validation`], never `Unavailable`).
-///
-/// Runs inside `BEGIN IMMEDIATE`, so several processes opening a new file at once create the
-/// schema exactly once.
-pub fn ensure(conn: &mut Connection, path: &str) -> Result<(), StoreError> {
-    let tx = conn
-        .transaction_with_behavior(TransactionBehavior::Immediate)
-        .map_err(|e| from_open(path, "begin schema transaction on", e))?;
-    let version: i64 = tx
+/// Refuse, before anything is written (not even the journal mode), a file this build must
+/// not use: see [`check`]. Reads only.
+pub fn precheck(conn: &Connection, path: &str) -> Result<(), StoreError> {
+    check(conn, path).map(|_| ())
+}
+
+/// The file's schema version, once it is known to be one this build can use: 0 (a new, empty
+/// file) or [`SCHEMA_VERSION`] with version 1's tables. A file of another version, or with
+/// other tables, is a [`SchemaError`] naming `path` (so [`StoreError::Validation`], never
+/// `Unavailable`).
+fn check(conn: &Connection, path: &str) -> Result<i64, StoreError> {
+    let version: i64 = conn
         .query_row("PRAGMA user_version", [], |r| r.get(0))
         .map_err(|e| from_open(path, "read schema version of", e))?;
     match version {
         0 => {
             // A tollgate file gets its version in the transaction that creates its tables, so
             // version 0 with tables is someone else's database.
-            let tables = table_names(&tx, path)?;
+            let tables = table_names(conn, path)?;
             if !tables.is_empty() {
                 return Err(SchemaError::NotTollgate {
                     path: path.to_string(),
@@ -80,12 +81,8 @@ pub fn ensure(conn: &mut Connection, path: &str) -> Result<(), StoreError> {
                 }
                 .into());
             }
-            tx.execute_batch(SCHEMA_V1)
-                .map_err(|e| from_open(path, "create schema in", e))?;
-            tx.pragma_update(None, "user_version", SCHEMA_VERSION)
-                .map_err(|e| from_open(path, "write schema version of", e))?;
         }
-        SCHEMA_VERSION => check_v1_tables(&tx, path)?,
+        SCHEMA_VERSION => check_v1_tables(conn, path)?,
         found => {
             return Err(SchemaError::Version {
                 path: path.to_string(),
@@ -94,6 +91,24 @@ pub fn ensure(conn: &mut Connection, path: &str) -> Result<(), StoreError> {
             }
             .into())
         }
+    }
+    Ok(version)
+}
+
+/// Create the schema if the file is new, or check that it is one this build understands
+/// ([`check`], again: another process may have created it since the precheck).
+///
+/// Runs inside `BEGIN IMMEDIATE`, so several processes opening a new file at once create the
+/// schema exactly once.
+pub fn ensure(conn: &mut Connection, path: &str) -> Result<(), StoreError> {
+    let tx = conn
+        .transaction_with_behavior(TransactionBehavior::Immediate)
+        .map_err(|e| from_open(path, "begin schema transaction on", e))?;
+    if check(&tx, path)? == 0 {
+        tx.execute_batch(SCHEMA_V1)
+            .map_err(|e| from_open(path, "create schema in", e))?;
+        tx.pragma_update(None, "user_version", SCHEMA_VERSION)
+            .map_err(|e| from_open(path, "write schema version of", e))?;
     }
     tx.commit()
         .map_err(|e| from_open(path, "commit schema of", e))
