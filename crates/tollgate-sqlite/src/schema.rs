@@ -53,9 +53,15 @@ const V1_TABLES: [(&str, &[&str]); 2] = [
 ];
 
 /// Refuse, before anything is written (not even the journal mode), a file this build must
-/// not use: see [`check`]. Reads only.
+/// not use: see [`check`]. Reads only, from one snapshot (another process may be creating
+/// the schema meanwhile: the version and the tables must be read from the same state).
 pub fn precheck(conn: &Connection, path: &str) -> Result<(), StoreError> {
-    check(conn, path).map(|_| ())
+    let tx = conn
+        .unchecked_transaction()
+        .map_err(|e| from_open(path, "begin schema check of", e))?;
+    check(&tx, path)?;
+    tx.finish()
+        .map_err(|e| from_open(path, "end schema check of", e))
 }
 
 /// The file's schema version, once it is known to be one this build can use: 0 (a new, empty
