@@ -2,22 +2,43 @@
 //! processes on one machine may share (the server and the CLI, or a pre-fork app).
 //!
 //! It implements [`tollgate_store::Store`] with exactly [`tollgate_store::MemoryStore`]'s
-//! semantics: every write is one `BEGIN IMMEDIATE` … `COMMIT` transaction that reads the old
-//! row, evaluates the condition and the update in Rust with [`tollgate_store::eval`], and
-//! writes the new row. `BEGIN IMMEDIATE` takes SQLite's write lock before the read, so the
-//! read-evaluate-write is atomic across connections and processes; a waiting writer blocks up
-//! to the busy timeout, then gets [`StoreError::Unavailable`].
+//! semantics: a write reads the old row, evaluates the condition and the update in Rust with
+//! [`tollgate_store::eval`], and writes the new row, inside `BEGIN IMMEDIATE` … `COMMIT`.
+//! `BEGIN IMMEDIATE` takes SQLite's write lock before the read, so the read-evaluate-write is
+//! atomic across connections and processes.
+//!
+//! # Group commit
+//!
+//! One writer thread per store owns the write connection. Concurrent writes are queued and
+//! run together: everything queued when the writer is free (at most
+//! [`SqliteConfig::max_batch_ops`] items, no wait for more) becomes one `BEGIN IMMEDIATE` …
+//! `COMMIT`, one fsync, each operation keeping its own condition and result. How batches
+//! form, and what a failure fails, is in `writer.rs`; [`SqliteStore::group_commit_stats`]
+//! counts them. Reads run on separate read connections (WAL readers never wait for the
+//! writer) and see every write acknowledged before they were issued. An in-memory database
+//! has only one connection, so its reads go through the writer too.
 //!
 //! # Durability
 //!
-//! The file runs in WAL mode with `synchronous=FULL`: every commit fsyncs the WAL before the
-//! call returns. In WAL mode `synchronous=NORMAL` already survives a killed *process* (the
-//! write is in the OS page cache), but an OS crash or power loss could then roll back commits
-//! that were acknowledged; for a limiter an acknowledged debit that disappears is
-//! over-admission, so `FULL` it is. The price is one fsync per commit: p50 0.3 ms in the
-//! project's store probe (`reference/ecosystem.md` §3.3), a few ms on a slow or busy disk.
-//! The crash test (`tests/crash.rs`) kills a writer with SIGKILL repeatedly and checks that
-//! every acknowledged debit is in the reopened file.
+//! The file runs in WAL mode with `synchronous=FULL`: every commit fsyncs the WAL before any
+//! of its writes is acknowledged. In WAL mode `synchronous=NORMAL` already survives a killed
+//! *process* (the write is in the OS page cache), but an OS crash or power loss could then
+//! roll back commits that were acknowledged; for a limiter an acknowledged debit that
+//! disappears is over-admission, so `FULL` it is. The price is one fsync per commit — shared,
+//! since group commit, by every write of the batch (`benches/group_commit.rs` measures it:
+//! about 0.15 ms per acknowledged write at one task on the development machine's disk, a few
+//! ms on a slow or busy one). The crash test
+//! (`tests/crash.rs`) kills a writer with SIGKILL repeatedly and checks that every
+//! acknowledged debit is in the reopened file.
+//!
+//! # Deadlines and errors
+//!
+//! Every call is bounded by [`SqliteConfig::deadline`] (1 s by default): the wait for the
+//! writer, for a read connection and for another connection's write lock. A call that cannot
+//! get them in time fails with [`StoreError::Unavailable`]. A file this build must not use (a
+//! newer or foreign schema version, another application's database, not SQLite at all) is a
+//! [`SchemaError`], reported as [`StoreError::Validation`] naming the file: a configuration
+//! problem, not an outage.
 //!
 //! # Layout
 //!
@@ -27,56 +48,85 @@
 //!
 //! # Async
 //!
-//! rusqlite is blocking. Each call locks the store's one connection and runs on tokio's
-//! blocking pool (`spawn_blocking`), so a commit's fsync or a wait for another process's lock
-//! never stalls the async workers. Outside a tokio runtime the call runs inline.
+//! rusqlite is blocking. Writes are handed to the writer thread and awaited; reads run on
+//! tokio's blocking pool (`spawn_blocking`), so neither a commit's fsync nor a lock wait ever
+//! stalls the async workers. Outside a tokio runtime a call blocks its thread until answered.
 //! Eventually consistent reads are simply consistent here.
 
+mod config;
 mod error;
 mod ops;
+mod queue;
+mod readers;
 mod schema;
+mod stats;
+mod writer;
 
 use std::path::{Path, PathBuf};
-use std::sync::{Arc, Mutex, MutexGuard};
-use std::time::Duration;
+use std::sync::{Arc, Mutex};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
 use rusqlite::{Connection, OpenFlags};
+use tokio::sync::oneshot;
 use tollgate_core::value::{Item, Key};
+use tollgate_store::eval::{validate_item, validate_update};
 use tollgate_store::{
     DeleteRequest, PutRequest, Query, Store, StoreError, TransactOp, UpdateRequest,
 };
 
+pub use config::{SqliteConfig, DEFAULT_BUSY_TIMEOUT, DEFAULT_DEADLINE, DEFAULT_MAX_BATCH_OPS};
+pub use error::SchemaError;
 pub use schema::SCHEMA_VERSION;
+pub use stats::{GroupCommitStats, SIZE_BUCKETS};
 
-use crate::error::from_sqlite;
+use crate::error::from_open;
+use crate::ops::{Outcome, Read, Write};
+use crate::queue::{Answer, Job, Queue, Reply, Request};
+use crate::readers::Readers;
 
 /// The path that opens a private in-memory database instead of a file.
 pub const IN_MEMORY: &str = ":memory:";
 
-/// How a [`SqliteStore`] opens its file.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct SqliteConfig {
-    /// How long a write waits for another connection's (or process's) write lock before the
-    /// call fails with [`StoreError::Unavailable`].
-    pub busy_timeout: Duration,
+/// A [`Store`] over one SQLite file (or an in-memory database). Cheap to clone: clones share
+/// one writer and one set of read connections. Open the same file twice (in one process or
+/// several) for two independent stores; SQLite's lock serialises their commits.
+#[derive(Debug, Clone)]
+pub struct SqliteStore {
+    inner: Arc<Inner>,
 }
 
-impl Default for SqliteConfig {
-    /// A 5 s busy timeout: far above a commit's fsync, short enough to surface a stuck holder.
-    fn default() -> Self {
-        SqliteConfig {
-            busy_timeout: Duration::from_secs(5),
-        }
+/// What the clones share. Dropping the last one stops the writer (after its current batch)
+/// and closes the connections.
+struct Inner {
+    queue: Arc<Queue>,
+    /// `None` for an in-memory database: its reads go through the writer.
+    readers: Option<Arc<Readers>>,
+    path: Arc<str>,
+    deadline: Duration,
+    threads: Mutex<Vec<JoinHandle<()>>>,
+}
+
+impl std::fmt::Debug for Inner {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SqliteStore")
+            .field("path", &self.path)
+            .field("deadline", &self.deadline)
+            .finish_non_exhaustive()
     }
 }
 
-/// A [`Store`] over one SQLite file (or an in-memory database). Cheap to clone: clones share
-/// one connection. Open the same file twice (in one process or several) for two connections.
-#[derive(Debug, Clone)]
-pub struct SqliteStore {
-    conn: Arc<Mutex<Connection>>,
-    path: Arc<str>,
+impl Drop for Inner {
+    fn drop(&mut self) {
+        self.queue.close();
+        let threads = std::mem::take(&mut *self.threads.lock().unwrap_or_else(|e| e.into_inner()));
+        for t in threads {
+            if t.thread().id() != std::thread::current().id() && t.join().is_err() {
+                tracing::warn!(path = %self.path, "a sqlite store thread panicked");
+            }
+        }
+    }
 }
 
 impl SqliteStore {
@@ -91,10 +141,14 @@ impl SqliteStore {
         Self::open(IN_MEMORY)
     }
 
-    /// Open with explicit settings. Sets the busy timeout, WAL journal mode,
-    /// `synchronous=FULL`, and creates or checks the schema.
+    /// Open with explicit settings. Sets the busy timeout, refuses a file that is not a
+    /// tollgate store of this schema version ([`SchemaError`], as
+    /// [`StoreError::Validation`]) before writing anything to it, sets WAL journal mode and
+    /// `synchronous=FULL`, creates or checks the schema, and starts the writer.
     pub fn open_with(path: impl AsRef<Path>, config: &SqliteConfig) -> Result<Self, StoreError> {
+        config.validate()?;
         let path = path.as_ref();
+        let shown = path.display().to_string();
         let mut conn = if path == Path::new(IN_MEMORY) {
             Connection::open_in_memory()
         } else {
@@ -106,102 +160,191 @@ impl SqliteStore {
                     | OpenFlags::SQLITE_OPEN_URI,
             )
         }
-        .map_err(|e| StoreError::Unavailable(format!("sqlite open {}: {e}", path.display())))?;
-        configure(&mut conn, config)?;
-        schema::ensure(&mut conn)?;
+        .map_err(|e| from_open(&shown, "open", e))?;
+        conn.busy_timeout(config.busy_timeout)
+            .map_err(|e| from_open(&shown, "set busy timeout on", e))?;
+        schema::precheck(&conn, &shown)?;
+        configure(&mut conn, &shown)?;
+        schema::ensure(&mut conn, &shown)?;
+        // SQLite names no file for a private (in-memory or temporary) database: a second
+        // connection would open another database, so reads share the writer's.
+        let private = conn.path().is_none_or(str::is_empty);
+        let readers = (!private).then(|| {
+            Arc::new(Readers::new(
+                path.to_path_buf(),
+                config.busy_timeout.min(config.deadline),
+            ))
+        });
+        let queue = Arc::new(Queue::new());
+        let bounds = writer::Bounds {
+            max_batch_items: config.max_batch_ops,
+            busy_timeout: config.busy_timeout,
+        };
+        let spawn_failed = |e: std::io::Error| {
+            StoreError::Unavailable(format!("sqlite {shown}: cannot start a thread: {e}"))
+        };
+        let writer = {
+            let queue = Arc::clone(&queue);
+            std::thread::Builder::new()
+                .name("tollgate-sqlite-writer".into())
+                .spawn(move || writer::run(conn, queue, bounds))
+                .map_err(spawn_failed)?
+        };
+        let inner = Inner {
+            queue: Arc::clone(&queue),
+            readers,
+            path: Arc::from(shown.as_str()),
+            deadline: config.deadline,
+            threads: Mutex::new(vec![writer]),
+        };
+        // From here `inner` stops the writer if anything fails.
+        let deadline = config.deadline;
+        let watchdog = std::thread::Builder::new()
+            .name("tollgate-sqlite-watchdog".into())
+            .spawn(move || queue.watch(deadline))
+            .map_err(spawn_failed)?;
+        inner
+            .threads
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .push(watchdog);
         Ok(SqliteStore {
-            conn: Arc::new(Mutex::new(conn)),
-            path: Arc::from(path.display().to_string()),
+            inner: Arc::new(inner),
         })
     }
 
     /// The path this store was opened with.
     pub fn path(&self) -> PathBuf {
-        PathBuf::from(&*self.path)
+        PathBuf::from(&*self.inner.path)
+    }
+
+    /// The per-call deadline this store was opened with.
+    pub fn deadline(&self) -> Duration {
+        self.inner.deadline
+    }
+
+    /// How the group commits formed so far.
+    pub fn group_commit_stats(&self) -> GroupCommitStats {
+        self.inner.queue.counters.snapshot()
     }
 
     /// Run SQLite's `PRAGMA integrity_check`: `Ok` when the file is sound, otherwise
-    /// [`StoreError::Corrupt`] with SQLite's findings.
+    /// [`StoreError::Corrupt`] with SQLite's findings. Blocks the calling thread.
     pub fn integrity_check(&self) -> Result<(), StoreError> {
-        let conn = self.lock();
-        let mut stmt = conn
-            .prepare("PRAGMA integrity_check")
-            .map_err(|e| from_sqlite("integrity check", e))?;
-        let lines = stmt
-            .query_map([], |r| r.get::<_, String>(0))
-            .and_then(|rows| rows.collect::<Result<Vec<_>, _>>())
-            .map_err(|e| from_sqlite("integrity check", e))?;
-        if lines == ["ok"] {
-            Ok(())
-        } else {
-            Err(StoreError::Corrupt(format!(
+        let deadline = Instant::now() + self.inner.deadline;
+        let answer = match &self.inner.readers {
+            Some(readers) => readers.run(deadline, &Read::IntegrityCheck),
+            None => {
+                let (tx, rx) = std::sync::mpsc::sync_channel(1);
+                self.submit(
+                    Job::Read(Read::IntegrityCheck),
+                    deadline,
+                    Reply::Blocking(tx),
+                )?;
+                rx.recv().unwrap_or_else(|_| Err(writer_stopped()))
+            }
+        };
+        match answer? {
+            Outcome::Lines(lines) if lines == ["ok"] => Ok(()),
+            Outcome::Lines(lines) => Err(StoreError::Corrupt(format!(
                 "{}: integrity check: {}",
-                self.path,
+                self.inner.path,
                 lines.join("; ")
-            )))
+            ))),
+            other => Err(mismatch("integrity_check", &other)),
         }
     }
 
-    fn lock(&self) -> MutexGuard<'_, Connection> {
-        lock_conn(&self.conn)
+    fn submit(&self, job: Job, deadline: Instant, reply: Reply) -> Result<(), StoreError> {
+        let request = Request {
+            job,
+            queued_at: Instant::now(),
+            deadline,
+            reply,
+        };
+        self.inner.queue.push(request).map_err(|_| {
+            StoreError::Unavailable(format!(
+                "sqlite {}: the writer has stopped",
+                self.inner.path
+            ))
+        })
     }
 
-    /// Run one blocking operation on the connection, off the async workers.
-    async fn run<T, F>(&self, f: F) -> Result<T, StoreError>
-    where
-        T: Send + 'static,
-        F: FnOnce(&mut Connection) -> Result<T, StoreError> + Send + 'static,
-    {
-        let conn = Arc::clone(&self.conn);
-        let job = move || f(&mut lock_conn(&conn));
+    /// Queue a job for the writer and wait for its answer.
+    async fn call_writer(&self, job: Job) -> Answer {
+        let deadline = Instant::now() + self.inner.deadline;
+        if tokio::runtime::Handle::try_current().is_ok() {
+            let (tx, rx) = oneshot::channel();
+            self.submit(job, deadline, Reply::Async(tx))?;
+            rx.await.unwrap_or_else(|_| Err(writer_stopped()))
+        } else {
+            let (tx, rx) = std::sync::mpsc::sync_channel(1);
+            self.submit(job, deadline, Reply::Blocking(tx))?;
+            rx.recv().unwrap_or_else(|_| Err(writer_stopped()))
+        }
+    }
+
+    async fn write(&self, w: Write) -> Answer {
+        self.call_writer(Job::Write(w)).await
+    }
+
+    /// Run a read on a read connection, off the async workers (or through the writer for an
+    /// in-memory database).
+    async fn read(&self, r: Read) -> Answer {
+        let Some(readers) = &self.inner.readers else {
+            return self.call_writer(Job::Read(r)).await;
+        };
+        let deadline = Instant::now() + self.inner.deadline;
+        let readers = Arc::clone(readers);
+        let job = move || readers.run(deadline, &r);
         match tokio::runtime::Handle::try_current() {
-            Ok(handle) => handle
-                .spawn_blocking(job)
-                .await
-                .map_err(|e| StoreError::Unavailable(format!("sqlite worker failed: {e}")))?,
+            Ok(handle) => handle.spawn_blocking(job).await.unwrap_or_else(|e| {
+                Err(StoreError::Unavailable(format!("sqlite read failed: {e}")))
+            }),
             Err(_) => job(),
         }
     }
 }
 
-/// Lock the connection. A panic while it was held cannot have committed half a write (every
-/// write is one SQLite transaction), but it may have left a transaction open: roll it back.
-fn lock_conn(conn: &Mutex<Connection>) -> MutexGuard<'_, Connection> {
-    let guard = conn.lock().unwrap_or_else(|e| e.into_inner());
-    if !guard.is_autocommit() {
-        if let Err(e) = guard.execute_batch("ROLLBACK") {
-            tracing::warn!(error = %e, "rolling back a transaction left open failed");
-        }
-    }
-    guard
+/// The writer dropped a reply unanswered: it panicked in the batch (rolled back).
+fn writer_stopped() -> StoreError {
+    StoreError::Unavailable(
+        "sqlite: the writer stopped before answering; nothing of its batch was applied".into(),
+    )
 }
 
-fn configure(conn: &mut Connection, config: &SqliteConfig) -> Result<(), StoreError> {
-    conn.busy_timeout(config.busy_timeout)
-        .map_err(|e| from_sqlite("set busy timeout", e))?;
+/// An answer of the wrong kind: a bug in this crate, reported rather than panicking.
+fn mismatch(call: &str, got: &Outcome) -> StoreError {
+    debug_assert!(false, "sqlite {call} answered {got:?}");
+    StoreError::Unavailable(format!("sqlite: internal: {call} answered {got:?}"))
+}
+
+fn configure(conn: &mut Connection, path: &str) -> Result<(), StoreError> {
     // WAL: readers never block the writer and a commit appends to one file. The mode is stored
     // in the file; an in-memory database answers "memory", which is fine.
     let mode: String = conn
         .query_row("PRAGMA journal_mode = WAL", [], |r| r.get(0))
-        .map_err(|e| from_sqlite("set journal_mode", e))?;
+        .map_err(|e| from_open(path, "set journal_mode of", e))?;
     if !mode.eq_ignore_ascii_case("wal") && !mode.eq_ignore_ascii_case("memory") {
         return Err(StoreError::Unavailable(format!(
-            "sqlite refused WAL journal mode (got {mode})"
+            "sqlite {path}: refused WAL journal mode (got {mode})"
         )));
     }
     // FULL: fsync the WAL at every commit (see the crate docs for why not NORMAL).
     conn.pragma_update(None, "synchronous", "FULL")
-        .map_err(|e| from_sqlite("set synchronous", e))?;
+        .map_err(|e| from_open(path, "set synchronous on", e))?;
     conn.pragma_update(None, "foreign_keys", "OFF")
-        .map_err(|e| from_sqlite("set foreign_keys", e))?;
+        .map_err(|e| from_open(path, "set foreign_keys on", e))?;
     Ok(())
 }
 
 #[async_trait]
 impl Store for SqliteStore {
     async fn get(&self, key: &Key, _consistent: bool) -> Result<Option<Item>, StoreError> {
-        let key = key.clone();
-        self.run(move |c| ops::get(c, &key)).await
+        match self.read(Read::Get(key.clone())).await? {
+            Outcome::Item(item) => Ok(item),
+            other => Err(mismatch("get", &other)),
+        }
     }
 
     async fn batch_get(
@@ -209,20 +352,34 @@ impl Store for SqliteStore {
         keys: &[Key],
         _consistent: bool,
     ) -> Result<Vec<Option<Item>>, StoreError> {
-        let keys = keys.to_vec();
-        self.run(move |c| ops::batch_get(c, &keys)).await
+        ops::check_batch_get(keys)?;
+        match self.read(Read::BatchGet(keys.to_vec())).await? {
+            Outcome::Items(items) => Ok(items),
+            other => Err(mismatch("batch_get", &other)),
+        }
     }
 
     async fn put(&self, req: PutRequest) -> Result<(), StoreError> {
-        self.run(move |c| ops::put(c, req)).await
+        validate_item(&req.item)?;
+        match self.write(Write::Put(req)).await? {
+            Outcome::Done => Ok(()),
+            other => Err(mismatch("put", &other)),
+        }
     }
 
     async fn update(&self, req: UpdateRequest) -> Result<Option<Item>, StoreError> {
-        self.run(move |c| ops::update(c, req)).await
+        validate_update(&req.update)?;
+        match self.write(Write::Update(req)).await? {
+            Outcome::Item(item) => Ok(item),
+            other => Err(mismatch("update", &other)),
+        }
     }
 
     async fn delete(&self, req: DeleteRequest) -> Result<Option<Item>, StoreError> {
-        self.run(move |c| ops::delete(c, req)).await
+        match self.write(Write::Delete(req)).await? {
+            Outcome::Item(item) => Ok(item),
+            other => Err(mismatch("delete", &other)),
+        }
     }
 
     async fn transact_write(
@@ -230,12 +387,23 @@ impl Store for SqliteStore {
         ops: Vec<TransactOp>,
         token: Option<String>,
     ) -> Result<(), StoreError> {
-        self.run(move |c| ops::transact_write(c, &ops, token.as_deref()))
-            .await
+        let fingerprint = ops::check_transaction(&ops, token.as_deref())?;
+        let w = Write::Transact {
+            ops,
+            token,
+            fingerprint,
+        };
+        match self.write(w).await? {
+            Outcome::Done => Ok(()),
+            other => Err(mismatch("transact_write", &other)),
+        }
     }
 
     async fn query(&self, q: Query) -> Result<Vec<Item>, StoreError> {
-        self.run(move |c| ops::query(c, &q)).await
+        match self.read(Read::Query(q)).await? {
+            Outcome::List(items) => Ok(items),
+            other => Err(mismatch("query", &other)),
+        }
     }
 
     fn backend(&self) -> &'static str {

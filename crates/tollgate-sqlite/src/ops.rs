@@ -1,34 +1,31 @@
-//! The blocking operations, one SQLite transaction each. Conditions and updates are evaluated
-//! in Rust with [`tollgate_store::eval`] between reading the old row and writing the new one,
-//! inside `BEGIN IMMEDIATE`, so the semantics are `MemoryStore`'s by construction and the
-//! read-evaluate-write is atomic across connections and processes.
+//! The blocking operations. A write runs inside the writer's open `BEGIN IMMEDIATE`
+//! transaction (one group commit, see `writer.rs`), after the operations queued before it:
+//! its condition and update are evaluated in Rust with [`tollgate_store::eval`] between
+//! reading the current row and writing the new one, so the semantics are `MemoryStore`'s by
+//! construction and the read-evaluate-write is atomic across connections and processes.
+//!
+//! A failed condition writes nothing, so it fails its operation alone; a transaction writes
+//! under a SAVEPOINT, so a failure midway takes back its own writes and nobody else's.
 
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use rusqlite::types::ValueRef;
-use rusqlite::{params, Connection, OptionalExtension, Transaction, TransactionBehavior};
+use rusqlite::{params, Connection, OptionalExtension, Transaction};
 use serde::Serialize;
 use tollgate_core::expr::{project, ReturnValues};
 use tollgate_core::expr::{Condition, Update};
 use tollgate_core::value::{Item, Key};
-use tollgate_store::eval::{
-    apply_update_stored, eval_condition, key_item, plan_transact_op, validate_item, validate_update,
-};
+use tollgate_store::eval::{apply_update_stored, eval_condition, key_item, plan_transact_op};
 use tollgate_store::{
     validate_token, validate_transaction, CancelReason, DeleteRequest, PutRequest, Query,
     StoreError, TransactOp, UpdateRequest,
 };
 
-use crate::error::{from_commit, from_sqlite};
+use crate::error::from_sqlite;
 use crate::schema::INDEXES;
 
 /// Most keys in one `batch_get` (DynamoDB's limit, as `MemoryStore` enforces it).
 const MAX_BATCH_GET: usize = 100;
-
-fn begin_write(conn: &mut Connection) -> Result<Transaction<'_>, StoreError> {
-    conn.transaction_with_behavior(TransactionBehavior::Immediate)
-        .map_err(|e| from_sqlite("begin immediate", e))
-}
 
 /// Decode a stored item; anything but valid JSON of an item is [`StoreError::Corrupt`].
 fn decode(key: &Key, raw: ValueRef<'_>) -> Result<Item, StoreError> {
@@ -111,13 +108,120 @@ fn write_item(conn: &Connection, key: &Key, item: Option<&Item>) -> Result<(), S
     Ok(())
 }
 
-/// `get`.
-pub fn get(conn: &mut Connection, key: &Key) -> Result<Option<Item>, StoreError> {
-    read_item(conn, key)
+/// A read: on a read connection (its own snapshot), or, for an in-memory database, inside
+/// the writer's transaction.
+#[derive(Debug)]
+pub enum Read {
+    /// `get`.
+    Get(Key),
+    /// `batch_get` (keys checked by [`check_batch_get`]).
+    BatchGet(Vec<Key>),
+    /// `query`.
+    Query(Query),
+    /// `PRAGMA integrity_check`.
+    IntegrityCheck,
 }
 
-/// `batch_get`: every key read from one snapshot (one deferred read transaction).
-pub fn batch_get(conn: &mut Connection, keys: &[Key]) -> Result<Vec<Option<Item>>, StoreError> {
+/// A write, statically checked by the caller before it is queued (so a bad request fails
+/// before its condition is read, as DynamoDB does, and never waits for the writer).
+#[derive(Debug)]
+pub enum Write {
+    /// `put` (item checked).
+    Put(PutRequest),
+    /// `update` (update checked).
+    Update(UpdateRequest),
+    /// `delete`.
+    Delete(DeleteRequest),
+    /// `transact_write`, checked by [`check_transaction`], which computed the fingerprint
+    /// stored with the token.
+    Transact {
+        /// The operations.
+        ops: Vec<TransactOp>,
+        /// The idempotency token.
+        token: Option<String>,
+        /// The operations' fingerprint, when there is a token.
+        fingerprint: Option<String>,
+    },
+}
+
+impl Write {
+    /// How many items the write addresses: its weight in a group commit's bound.
+    pub fn items(&self) -> usize {
+        match self {
+            Write::Transact { ops, .. } => ops.len(),
+            Write::Put(_) | Write::Update(_) | Write::Delete(_) => 1,
+        }
+    }
+}
+
+/// What an operation answers.
+#[derive(Debug)]
+pub enum Outcome {
+    /// `put` and `transact_write`.
+    Done,
+    /// `get`, `update`, `delete`.
+    Item(Option<Item>),
+    /// `batch_get`.
+    Items(Vec<Option<Item>>),
+    /// `query`.
+    List(Vec<Item>),
+    /// `integrity_check`: SQLite's lines.
+    Lines(Vec<String>),
+}
+
+/// Run a read. `batch_get` reads every key from one snapshot: the enclosing transaction's, or
+/// a deferred read transaction of its own.
+pub fn read(conn: &Connection, r: &Read) -> Result<Outcome, StoreError> {
+    match r {
+        Read::Get(key) => read_item(conn, key).map(Outcome::Item),
+        Read::BatchGet(keys) => {
+            if !conn.is_autocommit() {
+                return batch_get(conn, keys).map(Outcome::Items);
+            }
+            let tx = conn
+                .unchecked_transaction()
+                .map_err(|e| from_sqlite("begin read", e))?;
+            let out = batch_get(&tx, keys)?;
+            // A read transaction has nothing to make durable; finishing it only releases the
+            // snapshot.
+            tx.finish().map_err(|e| from_sqlite("end read", e))?;
+            Ok(Outcome::Items(out))
+        }
+        Read::Query(q) => query(conn, q).map(Outcome::List),
+        Read::IntegrityCheck => integrity_check(conn).map(Outcome::Lines),
+    }
+}
+
+/// The batch transaction cannot go on: a write's partial effects could not be taken back.
+/// Every operation of the batch fails with this error and the transaction is rolled back.
+#[derive(Debug)]
+pub struct BatchBroken(pub StoreError);
+
+/// Run a write inside the writer's open transaction. The inner result is the operation's own;
+/// [`BatchBroken`] means the whole batch must be abandoned.
+pub fn write(
+    tx: &mut Transaction<'_>,
+    w: Write,
+) -> Result<Result<Outcome, StoreError>, BatchBroken> {
+    debug_assert!(
+        !tx.is_autocommit(),
+        "writes run inside the batch transaction"
+    );
+    Ok(match w {
+        Write::Put(req) => put(tx, req).map(|()| Outcome::Done),
+        Write::Update(req) => update(tx, req).map(Outcome::Item),
+        Write::Delete(req) => delete(tx, req).map(Outcome::Item),
+        Write::Transact {
+            ops,
+            token,
+            fingerprint,
+        } => transact_write(tx, &ops, token.as_deref(), fingerprint.as_deref())?
+            .map(|()| Outcome::Done),
+    })
+}
+
+/// The static checks of `batch_get`, before anything is read.
+pub fn check_batch_get(keys: &[Key]) -> Result<(), StoreError> {
     if keys.len() > MAX_BATCH_GET {
         return Err(StoreError::Validation(format!(
             "a batch read holds at most {MAX_BATCH_GET} keys"
@@ -129,16 +233,22 @@ pub fn batch_get(conn: &mut Connection, keys: &[Key]) -> Result<Vec<Option<Item>
             "provided list of item keys contains duplicates: {dup}"
         )));
     }
-    let tx = conn
-        .transaction_with_behavior(TransactionBehavior::Deferred)
-        .map_err(|e| from_sqlite("begin read", e))?;
-    let out = keys
-        .iter()
-        .map(|k| read_item(&tx, k))
-        .collect::<Result<Vec<_>, _>>()?;
-    // A read transaction has nothing to make durable; finishing it only releases the snapshot.
-    tx.finish().map_err(|e| from_sqlite("end read", e))?;
-    Ok(out)
+    Ok(())
+}
+
+fn batch_get(conn: &Connection, keys: &[Key]) -> Result<Vec<Option<Item>>, StoreError> {
+    keys.iter().map(|k| read_item(conn, k)).collect()
+}
+
+fn integrity_check(conn: &Connection) -> Result<Vec<String>, StoreError> {
+    let mut stmt = conn
+        .prepare("PRAGMA integrity_check")
+        .map_err(|e| from_sqlite("integrity check", e))?;
+    let lines = stmt
+        .query_map([], |r| r.get::<_, String>(0))
+        .and_then(|rows| rows.collect::<Result<Vec<_>, _>>())
+        .map_err(|e| from_sqlite("integrity check", e))?;
+    Ok(lines)
 }
 
 fn condition_failed(old: Option<Item>) -> StoreError {
@@ -147,11 +257,9 @@ fn condition_failed(old: Option<Item>) -> StoreError {
     }
 }
 
-/// `put`.
-pub fn put(conn: &mut Connection, req: PutRequest) -> Result<(), StoreError> {
-    validate_item(&req.item)?;
-    let tx = begin_write(conn)?;
-    let cur = read_item(&tx, &req.key)?;
+/// `put` (the item was checked by the caller).
+fn put(conn: &Connection, req: PutRequest) -> Result<(), StoreError> {
+    let cur = read_item(conn, &req.key)?;
     if let Some(c) = &req.condition {
         if !eval_condition(cur.as_ref(), c) {
             return Err(condition_failed(cur));
@@ -159,30 +267,23 @@ pub fn put(conn: &mut Connection, req: PutRequest) -> Result<(), StoreError> {
     }
     let mut item = req.item;
     req.key.stamp(&mut item);
-    write_item(&tx, &req.key, Some(&item))?;
-    tx.commit().map_err(from_commit)
+    write_item(conn, &req.key, Some(&item))
 }
 
-/// `update`. Static checks fail the request before its condition is read (as DynamoDB
-/// does); a remove-only update of an absent item creates nothing.
-pub fn update(conn: &mut Connection, req: UpdateRequest) -> Result<Option<Item>, StoreError> {
-    validate_update(&req.update)?;
-    let tx = begin_write(conn)?;
-    let cur = read_item(&tx, &req.key)?;
+/// `update`. Static checks failed the request before it was queued; a remove-only update of
+/// an absent item creates nothing.
+fn update(conn: &Connection, req: UpdateRequest) -> Result<Option<Item>, StoreError> {
+    let cur = read_item(conn, &req.key)?;
     if let Some(c) = &req.condition {
         if !eval_condition(cur.as_ref(), c) {
             return Err(condition_failed(cur));
         }
     }
     let new = apply_update_stored(cur.as_ref(), &key_item(&req.key), &req.update)?;
-    match &new {
-        Some(new) => {
-            write_item(&tx, &req.key, Some(new))?;
-            tx.commit().map_err(from_commit)?;
-        }
-        // Absent before and after: nothing to write, nothing to sync.
-        None => tx.finish().map_err(|e| from_sqlite("end write", e))?,
+    if let Some(new) = &new {
+        write_item(conn, &req.key, Some(new))?;
     }
+    // Absent before and after: nothing written.
     Ok(match req.returns {
         ReturnValues::None => None,
         ReturnValues::AllNew => new,
@@ -201,21 +302,16 @@ pub fn update(conn: &mut Connection, req: UpdateRequest) -> Result<Option<Item>,
 }
 
 /// `delete`.
-pub fn delete(conn: &mut Connection, req: DeleteRequest) -> Result<Option<Item>, StoreError> {
-    let tx = begin_write(conn)?;
-    let cur = read_item(&tx, &req.key)?;
+fn delete(conn: &Connection, req: DeleteRequest) -> Result<Option<Item>, StoreError> {
+    let cur = read_item(conn, &req.key)?;
     if let Some(c) = &req.condition {
         if !eval_condition(cur.as_ref(), c) {
             return Err(condition_failed(cur));
         }
     }
-    if cur.is_none() {
-        // Nothing to delete: end the (empty) write transaction without a commit to sync.
-        tx.finish().map_err(|e| from_sqlite("end write", e))?;
-        return Ok(None);
+    if cur.is_some() {
+        write_item(conn, &req.key, None)?;
     }
-    write_item(&tx, &req.key, None)?;
-    tx.commit().map_err(from_commit)?;
     Ok(cur)
 }
 
@@ -246,6 +342,20 @@ fn fingerprint(ops: &[TransactOp]) -> Result<String, StoreError> {
         .map_err(|e| StoreError::Validation(format!("transaction cannot be encoded: {e}")))
 }
 
+/// The static checks of `transact_write`, before anything is read; returns the fingerprint
+/// to store with the token (when there is one).
+pub fn check_transaction(
+    ops: &[TransactOp],
+    token: Option<&str>,
+) -> Result<Option<String>, StoreError> {
+    validate_transaction(ops)?;
+    validate_token(token)?;
+    match token {
+        Some(_) => fingerprint(ops).map(Some),
+        None => Ok(None),
+    }
+}
+
 fn now_ms() -> i64 {
     SystemTime::now()
         .duration_since(UNIX_EPOCH)
@@ -253,31 +363,53 @@ fn now_ms() -> i64 {
         .unwrap_or(0)
 }
 
-/// `transact_write`: validate, then in one `BEGIN IMMEDIATE` transaction check the token,
-/// plan every operation against the state before the transaction, and either write all of
-/// them (and the token) or nothing.
-pub fn transact_write(
-    conn: &mut Connection,
+/// `transact_write`, under a SAVEPOINT of the batch transaction: check the token, plan every
+/// operation against the state before it, and either write all of them (and the token) or
+/// nothing. A failure midway rolls back to the savepoint, undoing this transaction's writes
+/// only; if even that fails the error says the batch cannot go on (see `writer.rs`).
+fn transact_write(
+    tx: &mut Transaction<'_>,
     ops: &[TransactOp],
     token: Option<&str>,
-) -> Result<(), StoreError> {
-    validate_transaction(ops)?;
-    validate_token(token)?;
-    let fingerprint = match token {
-        Some(_) => Some(fingerprint(ops)?),
-        None => None,
+    fingerprint: Option<&str>,
+) -> Result<Result<(), StoreError>, BatchBroken> {
+    debug_assert_eq!(token.is_some(), fingerprint.is_some());
+    let mut sp = match tx.savepoint() {
+        Ok(sp) => sp,
+        Err(e) => return Ok(Err(from_sqlite("begin savepoint", e))),
     };
-    let tx = begin_write(conn)?;
-    if let (Some(t), Some(fp)) = (token, &fingerprint) {
-        let seen: Option<String> = tx
+    match transact_body(&sp, ops, token, fingerprint) {
+        Ok(()) => sp
+            .commit()
+            .map(Ok)
+            .map_err(|e| BatchBroken(from_sqlite("release savepoint", e))),
+        Err(e) => {
+            // Take back whatever this transaction wrote, then drop the savepoint.
+            sp.rollback().and_then(|()| sp.commit()).map_err(|re| {
+                BatchBroken(StoreError::Unavailable(format!(
+                    "sqlite rollback to savepoint failed ({re}) after: {e}"
+                )))
+            })?;
+            Ok(Err(e))
+        }
+    }
+}
+
+fn transact_body(
+    conn: &Connection,
+    ops: &[TransactOp],
+    token: Option<&str>,
+    fingerprint: Option<&str>,
+) -> Result<(), StoreError> {
+    if let (Some(t), Some(fp)) = (token, fingerprint) {
+        let seen: Option<String> = conn
             .prepare_cached("SELECT ops FROM tokens WHERE token = ?1")
             .and_then(|mut s| s.query_row(params![t], |r| r.get(0)).optional())
             .map_err(|e| from_sqlite("read token", e))?;
         if let Some(seen) = seen {
-            tx.finish().map_err(|e| from_sqlite("end write", e))?;
             // DynamoDB: the same token with other parameters is refused
             // (IdempotentParameterMismatch); with the same ones it succeeds, unapplied.
-            return if seen == *fp {
+            return if seen == fp {
                 Ok(())
             } else {
                 Err(StoreError::Validation(format!(
@@ -290,7 +422,7 @@ pub fn transact_write(
     // the transaction for every operation.
     let olds = ops
         .iter()
-        .map(|op| read_item(&tx, op.key()))
+        .map(|op| read_item(conn, op.key()))
         .collect::<Result<Vec<_>, _>>()?;
     let mut planned = Vec::with_capacity(ops.len());
     let mut reasons = Vec::with_capacity(ops.len());
@@ -309,26 +441,26 @@ pub fn transact_write(
         }
     }
     if failed {
-        // Dropping the transaction rolls it back; nothing was written yet anyway.
+        // Nothing was written yet.
         return Err(StoreError::TransactionCanceled { reasons });
     }
     for (op, p) in ops.iter().zip(&planned) {
         if let Some(new) = p {
-            write_item(&tx, op.key(), new.as_ref())?;
+            write_item(conn, op.key(), new.as_ref())?;
         }
     }
-    if let (Some(t), Some(fp)) = (token, &fingerprint) {
-        tx.prepare_cached("INSERT INTO tokens (token, ops, created_ms) VALUES (?1, ?2, ?3)")
+    if let (Some(t), Some(fp)) = (token, fingerprint) {
+        conn.prepare_cached("INSERT INTO tokens (token, ops, created_ms) VALUES (?1, ?2, ?3)")
             .and_then(|mut s| s.execute(params![t, fp, now_ms()]))
             .map_err(|e| from_sqlite("write token", e))?;
     }
-    tx.commit().map_err(from_commit)
+    Ok(())
 }
 
 /// `query`: one partition of the table or of an index, in sort-key order (byte order; SQLite's
 /// BINARY collation compares UTF-8 with `memcmp`, as `MemoryStore` compares bytes). Items with
 /// equal index sort keys come in primary-key order, as in `MemoryStore`.
-pub fn query(conn: &mut Connection, q: &Query) -> Result<Vec<Item>, StoreError> {
+fn query(conn: &Connection, q: &Query) -> Result<Vec<Item>, StoreError> {
     let prefix = q.sk_prefix.as_deref().unwrap_or("");
     let sql = match q.index.as_deref() {
         None => "SELECT pk, sk, sk, item FROM items WHERE pk = ?1 AND sk >= ?2 ORDER BY sk",

@@ -4,7 +4,7 @@
 use rusqlite::{Connection, TransactionBehavior};
 use tollgate_store::StoreError;
 
-use crate::error::from_sqlite;
+use crate::error::{from_open, SchemaError};
 
 /// The schema version this build writes and understands.
 pub const SCHEMA_VERSION: i64 = 1;
@@ -13,10 +13,11 @@ pub const SCHEMA_VERSION: i64 = 1;
 pub const INDEXES: [&str; 4] = ["GSI1", "GSI2", "GSI3", "GSI4"];
 
 /// Version 1. Tokens are kept with the operations they carried (JSON), as `MemoryStore`
-/// keeps them, so a token reused for other operations is refused. Items are stored whole as JSON (`serde_json` of the `Item`); the index key
-/// attributes are copied into columns at write time so index queries use a B-tree. A
-/// column holds the attribute only when it is a string (as DynamoDB and `MemoryStore`
-/// index only string keys); otherwise it is NULL and the item is not in that index.
+/// keeps them, so a token reused for other operations is refused. Items are stored whole as
+/// JSON (`serde_json` of the `Item`); the index key attributes are copied into columns at
+/// write time so index queries use a B-tree. A column holds the attribute only when it is a
+/// string (as DynamoDB and `MemoryStore` index only string keys); otherwise it is NULL and the
+/// item is not in that index.
 const SCHEMA_V1: &str = "
 CREATE TABLE IF NOT EXISTS items (
     pk     TEXT NOT NULL,
@@ -39,30 +40,123 @@ CREATE TABLE IF NOT EXISTS tokens (
 ) WITHOUT ROWID;
 ";
 
-/// Create the schema if the file is new, or check that it is one this build understands.
+/// The columns of version 1's tables, in order, as `PRAGMA table_info` lists them.
+const V1_TABLES: [(&str, &[&str]); 2] = [
+    (
+        "items",
+        &[
+            "pk", "sk", "item", "gsi1pk", "gsi1sk", "gsi2pk", "gsi2sk", "gsi3pk", "gsi3sk",
+            "gsi4pk", "gsi4sk",
+        ],
+    ),
+    ("tokens", &["token", "ops", "created_ms"]),
+];
+
+/// Refuse, before anything is written (not even the journal mode), a file this build must
+/// not use: see [`check`]. Reads only, from one snapshot (another process may be creating
+/// the schema meanwhile: the version and the tables must be read from the same state).
+pub fn precheck(conn: &Connection, path: &str) -> Result<(), StoreError> {
+    let tx = conn
+        .unchecked_transaction()
+        .map_err(|e| from_open(path, "begin schema check of", e))?;
+    check(&tx, path)?;
+    tx.finish()
+        .map_err(|e| from_open(path, "end schema check of", e))
+}
+
+/// The file's schema version, once it is known to be one this build can use: 0 (a new, empty
+/// file) or [`SCHEMA_VERSION`] with version 1's tables. A file of another version, or with
+/// other tables, is a [`SchemaError`] naming `path` (so [`StoreError::Validation`], never
+/// `Unavailable`).
+fn check(conn: &Connection, path: &str) -> Result<i64, StoreError> {
+    let version: i64 = conn
+        .query_row("PRAGMA user_version", [], |r| r.get(0))
+        .map_err(|e| from_open(path, "read schema version of", e))?;
+    match version {
+        0 => {
+            // A tollgate file gets its version in the transaction that creates its tables, so
+            // version 0 with tables is someone else's database.
+            let tables = table_names(conn, path)?;
+            if !tables.is_empty() {
+                return Err(SchemaError::NotTollgate {
+                    path: path.to_string(),
+                    reason: format!(
+                        "it has no schema version but holds tables ({})",
+                        tables.join(", ")
+                    ),
+                }
+                .into());
+            }
+        }
+        SCHEMA_VERSION => check_v1_tables(conn, path)?,
+        found => {
+            return Err(SchemaError::Version {
+                path: path.to_string(),
+                found,
+                expected: SCHEMA_VERSION,
+            }
+            .into())
+        }
+    }
+    Ok(version)
+}
+
+/// Create the schema if the file is new, or check that it is one this build understands
+/// ([`check`], again: another process may have created it since the precheck).
 ///
 /// Runs inside `BEGIN IMMEDIATE`, so several processes opening a new file at once create the
 /// schema exactly once.
-pub fn ensure(conn: &mut Connection) -> Result<(), StoreError> {
+pub fn ensure(conn: &mut Connection, path: &str) -> Result<(), StoreError> {
     let tx = conn
         .transaction_with_behavior(TransactionBehavior::Immediate)
-        .map_err(|e| from_sqlite("begin schema transaction", e))?;
-    let version: i64 = tx
-        .query_row("PRAGMA user_version", [], |r| r.get(0))
-        .map_err(|e| from_sqlite("read schema version", e))?;
-    match version {
-        0 => {
-            tx.execute_batch(SCHEMA_V1)
-                .map_err(|e| from_sqlite("create schema", e))?;
-            tx.pragma_update(None, "user_version", SCHEMA_VERSION)
-                .map_err(|e| from_sqlite("write schema version", e))?;
-        }
-        SCHEMA_VERSION => {}
-        v => {
-            return Err(StoreError::Unavailable(format!(
-                "the file has schema version {v}; this build understands {SCHEMA_VERSION}"
-            )))
+        .map_err(|e| from_open(path, "begin schema transaction on", e))?;
+    if check(&tx, path)? == 0 {
+        tx.execute_batch(SCHEMA_V1)
+            .map_err(|e| from_open(path, "create schema in", e))?;
+        tx.pragma_update(None, "user_version", SCHEMA_VERSION)
+            .map_err(|e| from_open(path, "write schema version of", e))?;
+    }
+    tx.commit()
+        .map_err(|e| from_open(path, "commit schema of", e))
+}
+
+fn table_names(conn: &Connection, path: &str) -> Result<Vec<String>, StoreError> {
+    let mut stmt = conn
+        .prepare("SELECT name FROM sqlite_master WHERE type = 'table' ORDER BY name")
+        .map_err(|e| from_open(path, "list tables of", e))?;
+    let names = stmt
+        .query_map([], |r| r.get::<_, String>(0))
+        .and_then(|rows| rows.collect::<Result<Vec<_>, _>>())
+        .map_err(|e| from_open(path, "list tables of", e))?;
+    Ok(names)
+}
+
+/// A file that says version 1 must have version 1's tables with their columns.
+fn check_v1_tables(conn: &Connection, path: &str) -> Result<(), StoreError> {
+    for (table, want) in V1_TABLES {
+        let mut stmt = conn
+            .prepare("SELECT name FROM pragma_table_info(?1) ORDER BY cid")
+            .map_err(|e| from_open(path, "read the tables of", e))?;
+        let have = stmt
+            .query_map([table], |r| r.get::<_, String>(0))
+            .and_then(|rows| rows.collect::<Result<Vec<_>, _>>())
+            .map_err(|e| from_open(path, "read the tables of", e))?;
+        if have != want {
+            let reason = if have.is_empty() {
+                format!("schema version {SCHEMA_VERSION} but no table {table}")
+            } else {
+                format!(
+                    "schema version {SCHEMA_VERSION} but table {table} has columns ({}), not ({})",
+                    have.join(", "),
+                    want.join(", ")
+                )
+            };
+            return Err(SchemaError::NotTollgate {
+                path: path.to_string(),
+                reason,
+            }
+            .into());
         }
     }
-    tx.commit().map_err(|e| from_sqlite("commit schema", e))
+    Ok(())
 }

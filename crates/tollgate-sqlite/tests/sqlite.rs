@@ -106,10 +106,74 @@ async fn a_newer_schema_is_refused() {
     raw.pragma_update(None, "user_version", SCHEMA_VERSION + 1)
         .unwrap();
     drop(raw);
+    // A configuration problem, not an outage: Validation (never `is_unavailable`), naming
+    // the file and both versions.
     match SqliteStore::open(&path) {
-        Err(StoreError::Unavailable(m)) => assert!(m.contains("schema version"), "{m}"),
-        other => panic!("expected Unavailable, got {other:?}"),
+        Err(e @ StoreError::Validation(_)) => {
+            assert!(!e.is_unavailable());
+            let m = e.to_string();
+            assert!(m.contains("schema version 2"), "{m}");
+            assert!(m.contains("version 1"), "{m}");
+            assert!(m.contains(&path.display().to_string()), "{m}");
+        }
+        other => panic!("expected Validation, got {other:?}"),
     }
+}
+
+/// A file this build must not use is a configuration error naming the file, never an
+/// outage (`is_unavailable` is false, so a limiter cannot fail open on it), and the file is
+/// left as it was.
+#[test]
+fn a_file_that_is_not_a_tollgate_store_is_refused_as_validation() {
+    let dir = tempfile::tempdir().unwrap();
+    let refused = |path: &std::path::Path, needle: &str| match SqliteStore::open(path) {
+        Err(e @ StoreError::Validation(_)) => {
+            assert!(!e.is_unavailable());
+            let m = e.to_string();
+            assert!(m.contains(&path.display().to_string()), "{m}");
+            assert!(m.contains("not a tollgate store"), "{m}");
+            assert!(m.contains(needle), "{m}");
+        }
+        other => panic!("{}: expected Validation, got {other:?}", path.display()),
+    };
+
+    // Not SQLite at all.
+    let junk = dir.path().join("junk.db");
+    std::fs::write(&junk, vec![0x5au8; 8192]).unwrap();
+    refused(&junk, "cannot read it as a database");
+    assert_eq!(std::fs::read(&junk).unwrap(), vec![0x5au8; 8192]);
+
+    // Another application's database (no schema version, its own tables).
+    let foreign = dir.path().join("foreign.db");
+    let raw = rusqlite::Connection::open(&foreign).unwrap();
+    raw.execute_batch("CREATE TABLE users (id INTEGER PRIMARY KEY, name TEXT)")
+        .unwrap();
+    drop(raw);
+    refused(&foreign, "users");
+    let raw = rusqlite::Connection::open(&foreign).unwrap();
+    let tables: i64 = raw
+        .query_row(
+            "SELECT count(*) FROM sqlite_master WHERE type = 'table'",
+            [],
+            |r| r.get(0),
+        )
+        .unwrap();
+    assert_eq!(tables, 1, "nothing was created in the foreign file");
+    let mode: String = raw
+        .query_row("PRAGMA journal_mode", [], |r| r.get(0))
+        .unwrap();
+    assert_eq!(
+        mode, "delete",
+        "the foreign file's journal mode was left alone"
+    );
+
+    // Version 1 claimed, but not our tables.
+    let impostor = dir.path().join("impostor.db");
+    let raw = rusqlite::Connection::open(&impostor).unwrap();
+    raw.execute_batch("CREATE TABLE items (k TEXT); PRAGMA user_version = 1")
+        .unwrap();
+    drop(raw);
+    refused(&impostor, "table items has columns (k)");
 }
 
 #[tokio::test]
@@ -166,9 +230,7 @@ async fn a_corrupt_row_is_reported_with_its_key_never_a_panic() {
 async fn a_write_blocked_beyond_the_busy_timeout_is_unavailable() {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("t.db");
-    let cfg = SqliteConfig {
-        busy_timeout: Duration::from_millis(100),
-    };
+    let cfg = SqliteConfig::default().with_busy_timeout(Duration::from_millis(100));
     let s = SqliteStore::open_with(&path, &cfg).unwrap();
     let k = Key::new("p", "a");
     put_n(&s, &k, 3).await;

@@ -1,10 +1,14 @@
 //! Test helper for the crash test (`tests/crash.rs`): opens the store at the path given as
 //! the first argument and debits `n` of the item `crash|#COUNTER` by 1 with the condition
-//! `n >= 1`, forever. After each acknowledged debit it prints `debit` and flushes, so a
-//! parent that kills it with SIGKILL knows every debit the store acknowledged.
+//! `n >= 1`, until the stock is gone. After each acknowledged debit it prints `debit` and
+//! flushes, so a parent that kills it with SIGKILL knows every debit the store acknowledged.
+//!
+//! An optional second argument runs that many concurrent debiting tasks (default 1), so the
+//! store's group commit batches several debits into one commit.
 
 use std::io::Write;
 use std::process::ExitCode;
+use std::sync::Arc;
 
 use tollgate_core::expr::{Condition, ReturnValues, Update};
 use tollgate_core::value::Key;
@@ -12,9 +16,18 @@ use tollgate_sqlite::SqliteStore;
 use tollgate_store::{Store, StoreError, UpdateRequest};
 
 fn main() -> ExitCode {
-    let Some(path) = std::env::args().nth(1) else {
-        eprintln!("usage: tollgate-sqlite-crashwriter PATH");
+    let mut args = std::env::args().skip(1);
+    let Some(path) = args.next() else {
+        eprintln!("usage: tollgate-sqlite-crashwriter PATH [TASKS]");
         return ExitCode::from(2);
+    };
+    let tasks = match args.next().map(|t| t.parse::<usize>()) {
+        None => 1,
+        Some(Ok(n)) if n >= 1 => n,
+        Some(_) => {
+            eprintln!("TASKS must be a number of at least 1");
+            return ExitCode::from(2);
+        }
     };
     let rt = match tokio::runtime::Builder::new_current_thread().build() {
         Ok(rt) => rt,
@@ -23,7 +36,7 @@ fn main() -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
-    match rt.block_on(run(&path)) {
+    match rt.block_on(run(&path, tasks)) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             eprintln!("crashwriter: {e}");
@@ -32,10 +45,19 @@ fn main() -> ExitCode {
     }
 }
 
-async fn run(path: &str) -> Result<(), Box<dyn std::error::Error>> {
-    let store = SqliteStore::open(path)?;
+async fn run(path: &str, tasks: usize) -> Result<(), Box<dyn std::error::Error>> {
+    let store = Arc::new(SqliteStore::open(path)?);
+    let handles: Vec<_> = (0..tasks)
+        .map(|_| tokio::spawn(debit_until_empty(Arc::clone(&store))))
+        .collect();
+    for h in handles {
+        h.await??;
+    }
+    Ok(())
+}
+
+async fn debit_until_empty(store: Arc<SqliteStore>) -> Result<(), StoreError> {
     let key = Key::new("crash", "#COUNTER");
-    let mut out = std::io::stdout().lock();
     loop {
         let r = store
             .update(UpdateRequest {
@@ -47,11 +69,13 @@ async fn run(path: &str) -> Result<(), Box<dyn std::error::Error>> {
             .await;
         match r {
             Ok(_) => {
-                out.write_all(b"debit\n")?;
-                out.flush()?;
+                let mut out = std::io::stdout().lock();
+                out.write_all(b"debit\n")
+                    .and_then(|()| out.flush())
+                    .map_err(|e| StoreError::Unavailable(format!("stdout: {e}")))?;
             }
             Err(StoreError::ConditionFailed { .. }) => return Ok(()),
-            Err(e) => return Err(e.into()),
+            Err(e) => return Err(e),
         }
     }
 }
