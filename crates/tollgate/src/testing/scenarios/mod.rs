@@ -4,6 +4,7 @@
 pub mod aggregator;
 pub mod basics;
 pub mod cascade;
+pub mod exactness;
 pub mod gaps;
 pub mod schedules;
 pub mod sharded;
@@ -14,6 +15,54 @@ pub mod sharded;
 #[macro_export]
 macro_rules! scenario_tests {
     ($backend:expr) => {
+        #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+        async fn idle_burst_admits_capacity_plus_refill() {
+            if let Some(b) = $backend {
+                $crate::testing::scenarios::exactness::idle_burst_admits_capacity_plus_refill(&b).await
+            }
+        }
+        #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+        async fn statuses_report_the_balance_after_the_debit() {
+            if let Some(b) = $backend {
+                $crate::testing::scenarios::exactness::statuses_report_the_balance_after_the_debit(&b).await
+            }
+        }
+        #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+        async fn over_refund_is_refused() {
+            if let Some(b) = $backend {
+                $crate::testing::scenarios::exactness::over_refund_is_refused(&b).await
+            }
+        }
+        #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+        async fn a_request_larger_than_one_share_is_admitted() {
+            if let Some(b) = $backend {
+                $crate::testing::scenarios::exactness::a_request_larger_than_one_share_is_admitted(&b).await
+            }
+        }
+        #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+        async fn lease_debt_is_not_absorbed_by_refill() {
+            if let Some(b) = $backend {
+                $crate::testing::scenarios::exactness::lease_debt_is_not_absorbed_by_refill(&b).await
+            }
+        }
+        #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+        async fn debt_on_one_shard_holds_back_its_siblings() {
+            if let Some(b) = $backend {
+                $crate::testing::scenarios::exactness::debt_on_one_shard_holds_back_its_siblings(&b).await
+            }
+        }
+        #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+        async fn a_refusal_never_says_it_would_fit() {
+            if let Some(b) = $backend {
+                $crate::testing::scenarios::exactness::a_refusal_never_says_it_would_fit(&b).await
+            }
+        }
+        #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+        async fn a_doubling_mints_nothing() {
+            if let Some(b) = $backend {
+                $crate::testing::scenarios::exactness::a_doubling_mints_nothing(&b).await
+            }
+        }
         #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
         async fn s01_refill_through_the_limiter() {
             if let Some(b) = $backend {

@@ -1,0 +1,85 @@
+//! The limiter behaviour scenarios — the same code the reference backend runs
+//! (crates/tollgate/tests/scenarios.rs) — on the embedded store, one fresh file per scenario.
+
+use std::sync::Arc;
+
+use tollgate::testing::{Backend, TestStore};
+use tollgate_core::value::{Item, Key};
+use tollgate_sqlite::SqliteStore;
+use tollgate_store::{DeleteRequest, PutRequest, Query, Store, StoreError, TransactOp, UpdateRequest};
+
+/// A store on its own temporary file, with raw access for staging states (unconditional
+/// writes through the store itself, run to completion on the test's runtime).
+struct Raw {
+    store: SqliteStore,
+    _dir: tempfile::TempDir,
+}
+
+fn block<F: std::future::Future>(f: F) -> F::Output {
+    tokio::task::block_in_place(|| tokio::runtime::Handle::current().block_on(f))
+}
+
+#[async_trait::async_trait]
+impl Store for Raw {
+    async fn get(&self, k: &Key, c: bool) -> Result<Option<Item>, StoreError> {
+        self.store.get(k, c).await
+    }
+    async fn batch_get(&self, k: &[Key], c: bool) -> Result<Vec<Option<Item>>, StoreError> {
+        self.store.batch_get(k, c).await
+    }
+    async fn put(&self, r: PutRequest) -> Result<(), StoreError> {
+        self.store.put(r).await
+    }
+    async fn update(&self, r: UpdateRequest) -> Result<Option<Item>, StoreError> {
+        self.store.update(r).await
+    }
+    async fn delete(&self, r: DeleteRequest) -> Result<Option<Item>, StoreError> {
+        self.store.delete(r).await
+    }
+    async fn transact_write(
+        &self,
+        o: Vec<TransactOp>,
+        t: Option<String>,
+    ) -> Result<(), StoreError> {
+        self.store.transact_write(o, t).await
+    }
+    async fn query(&self, q: Query) -> Result<Vec<Item>, StoreError> {
+        self.store.query(q).await
+    }
+    fn backend(&self) -> &'static str {
+        self.store.backend()
+    }
+}
+
+impl TestStore for Raw {
+    fn raw_get(&self, key: &Key) -> Option<Item> {
+        block(self.store.get(key, true)).expect("raw get")
+    }
+    fn raw_put(&self, key: &Key, item: Item) {
+        block(self.store.put(PutRequest {
+            key: key.clone(),
+            item,
+            condition: None,
+        }))
+        .expect("raw put")
+    }
+    fn raw_delete(&self, key: &Key) {
+        block(self.store.delete(DeleteRequest {
+            key: key.clone(),
+            condition: None,
+        }))
+        .expect("raw delete");
+    }
+}
+
+fn sqlite() -> Option<Backend> {
+    Some(Backend::new(|| {
+        Box::pin(async {
+            let dir = tempfile::tempdir().expect("temp dir");
+            let store = SqliteStore::open(dir.path().join("tollgate.db")).expect("open sqlite");
+            Arc::new(Raw { store, _dir: dir }) as Arc<dyn TestStore>
+        })
+    }))
+}
+
+tollgate::scenario_tests!(sqlite());
