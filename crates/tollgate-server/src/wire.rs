@@ -17,17 +17,35 @@
 //!
 //! The transport reports itself as not vectored, so hyper hands it one flat buffer per
 //! write and a head is never split across buffers of one call.
+//!
+//! # Lingering close
+//!
+//! When the server ends a connection while the client is still sending (a body the route
+//! did not read, a refused oversized body, a malformed request), closing the socket with
+//! unread input makes the kernel send a reset, which can destroy the answer before the
+//! client reads it. So on shutdown [`WireIo`] sends its FIN, then reads and discards what
+//! the client still sends until the client closes, [`LINGER`] passes or [`LINGER_BYTES`]
+//! were discarded — the lingering close of nginx and Go's `net/http`.
 
+use std::future::Future;
 use std::io;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{ready, Context, Poll};
 
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
+use tokio::time::Sleep;
 
 use crate::AppState;
 
-/// A connection's transport: `T` with hyper's own error answers rewritten (module docs).
+/// Longest wait for the client to close after the server's FIN.
+pub const LINGER: std::time::Duration = std::time::Duration::from_secs(1);
+
+/// Most bytes discarded while lingering.
+pub const LINGER_BYTES: usize = 1 << 20;
+
+/// A connection's transport: `T` with hyper's own error answers rewritten and a lingering
+/// close (module docs).
 #[derive(Debug)]
 pub struct WireIo<T> {
     inner: T,
@@ -35,6 +53,9 @@ pub struct WireIo<T> {
     pending: Option<(Vec<u8>, usize)>,
     peer: String,
     app: Arc<AppState>,
+    /// Set once the write side is shut down: until when to discard input.
+    linger: Option<Pin<Box<Sleep>>>,
+    lingered_bytes: usize,
 }
 
 impl<T> WireIo<T> {
@@ -45,6 +66,8 @@ impl<T> WireIo<T> {
             pending: None,
             peer,
             app,
+            linger: None,
+            lingered_bytes: 0,
         }
     }
 }
@@ -140,6 +163,28 @@ impl<T: AsyncWrite + Unpin> WireIo<T> {
     }
 }
 
+impl<T: AsyncRead + AsyncWrite + Unpin> WireIo<T> {
+    /// Discard input until EOF, an error, the deadline or the byte cap.
+    fn poll_linger(&mut self, cx: &mut Context<'_>) -> Poll<()> {
+        let mut scratch = [0u8; 8192];
+        while self.lingered_bytes < LINGER_BYTES {
+            let mut rb = ReadBuf::new(&mut scratch);
+            match Pin::new(&mut self.inner).poll_read(cx, &mut rb) {
+                Poll::Ready(Ok(())) if rb.filled().is_empty() => return Poll::Ready(()),
+                Poll::Ready(Ok(())) => self.lingered_bytes += rb.filled().len(),
+                Poll::Ready(Err(_)) => return Poll::Ready(()),
+                Poll::Pending => {
+                    return match self.linger.as_mut() {
+                        Some(deadline) => deadline.as_mut().poll(cx),
+                        None => Poll::Ready(()),
+                    }
+                }
+            }
+        }
+        Poll::Ready(())
+    }
+}
+
 impl<T: AsyncRead + Unpin> AsyncRead for WireIo<T> {
     fn poll_read(
         mut self: Pin<&mut Self>,
@@ -150,7 +195,7 @@ impl<T: AsyncRead + Unpin> AsyncRead for WireIo<T> {
     }
 }
 
-impl<T: AsyncWrite + Unpin> AsyncWrite for WireIo<T> {
+impl<T: AsyncRead + AsyncWrite + Unpin> AsyncWrite for WireIo<T> {
     fn poll_write(
         mut self: Pin<&mut Self>,
         cx: &mut Context<'_>,
@@ -196,9 +241,14 @@ impl<T: AsyncWrite + Unpin> AsyncWrite for WireIo<T> {
     }
 
     fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        ready!(self.drain(cx))?;
-        ready!(Pin::new(&mut self.inner).poll_flush(cx))?;
-        Pin::new(&mut self.inner).poll_shutdown(cx)
+        if self.linger.is_none() {
+            ready!(self.drain(cx))?;
+            ready!(Pin::new(&mut self.inner).poll_flush(cx))?;
+            ready!(Pin::new(&mut self.inner).poll_shutdown(cx))?;
+            self.linger = Some(Box::pin(tokio::time::sleep(LINGER)));
+        }
+        ready!(self.poll_linger(cx));
+        Poll::Ready(Ok(()))
     }
 
     fn is_write_vectored(&self) -> bool {

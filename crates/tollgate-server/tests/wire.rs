@@ -1,123 +1,14 @@
 //! Over real TCP: hyper's own refusals come back as JSON, slow clients are disconnected, idle
 //! keep-alive connections are closed, and the connection cap holds.
 
-use std::sync::Arc;
+mod common;
+
 use std::time::{Duration, Instant};
 
-use serde_json::Value;
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use common::{closed_after, raw, read_answer, Running};
+use tokio::io::AsyncWriteExt;
 use tokio::net::TcpStream;
-use tollgate::Limiter;
-use tollgate_server::{Server, ServerConfig};
-use tollgate_store::MemoryStore;
-
-struct Running {
-    addr: std::net::SocketAddr,
-    stop: Option<tokio::sync::oneshot::Sender<()>>,
-    task: tokio::task::JoinHandle<std::io::Result<()>>,
-}
-
-impl Running {
-    async fn start(cfg: ServerConfig) -> Running {
-        let limiter = Limiter::new(Arc::new(MemoryStore::new())).unwrap();
-        let server = Server::new(limiter, cfg);
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let addr = listener.local_addr().unwrap();
-        let (tx, rx) = tokio::sync::oneshot::channel::<()>();
-        let task = tokio::spawn(async move {
-            server
-                .serve(listener, async move {
-                    let _ = rx.await;
-                })
-                .await
-        });
-        Running {
-            addr,
-            stop: Some(tx),
-            task,
-        }
-    }
-
-    async fn stop(mut self) {
-        if let Some(tx) = self.stop.take() {
-            let _ = tx.send(());
-        }
-        (&mut self.task).await.unwrap().unwrap();
-    }
-}
-
-/// One parsed answer.
-#[derive(Debug)]
-struct Answer {
-    status: u16,
-    head: String,
-    body: Value,
-}
-
-/// Read one answer (head and a content-length body) from `s`.
-async fn read_answer(s: &mut TcpStream, buf: &mut Vec<u8>) -> Option<Answer> {
-    loop {
-        if let Some(end) = buf.windows(4).position(|w| w == b"\r\n\r\n") {
-            let head = String::from_utf8_lossy(&buf[..end]).to_string();
-            let len: usize = head
-                .lines()
-                .find_map(|l| {
-                    let (k, v) = l.split_once(':')?;
-                    k.eq_ignore_ascii_case("content-length")
-                        .then(|| v.trim().parse().ok())?
-                })
-                .unwrap_or(0);
-            while buf.len() < end + 4 + len {
-                let mut chunk = [0u8; 4096];
-                let n = s.read(&mut chunk).await.ok()?;
-                if n == 0 {
-                    return None;
-                }
-                buf.extend_from_slice(&chunk[..n]);
-            }
-            let body = buf[end + 4..end + 4 + len].to_vec();
-            buf.drain(..end + 4 + len);
-            let status = head.get(9..12)?.parse().ok()?;
-            return Some(Answer {
-                status,
-                head,
-                body: serde_json::from_slice(&body).unwrap_or(Value::Null),
-            });
-        }
-        let mut chunk = [0u8; 4096];
-        let n = s.read(&mut chunk).await.ok()?;
-        if n == 0 {
-            return None;
-        }
-        buf.extend_from_slice(&chunk[..n]);
-    }
-}
-
-/// Send raw bytes on a fresh connection and read one answer.
-async fn raw(addr: std::net::SocketAddr, bytes: &[u8]) -> Answer {
-    let mut s = TcpStream::connect(addr).await.unwrap();
-    s.write_all(bytes).await.unwrap();
-    let mut buf = Vec::new();
-    read_answer(&mut s, &mut buf).await.unwrap_or_else(|| {
-        panic!(
-            "no answer to {:?}",
-            String::from_utf8_lossy(&bytes[..bytes.len().min(80)])
-        )
-    })
-}
-
-/// Wait until the server closes `s`; how long it took.
-async fn closed_after(s: &mut TcpStream, limit: Duration) -> Duration {
-    let t = Instant::now();
-    let mut chunk = [0u8; 1024];
-    loop {
-        match tokio::time::timeout(limit, s.read(&mut chunk)).await {
-            Ok(Ok(0)) | Ok(Err(_)) => return t.elapsed(),
-            Ok(Ok(_)) => continue,
-            Err(_) => panic!("still open after {limit:?}"),
-        }
-    }
-}
+use tollgate_server::ServerConfig;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn hyper_refusals_are_json_with_codes() {
@@ -203,9 +94,9 @@ async fn hyper_refusals_are_json_with_codes() {
     .await
     .unwrap();
     let mut buf = Vec::new();
-    let a = read_answer(&mut s, &mut buf).await.unwrap();
+    let a = read_answer(&mut s, &mut buf, false).await.unwrap();
     assert_eq!((a.status, a.body["status"].as_str()), (200, Some("ok")));
-    let b = read_answer(&mut s, &mut buf).await.unwrap();
+    let b = read_answer(&mut s, &mut buf, false).await.unwrap();
     assert_eq!(
         (b.status, b.body["error"].as_str()),
         (400, Some("bad_request")),
@@ -249,7 +140,7 @@ async fn slow_clients_are_disconnected_within_the_timeouts() {
         .unwrap();
     let t = Instant::now();
     let mut buf = Vec::new();
-    let a = read_answer(&mut s, &mut buf).await.unwrap();
+    let a = read_answer(&mut s, &mut buf, false).await.unwrap();
     assert_eq!(
         (a.status, a.body["error"].as_str()),
         (408, Some("body_timeout")),
@@ -267,7 +158,10 @@ async fn slow_clients_are_disconnected_within_the_timeouts() {
         .await
         .unwrap();
     let mut buf = Vec::new();
-    assert_eq!(read_answer(&mut s, &mut buf).await.unwrap().status, 200);
+    assert_eq!(
+        read_answer(&mut s, &mut buf, false).await.unwrap().status,
+        200
+    );
     let took = closed_after(&mut s, Duration::from_secs(5)).await;
     eprintln!("idle keep-alive: closed after {took:?}");
 
@@ -278,7 +172,10 @@ async fn slow_clients_are_disconnected_within_the_timeouts() {
         s.write_all(b"GET /livez HTTP/1.1\r\nhost: x\r\n\r\n")
             .await
             .unwrap();
-        assert_eq!(read_answer(&mut s, &mut buf).await.unwrap().status, 200);
+        assert_eq!(
+            read_answer(&mut s, &mut buf, false).await.unwrap().status,
+            200
+        );
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
     srv.stop().await;
@@ -304,15 +201,18 @@ async fn the_connection_cap_holds_until_a_connection_closes() {
     let mut buf = Vec::new();
     let early = tokio::time::timeout(
         Duration::from_millis(500),
-        read_answer(&mut third, &mut buf),
+        read_answer(&mut third, &mut buf, false),
     )
     .await;
     assert!(early.is_err(), "answered beyond the cap: {early:?}");
     drop(idle1);
-    let a = tokio::time::timeout(Duration::from_secs(5), read_answer(&mut third, &mut buf))
-        .await
-        .expect("answered once a slot freed")
-        .unwrap();
+    let a = tokio::time::timeout(
+        Duration::from_secs(5),
+        read_answer(&mut third, &mut buf, false),
+    )
+    .await
+    .expect("answered once a slot freed")
+    .unwrap();
     assert_eq!(a.status, 200);
     srv.stop().await;
 }
