@@ -116,6 +116,25 @@ pub fn message(expr: &str) -> String {
     }
 }
 
+/// A message for a time zone that is not known.
+pub fn zone_message(tz: &str) -> String {
+    format!(
+        "time zone {tz:?} is not a known IANA zone name (e.g. UTC, Europe/Berlin, America/New_York)"
+    )
+}
+
+/// Our words for a refused calendar limit: the limiter's reason starts with `cron` or
+/// `time zone` for those parts; other reasons are kept.
+pub fn limit_reason(reason: &str, cron: &str, tz: &str) -> String {
+    if reason.starts_with("cron ") {
+        message(cron)
+    } else if reason.starts_with("time zone ") {
+        zone_message(tz)
+    } else {
+        reason.to_string()
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -263,12 +263,17 @@ fn specs_to_limits(specs: &[Json_]) -> ApiResult<Vec<Limit>> {
             spec.to_limit()
                 .map_err(|e| match (&e, spec.reset_cron.as_deref()) {
                     (tollgate_core::RuleError::InvalidLimit { reason, .. }, Some(c))
-                        if reason.contains("cron") =>
+                        if reason.starts_with("cron ") || reason.starts_with("time zone ") =>
                     {
+                        let tz = spec.reset_tz.as_deref().unwrap_or("UTC");
                         ApiError::new(
                             StatusCode::BAD_REQUEST,
                             "invalid_limit",
-                            format!("limit {:?}: {}", spec.name, crate::cron::message(c)),
+                            format!(
+                                "limit {:?}: {}",
+                                spec.name,
+                                crate::cron::limit_reason(reason, c, tz)
+                            ),
                         )
                     }
                     _ => e.into(),
