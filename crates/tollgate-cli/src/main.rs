@@ -351,7 +351,22 @@ fn report_failure(f: &Failure, json: bool) {
             "limits": x.statuses,
         })),
         (Failure::Rejected(x), false) => {
-            println!("rejected: {x}");
+            let by: Vec<&str> = x
+                .statuses
+                .iter()
+                .filter(|s| s.exceeded)
+                .map(|s| s.limit.as_str())
+                .collect();
+            let when = match x.retry_after_ms {
+                Some(ms) => format!("retry in {}", human_ms(ms)),
+                None => "larger than a limit's capacity: never admitted".into(),
+            };
+            println!(
+                "rejected: {} / {} by {}; {when}",
+                x.entity,
+                x.resource,
+                by.join(", ")
+            );
             print_statuses(&x.statuses, now_ms());
         }
         (f, true) => print_json(&json!({ "error": f.code(), "message": f.to_string() })),
