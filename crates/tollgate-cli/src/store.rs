@@ -153,10 +153,27 @@ async fn check_aws(what: &str, endpoint: Option<&str>) -> Result<(), Failure> {
 #[cfg(feature = "dynamodb")]
 async fn open_dynamodb(table: &str, endpoint: Option<&str>) -> Result<Arc<dyn Store>, Failure> {
     check_aws(&format!("dynamodb:{table}"), endpoint).await?;
-    tollgate_dynamodb::DynamoDbStore::connect(table, endpoint)
+    let store = tollgate_dynamodb::DynamoDbStore::connect(table, endpoint)
         .await
-        .map(|s| Arc::new(s) as Arc<dyn Store>)
-        .map_err(|e| Failure::Unavailable(format!("cannot open dynamodb:{table}: {e}")))
+        .map_err(|e| Failure::Unavailable(format!("cannot open dynamodb:{table}: {e}")))?;
+    // DynamoDB never creates a table on use: say which one is missing and how to make it.
+    // Other failures of this look are left to the command's own request.
+    let found = store
+        .client()
+        .describe_table()
+        .table_name(table)
+        .send()
+        .await;
+    if let Err(e) = found {
+        if e.as_service_error()
+            .is_some_and(|s| s.is_resource_not_found_exception())
+        {
+            return Err(Failure::NoSuchStore(format!(
+                "no such store: dynamodb:{table} (the table does not exist; `tollgate table create --table {table}` creates it)"
+            )));
+        }
+    }
+    Ok(Arc::new(store))
 }
 
 #[cfg(not(feature = "dynamodb"))]

@@ -561,3 +561,72 @@ fn missing_aws_credentials_are_named() {
         "{v}"
     );
 }
+
+/// With DynamoDB Local (`TOLLGATE_DYNAMODB_ENDPOINT`, as `scripts/test-all` sets it): a
+/// missing table is "no such store", and the CLI works end to end on a created one.
+#[cfg(feature = "dynamodb")]
+#[test]
+fn dynamodb_missing_table_and_end_to_end() {
+    let Ok(ep) = std::env::var("TOLLGATE_DYNAMODB_ENDPOINT") else {
+        eprintln!(
+            "dynamodb_missing_table_and_end_to_end: TOLLGATE_DYNAMODB_ENDPOINT is not set; skipped"
+        );
+        return;
+    };
+    let table = format!("cli-{}-{}", std::process::id(), now_suffix());
+    let st = format!("dynamodb:{table}");
+    let o = tollgate(&["check", "u", "r", "--store", &st, "--endpoint", &ep]);
+    assert_eq!(code(&o), 4, "{}", stderr(&o));
+    assert!(
+        stderr(&o).contains(&format!("no such store: {st} (the table does not exist")),
+        "{}",
+        stderr(&o)
+    );
+    let o = tollgate(&["table", "create", "--table", &table, "--endpoint", &ep]);
+    assert_eq!(code(&o), 0, "{}", stderr(&o));
+    let o = tollgate(&[
+        "limits",
+        "set",
+        "--resource",
+        "r",
+        "rpm:rate=2/min",
+        "--store",
+        &st,
+        "--endpoint",
+        &ep,
+    ]);
+    assert_eq!(code(&o), 0, "{}", stderr(&o));
+    for want in [0, 0, 3] {
+        let o = tollgate(&[
+            "acquire",
+            "u",
+            "r",
+            "rpm=1",
+            "--store",
+            &st,
+            "--endpoint",
+            &ep,
+        ]);
+        assert_eq!(code(&o), want, "{}{}", stdout(&o), stderr(&o));
+    }
+    let o = tollgate(&[
+        "--json",
+        "check",
+        "u",
+        "r",
+        "--store",
+        &st,
+        "--endpoint",
+        &ep,
+    ]);
+    let v: Value = serde_json::from_str(&stdout(&o)).unwrap();
+    assert_eq!(v["limits"][0]["available"], 0);
+}
+
+#[cfg(feature = "dynamodb")]
+fn now_suffix() -> u128 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_nanos() % 1_000_000)
+        .unwrap_or(0)
+}

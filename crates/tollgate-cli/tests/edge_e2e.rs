@@ -16,7 +16,6 @@ const CLIENT2: &str = "gw2-client-0123456789abcdef";
 
 struct R {
     status: u16,
-    headers: reqwest::header::HeaderMap,
     body: Value,
     text: String,
 }
@@ -44,11 +43,9 @@ async fn send(
     }
     let r = rb.send().await.expect("request");
     let status = r.status().as_u16();
-    let headers = r.headers().clone();
     let text = r.text().await.unwrap_or_default();
     R {
         status,
-        headers,
         body: serde_json::from_str(&text).unwrap_or(Value::Null),
         text,
     }

@@ -528,3 +528,55 @@ async fn layer_errors_are_json_too() {
     let r = call(&app, "PATCH", "/livez", None, None).await;
     assert_eq!((r.status.as_u16(), r.code()), (405, "method_not_allowed"));
 }
+
+#[tokio::test]
+async fn readyz_fails_when_the_store_does_not_answer_and_errors_are_counted() {
+    use tollgate_store::{FaultConfig, FaultyStore};
+    let faulty = Arc::new(FaultyStore::new(
+        MemoryStore::new(),
+        7,
+        FaultConfig {
+            throttle: 1.0,
+            ..FaultConfig::none()
+        },
+    ));
+    let sm = StoreMetrics::new();
+    let limiter = Limiter::new(sm.wrap(faulty.clone())).unwrap();
+    let app = Server::builder(limiter).store_metrics(sm).build().router();
+    let r = call(&app, "GET", "/readyz", None, None).await;
+    assert_eq!(
+        (r.status.as_u16(), r.code()),
+        (503, "store_unavailable"),
+        "{}",
+        r.text
+    );
+    assert_eq!(
+        r.headers.get("retry-after").and_then(|v| v.to_str().ok()),
+        Some("1")
+    );
+    let r = call(&app, "GET", "/livez", None, None).await;
+    assert_eq!(
+        r.status,
+        StatusCode::OK,
+        "liveness does not touch the store"
+    );
+    let t = call(&app, "GET", "/metrics", None, None).await.text;
+    assert_eq!(
+        value_of(
+            &t,
+            r#"tollgate_store_errors_total{op="get",kind="throttled"}"#
+        ),
+        1.0,
+        "{t}"
+    );
+    assert_eq!(
+        value_of(
+            &t,
+            r#"tollgate_store_request_duration_seconds_count{op="get",outcome="error"}"#
+        ),
+        1.0
+    );
+    faulty.set_enabled(false);
+    let r = call(&app, "GET", "/readyz", None, None).await;
+    assert_eq!(r.status, StatusCode::OK);
+}
