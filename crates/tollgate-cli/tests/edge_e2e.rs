@@ -628,3 +628,33 @@ async fn one_json_access_log_line_per_request_with_its_id() {
     assert_eq!(by("req-0-abc"), "-");
     assert!(access.iter().any(|l| l["request_id"] == made.as_str()));
 }
+
+#[test]
+fn bench_http_sends_a_token() {
+    let dir = tempfile::tempdir().unwrap();
+    let f = auth_file(&dir, &format!("ops:{ADMIN}:admin\n"));
+    let s = ServerProc::start(
+        &dir.path().join("b.db"),
+        &["--auth-file", f.to_str().unwrap()],
+    );
+    let args = [
+        "bench-http",
+        "--url",
+        &s.base,
+        "--requests",
+        "50",
+        "--concurrency",
+        "2",
+        "--json",
+    ];
+    let o = tollgate(&args);
+    assert_ne!(code(&o), 0, "no token: the setup is refused");
+    assert!(common::stdout(&o).contains("401"), "{}", common::stdout(&o));
+    let mut with = args.to_vec();
+    with.extend(["--token", ADMIN]);
+    let o = tollgate(&with);
+    assert_eq!(code(&o), 0, "{}", stderr(&o));
+    let v: Value = serde_json::from_str(&common::stdout(&o)).unwrap();
+    assert_eq!(v["statuses"]["200"], 50);
+    s.stop();
+}
