@@ -197,6 +197,13 @@ pub async fn run(a: ServeArgs, json_out: bool) -> Result<(), Failure> {
     }
     let auth = auth_of(&a)?;
     check_listen(&a, auth.is_some()).await?;
+    #[cfg(unix)]
+    if let Some(p) = a.auth_file.as_deref() {
+        use std::os::unix::fs::PermissionsExt;
+        if std::fs::metadata(p).is_ok_and(|m| m.permissions().mode() & 0o077 != 0) {
+            tracing::warn!(path = %p.display(), "the auth file can be read by other users (chmod 600 it)");
+        }
+    }
 
     let store_metrics = StoreMetrics::new();
     let raw = store::open(&a.store.store, a.store.endpoint.as_deref(), Access::Create).await?;

@@ -54,6 +54,11 @@ async fn send(
 fn auth_file(dir: &tempfile::TempDir, entries: &str) -> std::path::PathBuf {
     let p = dir.path().join("tokens");
     std::fs::write(&p, entries).unwrap();
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::set_permissions(&p, std::fs::Permissions::from_mode(0o600)).unwrap();
+    }
     p
 }
 
