@@ -40,6 +40,9 @@ pub struct BenchArgs {
     /// Hold a lease per acquire on the server (default: `"commit": true`, no lease kept).
     #[arg(long)]
     hold_leases: bool,
+    /// Bearer token for a server with authentication (an admin token, unless --no-setup).
+    #[arg(long, env = "TOLLGATE_TOKEN", hide_env_values = true)]
+    token: Option<String>,
 }
 
 fn other(e: impl std::fmt::Display) -> Failure {
@@ -72,7 +75,15 @@ pub async fn run(a: BenchArgs, json_out: bool) -> Result<(), Failure> {
         ));
     }
     let base = base.as_str().trim_end_matches('/').to_string();
+    let mut headers = reqwest::header::HeaderMap::new();
+    if let Some(t) = &a.token {
+        let mut v = reqwest::header::HeaderValue::from_str(&format!("Bearer {t}"))
+            .map_err(|_| Failure::BadInput("--token holds characters a header cannot".into()))?;
+        v.set_sensitive(true);
+        headers.insert(reqwest::header::AUTHORIZATION, v);
+    }
     let http = reqwest::Client::builder()
+        .default_headers(headers)
         .pool_max_idle_per_host(a.concurrency)
         .timeout(Duration::from_secs(10))
         .build()

@@ -1,4 +1,12 @@
-//! Failures and exit codes: 0 ok, 1 other, 2 bad input, 3 rejected, 4 unavailable.
+//! Failures and exit codes.
+//!
+//! | code | when |
+//! |---|---|
+//! | 0 | ok |
+//! | 1 | anything else: the entity exists / does not exist, a lease closed, I/O |
+//! | 2 | bad input: a usage error, a malformed id, name, amount, limit or duration, an amount for a limit the resource lacks, no limits configured, an invalid table name, a non-loopback `--listen` without authentication |
+//! | 3 | refused: a limit rejected the acquire, or the resource is disabled for the entity |
+//! | 4 | the store: no such store (a read-only command on a missing file), the store cannot be opened or reached, no AWS credentials or region, corrupt data |
 
 use tollgate::{Error, Exceeded};
 
@@ -25,6 +33,14 @@ pub enum Failure {
     /// The store could not be used.
     #[error("{0}")]
     Unavailable(String),
+    /// A command that only reads (or must not create a store) named a store that does not
+    /// exist.
+    #[error("{0}")]
+    NoSuchStore(String),
+    /// No AWS credentials or region could be found for a DynamoDB store.
+    #[cfg_attr(not(feature = "dynamodb"), allow(dead_code))]
+    #[error("{0}")]
+    Credentials(String),
     /// A limiter error (classified by [`tollgate_server::classify`]).
     #[error("{0}")]
     Limiter(Error),
@@ -49,6 +65,8 @@ impl Failure {
             Failure::Rejected(_) => "rate_limit_exceeded",
             Failure::BadInput(_) => "invalid_input",
             Failure::Unavailable(_) => "store_unavailable",
+            Failure::NoSuchStore(_) => "no_such_store",
+            Failure::Credentials(_) => "no_credentials",
             Failure::Limiter(e) => tollgate_server::classify(e).1,
             Failure::Other(_) => "error",
         }
@@ -59,7 +77,9 @@ impl Failure {
         match self {
             Failure::Rejected(_) => REJECTED,
             Failure::BadInput(_) => BAD_INPUT,
-            Failure::Unavailable(_) => UNAVAILABLE,
+            Failure::Unavailable(_) | Failure::NoSuchStore(_) | Failure::Credentials(_) => {
+                UNAVAILABLE
+            }
             Failure::Limiter(e) => match e {
                 Error::RateLimitExceeded(_) | Error::ResourceDisabled { .. } => REJECTED,
                 Error::Invalid(tollgate_core::RuleError::Corrupt { .. }) => UNAVAILABLE,

@@ -1,25 +1,29 @@
 //! The `tollgate` binary: run the HTTP server, and operate a limiter from the shell.
 //!
-//! Exit codes: 0 ok, 1 other failure, 2 bad input (clap usage errors too), 3 rejected by a
-//! limit, 4 store unavailable or store error.
+//! Exit codes (see [`fail`]): 0 ok, 1 other failure, 2 bad input (usage errors too), 3
+//! rejected by a limit, 4 the store (no such store, unavailable, no credentials, corrupt).
+//! With `--json` every outcome, failures and usage errors included, is one JSON document
+//! on stdout.
 
 mod bench;
 mod demo;
 mod fail;
+mod serve;
 mod spec;
 mod store;
 
 use std::collections::BTreeMap;
-use std::io::Write;
+use std::io::{IsTerminal, Write};
 use std::process::ExitCode;
-use std::time::Duration;
 
 use clap::{Args, Parser, Subcommand};
 use serde_json::json;
 use tollgate::{Availability, Limit, LimitSpec, LimitStatus, Limiter, OnUnavailable, Scope};
 
 use crate::fail::Failure;
-use crate::store::StoreSpec;
+use crate::spec::human_ms;
+use crate::store::{Access, StoreSpec};
+use tollgate_server::scope_name;
 
 const LIMIT_SYNTAX: &str = "\
 LIMIT SYNTAX
@@ -38,7 +42,14 @@ EXAMPLES
 
 const EXIT_CODES: &str = "\
 EXIT CODES
-  0 ok   1 other failure   2 bad input   3 rejected (rate limited)   4 store unavailable";
+  0  ok
+  1  other failure (entity exists or not found, lease closed, I/O)
+  2  bad input (usage, ids, names, amounts, limits, durations, unknown limit, no limits
+     configured, invalid table name, non-loopback --listen without authentication)
+  3  rejected (a limit refused the acquire, or the resource is disabled)
+  4  store: no such store (read-only commands never create one), unavailable,
+     no AWS credentials or region, corrupt data
+With --json, failures (usage errors too) are one JSON document {\"error\", \"message\"} on stdout.";
 
 /// tollgate: a distributed rate limiter and quota engine.
 #[derive(Debug, Parser)]
@@ -47,45 +58,39 @@ struct Cli {
     /// Print JSON (one document on stdout) instead of readable text.
     #[arg(long, global = true)]
     json: bool,
+    /// Log lines on stderr as text or JSON (one object per line).
+    #[arg(long, global = true, env = "TOLLGATE_LOG_FORMAT", value_parser = ["text", "json"], default_value = "text")]
+    log_format: String,
     #[command(subcommand)]
     cmd: Cmd,
 }
 
 /// Which store to use.
 #[derive(Debug, Clone, Args)]
-struct StoreArgs {
+pub(crate) struct StoreArgs {
     /// memory | sqlite:PATH | dynamodb:TABLE
     #[arg(long, env = "TOLLGATE_STORE", default_value = "sqlite:./tollgate.db")]
-    store: StoreSpec,
+    pub(crate) store: StoreSpec,
     /// DynamoDB endpoint URL (DynamoDB Local, a VPC endpoint).
     #[arg(long, env = "TOLLGATE_ENDPOINT")]
-    endpoint: Option<String>,
+    pub(crate) endpoint: Option<String>,
     /// Key namespace inside the store.
     #[arg(long, env = "TOLLGATE_NAMESPACE", default_value = "default")]
-    namespace: String,
+    pub(crate) namespace: String,
 }
 
 impl StoreArgs {
-    async fn limiter(&self) -> Result<Limiter, Failure> {
-        let store = store::open(&self.store, self.endpoint.as_deref()).await?;
+    async fn limiter(&self, access: Access) -> Result<Limiter, Failure> {
+        let store = store::open(&self.store, self.endpoint.as_deref(), access).await?;
         Ok(Limiter::builder(store).namespace(&self.namespace).build()?)
     }
 }
 
 #[derive(Debug, Subcommand)]
 enum Cmd {
-    /// Run the HTTP server (JSON API, 429 + Retry-After + RateLimit headers, /metrics).
-    Serve {
-        #[command(flatten)]
-        store: StoreArgs,
-        /// Address to listen on (port 0 picks a free port; the address is printed).
-        #[arg(long, env = "TOLLGATE_LISTEN", default_value = "127.0.0.1:8080")]
-        listen: String,
-        /// How long an open lease is held; at expiry it is committed (debit stands,
-        /// adjustments written).
-        #[arg(long, default_value = "300s", value_parser = spec::parse_duration)]
-        lease_ttl: Duration,
-    },
+    /// Run the HTTP server (JSON API, 429 + Retry-After + RateLimit headers, /metrics;
+    /// the API is documented in docs/http-api.md).
+    Serve(serve::ServeArgs),
     /// Acquire amounts now (the lease is committed at once). Exit 3 when rejected.
     Acquire {
         /// Entity id.
@@ -98,7 +103,8 @@ enum Cmd {
         #[command(flatten)]
         store: StoreArgs,
     },
-    /// Show availability (no write); with amounts, whether they would be admitted.
+    /// Show availability (no write; the store is opened read-only); with amounts, whether
+    /// they would be admitted.
     Check {
         /// Entity id.
         entity: String,
@@ -184,7 +190,7 @@ enum LimitsCmd {
         #[command(flatten)]
         store: StoreArgs,
     },
-    /// Show the limits stored at a level.
+    /// Show the limits stored at a level (read-only).
     Get {
         #[command(flatten)]
         scope: ScopeArgs,
@@ -218,7 +224,7 @@ enum EntityCmd {
         #[command(flatten)]
         store: StoreArgs,
     },
-    /// Show an entity (exit 1 if absent).
+    /// Show an entity (exit 1 if absent; read-only).
     Get {
         /// Entity id.
         id: String,
@@ -253,29 +259,67 @@ fn parse_kv(s: &str) -> Result<(String, String), String> {
         .ok_or_else(|| format!("{s:?}: expected KEY=VALUE"))
 }
 
-fn init_tracing(default: &str) {
+fn init_tracing(default: &str, json: bool) {
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default));
-    let _ = tracing_subscriber::fmt()
+    let ansi = std::io::stderr().is_terminal();
+    let b = tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(std::io::stderr)
-        .try_init();
+        .with_ansi(ansi);
+    let _ = if json {
+        b.json()
+            .flatten_event(true)
+            .with_current_span(false)
+            .try_init()
+    } else {
+        b.try_init()
+    };
+}
+
+/// Whether `--json` is among the raw arguments (for usage errors, before parsing).
+fn json_requested() -> bool {
+    std::env::args_os()
+        .skip(1)
+        .take_while(|a| a != "--")
+        .any(|a| a == "--json")
 }
 
 fn main() -> ExitCode {
     let cli = match Cli::try_parse() {
         Ok(c) => c,
         Err(e) => {
-            let _ = e.print();
-            return ExitCode::from(if e.use_stderr() {
-                fail::BAD_INPUT
+            if !e.use_stderr() {
+                // --help, --version.
+                let _ = e.print();
+                return ExitCode::from(fail::OK);
+            }
+            if json_requested() {
+                let text = e.render().to_string();
+                let message = text
+                    .lines()
+                    .map(str::trim)
+                    .filter(|l| !l.is_empty() && !l.starts_with("For more information"))
+                    .collect::<Vec<_>>()
+                    .join(" ");
+                let message = message.strip_prefix("error: ").unwrap_or(&message);
+                print_json(&json!({ "error": "invalid_input", "message": message }));
             } else {
-                fail::OK
-            });
+                let _ = e.print();
+            }
+            return ExitCode::from(fail::BAD_INPUT);
         }
     };
-    let is_serve = matches!(cli.cmd, Cmd::Serve { .. });
-    init_tracing(if is_serve { "info" } else { "warn" });
+    let is_serve = matches!(cli.cmd, Cmd::Serve(_));
+    // The AWS SDK warns on every failed credential source; our message says it once.
+    init_tracing(
+        if is_serve {
+            "info,aws_config=error"
+        } else {
+            "warn,aws_config=error"
+        },
+        cli.log_format == "json",
+    );
     let rt = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
@@ -307,7 +351,22 @@ fn report_failure(f: &Failure, json: bool) {
             "limits": x.statuses,
         })),
         (Failure::Rejected(x), false) => {
-            println!("rejected: {x}");
+            let by: Vec<&str> = x
+                .statuses
+                .iter()
+                .filter(|s| s.exceeded)
+                .map(|s| s.limit.as_str())
+                .collect();
+            let when = match x.retry_after_ms {
+                Some(ms) => format!("retry in {}", human_ms(ms)),
+                None => "larger than a limit's capacity: never admitted".into(),
+            };
+            println!(
+                "rejected: {} / {} by {}; {when}",
+                x.entity,
+                x.resource,
+                by.join(", ")
+            );
             print_statuses(&x.statuses, now_ms());
         }
         (f, true) => print_json(&json!({ "error": f.code(), "message": f.to_string() })),
@@ -328,15 +387,8 @@ fn now_ms() -> i64 {
         .unwrap_or(0)
 }
 
-fn fmt_in(ms: i64) -> String {
-    if ms < 1000 {
-        format!("{ms} ms")
-    } else {
-        format!("{:.1} s", ms as f64 / 1000.0)
-    }
-}
-
-/// Print a readable table of statuses.
+/// Print a readable table of statuses. A rate limit that is not full says when it is
+/// "full again"; a quota says when it "resets".
 pub(crate) fn print_statuses(statuses: &[LimitStatus], now: i64) {
     for s in statuses {
         let mut line = format!(
@@ -345,11 +397,16 @@ pub(crate) fn print_statuses(statuses: &[LimitStatus], now: i64) {
         );
         if s.exceeded {
             match s.retry_after_ms {
-                Some(ms) => line.push_str(&format!(" EXCEEDED, retry in {}", fmt_in(ms))),
+                Some(ms) => line.push_str(&format!(" EXCEEDED, retry in {}", human_ms(ms))),
                 None => line.push_str(" EXCEEDED, larger than the capacity"),
             }
         } else if let Some(at) = s.resets_at_ms {
-            line.push_str(&format!(" resets in {}", fmt_in((at - now).max(0))));
+            let when = human_ms((at - now).max(0));
+            if s.kind == "rate" {
+                line.push_str(&format!(" full again in {when}"));
+            } else {
+                line.push_str(&format!(" resets in {when}"));
+            }
         }
         println!("{}", line.trim_end());
     }
@@ -359,79 +416,17 @@ fn borrow(a: &[(String, i64)]) -> Vec<(&str, i64)> {
     a.iter().map(|(n, v)| (n.as_str(), *v)).collect()
 }
 
-async fn shutdown_signal() {
-    let ctrl_c = async {
-        if let Err(e) = tokio::signal::ctrl_c().await {
-            tracing::warn!(error = %e, "cannot listen for Ctrl-C");
-            std::future::pending::<()>().await;
-        }
-    };
-    #[cfg(unix)]
-    let term = async {
-        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
-            Ok(mut s) => {
-                s.recv().await;
-            }
-            Err(e) => {
-                tracing::warn!(error = %e, "cannot listen for SIGTERM");
-                std::future::pending::<()>().await;
-            }
-        }
-    };
-    #[cfg(not(unix))]
-    let term = std::future::pending::<()>();
-    tokio::select! {
-        _ = ctrl_c => {},
-        _ = term => {},
-    }
-    tracing::info!("shutting down");
-}
-
 async fn run(cli: Cli) -> Result<(), Failure> {
     let json = cli.json;
     match cli.cmd {
-        Cmd::Serve {
-            store,
-            listen,
-            lease_ttl,
-        } => {
-            if lease_ttl.is_zero() {
-                return Err(Failure::BadInput("--lease-ttl must be positive".into()));
-            }
-            let limiter = store.limiter().await?;
-            let listener = tokio::net::TcpListener::bind(&listen)
-                .await
-                .map_err(|e| Failure::BadInput(format!("cannot listen on {listen}: {e}")))?;
-            let addr = listener
-                .local_addr()
-                .map_err(|e| Failure::Other(e.into()))?;
-            let cfg = tollgate_server::ServerConfig {
-                lease_ttl,
-                ..Default::default()
-            };
-            if json {
-                print_json(
-                    &json!({ "listening": format!("http://{addr}"), "store": store.store.to_string() }),
-                );
-            } else {
-                println!(
-                    "tollgate listening on http://{addr} (store {})",
-                    store.store
-                );
-            }
-            let _ = std::io::stdout().flush();
-            tracing::info!(%addr, store = %store.store, "listening");
-            tollgate_server::serve_with(limiter, listener, cfg, shutdown_signal())
-                .await
-                .map_err(|e| Failure::Other(e.into()))
-        }
+        Cmd::Serve(args) => serve::run(args, json).await,
         Cmd::Acquire {
             entity,
             resource,
             amounts,
             store,
         } => {
-            let limiter = store.limiter().await?;
+            let limiter = store.limiter(Access::Existing).await?;
             let mut lease = limiter
                 .acquire(&entity, &resource, &borrow(&amounts))
                 .await?;
@@ -465,7 +460,7 @@ async fn run(cli: Cli) -> Result<(), Failure> {
             amounts,
             store,
         } => {
-            let limiter = store.limiter().await?;
+            let limiter = store.limiter(Access::ReadOnly).await?;
             let asked = borrow(&amounts);
             let a = limiter
                 .check_availability(
@@ -512,16 +507,7 @@ fn print_availability(a: &Availability, json: bool, now: i64) {
     );
     print_statuses(&a.limits, now);
     if let Some(ms) = a.retry_after_ms {
-        println!("  retry in {}", fmt_in(ms));
-    }
-}
-
-fn scope_label(s: &Scope) -> String {
-    match s {
-        Scope::System => "system".into(),
-        Scope::Resource(r) => format!("resource {r}"),
-        Scope::Entity(e, None) => format!("entity {e} (default)"),
-        Scope::Entity(e, Some(r)) => format!("entity {e}, resource {r}"),
+        println!("  retry in {}", human_ms(ms));
     }
 }
 
@@ -537,28 +523,28 @@ async fn limits(cmd: LimitsCmd, json: bool) -> Result<(), Failure> {
                 .map(|s| s.parse().map_err(Failure::BadInput))
                 .transpose()?;
             let scope = scope.scope();
-            let limiter = store.limiter().await?;
+            let limiter = store.limiter(Access::Create).await?;
             limiter.set_limits(&scope, &limits, on).await?;
             print_limits(&scope, &limits, on, json, "set");
             Ok(())
         }
         LimitsCmd::Get { scope, store } => {
             let scope = scope.scope();
-            let limiter = store.limiter().await?;
+            let limiter = store.limiter(Access::ReadOnly).await?;
             let (limits, on) = limiter.get_limits(&scope).await?;
             print_limits(&scope, &limits, on, json, "stored");
             Ok(())
         }
         LimitsCmd::Delete { scope, store } => {
             let scope = scope.scope();
-            let limiter = store.limiter().await?;
+            let limiter = store.limiter(Access::Existing).await?;
             let deleted = limiter.delete_limits(&scope).await?;
             if json {
-                print_json(&json!({ "scope": scope_label(&scope), "deleted": deleted }));
+                print_json(&json!({ "scope": scope_name(&scope), "deleted": deleted }));
             } else if deleted {
-                println!("deleted the limits of {}", scope_label(&scope));
+                println!("deleted the limits of {}", scope_name(&scope));
             } else {
-                println!("{} had no limits", scope_label(&scope));
+                println!("{} had no limits", scope_name(&scope));
             }
             Ok(())
         }
@@ -574,7 +560,7 @@ fn print_limits(
 ) {
     if json {
         print_json(&json!({
-            "scope": scope_label(scope),
+            "scope": scope_name(scope),
             "limits": limits.iter().map(LimitSpec::from).collect::<Vec<_>>(),
             "syntax": limits.iter().map(spec::format_limit).collect::<Vec<_>>(),
             "on_unavailable": on,
@@ -582,9 +568,9 @@ fn print_limits(
         return;
     }
     if limits.is_empty() {
-        println!("{}: no limits {verb}", scope_label(scope));
+        println!("{}: no limits {verb}", scope_name(scope));
     } else {
-        println!("{}: {} limit(s) {verb}", scope_label(scope), limits.len());
+        println!("{}: {} limit(s) {verb}", scope_name(scope), limits.len());
         for l in limits {
             println!("  {}", spec::format_limit(l));
         }
@@ -625,7 +611,7 @@ async fn entity(cmd: EntityCmd, json: bool) -> Result<(), Failure> {
             metadata,
             store,
         } => {
-            let limiter = store.limiter().await?;
+            let limiter = store.limiter(Access::Create).await?;
             let meta: BTreeMap<String, String> = metadata.into_iter().collect();
             let e = limiter
                 .create_entity(&id, name.as_deref(), parent.as_deref(), meta)
@@ -634,7 +620,7 @@ async fn entity(cmd: EntityCmd, json: bool) -> Result<(), Failure> {
             Ok(())
         }
         EntityCmd::Get { id, store } => {
-            let limiter = store.limiter().await?;
+            let limiter = store.limiter(Access::ReadOnly).await?;
             match limiter.get_entity(&id).await? {
                 Some(e) => {
                     show(&e);
@@ -644,7 +630,7 @@ async fn entity(cmd: EntityCmd, json: bool) -> Result<(), Failure> {
             }
         }
         EntityCmd::Delete { id, store } => {
-            let limiter = store.limiter().await?;
+            let limiter = store.limiter(Access::Existing).await?;
             let n = limiter.delete_entity(&id).await?;
             if n == 0 {
                 return Err(tollgate::Error::EntityNotFound(id).into());

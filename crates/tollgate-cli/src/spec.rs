@@ -63,6 +63,61 @@ pub fn parse_duration(s: &str) -> Result<Duration, String> {
     Ok(Duration::from_millis(total_ms))
 }
 
+/// Parse a size in bytes: `65536`, `64KiB`, `1MiB` (also `K`/`KB`/`M`/`MB`, all binary).
+pub fn parse_bytes(s: &str) -> Result<usize, String> {
+    let t = s.trim();
+    let digits = t.chars().take_while(|c| c.is_ascii_digit()).count();
+    let (n, unit) = t.split_at(digits);
+    let n: usize = n
+        .parse()
+        .map_err(|_| format!("bad size {s:?}: expected a number of bytes, e.g. 65536 or 64KiB"))?;
+    let per: usize = match unit.trim() {
+        "" | "B" => 1,
+        "K" | "KB" | "KiB" => 1024,
+        "M" | "MB" | "MiB" => 1024 * 1024,
+        u => return Err(format!("bad size {s:?}: unknown unit {u:?} (B, KiB, MiB)")),
+    };
+    n.checked_mul(per)
+        .filter(|&b| b > 0)
+        .ok_or_else(|| format!("bad size {s:?}: must be positive and fit in memory"))
+}
+
+/// A duration for people: `850ms`, `29.9s`, `4m 30s`, `1h 5m 7s`, `2d 1h 3m` — at most three
+/// units, rounded **up** (a "retry in" is never early).
+pub fn human_ms(ms: i64) -> String {
+    if ms <= 0 {
+        return "0s".into();
+    }
+    if ms < 1000 {
+        return format!("{ms}ms");
+    }
+    if ms < 60_000 {
+        // Tenths of a second, rounded up.
+        let tenths = (ms + 99) / 100;
+        return if tenths % 10 == 0 {
+            format!("{}s", tenths / 10)
+        } else {
+            format!("{}.{}s", tenths / 10, tenths % 10)
+        };
+    }
+    let secs = (ms + 999) / 1000;
+    let units: [(&str, i64); 4] = [("d", 86_400), ("h", 3600), ("m", 60), ("s", 1)];
+    let first = units.iter().position(|(_, per)| secs >= *per).unwrap_or(3);
+    // Three units from the first; the last shown unit is rounded up.
+    let last = (first + 2).min(3);
+    let per_last = units[last].1;
+    let mut left = (secs + per_last - 1) / per_last * per_last;
+    let mut parts = Vec::new();
+    for (u, per) in &units[first..=last] {
+        let n = left / per;
+        left %= per;
+        if n > 0 {
+            parts.push(format!("{n}{u}"));
+        }
+    }
+    parts.join(" ")
+}
+
 /// Format milliseconds as the shortest duration this syntax reads back (`1h30m`, `500ms`).
 pub fn format_duration_ms(ms: i64) -> String {
     if ms <= 0 {
@@ -199,7 +254,14 @@ pub fn parse_limit(s: &str) -> Result<Limit, String> {
             let q = tokens("quota", &q)?;
             match (cron, after) {
                 (Some(c), None) => {
-                    Limit::quota_calendar(name, q, &c, tz.as_deref().unwrap_or("UTC")).map_err(err)
+                    let tz = tz.as_deref().unwrap_or("UTC");
+                    Limit::quota_calendar(name, q, &c, tz).map_err(|e| match e {
+                        tollgate_core::RuleError::InvalidLimit { reason, .. } => format!(
+                            "limit {name:?}: {}",
+                            tollgate_server::cron::limit_reason(&reason, &c, tz)
+                        ),
+                        e => e.to_string(),
+                    })
                 }
                 (None, Some(a)) => {
                     if tz.is_some() {
@@ -304,5 +366,42 @@ mod tests {
         assert_eq!(parse_amount("rpm=1").unwrap(), ("rpm".into(), 1));
         assert!(parse_amount("rpm").is_err());
         assert!(parse_amount("rpm=1.5").is_err());
+    }
+
+    #[test]
+    fn human_durations() {
+        for (ms, want) in [
+            (0, "0s"),
+            (850, "850ms"),
+            (1000, "1s"),
+            (29_830, "29.9s"),
+            (59_999, "60s"),
+            (60_000, "1m"),
+            (270_000, "4m 30s"),
+            (3_907_000, "1h 5m 7s"),
+            (3_600_500, "1h 1s"),
+            // The "resets in 2649374.5 s".
+            (2_649_374_500, "30d 15h 57m"),
+            (176_580_000, "2d 1h 3m"),
+        ] {
+            assert_eq!(human_ms(ms), want, "{ms}");
+        }
+        assert_eq!(parse_bytes("64KiB").unwrap(), 65_536);
+        assert_eq!(parse_bytes("1MiB").unwrap(), 1 << 20);
+        assert_eq!(parse_bytes("100").unwrap(), 100);
+        assert!(parse_bytes("0").is_err());
+        assert!(parse_bytes("1GB").is_err());
+    }
+
+    #[test]
+    fn calendar_errors_name_the_field_or_zone() {
+        let e = parse_limit("rpd:quota=5,cron=\"0 25 * * *\"").unwrap_err();
+        assert!(e.contains("the hour field has 25, outside 0-23"), "{e}");
+        assert!(!e.contains("Component error"), "{e}");
+        let e = parse_limit("rpd:quota=5,cron=\"0 0 * * *\",tz=Mars/Base").unwrap_err();
+        assert!(
+            e.contains("time zone \"Mars/Base\" is not a known IANA zone name"),
+            "{e}"
+        );
     }
 }

@@ -1,5 +1,6 @@
-//! `--store memory | sqlite:PATH | dynamodb:TABLE`.
+//! `--store memory | sqlite:PATH | dynamodb:TABLE`, and how each command opens it.
 
+use std::path::Path;
 use std::str::FromStr;
 use std::sync::Arc;
 
@@ -34,6 +35,7 @@ impl FromStr for StoreSpec {
             if t.is_empty() {
                 return Err("dynamodb: needs a table name, e.g. dynamodb:tollgate".into());
             }
+            validate_table_name(t)?;
             return Ok(StoreSpec::DynamoDb(t.into()));
         }
         Err(format!(
@@ -52,23 +54,126 @@ impl std::fmt::Display for StoreSpec {
     }
 }
 
+/// Check a DynamoDB table name: 3 to 255 characters of letters, digits, `_`, `-` and `.`.
+pub fn validate_table_name(t: &str) -> Result<(), String> {
+    let len = t.chars().count();
+    if !(3..=255).contains(&len) {
+        return Err(format!(
+            "table name {t:?} has {len} character(s); DynamoDB takes 3 to 255"
+        ));
+    }
+    if let Some(c) = t
+        .chars()
+        .find(|c| !(c.is_ascii_alphanumeric() || matches!(c, '_' | '-' | '.')))
+    {
+        return Err(format!(
+            "table name {t:?} contains {c:?}; DynamoDB takes letters, digits, '_', '-' and '.'"
+        ));
+    }
+    Ok(())
+}
+
+/// How a command may open its store.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Access {
+    /// Create the store when it does not exist (`serve`, `limits set`, `entity create`).
+    Create,
+    /// Write to an existing store; a missing one is "no such store" (`acquire`, deletes).
+    Existing,
+    /// Only read, from an existing store opened read-only (`check`, `limits get`,
+    /// `entity get`).
+    ReadOnly,
+}
+
 /// Open the store.
-pub async fn open(spec: &StoreSpec, endpoint: Option<&str>) -> Result<Arc<dyn Store>, Failure> {
+pub async fn open(
+    spec: &StoreSpec,
+    endpoint: Option<&str>,
+    access: Access,
+) -> Result<Arc<dyn Store>, Failure> {
     match spec {
         StoreSpec::Memory => Ok(Arc::new(MemoryStore::new())),
-        StoreSpec::Sqlite(p) => tollgate_sqlite::SqliteStore::open(p)
-            .map(|s| Arc::new(s) as Arc<dyn Store>)
-            .map_err(|e| Failure::Unavailable(format!("cannot open {spec}: {e}"))),
+        StoreSpec::Sqlite(p) => {
+            let missing = !Path::new(p).exists();
+            if access != Access::Create && missing {
+                return Err(Failure::NoSuchStore(format!(
+                    "no such store: {spec} (there is no file {p:?}; `tollgate limits set` or `tollgate serve` creates one)"
+                )));
+            }
+            let r = match access {
+                Access::ReadOnly => tollgate_sqlite::SqliteStore::open_read_only(p),
+                Access::Create | Access::Existing => tollgate_sqlite::SqliteStore::open(p),
+            };
+            r.map(|s| Arc::new(s) as Arc<dyn Store>)
+                .map_err(|e| Failure::Unavailable(format!("cannot open {spec}: {e}")))
+        }
         StoreSpec::DynamoDb(t) => open_dynamodb(t, endpoint).await,
+    }
+}
+
+/// Find AWS credentials (and a region, without an endpoint) before using DynamoDB, so a
+/// machine without them gets one clear sentence instead of a request timing out against
+/// the instance metadata service.
+#[cfg(feature = "dynamodb")]
+async fn check_aws(what: &str, endpoint: Option<&str>) -> Result<(), Failure> {
+    use aws_credential_types::provider::ProvideCredentials;
+    let conf = aws_config::defaults(aws_config::BehaviorVersion::latest())
+        .load()
+        .await;
+    if endpoint.is_none() && conf.region().is_none() {
+        return Err(Failure::Credentials(format!(
+            "no AWS region for {what}: set AWS_REGION (or a region in the AWS_PROFILE's config), or give --endpoint"
+        )));
+    }
+    let none = || {
+        Failure::Credentials(format!(
+            "no AWS credentials for {what}: set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY, or AWS_PROFILE \
+             (~/.aws/credentials), or run with an instance or container role \
+             (looked in the environment, the profile files, web identity, the container and the instance metadata)"
+        ))
+    };
+    let Some(provider) = conf.credentials_provider() else {
+        return Err(none());
+    };
+    match tokio::time::timeout(
+        std::time::Duration::from_secs(10),
+        provider.provide_credentials(),
+    )
+    .await
+    {
+        Ok(Ok(_)) => Ok(()),
+        Ok(Err(e)) => {
+            tracing::debug!(error = %e, "credential chain");
+            Err(none())
+        }
+        Err(_) => Err(none()),
     }
 }
 
 #[cfg(feature = "dynamodb")]
 async fn open_dynamodb(table: &str, endpoint: Option<&str>) -> Result<Arc<dyn Store>, Failure> {
-    tollgate_dynamodb::DynamoDbStore::connect(table, endpoint)
+    check_aws(&format!("dynamodb:{table}"), endpoint).await?;
+    let store = tollgate_dynamodb::DynamoDbStore::connect(table, endpoint)
         .await
-        .map(|s| Arc::new(s) as Arc<dyn Store>)
-        .map_err(|e| Failure::Unavailable(format!("cannot open dynamodb:{table}: {e}")))
+        .map_err(|e| Failure::Unavailable(format!("cannot open dynamodb:{table}: {e}")))?;
+    // DynamoDB never creates a table on use: say which one is missing and how to make it.
+    // Other failures of this look are left to the command's own request.
+    let found = store
+        .client()
+        .describe_table()
+        .table_name(table)
+        .send()
+        .await;
+    if let Err(e) = found {
+        if e.as_service_error()
+            .is_some_and(|s| s.is_resource_not_found_exception())
+        {
+            return Err(Failure::NoSuchStore(format!(
+                "no such store: dynamodb:{table} (the table does not exist; `tollgate table create --table {table}` creates it)"
+            )));
+        }
+    }
+    Ok(Arc::new(store))
 }
 
 #[cfg(not(feature = "dynamodb"))]
@@ -81,6 +186,8 @@ async fn open_dynamodb(_table: &str, _endpoint: Option<&str>) -> Result<Arc<dyn 
 /// `tollgate table create`.
 #[cfg(feature = "dynamodb")]
 pub async fn create_table(table: &str, endpoint: Option<&str>) -> Result<(), Failure> {
+    validate_table_name(table).map_err(Failure::BadInput)?;
+    check_aws(&format!("table {table}"), endpoint).await?;
     let store = tollgate_dynamodb::DynamoDbStore::connect(table, endpoint)
         .await
         .map_err(|e| Failure::BadInput(e.to_string()))?;
@@ -92,8 +199,24 @@ pub async fn create_table(table: &str, endpoint: Option<&str>) -> Result<(), Fai
 
 /// `tollgate table create` (not built in).
 #[cfg(not(feature = "dynamodb"))]
-pub async fn create_table(_table: &str, _endpoint: Option<&str>) -> Result<(), Failure> {
+pub async fn create_table(table: &str, _endpoint: Option<&str>) -> Result<(), Failure> {
+    validate_table_name(table).map_err(Failure::BadInput)?;
     Err(Failure::BadInput(
         "this tollgate was built without the `dynamodb` feature".into(),
     ))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn table_names() {
+        assert!(validate_table_name("tollgate").is_ok());
+        assert!(validate_table_name("a.b-c_1").is_ok());
+        let e = validate_table_name("bad name!").unwrap_err();
+        assert!(e.contains("' '"), "{e}");
+        assert!(validate_table_name("ab").unwrap_err().contains("3 to 255"));
+        assert!("dynamodb:bad name!".parse::<StoreSpec>().is_err());
+    }
 }

@@ -289,3 +289,344 @@ fn bench_http_refuses_non_loopback() {
     ]);
     assert_eq!(code(&o), 2, "{}", stderr(&o));
 }
+
+#[test]
+fn read_only_commands_never_create_a_store() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("typo.db");
+    let st = format!("sqlite:{}", path.display());
+    for args in [
+        vec!["check", "user-1", "gpt-4", "--store", &st],
+        vec!["limits", "get", "--system", "--store", &st],
+        vec!["entity", "get", "acme", "--store", &st],
+        vec!["acquire", "user-1", "gpt-4", "rpm=1", "--store", &st],
+        vec!["limits", "delete", "--system", "--store", &st],
+        vec!["entity", "delete", "acme", "--store", &st],
+    ] {
+        let o = tollgate(&args);
+        assert_eq!(code(&o), 4, "{args:?}: {}{}", stdout(&o), stderr(&o));
+        assert!(
+            stderr(&o).contains(&format!("no such store: {st}")),
+            "{args:?}: {}",
+            stderr(&o)
+        );
+        assert!(!path.exists(), "{args:?} created {}", path.display());
+    }
+    let o = tollgate(&["--json", "limits", "get", "--system", "--store", &st]);
+    assert_eq!(code(&o), 4);
+    let v: Value = serde_json::from_str(&stdout(&o)).unwrap();
+    assert_eq!(v["error"], "no_such_store");
+    assert!(!path.exists());
+    // A command that sets something creates it; then the readers work.
+    let o = tollgate(&[
+        "limits",
+        "set",
+        "--system",
+        "rpm:rate=5/min",
+        "--store",
+        &st,
+    ]);
+    assert_eq!(code(&o), 0, "{}", stderr(&o));
+    assert!(path.exists());
+    let o = tollgate(&["limits", "get", "--system", "--store", &st]);
+    assert_eq!(code(&o), 0, "{}", stderr(&o));
+    assert!(stdout(&o).contains("rpm:rate=5/min"), "{}", stdout(&o));
+    let o = tollgate(&["check", "user-1", "gpt-4", "--store", &st]);
+    assert_eq!(code(&o), 0, "{}", stderr(&o));
+    // A file that is not a tollgate store is refused by the readers, and left alone.
+    let junk = dir.path().join("junk.db");
+    std::fs::write(&junk, b"not sqlite at all").unwrap();
+    let o = tollgate(&[
+        "check",
+        "u",
+        "r",
+        "--store",
+        &format!("sqlite:{}", junk.display()),
+    ]);
+    assert_eq!(code(&o), 4, "{}", stderr(&o));
+    assert_eq!(std::fs::read(&junk).unwrap(), b"not sqlite at all");
+}
+
+/// The time words after "in" parse as units: `29.9s`, `4m 30s`, `23h 59m 12s`.
+fn human_units(after: &str) -> bool {
+    let words: Vec<&str> = after
+        .split_whitespace()
+        .take_while(|w| {
+            w.trim_end_matches(['d', 'h', 'm', 's'])
+                .chars()
+                .all(|c| c.is_ascii_digit() || c == '.')
+        })
+        .collect();
+    !words.is_empty()
+        && words.iter().all(|w| {
+            let num = w
+                .trim_end_matches("ms")
+                .trim_end_matches(['d', 'h', 'm', 's']);
+            !num.is_empty()
+                && (w.ends_with('s') || w.ends_with('m') || w.ends_with('h') || w.ends_with('d'))
+        })
+}
+
+#[test]
+fn durations_read_as_time_and_rate_limits_say_full_again() {
+    let dir = tempfile::tempdir().unwrap();
+    let st = store(&dir);
+    let o = tollgate(&[
+        "limits",
+        "set",
+        "--resource",
+        "gpt-4",
+        "rpm:rate=2/min",
+        "rpd:quota=100,cron=\"0 0 * * *\"",
+        "--store",
+        &st,
+    ]);
+    assert_eq!(code(&o), 0, "{}", stderr(&o));
+    let o = tollgate(&["acquire", "u", "gpt-4", "rpm=1", "rpd=1", "--store", &st]);
+    assert_eq!(code(&o), 0, "{}", stderr(&o));
+    let out = stdout(&o);
+    let rpm = out
+        .lines()
+        .find(|l| l.trim_start().starts_with("rpm"))
+        .unwrap();
+    let rpd = out
+        .lines()
+        .find(|l| l.trim_start().starts_with("rpd"))
+        .unwrap();
+    let (_, after) = rpm
+        .split_once("full again in ")
+        .unwrap_or_else(|| panic!("{rpm}"));
+    assert!(human_units(after) && !after.contains(" s"), "{rpm}");
+    assert!(!rpm.contains("resets in"), "{rpm}");
+    let (_, after) = rpd
+        .split_once("resets in ")
+        .unwrap_or_else(|| panic!("{rpd}"));
+    assert!(human_units(after), "{rpd}");
+    assert!(
+        after.contains('h') || after.contains('m'),
+        "a day's quota resets in hours: {rpd}"
+    );
+    // Rejected: "retry in" also reads as time.
+    tollgate(&["acquire", "u", "gpt-4", "rpm=1", "--store", &st]);
+    let o = tollgate(&["acquire", "u", "gpt-4", "rpm=1", "--store", &st]);
+    assert_eq!(code(&o), 3);
+    let t = stdout(&o);
+    let (_, after) = t.split_once("retry in ").unwrap_or_else(|| panic!("{t}"));
+    assert!(human_units(after), "{t}");
+}
+
+#[test]
+fn errors_in_our_words_naming_the_input() {
+    let dir = tempfile::tempdir().unwrap();
+    let st = store(&dir);
+    let o = tollgate(&[
+        "limits",
+        "set",
+        "--resource",
+        "r",
+        "rpd:quota=5,cron=\"0 25 * * *\"",
+        "--store",
+        &st,
+    ]);
+    assert_eq!(code(&o), 2);
+    let e = stderr(&o);
+    assert!(e.contains("\"0 25 * * *\""), "{e}");
+    assert!(e.contains("the hour field has 25, outside 0-23"), "{e}");
+    assert!(!e.contains("Component error"), "{e}");
+    let o = tollgate(&[
+        "limits",
+        "set",
+        "--resource",
+        "r",
+        "rpd:quota=5,cron=\"0 0 * * *\",tz=Europe/Berln",
+        "--store",
+        &st,
+    ]);
+    assert_eq!(code(&o), 2);
+    assert!(
+        stderr(&o).contains("time zone \"Europe/Berln\" is not a known IANA zone name"),
+        "{}",
+        stderr(&o)
+    );
+    // A table name DynamoDB would refuse is bad input (2), named, before any request.
+    let o = tollgate(&["table", "create", "--table", "bad name!"]);
+    assert_eq!(code(&o), 2, "{}", stderr(&o));
+    assert!(
+        stderr(&o).contains("table name \"bad name!\" contains ' '"),
+        "{}",
+        stderr(&o)
+    );
+    let o = tollgate(&["check", "u", "r", "--store", "dynamodb:x"]);
+    assert_eq!(code(&o), 2, "{}", stderr(&o));
+    assert!(
+        stderr(&o).contains("table name \"x\" has 1 character(s)"),
+        "{}",
+        stderr(&o)
+    );
+}
+
+#[test]
+fn json_usage_errors_are_json() {
+    for args in [
+        vec!["--json", "acquire", "u"],
+        vec!["--json", "no-such-command"],
+        vec!["acquire", "u", "r", "rpm=abc", "--json"],
+        vec!["--json", "limits", "set", "--resource", "r", "rpm:rate=60"],
+        vec!["--json", "serve", "--lease-ttl", "5"],
+    ] {
+        let o = tollgate(&args);
+        assert_eq!(code(&o), 2, "{args:?}");
+        let v: Value = serde_json::from_str(&stdout(&o))
+            .unwrap_or_else(|e| panic!("{args:?}: not JSON ({e}): {}", stdout(&o)));
+        assert_eq!(v["error"], "invalid_input", "{args:?}");
+        assert!(
+            v["message"].as_str().is_some_and(|m| !m.is_empty()),
+            "{args:?}"
+        );
+    }
+    // Help is still help.
+    let o = tollgate(&["--json", "--help"]);
+    assert_eq!(code(&o), 0);
+    assert!(stdout(&o).contains("EXIT CODES"));
+}
+
+#[test]
+fn scope_is_spelled_as_in_the_http_api() {
+    let dir = tempfile::tempdir().unwrap();
+    let st = store(&dir);
+    for (args, want) in [
+        (vec!["--system"], "system"),
+        (vec!["--resource", "gpt-4"], "resource:gpt-4"),
+        (vec!["--entity", "user-1"], "entity:user-1"),
+        (
+            vec!["--entity", "user-1", "--for-resource", "openai/gpt-4"],
+            "entity:user-1/resource:openai/gpt-4",
+        ),
+    ] {
+        let mut a = vec!["--json", "limits", "set"];
+        a.extend(&args);
+        a.extend(["rpm:rate=1/min", "--store", &st]);
+        let o = tollgate(&a);
+        assert_eq!(code(&o), 0, "{}", stderr(&o));
+        let v: Value = serde_json::from_str(&stdout(&o)).unwrap();
+        assert_eq!(v["scope"], want);
+        let mut a = vec!["limits", "get"];
+        a.extend(&args);
+        a.extend(["--store", &st]);
+        let o = tollgate(&a);
+        assert!(
+            stdout(&o).starts_with(&format!("{want}: 1 limit(s) stored")),
+            "{}",
+            stdout(&o)
+        );
+    }
+}
+
+#[cfg(feature = "dynamodb")]
+#[test]
+fn missing_aws_credentials_are_named() {
+    let home = tempfile::tempdir().unwrap();
+    let o = std::process::Command::new(common::BIN)
+        .args(["check", "u", "r", "--store", "dynamodb:tollgate"])
+        .env_clear()
+        .env("HOME", home.path())
+        .env("PATH", std::env::var("PATH").unwrap_or_default())
+        .env("AWS_REGION", "us-east-1")
+        .env("AWS_EC2_METADATA_DISABLED", "true")
+        .output()
+        .unwrap();
+    assert_eq!(code(&o), 4, "{}", stderr(&o));
+    let e = stderr(&o);
+    assert!(
+        e.contains("no AWS credentials for dynamodb:tollgate"),
+        "{e}"
+    );
+    assert!(e.contains("AWS_ACCESS_KEY_ID"), "{e}");
+    assert!(
+        !e.contains("dispatch failure") && !e.contains("WARN"),
+        "{e}"
+    );
+    let o = std::process::Command::new(common::BIN)
+        .args(["--json", "table", "create", "--table", "tollgate"])
+        .env_clear()
+        .env("HOME", home.path())
+        .env("AWS_EC2_METADATA_DISABLED", "true")
+        .output()
+        .unwrap();
+    assert_eq!(code(&o), 4, "{}", stderr(&o));
+    let v: Value = serde_json::from_str(&stdout(&o)).unwrap();
+    assert_eq!(v["error"], "no_credentials");
+    assert!(
+        v["message"].as_str().unwrap().contains("no AWS region"),
+        "{v}"
+    );
+}
+
+/// With DynamoDB Local (`TOLLGATE_DYNAMODB_ENDPOINT`, as `scripts/test-all` sets it): a
+/// missing table is "no such store", and the CLI works end to end on a created one.
+#[cfg(feature = "dynamodb")]
+#[test]
+fn dynamodb_missing_table_and_end_to_end() {
+    let Ok(ep) = std::env::var("TOLLGATE_DYNAMODB_ENDPOINT") else {
+        eprintln!(
+            "dynamodb_missing_table_and_end_to_end: TOLLGATE_DYNAMODB_ENDPOINT is not set; skipped"
+        );
+        return;
+    };
+    let table = format!("cli-{}-{}", std::process::id(), now_suffix());
+    let st = format!("dynamodb:{table}");
+    let o = tollgate(&["check", "u", "r", "--store", &st, "--endpoint", &ep]);
+    assert_eq!(code(&o), 4, "{}", stderr(&o));
+    assert!(
+        stderr(&o).contains(&format!("no such store: {st} (the table does not exist")),
+        "{}",
+        stderr(&o)
+    );
+    let o = tollgate(&["table", "create", "--table", &table, "--endpoint", &ep]);
+    assert_eq!(code(&o), 0, "{}", stderr(&o));
+    let o = tollgate(&[
+        "limits",
+        "set",
+        "--resource",
+        "r",
+        "rpm:rate=2/min",
+        "--store",
+        &st,
+        "--endpoint",
+        &ep,
+    ]);
+    assert_eq!(code(&o), 0, "{}", stderr(&o));
+    for want in [0, 0, 3] {
+        let o = tollgate(&[
+            "acquire",
+            "u",
+            "r",
+            "rpm=1",
+            "--store",
+            &st,
+            "--endpoint",
+            &ep,
+        ]);
+        assert_eq!(code(&o), want, "{}{}", stdout(&o), stderr(&o));
+    }
+    let o = tollgate(&[
+        "--json",
+        "check",
+        "u",
+        "r",
+        "--store",
+        &st,
+        "--endpoint",
+        &ep,
+    ]);
+    let v: Value = serde_json::from_str(&stdout(&o)).unwrap();
+    assert_eq!(v["limits"][0]["available"], 0);
+}
+
+#[cfg(feature = "dynamodb")]
+fn now_suffix() -> u128 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_nanos() % 1_000_000)
+        .unwrap_or(0)
+}

@@ -1,12 +1,101 @@
 //! JSON errors with stable codes, and the mapping from [`tollgate::Error`].
 
-use axum::http::{HeaderMap, StatusCode};
+use axum::body::Body;
+use axum::extract::Request;
+use axum::http::{header, HeaderMap, HeaderValue, StatusCode};
+use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 use axum::Json;
 use serde::Serialize;
 use tollgate::Error;
 use tollgate_core::RuleError;
 use tollgate_store::StoreError;
+
+/// Every error code the API answers with, its status, and when (the table of
+/// `docs/http-api.md`, which a test keeps in step with this one).
+pub const CODES: &[(&str, u16, &str)] = &[
+    ("invalid_json", 400, "the body is not JSON, or an object repeats a key"),
+    ("invalid_request", 400, "well-formed JSON of the wrong shape, an unknown field, a bad query string, or a body that broke off"),
+    ("invalid_identifier", 400, "a malformed entity id (also a path segment that is not UTF-8)"),
+    ("invalid_name", 400, "a malformed resource or limit name"),
+    ("invalid_amount", 400, "an amount or delta that is negative, not an integer, or too large"),
+    ("invalid_limit", 400, "an invalid limit definition"),
+    ("unknown_limit", 400, "an amount names a limit the resource does not have"),
+    ("bad_request", 400, "the request could not be parsed as HTTP/1.1"),
+    ("unauthorized", 401, "no bearer token, or one the server does not know"),
+    ("forbidden", 403, "the token's role may not use this route"),
+    ("overrides_disabled", 403, "an acquire sent its own `limits`, which this server does not allow for this caller"),
+    ("resource_disabled", 403, "the resource is disabled for the entity"),
+    ("not_found", 404, "no route has this path"),
+    ("no_limits", 404, "no limits are configured for the entity and resource"),
+    ("entity_not_found", 404, "no such entity"),
+    ("lease_not_found", 404, "no such lease (unknown, or expired and swept)"),
+    ("method_not_allowed", 405, "the route does not take this method"),
+    ("body_timeout", 408, "the request body did not arrive within the body timeout"),
+    ("entity_exists", 409, "an entity with this id exists"),
+    ("lease_closed", 409, "the lease was committed or rolled back"),
+    ("payload_too_large", 413, "the body is larger than the body limit"),
+    ("uri_too_long", 414, "the request URI is longer than the server accepts"),
+    ("headers_too_large", 431, "the request head is larger than the server accepts, or has too many headers"),
+    ("rate_limit_exceeded", 429, "a limit refused the acquire"),
+    ("internal_error", 500, "a bug or a request the store refused as invalid"),
+    ("corrupt_data", 500, "corrupt stored data"),
+    ("store_unavailable", 503, "the store cannot be reached, throttled, or the outcome is unknown"),
+    ("too_many_leases", 503, "the server holds its maximum of open leases"),
+    ("timeout", 503, "the request took longer than the request timeout"),
+];
+
+/// The code of an error answer that carries no JSON of its own (a framework's or a layer's),
+/// by status.
+pub fn code_for_status(status: StatusCode) -> &'static str {
+    match status.as_u16() {
+        400 => "bad_request",
+        401 => "unauthorized",
+        403 => "forbidden",
+        404 => "not_found",
+        405 => "method_not_allowed",
+        408 => "body_timeout",
+        413 => "payload_too_large",
+        414 => "uri_too_long",
+        431 => "headers_too_large",
+        503 => "timeout",
+        _ => "internal_error",
+    }
+}
+
+/// Middleware: an error answer that is not JSON (from a layer such as the request timeout,
+/// or the framework) gets the JSON body of its status's code. Headers stay.
+pub async fn ensure_json(req: Request, next: Next) -> Response {
+    let resp = next.run(req).await;
+    let status = resp.status();
+    if status.as_u16() < 400 {
+        return resp;
+    }
+    let is_json = resp
+        .headers()
+        .get(header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|v| v.starts_with("application/json"));
+    if is_json {
+        return resp;
+    }
+    let code = code_for_status(status);
+    let message = match code {
+        "timeout" => "the request took longer than the server's request timeout".to_string(),
+        _ => status
+            .canonical_reason()
+            .unwrap_or("error")
+            .to_ascii_lowercase(),
+    };
+    let (mut parts, _) = resp.into_parts();
+    let body = serde_json::json!({ "error": code, "message": message }).to_string();
+    parts.headers.insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("application/json"),
+    );
+    parts.headers.remove(header::CONTENT_LENGTH);
+    Response::from_parts(parts, Body::from(body))
+}
 
 /// The body of every error response: `{"error": code, "message": text}`.
 #[derive(Debug, Clone, Serialize)]
@@ -52,6 +141,16 @@ impl ApiError {
     /// `400 invalid_amount`.
     pub fn invalid_amount(message: impl Into<String>) -> Self {
         Self::new(StatusCode::BAD_REQUEST, "invalid_amount", message)
+    }
+
+    /// `408 body_timeout`: the body did not arrive within the body timeout. The connection
+    /// is closed after the answer (its unread body cannot be skipped).
+    pub fn body_timeout() -> Self {
+        Self::new(
+            StatusCode::REQUEST_TIMEOUT,
+            "body_timeout",
+            "the request body did not arrive in time",
+        )
     }
 
     /// `404 lease_not_found`.
@@ -126,12 +225,24 @@ impl From<RuleError> for ApiError {
 
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
+        debug_assert!(
+            CODES
+                .iter()
+                .any(|(c, s, _)| *c == self.code && *s == self.status.as_u16()),
+            "undocumented error code {} {}",
+            self.status,
+            self.code
+        );
         let mut headers = HeaderMap::new();
         if self.status == StatusCode::SERVICE_UNAVAILABLE {
-            headers.insert(
-                axum::http::header::RETRY_AFTER,
-                axum::http::HeaderValue::from_static("1"),
-            );
+            headers.insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
+        }
+        if self.status == StatusCode::UNAUTHORIZED {
+            headers.insert(header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));
+        }
+        if self.status == StatusCode::REQUEST_TIMEOUT {
+            // The body was not read: the connection cannot carry another request.
+            headers.insert(header::CONNECTION, HeaderValue::from_static("close"));
         }
         (
             self.status,

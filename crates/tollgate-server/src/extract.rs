@@ -21,6 +21,10 @@ pub fn parse_json<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, ApiError> {
             "the request body is empty; JSON expected",
         ));
     }
+    // serde_json keeps the last of repeated keys in maps ({"t":1,"t":2} reads as 2): refuse
+    // them anywhere in the document first.
+    serde_json::from_slice::<UniqueKeys>(bytes)
+        .map_err(|e| ApiError::invalid_json(format!("the request body is not valid JSON: {e}")))?;
     serde_json::from_slice(bytes).map_err(|e| {
         use serde_json::error::Category;
         match e.classify() {
@@ -32,6 +36,60 @@ pub fn parse_json<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, ApiError> {
     })
 }
 
+/// A JSON document walked only to check that no object repeats a key (at any depth).
+struct UniqueKeys;
+
+impl<'de> serde::Deserialize<'de> for UniqueKeys {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        d.deserialize_any(UniqueKeysVisitor)
+    }
+}
+
+struct UniqueKeysVisitor;
+
+impl<'de> serde::de::Visitor<'de> for UniqueKeysVisitor {
+    type Value = UniqueKeys;
+
+    fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("a JSON value")
+    }
+
+    fn visit_bool<E>(self, _: bool) -> Result<UniqueKeys, E> {
+        Ok(UniqueKeys)
+    }
+    fn visit_i64<E>(self, _: i64) -> Result<UniqueKeys, E> {
+        Ok(UniqueKeys)
+    }
+    fn visit_u64<E>(self, _: u64) -> Result<UniqueKeys, E> {
+        Ok(UniqueKeys)
+    }
+    fn visit_f64<E>(self, _: f64) -> Result<UniqueKeys, E> {
+        Ok(UniqueKeys)
+    }
+    fn visit_str<E>(self, _: &str) -> Result<UniqueKeys, E> {
+        Ok(UniqueKeys)
+    }
+    fn visit_unit<E>(self) -> Result<UniqueKeys, E> {
+        Ok(UniqueKeys)
+    }
+
+    fn visit_seq<A: serde::de::SeqAccess<'de>>(self, mut seq: A) -> Result<UniqueKeys, A::Error> {
+        while seq.next_element::<UniqueKeys>()?.is_some() {}
+        Ok(UniqueKeys)
+    }
+
+    fn visit_map<A: serde::de::MapAccess<'de>>(self, mut map: A) -> Result<UniqueKeys, A::Error> {
+        let mut seen = std::collections::HashSet::new();
+        while let Some(k) = map.next_key::<std::borrow::Cow<'de, str>>()? {
+            if !seen.insert(k.clone()) {
+                return Err(serde::de::Error::custom(format!("duplicate key {k:?}")));
+            }
+            map.next_value::<UniqueKeys>()?;
+        }
+        Ok(UniqueKeys)
+    }
+}
+
 impl<S, T> FromRequest<S> for JsonBody<T>
 where
     S: Send + Sync,
@@ -40,16 +98,33 @@ where
     type Rejection = ApiError;
 
     async fn from_request(req: Request, state: &S) -> Result<Self, Self::Rejection> {
-        let bytes = Bytes::from_request(req, state).await.map_err(|e| {
-            let status = e.status();
-            if status == StatusCode::PAYLOAD_TOO_LARGE {
-                ApiError::new(status, "payload_too_large", e.body_text())
-            } else {
-                ApiError::new(StatusCode::BAD_REQUEST, "invalid_request", e.body_text())
-            }
-        })?;
+        let bytes = Bytes::from_request(req, state)
+            .await
+            .map_err(|e| body_error(&e))?;
         parse_json(&bytes).map(JsonBody)
     }
+}
+
+/// The error of a body that could not be read: too large (`413 payload_too_large`), not sent
+/// in time (`408 body_timeout`, see [`crate::ServerConfig::body_timeout`]), or broken off
+/// (`400 invalid_request`).
+fn body_error(e: &axum::extract::rejection::BytesRejection) -> ApiError {
+    let status = e.status();
+    if status == StatusCode::PAYLOAD_TOO_LARGE {
+        return ApiError::new(status, "payload_too_large", e.body_text());
+    }
+    let mut source: Option<&(dyn std::error::Error + 'static)> = Some(e);
+    while let Some(err) = source {
+        if err.is::<tower_http::timeout::TimeoutError>() {
+            return ApiError::body_timeout();
+        }
+        source = err.source();
+    }
+    ApiError::new(
+        StatusCode::BAD_REQUEST,
+        "invalid_request",
+        format!("the request body could not be read: {}", e.body_text()),
+    )
 }
 
 /// Path parameters; a segment that cannot be decoded (bad percent-encoding, not UTF-8) is

@@ -1,56 +1,32 @@
-//! tollgate's HTTP API (axum): acquire, lease adjust / commit / rollback, availability,
-//! entity and limit administration, `/healthz` and Prometheus `/metrics`.
+//! tollgate's HTTP API (axum over hyper): acquire, lease adjust / commit / rollback,
+//! availability, entity and limit administration, health and readiness, Prometheus
+//! `/metrics`.
 //!
-//! Run it with [`serve`] (or [`serve_with`]) over a bound listener, or embed
+//! **The API is documented in `docs/http-api.md`** at the repository root: every route, its
+//! body and answer, the role it needs, every error code, the `LimitSpec` fields. A test
+//! (`tests/api_doc.rs`) compares that document with the route table ([`routes`]) and the
+//! error codes ([`error::CODES`]), so neither can change without the other.
+//!
+//! Run it with [`serve`] / [`serve_with`] over a bound listener, or [`Server::serve`] for a
+//! server built with [`Server::builder`] (authentication, store metrics); or embed
 //! [`Server::router`] in your own axum application.
 //!
-//! # Routes
+//! # At the edge
 //!
-//! | method | path | body / query | answer |
-//! |---|---|---|---|
-//! | POST | `/v1/acquire` | `{entity, resource, amounts: {name: tokens}, limits?: [LimitSpec], on_unavailable?, commit?}` | `200 {lease_id, lease_expires_at_ms, statuses, degraded}` or `429` |
-//! | POST | `/v1/leases/{id}/adjust` | `{limit, delta}` | `200 {lease_id, consumed}` |
-//! | POST | `/v1/leases/{id}/commit` | – | `200 {lease_id, committed, consumed}` |
-//! | POST | `/v1/leases/{id}/rollback` | – | `200 {lease_id, rolled_back}` |
-//! | GET | `/v1/availability` | `?entity=E&resource=R&amounts=rpm:1,tpm:500` | `200 Availability` |
-//! | POST | `/v1/availability` | `{entity, resource, amounts?}` | `200 Availability` |
-//! | POST | `/v1/entities` | `{id, name?, parent_id?, metadata?}` | `201 Entity` |
-//! | GET, DELETE | `/v1/entities/{id}` | – | `200 Entity` / `200 {deleted_items}` |
-//! | PUT, GET, DELETE | `/v1/limits/system` | `{limits: [LimitSpec], on_unavailable?}` | `200 {scope, limits, on_unavailable}` / `{deleted}` |
-//! | PUT, GET, DELETE | `/v1/limits/resources/{resource}` | as above | as above |
-//! | PUT, GET, DELETE | `/v1/limits/entities/{entity}` | as above (the entity's default) | as above |
-//! | PUT, GET, DELETE | `/v1/limits/entities/{entity}/resources/{resource}` | as above | as above |
-//! | GET | `/healthz` | – | `200 {status: "ok", backend}` or `503` |
-//! | GET | `/metrics` | – | OpenMetrics text |
-//!
-//! Resources may contain `/` (`openai/gpt-4`): write it as is in the last path segment
-//! (`/v1/limits/resources/openai/gpt-4`).
-//!
-//! A `LimitSpec` is `{name, capacity, refill_amount?, refill_period_ms?, reset_cron?,
-//! reset_tz?, reset_after_s?}`: a rate limit names `refill_amount` (per `refill_period_ms`,
-//! default 60000), a calendar quota `reset_cron` (+ `reset_tz`, default UTC), a session
-//! quota `reset_after_s`.
-//!
-//! `"commit": true` on an acquire closes the lease at once (nothing to reconcile): no lease
-//! is held and `lease_id` is `null`.
-//!
-//! # Rejections
-//!
-//! A refused acquire is `429` with `{error: "rate_limit_exceeded", message, retry_after_ms,
-//! resets_at_ms, limits: [LimitStatus]}`, a `Retry-After` header (whole seconds, rounded up,
-//! at least 1; absent when the request is larger than a limit's capacity and can never be
-//! admitted) and the `RateLimit-Policy` / `RateLimit` headers ([`headers`]), which admitted
-//! acquires carry too.
-//!
-//! # Errors
-//!
-//! Every error is JSON `{error: code, message}` with a stable code ([`error::classify`]);
-//! bad input is always `4xx`: `invalid_json` (not JSON), `invalid_request` (wrong shape or
-//! unknown field), `invalid_identifier`, `invalid_name`, `invalid_amount` (negative, not an
-//! integer, beyond i64 or beyond `MAX_TOKENS`), `invalid_limit`, `unknown_limit`,
-//! `no_limits`, `entity_exists`, `entity_not_found`, `lease_not_found`, `lease_closed`,
-//! `payload_too_large`, `not_found`, `method_not_allowed`; `store_unavailable` is `503`,
-//! `too_many_leases` is `503`, `corrupt_data` (`500`) is only for corrupt stored data.
+//! - **Authentication** ([`auth`]): bearer tokens with roles `client` and `admin`; without
+//!   tokens every route is open (the CLI then refuses to listen beyond loopback unless told
+//!   `--insecure-no-auth`).
+//! - **Per-call limits** in an acquire are refused with `403 overrides_disabled` unless
+//!   [`ServerConfig::allow_limit_overrides`] or the caller has an admin token.
+//! - **Connections** ([`listen`]): hyper's header read timeout (which also closes idle
+//!   keep-alive connections), tower-http's request body timeout and request timeout, a
+//!   maximum number of connections, a body limit, a URI limit and a request head limit.
+//! - **Observability**: a request id on every request and answer ([`request_id`]), one
+//!   access-log line per request ([`access`]), bounded metric labels and store latency
+//!   histograms ([`metrics`]).
+//! - **Errors**: every error answer is JSON `{error, message}` with a stable code, including
+//!   the framework's `404`/`405`/`413`, the URI limit's `414` and hyper's own `400`/`414`/`431`
+//!   ([`wire`]).
 //!
 //! # Leases
 //!
@@ -60,12 +36,18 @@
 //! to every open lease. A server crash loses only uncommitted adjustments (the debit was
 //! written by the acquire).
 
+pub mod access;
+pub mod auth;
+pub mod cron;
 pub mod error;
 pub mod extract;
 pub mod headers;
 pub mod leases;
+pub mod listen;
 pub mod metrics;
+pub mod request_id;
 mod routes;
+pub mod wire;
 
 use std::future::Future;
 use std::sync::Arc;
@@ -76,9 +58,11 @@ use tokio::net::TcpListener;
 use tokio::task::JoinHandle;
 use tollgate::Limiter;
 
+pub use auth::{Auth, Principal, Role, TokenSet};
 pub use error::{classify, ApiError, ErrorBody};
 pub use leases::LeaseTable;
-pub use metrics::Metrics;
+pub use metrics::{Metrics, StoreMetrics};
+pub use routes::{routes, scope_name, RouteInfo};
 
 /// Server settings.
 #[derive(Debug, Clone)]
@@ -90,8 +74,35 @@ pub struct ServerConfig {
     /// Most leases held at once; an acquire beyond it is `503 too_many_leases` before
     /// anything is debited (default 1,000,000).
     pub max_leases: usize,
-    /// Largest request body in bytes (default 64 KiB).
+    /// Largest request body in bytes (default 64 KiB); larger is `413 payload_too_large`.
     pub body_limit: usize,
+    /// Whether any caller may send per-call `limits` in an acquire (default false: only an
+    /// authenticated admin may; others get `403 overrides_disabled`).
+    pub allow_limit_overrides: bool,
+    /// How long a connection may take to send a complete request head, counted from when the
+    /// server starts waiting for it: at connect, and after each answer on a keep-alive
+    /// connection — so this is also the idle keep-alive timeout (default 10 s). The
+    /// connection is closed without an answer when it passes (hyper's
+    /// `header_read_timeout`).
+    pub header_timeout: Duration,
+    /// How long the body may take between chunks once a handler reads it (default 10 s);
+    /// then `408 body_timeout` and the connection is closed (tower-http's
+    /// `RequestBodyTimeout`).
+    pub body_timeout: Duration,
+    /// Longest time a request may spend in the server (default 30 s); then
+    /// `503 timeout` (tower-http's `Timeout`).
+    pub request_timeout: Duration,
+    /// Most connections open at once (default 1024). At the limit the server stops
+    /// accepting until one closes; new connections wait in the listen backlog.
+    pub max_connections: usize,
+    /// Largest request head (request line and headers) in bytes (default 16 KiB); larger is
+    /// `431 headers_too_large`.
+    pub max_header_bytes: usize,
+    /// Longest request URI (path and query) in bytes (default 8 KiB); longer is
+    /// `414 uri_too_long`.
+    pub max_uri_bytes: usize,
+    /// How long a graceful shutdown waits for open connections to finish (default 30 s).
+    pub shutdown_timeout: Duration,
 }
 
 impl Default for ServerConfig {
@@ -101,6 +112,14 @@ impl Default for ServerConfig {
             sweep_interval: Duration::from_secs(1),
             max_leases: 1_000_000,
             body_limit: 64 * 1024,
+            allow_limit_overrides: false,
+            header_timeout: Duration::from_secs(10),
+            body_timeout: Duration::from_secs(10),
+            request_timeout: Duration::from_secs(30),
+            max_connections: 1024,
+            max_header_bytes: 16 * 1024,
+            max_uri_bytes: 8 * 1024,
+            shutdown_timeout: Duration::from_secs(30),
         }
     }
 }
@@ -116,6 +135,8 @@ pub struct AppState {
     pub metrics: Metrics,
     /// Settings.
     pub config: ServerConfig,
+    /// Authentication; `None`: every route is open to anyone.
+    pub auth: Option<Arc<Auth>>,
 }
 
 /// A server: state plus its router. Cheap to clone.
@@ -124,18 +145,64 @@ pub struct Server {
     state: Arc<AppState>,
 }
 
-impl Server {
-    /// A server over `limiter`.
-    pub fn new(limiter: Limiter, config: ServerConfig) -> Self {
+/// Builds a [`Server`] with authentication or store metrics.
+#[derive(Debug)]
+pub struct ServerBuilder {
+    limiter: Limiter,
+    config: ServerConfig,
+    auth: Option<Arc<Auth>>,
+    store_metrics: Option<StoreMetrics>,
+}
+
+impl ServerBuilder {
+    /// Settings.
+    pub fn config(mut self, config: ServerConfig) -> Self {
+        self.config = config;
+        self
+    }
+
+    /// Require bearer tokens (see [`auth`]).
+    pub fn auth(mut self, auth: Arc<Auth>) -> Self {
+        self.auth = Some(auth);
+        self
+    }
+
+    /// Expose the metrics of the limiter's store, which must have been wrapped with
+    /// [`StoreMetrics::wrap`] before the limiter was built.
+    pub fn store_metrics(mut self, m: StoreMetrics) -> Self {
+        self.store_metrics = Some(m);
+        self
+    }
+
+    /// The server.
+    pub fn build(self) -> Server {
         let leases = Arc::new(LeaseTable::default());
-        let metrics = Metrics::new(limiter.clone(), leases.clone());
+        let metrics = Metrics::new(self.limiter.clone(), leases.clone(), self.store_metrics);
         Server {
             state: Arc::new(AppState {
-                limiter,
+                limiter: self.limiter,
                 leases,
                 metrics,
-                config,
+                config: self.config,
+                auth: self.auth,
             }),
+        }
+    }
+}
+
+impl Server {
+    /// A server over `limiter` without authentication.
+    pub fn new(limiter: Limiter, config: ServerConfig) -> Self {
+        Self::builder(limiter).config(config).build()
+    }
+
+    /// A builder over `limiter` (default settings, no authentication).
+    pub fn builder(limiter: Limiter) -> ServerBuilder {
+        ServerBuilder {
+            limiter,
+            config: ServerConfig::default(),
+            auth: None,
+            store_metrics: None,
         }
     }
 
@@ -144,7 +211,8 @@ impl Server {
         &self.state
     }
 
-    /// The axum router of every route.
+    /// The axum router of every route, with the request id, access log, JSON error,
+    /// authentication, timeout and body limit layers.
     pub fn router(&self) -> Router {
         routes::router(self.state.clone())
     }
@@ -185,6 +253,22 @@ impl Server {
             }
         })
     }
+
+    /// Serve on `listener` until `shutdown` completes. Then: stop accepting, let open
+    /// connections finish (at most [`ServerConfig::shutdown_timeout`]), stop the sweeper,
+    /// and expire (commit) every open lease before returning.
+    pub async fn serve(
+        &self,
+        listener: TcpListener,
+        shutdown: impl Future<Output = ()> + Send + 'static,
+    ) -> std::io::Result<()> {
+        let sweeper = self.spawn_sweeper();
+        let r = listen::run(self.state.clone(), self.router(), listener, shutdown).await;
+        sweeper.abort();
+        let n = self.expire_all().await;
+        tracing::info!(committed_leases = n, "server stopped");
+        r
+    }
 }
 
 /// Serve `limiter` on `listener` with default settings until `shutdown` completes.
@@ -196,21 +280,12 @@ pub async fn serve(
     serve_with(limiter, listener, ServerConfig::default(), shutdown).await
 }
 
-/// Serve with explicit settings. On `shutdown`, in-flight requests finish, the sweeper
-/// stops, and every open lease is expired (committed) before this returns.
+/// Serve with explicit settings (no authentication); see [`Server::serve`].
 pub async fn serve_with(
     limiter: Limiter,
     listener: TcpListener,
     config: ServerConfig,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> std::io::Result<()> {
-    let server = Server::new(limiter, config);
-    let sweeper = server.spawn_sweeper();
-    let r = axum::serve(listener, server.router())
-        .with_graceful_shutdown(shutdown)
-        .await;
-    sweeper.abort();
-    let n = server.expire_all().await;
-    tracing::info!(committed_leases = n, "server stopped");
-    r
+    Server::new(limiter, config).serve(listener, shutdown).await
 }

@@ -1,13 +1,28 @@
 //! Prometheus metrics (prometheus-client, OpenMetrics text at `GET /metrics`).
 //!
-//! - `tollgate_http_requests_total{method, route, status}`: every request, by route template;
+//! - `tollgate_http_requests_total{method, route, status}`: every request, by route template
+//!   (`unmatched` for paths no route has, `unparsed` for requests hyper could not parse);
+//! - `tollgate_http_request_duration_seconds{method, route}`: time inside the server;
 //! - `tollgate_acquire_duration_seconds{outcome}`: acquire latency inside the server;
 //! - `tollgate_acquires_total{outcome}`: `admitted`, `rejected` (429) or `error`;
+//! - `tollgate_store_request_duration_seconds{op, outcome}`: every store request by operation
+//!   (`get`, `batch_get`, `put`, `update`, `delete`, `transact_write`, `query`) and outcome
+//!   (`ok`, `condition_failed`, `error`), when the store is wrapped in a [`MeteredStore`];
+//! - `tollgate_store_errors_total{op, kind}`: store errors by operation and kind (the
+//!   [`StoreError`] variant: `condition_failed`, `transaction_canceled`, `throttled`,
+//!   `ambiguous`, `unavailable`, ...);
 //! - `tollgate_limiter_*_total`: the limiter's own counters ([`tollgate::Limiter::stats`]);
-//! - `tollgate_leases_held`: leases in the server's table (open or closed tombstones).
+//! - `tollgate_leases_held`: leases in the server's table (open or closed tombstones);
+//! - `tollgate_build_info{version, backend}`: always 1.
+//!
+//! Every label takes a bounded set of values: an HTTP method outside the standard ones is
+//! counted as `other` ([`method_label`]), so made-up methods cannot grow the series count.
 
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
+
+use async_trait::async_trait;
+use axum::http::Method;
 
 use prometheus_client::collector::Collector;
 use prometheus_client::encoding::{DescriptorEncoder, EncodeLabelSet, EncodeMetric};
@@ -15,20 +30,51 @@ use prometheus_client::metrics::counter::{ConstCounter, Counter};
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::ConstGauge;
 use prometheus_client::metrics::histogram::{exponential_buckets, Histogram};
+use prometheus_client::metrics::info::Info;
 use prometheus_client::registry::Registry;
 use tollgate::Limiter;
+use tollgate_core::value::{Item, Key};
+use tollgate_store::{
+    DeleteRequest, PutRequest, Query, Store, StoreError, TransactOp, UpdateRequest,
+};
 
 use crate::leases::LeaseTable;
+
+/// The `method` label of an HTTP method: the standard methods by name, anything else
+/// `other`.
+pub fn method_label(m: &Method) -> &'static str {
+    match *m {
+        Method::GET => "GET",
+        Method::HEAD => "HEAD",
+        Method::POST => "POST",
+        Method::PUT => "PUT",
+        Method::DELETE => "DELETE",
+        Method::PATCH => "PATCH",
+        Method::OPTIONS => "OPTIONS",
+        Method::CONNECT => "CONNECT",
+        Method::TRACE => "TRACE",
+        _ => "other",
+    }
+}
 
 /// Labels of `tollgate_http_requests_total`.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct RequestLabels {
-    /// HTTP method.
-    pub method: String,
+    /// HTTP method ([`method_label`]).
+    pub method: &'static str,
     /// Route template (`/v1/leases/{id}/commit`), or `unmatched`.
     pub route: String,
     /// Status code.
     pub status: u16,
+}
+
+/// Labels of `tollgate_http_request_duration_seconds`.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct RouteLabels {
+    /// HTTP method ([`method_label`]).
+    pub method: &'static str,
+    /// Route template, or `unmatched`.
+    pub route: String,
 }
 
 /// Labels of the acquire metrics.
@@ -43,11 +89,168 @@ fn latency_histogram() -> Histogram {
     Histogram::new(exponential_buckets(0.000_05, 2.0, 16))
 }
 
+/// Labels of the store latency histogram.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct StoreLabels {
+    /// The store operation.
+    pub op: &'static str,
+    /// `ok`, `condition_failed` or `error`.
+    pub outcome: &'static str,
+}
+
+/// Labels of the store error counter.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct StoreErrorLabels {
+    /// The store operation.
+    pub op: &'static str,
+    /// The error kind ([`error_kind`]).
+    pub kind: &'static str,
+}
+
+/// The `kind` label of a store error.
+pub fn error_kind(e: &StoreError) -> &'static str {
+    match e {
+        StoreError::ConditionFailed { .. } => "condition_failed",
+        StoreError::TransactionCanceled { .. } => "transaction_canceled",
+        StoreError::TransactionConflict => "transaction_conflict",
+        StoreError::Throttled(_) => "throttled",
+        StoreError::Validation(_) => "validation",
+        StoreError::Ambiguous(_) => "ambiguous",
+        StoreError::Unavailable(_) => "unavailable",
+        StoreError::Corrupt(_) => "corrupt",
+    }
+}
+
+/// Store latency and error metrics, shared by a [`MeteredStore`] and the [`Metrics`] that
+/// expose them. Cheap to clone.
+#[derive(Debug, Clone)]
+pub struct StoreMetrics {
+    latency: Family<StoreLabels, Histogram, fn() -> Histogram>,
+    errors: Family<StoreErrorLabels, Counter>,
+}
+
+impl Default for StoreMetrics {
+    fn default() -> Self {
+        StoreMetrics {
+            latency: Family::new_with_constructor(latency_histogram),
+            errors: Family::default(),
+        }
+    }
+}
+
+impl StoreMetrics {
+    /// Fresh metrics.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Wrap `store` so every request it serves is recorded here.
+    pub fn wrap(&self, store: Arc<dyn Store>) -> Arc<dyn Store> {
+        Arc::new(MeteredStore {
+            inner: store,
+            metrics: self.clone(),
+        })
+    }
+
+    fn record<T>(&self, op: &'static str, started: Instant, r: &Result<T, StoreError>) {
+        let outcome = match r {
+            Ok(_) => "ok",
+            Err(StoreError::ConditionFailed { .. }) => "condition_failed",
+            Err(_) => "error",
+        };
+        self.latency
+            .get_or_create(&StoreLabels { op, outcome })
+            .observe(started.elapsed().as_secs_f64());
+        if let Err(e) = r {
+            self.errors
+                .get_or_create(&StoreErrorLabels {
+                    op,
+                    kind: error_kind(e),
+                })
+                .inc();
+        }
+    }
+}
+
+/// A [`Store`] that records the latency and errors of every request of the store it wraps
+/// ([`StoreMetrics::wrap`]). Semantics are the wrapped store's, unchanged.
+#[derive(Clone)]
+pub struct MeteredStore {
+    inner: Arc<dyn Store>,
+    metrics: StoreMetrics,
+}
+
+impl std::fmt::Debug for MeteredStore {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("MeteredStore")
+            .field("backend", &self.inner.backend())
+            .finish()
+    }
+}
+
+#[async_trait]
+impl Store for MeteredStore {
+    async fn get(&self, key: &Key, consistent: bool) -> Result<Option<Item>, StoreError> {
+        let t = Instant::now();
+        let r = self.inner.get(key, consistent).await;
+        self.metrics.record("get", t, &r);
+        r
+    }
+    async fn batch_get(
+        &self,
+        keys: &[Key],
+        consistent: bool,
+    ) -> Result<Vec<Option<Item>>, StoreError> {
+        let t = Instant::now();
+        let r = self.inner.batch_get(keys, consistent).await;
+        self.metrics.record("batch_get", t, &r);
+        r
+    }
+    async fn put(&self, req: PutRequest) -> Result<(), StoreError> {
+        let t = Instant::now();
+        let r = self.inner.put(req).await;
+        self.metrics.record("put", t, &r);
+        r
+    }
+    async fn update(&self, req: UpdateRequest) -> Result<Option<Item>, StoreError> {
+        let t = Instant::now();
+        let r = self.inner.update(req).await;
+        self.metrics.record("update", t, &r);
+        r
+    }
+    async fn delete(&self, req: DeleteRequest) -> Result<Option<Item>, StoreError> {
+        let t = Instant::now();
+        let r = self.inner.delete(req).await;
+        self.metrics.record("delete", t, &r);
+        r
+    }
+    async fn transact_write(
+        &self,
+        ops: Vec<TransactOp>,
+        token: Option<String>,
+    ) -> Result<(), StoreError> {
+        let t = Instant::now();
+        let r = self.inner.transact_write(ops, token).await;
+        self.metrics.record("transact_write", t, &r);
+        r
+    }
+    async fn query(&self, q: Query) -> Result<Vec<Item>, StoreError> {
+        let t = Instant::now();
+        let r = self.inner.query(q).await;
+        self.metrics.record("query", t, &r);
+        r
+    }
+    fn backend(&self) -> &'static str {
+        self.inner.backend()
+    }
+}
+
 /// The server's metrics.
 #[derive(Debug)]
 pub struct Metrics {
     registry: Registry,
     requests: Family<RequestLabels, Counter>,
+    request_latency: Family<RouteLabels, Histogram, fn() -> Histogram>,
     acquires: Family<OutcomeLabels, Counter>,
     acquire_latency: Family<OutcomeLabels, Histogram, fn() -> Histogram>,
 }
@@ -120,14 +323,44 @@ impl Collector for LimiterCollector {
 }
 
 impl Metrics {
-    /// Metrics of a server over `limiter` holding `leases`.
-    pub fn new(limiter: Limiter, leases: Arc<LeaseTable>) -> Self {
+    /// Metrics of a server over `limiter` holding `leases`; `store` when the limiter's store
+    /// is wrapped by [`StoreMetrics::wrap`].
+    pub fn new(limiter: Limiter, leases: Arc<LeaseTable>, store: Option<StoreMetrics>) -> Self {
         let mut registry = Registry::default();
         let requests = Family::<RequestLabels, Counter>::default();
         registry.register(
             "tollgate_http_requests",
             "HTTP requests by method, route and status",
             requests.clone(),
+        );
+        let request_latency =
+            Family::<RouteLabels, Histogram, fn() -> Histogram>::new_with_constructor(
+                latency_histogram,
+            );
+        registry.register(
+            "tollgate_http_request_duration_seconds",
+            "Time inside the server per request, by method and route",
+            request_latency.clone(),
+        );
+        if let Some(sm) = store {
+            registry.register(
+                "tollgate_store_request_duration_seconds",
+                "Store request latency by operation and outcome",
+                sm.latency.clone(),
+            );
+            registry.register(
+                "tollgate_store_errors",
+                "Store errors by operation and kind",
+                sm.errors.clone(),
+            );
+        }
+        registry.register(
+            "tollgate_build",
+            "Build of this server",
+            Info::new(vec![
+                ("version", env!("CARGO_PKG_VERSION")),
+                ("backend", limiter.backend()),
+            ]),
         );
         let acquires = Family::<OutcomeLabels, Counter>::default();
         registry.register(
@@ -148,20 +381,31 @@ impl Metrics {
         Metrics {
             registry,
             requests,
+            request_latency,
             acquires,
             acquire_latency,
         }
     }
 
-    /// Count one HTTP request.
-    pub fn request(&self, method: &str, route: &str, status: u16) {
+    /// Count one HTTP request (`method` from [`method_label`]) and, with `took`, its time.
+    pub fn request(&self, method: &'static str, route: &str, status: u16, took: Duration) {
+        debug_assert!(
+            method == "other" || method.bytes().all(|b| b.is_ascii_uppercase()),
+            "{method}"
+        );
         self.requests
             .get_or_create(&RequestLabels {
-                method: method.into(),
+                method,
                 route: route.into(),
                 status,
             })
             .inc();
+        self.request_latency
+            .get_or_create(&RouteLabels {
+                method,
+                route: route.into(),
+            })
+            .observe(took.as_secs_f64());
     }
 
     /// Record one acquire.

@@ -1,21 +1,28 @@
-//! Handlers and the router.
+//! Handlers, the route table and the router.
+//!
+//! Every route is a row of [`table`]: method, path, the role it needs, handler. The router is
+//! built from the table, authorization reads it, and `docs/http-api.md` documents it (a test
+//! compares the two), so a route cannot be added without a role and a document entry. A path
+//! the router knows but the table does not would need `admin` (deny by default).
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use axum::extract::{MatchedPath, Request, State};
-use axum::http::{header, HeaderMap, HeaderValue, StatusCode};
+use axum::extract::{DefaultBodyLimit, Request, State};
+use axum::http::{header, HeaderMap, HeaderValue, Method, StatusCode};
 use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
-use axum::routing::{get, post};
-use axum::{Json, Router};
+use axum::routing::{delete, get, post, put, MethodRouter};
+use axum::{Extension, Json, Router};
 use serde::{Deserialize, Serialize};
 use serde_json::Value as Json_;
 use tollgate::{AcquireOptions, Error, Limit, LimitSpec, LimitStatus, OnUnavailable, Scope};
 use tollgate_core::limit::MAX_TOKENS;
 use tollgate_core::value::Key;
+use tower_http::timeout::{RequestBodyTimeoutLayer, TimeoutLayer};
 
+use crate::auth::{Principal, Role};
 use crate::error::ApiError;
 use crate::extract::{JsonBody, PathParams, QueryPairs};
 use crate::headers::{add_ratelimit_headers, retry_after_secs};
@@ -24,59 +31,190 @@ use crate::AppState;
 type St = State<Arc<AppState>>;
 type ApiResult<T> = Result<T, ApiError>;
 
-pub(crate) fn router(state: Arc<AppState>) -> Router {
-    Router::new()
-        .route("/v1/acquire", post(acquire))
-        .route("/v1/leases/{id}/adjust", post(adjust))
-        .route("/v1/leases/{id}/commit", post(commit))
-        .route("/v1/leases/{id}/rollback", post(rollback))
-        .route(
-            "/v1/availability",
-            get(availability_get).post(availability_post),
+/// One route of the API.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct RouteInfo {
+    /// The method (`HEAD` is answered wherever `GET` is).
+    pub method: &'static str,
+    /// The path template (`{id}` one segment, `{*resource}` the rest of the path).
+    pub path: &'static str,
+    /// The role a token needs when authentication is on; `None`: public.
+    pub needs: Option<Role>,
+}
+
+type Handler = MethodRouter<Arc<AppState>>;
+
+/// Every route: the one place routes are added.
+fn table() -> Vec<(RouteInfo, Handler)> {
+    const CLIENT: Option<Role> = Some(Role::Client);
+    const ADMIN: Option<Role> = Some(Role::Admin);
+    let r = |method, path, needs, h: Handler| {
+        (
+            RouteInfo {
+                method,
+                path,
+                needs,
+            },
+            h,
         )
-        .route("/v1/entities", post(create_entity))
-        .route("/v1/entities/{id}", get(get_entity).delete(delete_entity))
-        .route(
-            "/v1/limits/system",
-            get(get_system).put(put_system).delete(delete_system),
-        )
-        .route(
+    };
+    vec![
+        r("POST", "/v1/acquire", CLIENT, post(acquire)),
+        r("POST", "/v1/leases/{id}/adjust", CLIENT, post(adjust)),
+        r("POST", "/v1/leases/{id}/commit", CLIENT, post(commit)),
+        r("POST", "/v1/leases/{id}/rollback", CLIENT, post(rollback)),
+        r("GET", "/v1/availability", CLIENT, get(availability_get)),
+        r("POST", "/v1/availability", CLIENT, post(availability_post)),
+        r("POST", "/v1/entities", ADMIN, post(create_entity)),
+        r("GET", "/v1/entities/{id}", ADMIN, get(get_entity)),
+        r("DELETE", "/v1/entities/{id}", ADMIN, delete(delete_entity)),
+        r("GET", "/v1/limits/system", ADMIN, get(get_system)),
+        r("PUT", "/v1/limits/system", ADMIN, put(put_system)),
+        r("DELETE", "/v1/limits/system", ADMIN, delete(delete_system)),
+        r(
+            "GET",
             "/v1/limits/resources/{*resource}",
-            get(get_resource).put(put_resource).delete(delete_resource),
-        )
-        .route(
+            ADMIN,
+            get(get_resource),
+        ),
+        r(
+            "PUT",
+            "/v1/limits/resources/{*resource}",
+            ADMIN,
+            put(put_resource),
+        ),
+        r(
+            "DELETE",
+            "/v1/limits/resources/{*resource}",
+            ADMIN,
+            delete(delete_resource),
+        ),
+        r(
+            "GET",
             "/v1/limits/entities/{entity}",
-            get(get_entity_default)
-                .put(put_entity_default)
-                .delete(delete_entity_default),
-        )
-        .route(
+            ADMIN,
+            get(get_entity_default),
+        ),
+        r(
+            "PUT",
+            "/v1/limits/entities/{entity}",
+            ADMIN,
+            put(put_entity_default),
+        ),
+        r(
+            "DELETE",
+            "/v1/limits/entities/{entity}",
+            ADMIN,
+            delete(delete_entity_default),
+        ),
+        r(
+            "GET",
             "/v1/limits/entities/{entity}/resources/{*resource}",
-            get(get_entity_resource)
-                .put(put_entity_resource)
-                .delete(delete_entity_resource),
-        )
-        .route("/healthz", get(healthz))
-        .route("/metrics", get(metrics))
+            ADMIN,
+            get(get_entity_resource),
+        ),
+        r(
+            "PUT",
+            "/v1/limits/entities/{entity}/resources/{*resource}",
+            ADMIN,
+            put(put_entity_resource),
+        ),
+        r(
+            "DELETE",
+            "/v1/limits/entities/{entity}/resources/{*resource}",
+            ADMIN,
+            delete(delete_entity_resource),
+        ),
+        r("GET", "/livez", None, get(livez)),
+        r("GET", "/readyz", None, get(readyz)),
+        r("GET", "/healthz", None, get(healthz)),
+        r("GET", "/metrics", CLIENT, get(metrics)),
+    ]
+}
+
+/// The route table (without handlers), in table order.
+pub fn routes() -> Vec<RouteInfo> {
+    table().into_iter().map(|(i, _)| i).collect()
+}
+
+/// The role `method path` needs: the table's; `None` (public, or the router answers `405`)
+/// for a method the path's routes do not take; `admin` for a path the table lacks.
+pub(crate) fn needs(method: &Method, path: &str) -> Option<Role> {
+    let m = if method == Method::HEAD {
+        "GET"
+    } else {
+        method.as_str()
+    };
+    let mut path_known = false;
+    for info in table_infos() {
+        if info.path == path {
+            path_known = true;
+            if info.method == m {
+                return info.needs;
+            }
+        }
+    }
+    if path_known {
+        None
+    } else {
+        Some(Role::Admin)
+    }
+}
+
+fn table_infos() -> &'static [RouteInfo] {
+    static INFOS: std::sync::OnceLock<Vec<RouteInfo>> = std::sync::OnceLock::new();
+    INFOS.get_or_init(routes)
+}
+
+pub(crate) fn router(state: Arc<AppState>) -> Router {
+    let cfg = &state.config;
+    let mut router = Router::new();
+    for (info, handler) in table() {
+        router = router.route(info.path, handler);
+    }
+    router
         .fallback(not_found)
         .method_not_allowed_fallback(method_not_allowed)
-        .layer(middleware::from_fn_with_state(state.clone(), track))
-        .layer(axum::extract::DefaultBodyLimit::max(
-            state.config.body_limit,
+        // Innermost first: each `layer` wraps what is above it.
+        .layer(DefaultBodyLimit::max(cfg.body_limit))
+        .layer(RequestBodyTimeoutLayer::new(cfg.body_timeout))
+        .layer(TimeoutLayer::with_status_code(
+            StatusCode::SERVICE_UNAVAILABLE,
+            cfg.request_timeout,
         ))
+        .layer(middleware::from_fn_with_state(
+            state.clone(),
+            crate::auth::authorize,
+        ))
+        .layer(middleware::from_fn_with_state(state.clone(), uri_guard))
+        .layer(middleware::from_fn(crate::error::ensure_json))
+        .layer(middleware::from_fn_with_state(
+            state.clone(),
+            crate::access::log_and_count,
+        ))
+        .layer(middleware::from_fn(crate::request_id::assign))
         .with_state(state)
 }
 
-async fn track(State(app): St, req: Request, next: Next) -> Response {
-    let route = req
-        .extensions()
-        .get::<MatchedPath>()
-        .map(|m| m.as_str().to_string())
-        .unwrap_or_else(|| "unmatched".into());
-    let method = req.method().as_str().to_string();
-    let resp = next.run(req).await;
-    app.metrics.request(&method, &route, resp.status().as_u16());
-    resp
+/// `414 uri_too_long` for a URI (path and query) over [`crate::ServerConfig::max_uri_bytes`].
+async fn uri_guard(State(app): St, req: Request, next: Next) -> Response {
+    let len = req
+        .uri()
+        .path_and_query()
+        .map(|pq| pq.as_str().len())
+        .unwrap_or(0);
+    if len > app.config.max_uri_bytes {
+        return ApiError::new(
+            StatusCode::URI_TOO_LONG,
+            "uri_too_long",
+            format!(
+                "the request URI is {len} bytes; this server accepts at most {}",
+                app.config.max_uri_bytes
+            ),
+        )
+        .into_response();
+    }
+    next.run(req).await
 }
 
 async fn not_found() -> ApiError {
@@ -122,7 +260,24 @@ fn specs_to_limits(specs: &[Json_]) -> ApiResult<Vec<Limit>> {
                     format!("invalid limit spec {v}: {e}"),
                 )
             })?;
-            Ok(spec.to_limit()?)
+            spec.to_limit()
+                .map_err(|e| match (&e, spec.reset_cron.as_deref()) {
+                    (tollgate_core::RuleError::InvalidLimit { reason, .. }, Some(c))
+                        if reason.starts_with("cron ") || reason.starts_with("time zone ") =>
+                    {
+                        let tz = spec.reset_tz.as_deref().unwrap_or("UTC");
+                        ApiError::new(
+                            StatusCode::BAD_REQUEST,
+                            "invalid_limit",
+                            format!(
+                                "limit {:?}: {}",
+                                spec.name,
+                                crate::cron::limit_reason(reason, c, tz)
+                            ),
+                        )
+                    }
+                    _ => e.into(),
+                })
         })
         .collect()
 }
@@ -162,9 +317,13 @@ struct Rejected<'a> {
     limits: &'a [LimitStatus],
 }
 
-async fn acquire(State(app): St, JsonBody(body): JsonBody<AcquireBody>) -> Response {
+async fn acquire(
+    State(app): St,
+    Extension(principal): Extension<Principal>,
+    JsonBody(body): JsonBody<AcquireBody>,
+) -> Response {
     let started = Instant::now();
-    let r = acquire_inner(&app, body).await;
+    let r = acquire_inner(&app, &principal, body).await;
     let outcome = match &r {
         Ok(resp) if resp.status() == StatusCode::TOO_MANY_REQUESTS => "rejected",
         Ok(_) => "admitted",
@@ -174,7 +333,19 @@ async fn acquire(State(app): St, JsonBody(body): JsonBody<AcquireBody>) -> Respo
     r.unwrap_or_else(IntoResponse::into_response)
 }
 
-async fn acquire_inner(app: &AppState, body: AcquireBody) -> ApiResult<Response> {
+async fn acquire_inner(
+    app: &AppState,
+    principal: &Principal,
+    body: AcquireBody,
+) -> ApiResult<Response> {
+    if body.limits.is_some() && !principal.may_override_limits(app.config.allow_limit_overrides) {
+        return Err(ApiError::new(
+            StatusCode::FORBIDDEN,
+            "overrides_disabled",
+            "per-call limits are disabled: the stored limits apply (start the server with \
+             --allow-limit-overrides, or acquire with an admin token)",
+        ));
+    }
     if !body.commit && app.leases.is_full(app.config.max_leases) {
         return Err(ApiError::new(
             StatusCode::SERVICE_UNAVAILABLE,
@@ -425,7 +596,11 @@ struct EntityBody {
     metadata: BTreeMap<String, String>,
 }
 
-async fn create_entity(State(app): St, JsonBody(b): JsonBody<EntityBody>) -> ApiResult<Response> {
+async fn create_entity(
+    State(app): St,
+    Extension(who): Extension<Principal>,
+    JsonBody(b): JsonBody<EntityBody>,
+) -> ApiResult<Response> {
     if b.name.as_deref().is_some_and(|n| n.len() > 1024) {
         return Err(ApiError::new(
             StatusCode::BAD_REQUEST,
@@ -437,6 +612,7 @@ async fn create_entity(State(app): St, JsonBody(b): JsonBody<EntityBody>) -> Api
         .limiter
         .create_entity(&b.id, b.name.as_deref(), b.parent_id.as_deref(), b.metadata)
         .await?;
+    tracing::info!(target: "tollgate::admin", principal = %who.name, entity = %e.id, "entity created");
     Ok((StatusCode::CREATED, Json(e)).into_response())
 }
 
@@ -447,11 +623,16 @@ async fn get_entity(State(app): St, PathParams(id): PathParams<String>) -> ApiRe
     }
 }
 
-async fn delete_entity(State(app): St, PathParams(id): PathParams<String>) -> ApiResult<Response> {
+async fn delete_entity(
+    State(app): St,
+    Extension(who): Extension<Principal>,
+    PathParams(id): PathParams<String>,
+) -> ApiResult<Response> {
     let n = app.limiter.delete_entity(&id).await?;
     if n == 0 {
         return Err(Error::EntityNotFound(id).into());
     }
+    tracing::info!(target: "tollgate::admin", principal = %who.name, entity = %id, deleted_items = n, "entity deleted");
     Ok(Json(serde_json::json!({ "deleted_items": n })).into_response())
 }
 
@@ -473,7 +654,9 @@ struct LimitsOut {
     on_unavailable: Option<OnUnavailable>,
 }
 
-fn scope_name(s: &Scope) -> String {
+/// A scope as the API and the CLI spell it: `system`, `resource:R`, `entity:E`,
+/// `entity:E/resource:R`.
+pub fn scope_name(s: &Scope) -> String {
     match s {
         Scope::System => "system".into(),
         Scope::Resource(r) => format!("resource:{r}"),
@@ -482,12 +665,18 @@ fn scope_name(s: &Scope) -> String {
     }
 }
 
-async fn put_limits(app: &AppState, scope: Scope, b: LimitsBody) -> ApiResult<Response> {
+async fn put_limits(
+    app: &AppState,
+    who: &Principal,
+    scope: Scope,
+    b: LimitsBody,
+) -> ApiResult<Response> {
     scope.validate()?;
     let limits = specs_to_limits(&b.limits)?;
     app.limiter
         .set_limits(&scope, &limits, b.on_unavailable)
         .await?;
+    tracing::info!(target: "tollgate::admin", principal = %who.name, scope = %scope_name(&scope), limits = limits.len(), "limits set");
     Ok(Json(LimitsOut {
         scope: scope_name(&scope),
         limits: limits.iter().map(LimitSpec::from).collect(),
@@ -506,8 +695,9 @@ async fn get_limits(app: &AppState, scope: Scope) -> ApiResult<Response> {
     .into_response())
 }
 
-async fn delete_limits(app: &AppState, scope: Scope) -> ApiResult<Response> {
+async fn delete_limits(app: &AppState, who: &Principal, scope: Scope) -> ApiResult<Response> {
     let deleted = app.limiter.delete_limits(&scope).await?;
+    tracing::info!(target: "tollgate::admin", principal = %who.name, scope = %scope_name(&scope), deleted, "limits deleted");
     Ok(
         Json(serde_json::json!({ "scope": scope_name(&scope), "deleted": deleted }))
             .into_response(),
@@ -517,11 +707,18 @@ async fn delete_limits(app: &AppState, scope: Scope) -> ApiResult<Response> {
 async fn get_system(State(app): St) -> ApiResult<Response> {
     get_limits(&app, Scope::System).await
 }
-async fn put_system(State(app): St, JsonBody(b): JsonBody<LimitsBody>) -> ApiResult<Response> {
-    put_limits(&app, Scope::System, b).await
+async fn put_system(
+    State(app): St,
+    Extension(who): Extension<Principal>,
+    JsonBody(b): JsonBody<LimitsBody>,
+) -> ApiResult<Response> {
+    put_limits(&app, &who, Scope::System, b).await
 }
-async fn delete_system(State(app): St) -> ApiResult<Response> {
-    delete_limits(&app, Scope::System).await
+async fn delete_system(
+    State(app): St,
+    Extension(who): Extension<Principal>,
+) -> ApiResult<Response> {
+    delete_limits(&app, &who, Scope::System).await
 }
 
 async fn get_resource(State(app): St, PathParams(r): PathParams<String>) -> ApiResult<Response> {
@@ -529,13 +726,18 @@ async fn get_resource(State(app): St, PathParams(r): PathParams<String>) -> ApiR
 }
 async fn put_resource(
     State(app): St,
+    Extension(who): Extension<Principal>,
     PathParams(r): PathParams<String>,
     JsonBody(b): JsonBody<LimitsBody>,
 ) -> ApiResult<Response> {
-    put_limits(&app, Scope::Resource(r), b).await
+    put_limits(&app, &who, Scope::Resource(r), b).await
 }
-async fn delete_resource(State(app): St, PathParams(r): PathParams<String>) -> ApiResult<Response> {
-    delete_limits(&app, Scope::Resource(r)).await
+async fn delete_resource(
+    State(app): St,
+    Extension(who): Extension<Principal>,
+    PathParams(r): PathParams<String>,
+) -> ApiResult<Response> {
+    delete_limits(&app, &who, Scope::Resource(r)).await
 }
 
 async fn get_entity_default(
@@ -546,16 +748,18 @@ async fn get_entity_default(
 }
 async fn put_entity_default(
     State(app): St,
+    Extension(who): Extension<Principal>,
     PathParams(e): PathParams<String>,
     JsonBody(b): JsonBody<LimitsBody>,
 ) -> ApiResult<Response> {
-    put_limits(&app, Scope::Entity(e, None), b).await
+    put_limits(&app, &who, Scope::Entity(e, None), b).await
 }
 async fn delete_entity_default(
     State(app): St,
+    Extension(who): Extension<Principal>,
     PathParams(e): PathParams<String>,
 ) -> ApiResult<Response> {
-    delete_limits(&app, Scope::Entity(e, None)).await
+    delete_limits(&app, &who, Scope::Entity(e, None)).await
 }
 
 async fn get_entity_resource(
@@ -566,22 +770,25 @@ async fn get_entity_resource(
 }
 async fn put_entity_resource(
     State(app): St,
+    Extension(who): Extension<Principal>,
     PathParams((e, r)): PathParams<(String, String)>,
     JsonBody(b): JsonBody<LimitsBody>,
 ) -> ApiResult<Response> {
-    put_limits(&app, Scope::Entity(e, Some(r)), b).await
+    put_limits(&app, &who, Scope::Entity(e, Some(r)), b).await
 }
 async fn delete_entity_resource(
     State(app): St,
+    Extension(who): Extension<Principal>,
     PathParams((e, r)): PathParams<(String, String)>,
 ) -> ApiResult<Response> {
-    delete_limits(&app, Scope::Entity(e, Some(r))).await
+    delete_limits(&app, &who, Scope::Entity(e, Some(r))).await
 }
 
 // ---------------------------------------------------------------------------------------
 // Health and metrics
 
-async fn healthz(State(app): St) -> ApiResult<Response> {
+/// Probe the store: one read of a key that never exists, within 5 s.
+async fn probe_store(app: &AppState) -> ApiResult<()> {
     let probe = Key::new("HEALTH#", "#");
     let r = tokio::time::timeout(
         Duration::from_secs(5),
@@ -589,12 +796,7 @@ async fn healthz(State(app): St) -> ApiResult<Response> {
     )
     .await;
     match r {
-        Ok(Ok(_)) => Ok(Json(serde_json::json!({
-            "status": "ok",
-            "backend": app.limiter.backend(),
-            "leases_held": app.leases.len(),
-        }))
-        .into_response()),
+        Ok(Ok(_)) => Ok(()),
         Ok(Err(e)) => Err(ApiError::new(
             StatusCode::SERVICE_UNAVAILABLE,
             "store_unavailable",
@@ -606,6 +808,30 @@ async fn healthz(State(app): St) -> ApiResult<Response> {
             "store check timed out after 5 s",
         )),
     }
+}
+
+/// The process answers: no store request.
+async fn livez() -> Response {
+    Json(serde_json::json!({ "status": "ok" })).into_response()
+}
+
+/// Ready to serve: the store answers.
+async fn readyz(State(app): St) -> ApiResult<Response> {
+    probe_store(&app).await?;
+    Ok(
+        Json(serde_json::json!({ "status": "ok", "backend": app.limiter.backend() }))
+            .into_response(),
+    )
+}
+
+async fn healthz(State(app): St) -> ApiResult<Response> {
+    probe_store(&app).await?;
+    Ok(Json(serde_json::json!({
+        "status": "ok",
+        "backend": app.limiter.backend(),
+        "leases_held": app.leases.len(),
+    }))
+    .into_response())
 }
 
 async fn metrics(State(app): St) -> Response {

@@ -200,7 +200,11 @@ async fn larger_than_capacity_is_429_without_retry_after() {
 
 #[tokio::test]
 async fn malformed_requests_are_4xx_with_codes() {
-    let (s, _) = server();
+    // Two cases below send per-call limits: allow them, to check how they are validated.
+    let (s, _) = server_with(ServerConfig {
+        allow_limit_overrides: true,
+        ..Default::default()
+    });
     let app = s.router();
     set_rpm(&app, "gpt-4", 5).await;
     let huge = "99999999999999999999999";

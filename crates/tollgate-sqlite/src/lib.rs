@@ -213,6 +213,35 @@ impl SqliteStore {
         })
     }
 
+    /// Open an existing database read-only: never creates the file or changes it (no journal
+    /// mode or schema setup); every write fails. A missing file, or a file that is not a
+    /// tollgate database of this schema version, is [`StoreError::Unavailable`].
+    pub fn open_read_only(path: impl AsRef<Path>) -> Result<Self, StoreError> {
+        let path = path.as_ref();
+        let conn = Connection::open_with_flags(
+            path,
+            OpenFlags::SQLITE_OPEN_READ_ONLY
+                | OpenFlags::SQLITE_OPEN_NO_MUTEX
+                | OpenFlags::SQLITE_OPEN_URI,
+        )
+        .map_err(|e| StoreError::Unavailable(format!("sqlite open {}: {e}", path.display())))?;
+        conn.busy_timeout(SqliteConfig::default().busy_timeout)
+            .map_err(|e| from_sqlite("set busy timeout", e))?;
+        let version: i64 = conn
+            .query_row("PRAGMA user_version", [], |r| r.get(0))
+            .map_err(|e| from_sqlite("read schema version", e))?;
+        if version != SCHEMA_VERSION {
+            return Err(StoreError::Unavailable(format!(
+                "{} has schema version {version}; this build reads {SCHEMA_VERSION}",
+                path.display()
+            )));
+        }
+        Ok(SqliteStore {
+            conn: Arc::new(Mutex::new(conn)),
+            path: Arc::from(path.display().to_string()),
+        })
+    }
+
     /// The path this store was opened with.
     pub fn path(&self) -> PathBuf {
         PathBuf::from(&*self.inner.path)

@@ -15,19 +15,42 @@ pub struct ServerProc {
     pub base: String,
 }
 
+/// How to start a server.
+#[derive(Default)]
+pub struct Opts<'a> {
+    /// `RUST_LOG` (default `warn`).
+    pub rust_log: Option<&'a str>,
+    /// Write stderr here instead of inheriting it.
+    pub stderr_to: Option<&'a Path>,
+    /// Extra environment.
+    pub env: Vec<(&'a str, String)>,
+}
+
 impl ServerProc {
     /// Start `tollgate serve --store sqlite:DB --listen 127.0.0.1:0` and read the address it
     /// prints.
     pub fn start(db: &Path, extra: &[&str]) -> ServerProc {
-        let mut child = Command::new(BIN)
-            .args(["serve", "--listen", "127.0.0.1:0", "--store"])
+        Self::start_with(db, extra, Opts::default())
+    }
+
+    /// As [`ServerProc::start`], with options.
+    pub fn start_with(db: &Path, extra: &[&str], o: Opts<'_>) -> ServerProc {
+        let mut cmd = Command::new(BIN);
+        cmd.args(["serve", "--listen", "127.0.0.1:0", "--store"])
             .arg(format!("sqlite:{}", db.display()))
             .args(extra)
-            .env("RUST_LOG", "warn")
-            .stdout(Stdio::piped())
-            .stderr(Stdio::inherit())
-            .spawn()
-            .expect("spawn tollgate serve");
+            .env("RUST_LOG", o.rust_log.unwrap_or("warn"))
+            .env_remove("TOLLGATE_AUTH_TOKENS")
+            .env_remove("TOLLGATE_AUTH_FILE")
+            .stdout(Stdio::piped());
+        for (k, v) in &o.env {
+            cmd.env(k, v);
+        }
+        match o.stderr_to {
+            Some(p) => cmd.stderr(std::fs::File::create(p).expect("stderr file")),
+            None => cmd.stderr(Stdio::inherit()),
+        };
+        let mut child = cmd.spawn().expect("spawn tollgate serve");
         let stdout = child.stdout.take().expect("stdout");
         let mut line = String::new();
         BufReader::new(stdout)
@@ -39,6 +62,21 @@ impl ServerProc {
             .unwrap_or_else(|| panic!("no address in {line:?}"))
             .to_string();
         ServerProc { child, base }
+    }
+
+    /// Send a signal (`HUP`, `TERM`, ...).
+    pub fn signal(&self, sig: &str) {
+        let ok = Command::new("kill")
+            .args([&format!("-{sig}"), &self.child.id().to_string()])
+            .status()
+            .expect("kill")
+            .success();
+        assert!(ok, "kill -{sig}");
+    }
+
+    /// Whether the process is still running.
+    pub fn running(&mut self) -> bool {
+        self.child.try_wait().expect("wait").is_none()
     }
 
     pub fn url(&self, path: &str) -> String {

@@ -1,0 +1,261 @@
+//! `tollgate serve`: the HTTP server, its authentication, connection settings and signals.
+//!
+//! - Tokens come from `--auth-file` (re-read on SIGHUP) and/or `TOLLGATE_AUTH_TOKENS`.
+//! - Without tokens the server listens only on loopback addresses; any other `--listen` is
+//!   refused unless `--insecure-no-auth` is given.
+//! - SIGINT / SIGTERM: graceful shutdown (open connections finish, open leases are
+//!   committed). SIGHUP: re-read the auth file; the server keeps running, with its
+//!   connections and leases.
+
+use std::io::Write;
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use clap::Args;
+use serde_json::json;
+use tollgate::Limiter;
+use tollgate_server::{Auth, Server, ServerConfig, StoreMetrics, TokenSet};
+
+use crate::fail::Failure;
+use crate::spec;
+use crate::store::{self, Access};
+use crate::StoreArgs;
+
+/// The environment variable holding inline token entries.
+pub const TOKENS_ENV: &str = "TOLLGATE_AUTH_TOKENS";
+
+/// Arguments of `serve`.
+#[derive(Debug, Args)]
+pub struct ServeArgs {
+    #[command(flatten)]
+    store: StoreArgs,
+    /// Address to listen on (port 0 picks a free port; the address is printed). Without
+    /// authentication only loopback addresses are accepted.
+    #[arg(long, env = "TOLLGATE_LISTEN", default_value = "127.0.0.1:8080")]
+    listen: String,
+    /// How long an open lease is held; at expiry it is committed (debit stands,
+    /// adjustments written).
+    #[arg(long, default_value = "300s", value_parser = spec::parse_duration)]
+    lease_ttl: Duration,
+    /// Bearer tokens, one `name:token:role` per line (role `client` or `admin`); re-read
+    /// on SIGHUP. More entries may come from TOLLGATE_AUTH_TOKENS.
+    #[arg(long, env = "TOLLGATE_AUTH_FILE", value_name = "PATH")]
+    auth_file: Option<PathBuf>,
+    /// Serve without authentication on a non-loopback address (anyone who can connect may
+    /// change limits and delete entities).
+    #[arg(long, conflicts_with = "auth_file")]
+    insecure_no_auth: bool,
+    /// Let every caller send its own `limits` in an acquire (otherwise only admin tokens
+    /// may; others get 403 overrides_disabled).
+    #[arg(long)]
+    allow_limit_overrides: bool,
+    /// Time allowed for a complete request head, at connect and between keep-alive
+    /// requests (so also the idle keep-alive timeout).
+    #[arg(long, default_value = "10s", value_parser = spec::parse_duration)]
+    header_timeout: Duration,
+    /// Time a request body may stall while it is read (then 408).
+    #[arg(long, default_value = "10s", value_parser = spec::parse_duration)]
+    body_timeout: Duration,
+    /// Longest time a request may spend in the server (then 503 timeout).
+    #[arg(long, default_value = "30s", value_parser = spec::parse_duration)]
+    request_timeout: Duration,
+    /// Most connections open at once; at the limit the server stops accepting.
+    #[arg(long, default_value_t = 1024)]
+    max_connections: usize,
+    /// Largest request body (bytes, or with KiB / MiB).
+    #[arg(long, default_value = "64KiB", value_parser = spec::parse_bytes)]
+    body_limit: usize,
+    /// Largest request head: request line and headers (bytes, or with KiB / MiB).
+    #[arg(long, default_value = "16KiB", value_parser = spec::parse_bytes)]
+    max_header_size: usize,
+}
+
+fn positive(name: &str, d: Duration) -> Result<(), Failure> {
+    if d.is_zero() {
+        return Err(Failure::BadInput(format!("{name} must be positive")));
+    }
+    Ok(())
+}
+
+/// The tokens of the file and the environment, if any.
+fn auth_of(a: &ServeArgs) -> Result<Option<Arc<Auth>>, Failure> {
+    let env = match std::env::var(TOKENS_ENV) {
+        Ok(v) if !v.trim().is_empty() => Some(
+            TokenSet::parse(&v, TOKENS_ENV, true).map_err(|e| Failure::BadInput(e.to_string()))?,
+        ),
+        _ => None,
+    };
+    if a.auth_file.is_none() && env.is_none() {
+        return Ok(None);
+    }
+    if a.insecure_no_auth {
+        return Err(Failure::BadInput(format!(
+            "--insecure-no-auth contradicts the tokens in {TOKENS_ENV}"
+        )));
+    }
+    Auth::new(a.auth_file.clone(), env)
+        .map(|auth| Some(Arc::new(auth)))
+        .map_err(|e| Failure::BadInput(e.to_string()))
+}
+
+/// Refuse a non-loopback address without authentication (unless told otherwise).
+async fn check_listen(a: &ServeArgs, authed: bool) -> Result<(), Failure> {
+    if authed {
+        return Ok(());
+    }
+    let addrs: Vec<SocketAddr> = tokio::net::lookup_host(&a.listen)
+        .await
+        .map_err(|e| Failure::BadInput(format!("cannot resolve --listen {}: {e}", a.listen)))?
+        .collect();
+    let loopback = !addrs.is_empty() && addrs.iter().all(|s| s.ip().is_loopback());
+    if loopback {
+        return Ok(());
+    }
+    if a.insecure_no_auth {
+        tracing::warn!(listen = %a.listen, "serving WITHOUT authentication on a non-loopback address (--insecure-no-auth)");
+        return Ok(());
+    }
+    Err(Failure::BadInput(format!(
+        "refusing to listen on {} without authentication: anyone who can connect could change limits and delete entities. \
+         Give --auth-file (or {TOKENS_ENV}), listen on a loopback address (127.0.0.1), or pass --insecure-no-auth",
+        a.listen
+    )))
+}
+
+async fn shutdown_signal() {
+    let ctrl_c = async {
+        if let Err(e) = tokio::signal::ctrl_c().await {
+            tracing::warn!(error = %e, "cannot listen for Ctrl-C");
+            std::future::pending::<()>().await;
+        }
+    };
+    #[cfg(unix)]
+    let term = async {
+        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(mut s) => {
+                s.recv().await;
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, "cannot listen for SIGTERM");
+                std::future::pending::<()>().await;
+            }
+        }
+    };
+    #[cfg(not(unix))]
+    let term = std::future::pending::<()>();
+    tokio::select! {
+        _ = ctrl_c => {},
+        _ = term => {},
+    }
+    tracing::info!("shutting down");
+}
+
+/// SIGHUP re-reads the auth file. Installed before the server announces itself, so a
+/// SIGHUP never meets the default action (which would end the process).
+#[cfg(unix)]
+fn reload_on_hangup(auth: Option<Arc<Auth>>) -> Result<(), Failure> {
+    let mut hup = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup())
+        .map_err(|e| Failure::Other(anyhow::anyhow!("cannot listen for SIGHUP: {e}")))?;
+    tokio::spawn(async move {
+        while hup.recv().await.is_some() {
+            match &auth {
+                Some(a) if a.file().is_some() => match a.reload() {
+                    Ok(n) => tracing::info!(tokens = n, "SIGHUP: auth file reloaded"),
+                    Err(e) => {
+                        tracing::error!(error = %e, "SIGHUP: auth file not reloaded; the tokens in force stay")
+                    }
+                },
+                _ => tracing::info!("SIGHUP: no auth file to reload; still serving"),
+            }
+        }
+    });
+    Ok(())
+}
+
+#[cfg(not(unix))]
+fn reload_on_hangup(_auth: Option<Arc<Auth>>) -> Result<(), Failure> {
+    Ok(())
+}
+
+/// Run the server until SIGINT / SIGTERM.
+pub async fn run(a: ServeArgs, json_out: bool) -> Result<(), Failure> {
+    positive("--lease-ttl", a.lease_ttl)?;
+    positive("--header-timeout", a.header_timeout)?;
+    positive("--body-timeout", a.body_timeout)?;
+    positive("--request-timeout", a.request_timeout)?;
+    if a.max_connections == 0 {
+        return Err(Failure::BadInput(
+            "--max-connections must be at least 1".into(),
+        ));
+    }
+    if a.max_header_size < 1024 {
+        return Err(Failure::BadInput(
+            "--max-header-size must be at least 1KiB".into(),
+        ));
+    }
+    let auth = auth_of(&a)?;
+    check_listen(&a, auth.is_some()).await?;
+    #[cfg(unix)]
+    if let Some(p) = a.auth_file.as_deref() {
+        use std::os::unix::fs::PermissionsExt;
+        if std::fs::metadata(p).is_ok_and(|m| m.permissions().mode() & 0o077 != 0) {
+            tracing::warn!(path = %p.display(), "the auth file can be read by other users (chmod 600 it)");
+        }
+    }
+
+    let store_metrics = StoreMetrics::new();
+    let raw = store::open(&a.store.store, a.store.endpoint.as_deref(), Access::Create).await?;
+    let limiter = Limiter::builder(store_metrics.wrap(raw))
+        .namespace(&a.store.namespace)
+        .build()?;
+    let listener = tokio::net::TcpListener::bind(&a.listen)
+        .await
+        .map_err(|e| Failure::BadInput(format!("cannot listen on {}: {e}", a.listen)))?;
+    let addr = listener
+        .local_addr()
+        .map_err(|e| Failure::Other(e.into()))?;
+    let cfg = ServerConfig {
+        lease_ttl: a.lease_ttl,
+        allow_limit_overrides: a.allow_limit_overrides,
+        header_timeout: a.header_timeout,
+        body_timeout: a.body_timeout,
+        request_timeout: a.request_timeout,
+        max_connections: a.max_connections,
+        body_limit: a.body_limit,
+        max_header_bytes: a.max_header_size,
+        ..Default::default()
+    };
+    let mut builder = Server::builder(limiter)
+        .config(cfg)
+        .store_metrics(store_metrics);
+    if let Some(auth) = &auth {
+        builder = builder.auth(auth.clone());
+    }
+    let server = builder.build();
+    reload_on_hangup(auth.clone())?;
+
+    let tokens = auth.as_ref().map(|x| x.tokens().len());
+    let store_name = a.store.store.to_string();
+    if json_out {
+        crate::print_json(&json!({
+            "listening": format!("http://{addr}"),
+            "store": store_name,
+            "auth": tokens.is_some(),
+            "tokens": tokens,
+        }));
+    } else {
+        let auth_note = match tokens {
+            Some(n) => format!("{n} bearer token(s)"),
+            None => "no authentication".into(),
+        };
+        println!("tollgate listening on http://{addr} (store {store_name}, {auth_note})");
+    }
+    let _ = std::io::stdout().flush();
+    tracing::info!(%addr, store = %store_name, auth = tokens.is_some(), "listening");
+    server
+        .serve(listener, shutdown_signal())
+        .await
+        .map_err(|e| Failure::Other(e.into()))
+}
