@@ -83,9 +83,11 @@ impl Failure {
             Failure::Limiter(e) => match e {
                 Error::RateLimitExceeded(_) | Error::ResourceDisabled { .. } => REJECTED,
                 Error::Invalid(tollgate_core::RuleError::Corrupt { .. }) => UNAVAILABLE,
-                Error::Invalid(_) | Error::UnknownLimit { .. } | Error::NoLimits { .. } => {
-                    BAD_INPUT
-                }
+                Error::Invalid(_)
+                | Error::UnknownLimit { .. }
+                | Error::NoLimits { .. }
+                | Error::InvalidAdjustment { .. } => BAD_INPUT,
+                Error::Contended { .. } => REJECTED,
                 Error::Unavailable(_) | Error::Corrupt(_) => UNAVAILABLE,
                 Error::EntityExists(_) | Error::EntityNotFound(_) | Error::LeaseClosed => OTHER,
                 #[allow(unreachable_patterns)]

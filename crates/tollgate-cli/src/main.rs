@@ -91,7 +91,8 @@ enum Cmd {
     /// Run the HTTP server (JSON API, 429 + Retry-After + RateLimit headers, /metrics;
     /// the API is documented in docs/http-api.md).
     Serve(serve::ServeArgs),
-    /// Acquire amounts now (the lease is committed at once). Exit 3 when rejected.
+    /// Acquire amounts now (the lease is committed at once, with any --adjust). Exit 3 when
+    /// rejected; exit 2 when an adjustment would refund more than the lease consumed.
     Acquire {
         /// Entity id.
         entity: String,
@@ -100,6 +101,10 @@ enum Cmd {
         /// Amounts as NAME=TOKENS (e.g. rpm=1 tpm=500).
         #[arg(value_parser = spec::parse_amount, required = true)]
         amounts: Vec<(String, i64)>,
+        /// What the call really used, as NAME=DELTA (e.g. tpm=230 or tpm=-270), committed
+        /// with the lease. A lease never returns more than it consumed.
+        #[arg(long = "adjust", value_parser = spec::parse_amount)]
+        adjust: Vec<(String, i64)>,
         #[command(flatten)]
         store: StoreArgs,
     },
@@ -424,6 +429,7 @@ async fn run(cli: Cli) -> Result<(), Failure> {
             entity,
             resource,
             amounts,
+            adjust,
             store,
         } => {
             let limiter = store.limiter(Access::Existing).await?;
@@ -432,6 +438,13 @@ async fn run(cli: Cli) -> Result<(), Failure> {
                 .await?;
             let statuses = lease.statuses().to_vec();
             let degraded = lease.is_degraded();
+            for (limit, delta) in &adjust {
+                if let Err(e) = lease.adjust(limit, *delta) {
+                    // The acquire stands (its debit is the lease's); nothing else is written.
+                    lease.commit().await?;
+                    return Err(e.into());
+                }
+            }
             lease.commit().await?;
             if json {
                 print_json(&json!({

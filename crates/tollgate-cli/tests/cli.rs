@@ -64,13 +64,25 @@ fn limits_acquire_until_rejected_with_exit_codes() {
     assert_eq!(v["error"], "rate_limit_exceeded");
     assert!(v["retry_after_ms"].as_i64().unwrap() > 0);
 
+    // A lease never returns more than it consumed: exit 2, and the acquire's 10 stands.
+    let o = tollgate(&[
+        "--json", "acquire", "user-1", "gpt-4", "tpm=10", "--adjust", "tpm=-11", "--store", &st,
+    ]);
+    assert_eq!(code(&o), 2, "{}{}", stdout(&o), stderr(&o));
+    let v: Value = serde_json::from_str(&stdout(&o)).unwrap();
+    assert_eq!(v["error"], "invalid_adjustment");
+    let o = tollgate(&[
+        "acquire", "user-1", "gpt-4", "tpm=10", "--adjust", "tpm=-10", "--store", &st,
+    ]);
+    assert_eq!(code(&o), 0, "{}{}", stdout(&o), stderr(&o));
+
     let o = tollgate(&["check", "user-1", "gpt-4", "--store", &st, "--json"]);
     assert_eq!(code(&o), 0);
     let v: Value = serde_json::from_str(&stdout(&o)).unwrap();
     assert_eq!(v["limits"][0]["available"], 0);
-    // 1000 tokens spent, some dripped back since (100000/min).
+    // 1010 tokens spent, some dripped back since (100000/min).
     let tpm = v["limits"][1]["available"].as_i64().unwrap();
-    assert!((199_000..200_000).contains(&tpm), "{tpm}");
+    assert!((198_990..=200_000).contains(&tpm), "{tpm}");
     let o = tollgate(&["check", "user-1", "gpt-4", "rpm=1", "--store", &st]);
     assert_eq!(code(&o), 0);
     assert!(stdout(&o).contains("would be rejected"), "{}", stdout(&o));

@@ -42,7 +42,13 @@ pub fn plan_spread(
     }
     let mut order: Vec<usize> = usable.clone();
     order.sort_by(|a, b| {
-        let key = |i: &usize| (*i != preferred, std::cmp::Reverse(balances[*i].unwrap_or(0)), *i);
+        let key = |i: &usize| {
+            (
+                *i != preferred,
+                std::cmp::Reverse(balances[*i].unwrap_or(0)),
+                *i,
+            )
+        };
         key(a).cmp(&key(b))
     });
     let mut rest = amount;
@@ -140,14 +146,20 @@ mod tests {
         let b = [Some(5), Some(5)];
         assert_eq!(plan_spread(&b, 0, 10, true), Some(vec![5, 5]));
         assert_eq!(plan_spread(&[Some(-5), Some(5)], 1, 1, false), None);
-        assert_eq!(plan_spread(&[Some(-5), Some(5)], 1, 0, false), Some(vec![0, 0]));
+        assert_eq!(
+            plan_spread(&[Some(-5), Some(5)], 1, 0, false),
+            Some(vec![0, 0])
+        );
     }
 
     /// The debt no balance covers is levelled from the top.
     #[test]
     fn debt_is_levelled() {
         // 3 and 1 are taken, then 6 more: levels 0,0 → -3,-3.
-        assert_eq!(plan_spread(&[Some(3), Some(1)], 1, 10, true), Some(vec![6, 4]));
+        assert_eq!(
+            plan_spread(&[Some(3), Some(1)], 1, 10, true),
+            Some(vec![6, 4])
+        );
         // A shard already deeper in debt is left alone until the others reach it.
         assert_eq!(
             plan_spread(&[Some(-6), Some(0), Some(0)], 0, 8, true),

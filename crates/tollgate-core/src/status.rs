@@ -75,7 +75,12 @@ pub fn limit_status(
             let full_in = views
                 .iter()
                 .filter_map(|v| {
-                    time_to_refill(v.eval.ceiling - v.eval.balance, rate(v), *period_ms, v.carry)
+                    time_to_refill(
+                        v.eval.ceiling - v.eval.balance,
+                        rate(v),
+                        *period_ms,
+                        v.carry,
+                    )
                 })
                 .max()
                 .unwrap_or(0);

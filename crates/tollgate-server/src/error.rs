@@ -21,6 +21,7 @@ pub const CODES: &[(&str, u16, &str)] = &[
     ("invalid_amount", 400, "an amount or delta that is negative, not an integer, or too large"),
     ("invalid_limit", 400, "an invalid limit definition"),
     ("unknown_limit", 400, "an amount names a limit the resource does not have"),
+    ("invalid_adjustment", 400, "a lease adjustment would refund more than the lease consumed of the limit"),
     ("bad_request", 400, "the request could not be parsed as HTTP/1.1"),
     ("unauthorized", 401, "no bearer token, or one the server does not know"),
     ("forbidden", 403, "the token's role may not use this route"),
@@ -38,6 +39,7 @@ pub const CODES: &[(&str, u16, &str)] = &[
     ("uri_too_long", 414, "the request URI is longer than the server accepts"),
     ("headers_too_large", 431, "the request head is larger than the server accepts, or has too many headers"),
     ("rate_limit_exceeded", 429, "a limit refused the acquire"),
+    ("contended", 429, "the entity's buckets stayed contended by concurrent writers: nothing was charged, retry shortly"),
     ("internal_error", 500, "a bug or a request the store refused as invalid"),
     ("corrupt_data", 500, "corrupt stored data"),
     ("store_unavailable", 503, "the store cannot be reached, throttled, or the outcome is unknown"),
@@ -176,6 +178,8 @@ impl ApiError {
 /// | no limits configured | 404 | `no_limits` |
 /// | entity exists / not found | 409 / 404 | `entity_exists` / `entity_not_found` |
 /// | lease committed or rolled back | 409 | `lease_closed` |
+/// | adjustment refunds more than the lease consumed | 400 | `invalid_adjustment` |
+/// | buckets contended through every retry (nothing charged) | 429 | `contended` |
 /// | resource disabled for the entity | 403 | `resource_disabled` |
 /// | store unreachable, throttled, outcome unknown | 503 | `store_unavailable` |
 /// | store refused a request as invalid | 500 | `internal_error` |
@@ -195,6 +199,8 @@ pub fn classify(e: &Error) -> (StatusCode, &'static str) {
         Error::EntityExists(_) => (StatusCode::CONFLICT, "entity_exists"),
         Error::EntityNotFound(_) => (StatusCode::NOT_FOUND, "entity_not_found"),
         Error::LeaseClosed => (StatusCode::CONFLICT, "lease_closed"),
+        Error::InvalidAdjustment { .. } => (StatusCode::BAD_REQUEST, "invalid_adjustment"),
+        Error::Contended { .. } => (StatusCode::TOO_MANY_REQUESTS, "contended"),
         Error::ResourceDisabled { .. } => (StatusCode::FORBIDDEN, "resource_disabled"),
         Error::Corrupt(_) => (StatusCode::INTERNAL_SERVER_ERROR, "corrupt_data"),
         Error::Unavailable(StoreError::Validation(_)) => {

@@ -917,13 +917,25 @@ impl Ledger {
             }
             for s in &a.statuses {
                 if s.exceeded && s.available >= s.requested {
-                    out.push(tag("refused while its status says the amount is available", Some(s)));
+                    out.push(tag(
+                        "refused while its status says the amount is available",
+                        Some(s),
+                    ));
                 } else if !s.exceeded && s.available < s.requested {
-                    out.push(tag("a limit reported as fitting does not cover the amount", Some(s)));
+                    out.push(tag(
+                        "a limit reported as fitting does not cover the amount",
+                        Some(s),
+                    ));
                 } else if s.exceeded && s.requested > s.capacity && s.retry_after_ms.is_some() {
-                    out.push(tag("a retry-after for a request that can never fit", Some(s)));
+                    out.push(tag(
+                        "a retry-after for a request that can never fit",
+                        Some(s),
+                    ));
                 } else if s.exceeded && s.requested <= s.capacity && s.retry_after_ms.is_none() {
-                    out.push(tag("no retry-after for a request that fits the capacity", Some(s)));
+                    out.push(tag(
+                        "no retry-after for a request that fits the capacity",
+                        Some(s),
+                    ));
                 }
             }
         }

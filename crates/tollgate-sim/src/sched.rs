@@ -627,8 +627,14 @@ impl Store for SimStore {
         let keys = vec![req.key.clone()];
         let before = self.sh.images(&keys);
         let r = self.sh.faulty.delete(req).await;
-        self.sh
-            .after_write(self.client, "delete", &keys, before, r.as_ref().err(), t_call);
+        self.sh.after_write(
+            self.client,
+            "delete",
+            &keys,
+            before,
+            r.as_ref().err(),
+            t_call,
+        );
         r
     }
 
@@ -646,8 +652,14 @@ impl Store for SimStore {
             .collect();
         let before = self.sh.images(&keys);
         let r = self.sh.faulty.transact_write(ops, token).await;
-        self.sh
-            .after_write(self.client, "transact", &keys, before, r.as_ref().err(), t_call);
+        self.sh.after_write(
+            self.client,
+            "transact",
+            &keys,
+            before,
+            r.as_ref().err(),
+            t_call,
+        );
         r
     }
 

@@ -213,33 +213,34 @@ impl SqliteStore {
         })
     }
 
-    /// Open an existing database read-only: never creates the file or changes it (no journal
-    /// mode or schema setup); every write fails. A missing file, or a file that is not a
-    /// tollgate database of this schema version, is [`StoreError::Unavailable`].
+    /// Open an existing database for the read-only commands: never creates the file. The
+    /// file is first checked through a read-only connection (it exists, and it is a
+    /// tollgate database of this schema version — otherwise [`StoreError::Unavailable`]
+    /// naming the file), then opened as usual; an existing tollgate file already has its
+    /// journal mode and schema, so opening it changes nothing.
     pub fn open_read_only(path: impl AsRef<Path>) -> Result<Self, StoreError> {
         let path = path.as_ref();
-        let conn = Connection::open_with_flags(
-            path,
-            OpenFlags::SQLITE_OPEN_READ_ONLY
-                | OpenFlags::SQLITE_OPEN_NO_MUTEX
-                | OpenFlags::SQLITE_OPEN_URI,
-        )
-        .map_err(|e| StoreError::Unavailable(format!("sqlite open {}: {e}", path.display())))?;
-        conn.busy_timeout(SqliteConfig::default().busy_timeout)
-            .map_err(|e| from_sqlite("set busy timeout", e))?;
-        let version: i64 = conn
-            .query_row("PRAGMA user_version", [], |r| r.get(0))
-            .map_err(|e| from_sqlite("read schema version", e))?;
-        if version != SCHEMA_VERSION {
-            return Err(StoreError::Unavailable(format!(
-                "{} has schema version {version}; this build reads {SCHEMA_VERSION}",
-                path.display()
-            )));
+        let shown = path.display().to_string();
+        {
+            let conn = Connection::open_with_flags(
+                path,
+                OpenFlags::SQLITE_OPEN_READ_ONLY
+                    | OpenFlags::SQLITE_OPEN_NO_MUTEX
+                    | OpenFlags::SQLITE_OPEN_URI,
+            )
+            .map_err(|e| StoreError::Unavailable(format!("sqlite open {shown}: {e}")))?;
+            conn.busy_timeout(SqliteConfig::default().busy_timeout)
+                .map_err(|e| from_open(&shown, "set busy timeout on", e))?;
+            let version: i64 = conn
+                .query_row("PRAGMA user_version", [], |r| r.get(0))
+                .map_err(|e| StoreError::Unavailable(format!("sqlite {shown}: {e}")))?;
+            if version != SCHEMA_VERSION {
+                return Err(StoreError::Unavailable(format!(
+                    "{shown} has schema version {version}; this build reads {SCHEMA_VERSION}"
+                )));
+            }
         }
-        Ok(SqliteStore {
-            conn: Arc::new(Mutex::new(conn)),
-            path: Arc::from(path.display().to_string()),
-        })
+        Self::open(path)
     }
 
     /// The path this store was opened with.

@@ -6,7 +6,9 @@ use std::sync::Arc;
 use tollgate::testing::{Backend, TestStore};
 use tollgate_core::value::{Item, Key};
 use tollgate_sqlite::SqliteStore;
-use tollgate_store::{DeleteRequest, PutRequest, Query, Store, StoreError, TransactOp, UpdateRequest};
+use tollgate_store::{
+    DeleteRequest, PutRequest, Query, Store, StoreError, TransactOp, UpdateRequest,
+};
 
 /// A store on its own temporary file, with raw access for staging states (unconditional
 /// writes through the store itself, run to completion on the test's runtime).

@@ -106,10 +106,7 @@ fn needs_materialising(img: &BucketImage, req: &Request, now: i64) -> bool {
     !image_trusted(img, &req.limits, &req.amounts, now)
         || img.ph.as_deref() != Some(req.ph.as_str())
         || img.ttl.is_some_and(|t| t <= now / 1000)
-        || req
-            .amounts
-            .iter()
-            .any(|(n, _)| !img.limits.contains_key(n))
+        || req.amounts.iter().any(|(n, _)| !img.limits.contains_key(n))
 }
 
 impl Limiter {
@@ -443,10 +440,7 @@ impl Inner {
                             }
                             let new_s = self.bump(req, img.shard_count.max(s)).await?;
                             if new_s > s {
-                                return Ok(Fast::Slow(
-                                    self.rng.draw(s as u32, new_s as u32),
-                                    None,
-                                ));
+                                return Ok(Fast::Slow(self.rng.draw(s as u32, new_s as u32), None));
                             }
                             return Ok(Fast::Slow(cur, Some(img)));
                         }
@@ -490,7 +484,12 @@ impl Inner {
                 Err(e) => Err(e),
             };
         }
-        match self.exceeded(req, &images.iter().map(Some).collect::<Vec<_>>(), s_now, now) {
+        match self.exceeded(
+            req,
+            &images.iter().map(Some).collect::<Vec<_>>(),
+            s_now,
+            now,
+        ) {
             Some(x) => Ok(Fast::Rejected(x)),
             // The image shows enough (a refill the stored balance did not carry yet): the
             // slow path materialises it.
@@ -543,11 +542,13 @@ impl Inner {
                 match &img {
                     Some(i) => {
                         self.shards.raise(&req.entity, &req.resource, i.shard_count);
-                        self.images.put(&req.entity, &req.resource, shard, i.clone());
+                        self.images
+                            .put(&req.entity, &req.resource, shard, i.clone());
                     }
                     None => self.images.forget(&req.entity, &req.resource, shard),
                 }
-                let f = classify_fast_failure(img.as_ref(), &req.amounts, &req.limits, &req.ph, now);
+                let f =
+                    classify_fast_failure(img.as_ref(), &req.amounts, &req.limits, &req.ph, now);
                 Ok(Err(Some((f, img))))
             }
             Err(StoreError::Throttled(_)) => Ok(Err(None)),
@@ -875,15 +876,8 @@ impl Inner {
         } else {
             req.amounts.clone()
         };
-        let (write, rf_written) = self.materialising_write(
-            req,
-            key,
-            &img,
-            &evals,
-            &amounts,
-            Charging::default(),
-            now,
-        );
+        let (write, rf_written) =
+            self.materialising_write(req, key, &img, &evals, &amounts, Charging::default(), now);
         let landed = self
             .commit_slot(req, shard, TransactOp::Update(write), &plan.moves, pin)
             .await?;
@@ -1087,7 +1081,11 @@ impl Inner {
             let r = match own {
                 TransactOp::Update(u) => self.store.update(u).await.map(|n| n.map(Box::new)),
                 TransactOp::Put(p) => self.store.put(p).await.map(|()| None),
-                other => self.store.transact_write(vec![other], None).await.map(|()| None),
+                other => self
+                    .store
+                    .transact_write(vec![other], None)
+                    .await
+                    .map(|()| None),
             };
             return match r {
                 Ok(n) => Ok(Ok(n)),

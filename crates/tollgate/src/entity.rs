@@ -93,11 +93,14 @@ impl Inner {
                             .iter()
                             .find(|(n, _)| n == l.name())
                             .map_or(0, |(_, t)| *t);
-                        after.entry(l.name().to_string()).or_default().push(Evaluated {
-                            balance: e.balance - take,
-                            opened: false,
-                            ..e.clone()
-                        });
+                        after
+                            .entry(l.name().to_string())
+                            .or_default()
+                            .push(Evaluated {
+                                balance: e.balance - take,
+                                opened: false,
+                                ..e.clone()
+                            });
                     }
                     lease_parts.push(Part {
                         shard,
@@ -140,7 +143,10 @@ impl Inner {
         usage: &[(String, i64)],
         refunds: &[RideAlong<'_>],
     ) -> Result<Vec<(u32, Key, Vec<(String, i64)>)>> {
-        match self.entity_debit(req, s, preferred, usage, true, refunds).await? {
+        match self
+            .entity_debit(req, s, preferred, usage, true, refunds)
+            .await?
+        {
             Charged::Landed(parts) => Ok(parts
                 .into_iter()
                 .map(|(shard, key, takes, _)| (shard, key, takes))
@@ -221,7 +227,11 @@ impl Inner {
             // Materialised at the instant after the read: the writes carry this `now`.
             let now = self.clock.now_ms();
             self.materialise_seen(req, &mut seen, s, now);
-            if !debt && seen.iter().any(|x| x.img.as_ref().is_some_and(|i| i.disabled)) {
+            if !debt
+                && seen
+                    .iter()
+                    .any(|x| x.img.as_ref().is_some_and(|i| i.disabled))
+            {
                 return Err(Error::ResourceDisabled {
                     entity: req.entity.clone(),
                     resource: req.resource.clone(),
@@ -250,7 +260,9 @@ impl Inner {
                 }
             }
             if short {
-                return Ok(Charged::Short(self.entity_statuses(req, &seen, amounts, s, now)));
+                return Ok(Charged::Short(
+                    self.entity_statuses(req, &seen, amounts, s, now),
+                ));
             }
             // Per shard touched: its amounts.
             let mut per_shard: BTreeMap<u32, Vec<(String, i64)>> = BTreeMap::new();
@@ -269,9 +281,10 @@ impl Inner {
             for r in extra {
                 let item = seen.get(r.shard as usize).and_then(|x| x.item.as_ref());
                 for (n, m) in &r.refunds {
-                    if r.pins.get(n).is_some_and(|p| {
-                        !tollgate_store::eval::eval_condition(item, p)
-                    }) {
+                    if r.pins
+                        .get(n)
+                        .is_some_and(|p| !tollgate_store::eval::eval_condition(item, p))
+                    {
                         tc_only.entry(r.shard).or_default().push(n.clone());
                     }
                     per_shard.entry(r.shard).or_default().push((n.clone(), -m));
@@ -403,7 +416,8 @@ impl Inner {
     }
 }
 
-fn unreachable_update() -> std::result::Result<Option<Option<tollgate_core::value::Item>>, StoreError> {
+fn unreachable_update(
+) -> std::result::Result<Option<Option<tollgate_core::value::Item>>, StoreError> {
     Err(StoreError::Validation(
         "an entity-wide debit of one shard is one update".into(),
     ))

@@ -116,7 +116,9 @@ pub enum Error {
     LeaseClosed,
     /// A lease adjustment would refund more than the lease consumed of the limit (a lease's
     /// net never goes below zero: it cannot return tokens of earlier leases).
-    #[error("adjustment {delta} of {limit:?} would refund more than the lease consumed ({consumed})")]
+    #[error(
+        "adjustment {delta} of {limit:?} would refund more than the lease consumed ({consumed})"
+    )]
     InvalidAdjustment {
         /// The limit.
         limit: String,
@@ -128,7 +130,9 @@ pub enum Error {
     /// The entity's buckets stayed contended by concurrent writers through every retry:
     /// nothing was charged. Not a refusal (the entity may well have the tokens) and not an
     /// outage (so `on_unavailable = allow` does not admit through it): retry shortly.
-    #[error("the buckets of {entity:?}/{resource:?} are contended: nothing was charged, retry shortly")]
+    #[error(
+        "the buckets of {entity:?}/{resource:?} are contended: nothing was charged, retry shortly"
+    )]
     Contended {
         /// Entity.
         entity: String,

@@ -97,7 +97,10 @@ impl Lease {
         parts: Vec<Part>,
         statuses: Vec<LimitStatus>,
     ) -> Self {
-        debug_assert!(!parts.is_empty(), "a granted lease holds at least one shard");
+        debug_assert!(
+            !parts.is_empty(),
+            "a granted lease holds at least one shard"
+        );
         Lease {
             lim: Some(lim),
             req: Some(req.clone()),
@@ -337,7 +340,10 @@ impl Lease {
             if rest > 0 {
                 // Only without the lease-net rule (its mutant): the original refunded the
                 // whole amount on the shard debited, whatever the lease held.
-                debug_assert!(mutants::off(Mutant::LeaseNet), "refunds stay within what is held");
+                debug_assert!(
+                    mutants::off(Mutant::LeaseNet),
+                    "refunds stay within what is held"
+                );
                 let on_first = plan.entry(0).or_default();
                 match on_first.iter_mut().find(|(m, _)| m == n) {
                     Some((_, t)) => *t += rest,
@@ -433,11 +439,9 @@ impl Lease {
         let mut ones: Vec<One> = plan
             .into_iter()
             .map(|(i, refunds)| {
-                let drips = refunds.iter().any(|(n, _)| {
-                    req.limits
-                        .iter()
-                        .any(|l| l.name() == n && !l.is_quota())
-                });
+                let drips = refunds
+                    .iter()
+                    .any(|(n, _)| req.limits.iter().any(|l| l.name() == n && !l.is_quota()));
                 let trust = self.parts[i]
                     .image
                     .as_ref()
@@ -537,8 +541,7 @@ impl Lease {
                 }
                 // The item moved on since the lease saw it: its horizon cannot be kept
                 // without knowing it, so the refund pulls `vu` in.
-                if o
-                    .trust
+                if o.trust
                     .as_ref()
                     .is_some_and(|t| !tollgate_store::eval::eval_condition(Some(&old), t))
                 {
@@ -641,8 +644,7 @@ impl Lease {
         let mut condition = Condition::exists("PK").and(trusted(&req.limits, &usage, now));
         for (n, d) in deltas {
             if *d > 0 {
-                condition =
-                    condition.and(Condition::ge(tollgate_core::keys::battr(n, "tk"), *d));
+                condition = condition.and(Condition::ge(tollgate_core::keys::battr(n, "tk"), *d));
             } else if let Some(p) = self.parts[0].pins.get(n) {
                 condition = condition.and(p.clone());
             }

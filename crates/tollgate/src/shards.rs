@@ -157,7 +157,12 @@ pub(crate) async fn plan_seeds_of(
                         count: Some(s),
                         ..Seed::default()
                     },
-                    DripSeed::Split { donor, g, half, condition } => {
+                    DripSeed::Split {
+                        donor,
+                        g,
+                        half,
+                        condition,
+                    } => {
                         plan.splits.push(Move {
                             shard: donor,
                             limit: l.name().into(),
@@ -407,7 +412,11 @@ pub(crate) fn move_ops(inner: &Inner, req: &Request, moves: &[Move]) -> Vec<Tran
         .map(|(shard, update, condition, split)| {
             TransactOp::Update(UpdateRequest {
                 key: inner.bucket_key(req, shard),
-                update: if split { update.set(attr::VU, 0) } else { update },
+                update: if split {
+                    update.set(attr::VU, 0)
+                } else {
+                    update
+                },
                 condition: Some(condition),
                 returns: ReturnValues::None,
             })

@@ -158,7 +158,10 @@ pub async fn s06_adjust_and_rollback(b: &Backend) {
     // A refund of what the lease took lands exactly.
     let mut b = h.lim.acquire("e", "api", &[("tpd", 2)]).await.unwrap();
     b.adjust("tpd", -2).unwrap();
-    assert!(matches!(b.adjust("tpd", -1), Err(Error::InvalidAdjustment { .. })));
+    assert!(matches!(
+        b.adjust("tpd", -1),
+        Err(Error::InvalidAdjustment { .. })
+    ));
     b.commit().await.unwrap();
     assert_eq!(h.n("e", "api", 0, "b_tpd_tk"), Some(2000));
     assert_eq!(h.n("e", "api", 0, "b_tpd_tc"), Some(8000));
@@ -408,7 +411,11 @@ pub async fn s09_fast_condition_set(b: &Backend) {
     let h = b.harness(T0).await;
     entity_limits(&h, "e", "api", &[Limit::per_minute("rpm", 100).unwrap()]).await;
     h.lim.acquire("e", "api", &[("rpm", 1)]).await.unwrap();
-    assert_eq!(h.n("e", "api", 0, "vu"), None, "a drip-only item has no boundary");
+    assert_eq!(
+        h.n("e", "api", 0, "vu"),
+        None,
+        "a drip-only item has no boundary"
+    );
     assert_eq!(
         h.n("e", "api", 0, "b_rpm_fu"),
         Some(T0 + 600),

@@ -59,7 +59,10 @@ pub async fn idle_burst_admits_capacity_plus_refill(b: &Backend) {
         l.commit().await.unwrap();
         let s = h.stats();
         let ok = burst(&h, &lim, T0 + 7000, 30).await;
-        assert_eq!(ok, 10, "fast path {fast}: capacity 10 + 0.5 dripped in over 0.3 s");
+        assert_eq!(
+            ok, 10,
+            "fast path {fast}: capacity 10 + 0.5 dripped in over 0.3 s"
+        );
         if fast {
             let d = h.stats().since(&s);
             // The first acquire of the burst is past the horizon: one write planned from the
@@ -82,7 +85,11 @@ pub async fn statuses_report_the_balance_after_the_debit(b: &Backend) {
         ],
     )
     .await;
-    let a = h.lim.acquire(E, R, &[("rpm", 1), ("tpm", 500)]).await.unwrap();
+    let a = h
+        .lim
+        .acquire(E, R, &[("rpm", 1), ("tpm", 500)])
+        .await
+        .unwrap();
     let tpm = |l: &crate::Lease| {
         l.statuses()
             .iter()
@@ -92,7 +99,11 @@ pub async fn statuses_report_the_balance_after_the_debit(b: &Backend) {
     };
     assert_eq!(tpm(&a), 99_500);
     h.at(T0 + 5);
-    let b2 = h.lim.acquire(E, R, &[("rpm", 1), ("tpm", 500)]).await.unwrap();
+    let b2 = h
+        .lim
+        .acquire(E, R, &[("rpm", 1), ("tpm", 500)])
+        .await
+        .unwrap();
     // 5 ms at 100,000/min drips 8 tokens.
     assert_eq!(tpm(&b2), 99_008);
 }
@@ -102,7 +113,11 @@ pub async fn statuses_report_the_balance_after_the_debit(b: &Backend) {
 /// quota of 100 then admits exactly the 39 left.
 pub async fn over_refund_is_refused(b: &Backend) {
     let h = b.harness(T0).await;
-    resource_limits(&h, &[Limit::quota_calendar("q", 100, "0 0 * * *", "UTC").unwrap()]).await;
+    resource_limits(
+        &h,
+        &[Limit::quota_calendar("q", 100, "0 0 * * *", "UTC").unwrap()],
+    )
+    .await;
     let mut a = h.lim.acquire(E, R, &[("q", 60)]).await.unwrap();
     a.commit().await.unwrap();
     let mut l = h.lim.acquire(E, R, &[("q", 1)]).await.unwrap();
@@ -128,8 +143,14 @@ pub async fn over_refund_is_refused(b: &Backend) {
     resource_limits(&h, &[t10()]).await;
     h.lim.acquire(E, R, &[("t", 10)]).await.unwrap();
     let mut z = h.lim.acquire(E, R, &[("t", 0)]).await.unwrap();
-    assert!(matches!(z.adjust("t", -1), Err(Error::InvalidAdjustment { .. })));
-    assert!(matches!(z.adjust("t", -10), Err(Error::InvalidAdjustment { .. })));
+    assert!(matches!(
+        z.adjust("t", -1),
+        Err(Error::InvalidAdjustment { .. })
+    ));
+    assert!(matches!(
+        z.adjust("t", -10),
+        Err(Error::InvalidAdjustment { .. })
+    ));
     z.commit().await.unwrap();
     refused(h.lim.acquire(E, R, &[("t", 1)]).await);
 }
@@ -140,8 +161,11 @@ pub async fn over_refund_is_refused(b: &Backend) {
 pub async fn a_request_larger_than_one_share_is_admitted(b: &Backend) {
     for fast in [true, false] {
         let h = b.harness(T0).await;
-        resource_limits(&h, &[Limit::quota_calendar("q", 1000, "0 0 * * *", "UTC").unwrap()])
-            .await;
+        resource_limits(
+            &h,
+            &[Limit::quota_calendar("q", 1000, "0 0 * * *", "UTC").unwrap()],
+        )
+        .await;
         h.lim.acquire(E, R, &[("q", 0)]).await.unwrap();
         assert_eq!(h.lim.bump_shard_count(E, R, 1).await.unwrap(), 2);
         assert_eq!(h.lim.bump_shard_count(E, R, 2).await.unwrap(), 4);
@@ -164,7 +188,10 @@ pub async fn a_request_larger_than_one_share_is_admitted(b: &Backend) {
         assert_eq!(x.retry_after_ms, None, "1,001 can never fit");
         let x = refused(lim.acquire(E, R, &[("q", 701)]).await);
         assert!(x.retry_after_ms.is_some(), "701 fits after the reset");
-        let a = lim.check_availability(E, R, Some(&[("q", 700)])).await.unwrap();
+        let a = lim
+            .check_availability(E, R, Some(&[("q", 700)]))
+            .await
+            .unwrap();
         assert!(a.allowed);
         lim.acquire(E, R, &[("q", 700)]).await.unwrap();
         assert_eq!(h.spendable(E, R, "q", 4), 0);
@@ -215,7 +242,11 @@ pub async fn debt_on_one_shard_holds_back_its_siblings(b: &Backend) {
     l.adjust("t", 4).unwrap();
     l.commit().await.unwrap();
     assert_eq!(h.tks(E, R, "t", 2), vec![-2000, -2000]);
-    let a = h.lim.check_availability(E, R, Some(&[("t", 1)])).await.unwrap();
+    let a = h
+        .lim
+        .check_availability(E, R, Some(&[("t", 1)]))
+        .await
+        .unwrap();
     assert_eq!((a.limits[0].available, a.allowed), (-4, false));
 }
 
@@ -252,7 +283,11 @@ pub async fn a_refusal_never_says_it_would_fit(b: &Backend) {
     let st = &x.statuses[0];
     assert!(st.exceeded && st.available < st.requested, "{st:?}");
     assert!(x.retry_after_ms.is_some());
-    let a = h.lim.check_availability(E, R, Some(&[("t", 3)])).await.unwrap();
+    let a = h
+        .lim
+        .check_availability(E, R, Some(&[("t", 3)]))
+        .await
+        .unwrap();
     assert_eq!((a.allowed, a.limits[0].available), (false, st.available));
 }
 

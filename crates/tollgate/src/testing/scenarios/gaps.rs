@@ -245,7 +245,11 @@ pub async fn w13_when_the_fanout_runs(b: &Backend) {
         m.raw_put(&k, i);
     });
     lim.acquire(E, R, &[("session", 1)]).await.unwrap();
-    assert_eq!(fanouts(&lim), 1, "the landed open fans out to the S − 1 = 1 sibling");
+    assert_eq!(
+        fanouts(&lim),
+        1,
+        "the landed open fans out to the S − 1 = 1 sibling"
+    );
     assert_eq!(h.n(E, R, 0, "b_session_ws"), Some(T1));
     assert_eq!(h.n(E, R, 1, "b_session_ws"), Some(T1));
 
@@ -491,8 +495,15 @@ pub async fn q11_transaction_conflicts(b: &Backend) {
         let h = setup(b.harness(T0).await).await;
         let (lim, c) = conflicting(&h, i64::MAX, policy).await;
         let l = lim.acquire(E, R, &[("rpd", 1)]).await.unwrap();
-        assert!(!l.is_degraded(), "{policy:?}: charged, never a degraded admit");
-        assert_eq!(l.shards(), vec![0], "{policy:?}: the entity paid from shard 0");
+        assert!(
+            !l.is_degraded(),
+            "{policy:?}: charged, never a degraded admit"
+        );
+        assert_eq!(
+            l.shards(),
+            vec![0],
+            "{policy:?}: the entity paid from shard 0"
+        );
         assert!(c.seen.load(Ordering::SeqCst) >= 4, "1 try + 3 retries");
         assert!(h.raw.raw_get(&h.key(E, R, 1)).is_none(), "nothing written");
         assert_eq!(h.n(E, R, 0, "b_rpd_tk"), Some(999_000));

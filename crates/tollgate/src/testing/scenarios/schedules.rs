@@ -61,7 +61,11 @@ pub async fn s85_scheduled_capacity_at_a_boundary(b: &Backend) {
     assert_eq!(h.n("e", R, 0, "b_rpm_bra"), Some(100_000));
     assert_eq!(h.n("e", R, 0, "b_rpm_tk"), Some(95_000));
     assert_eq!(h.n("e", R, 0, "vu"), Some(night));
-    assert_eq!(h.n("e", R, 0, "b_rpm_fu"), Some(day + 3000), "5 tokens at 100/min");
+    assert_eq!(
+        h.n("e", R, 0, "b_rpm_fu"),
+        Some(day + 3000),
+        "5 tokens at 100/min"
+    );
     assert_eq!(
         text(&h, "e", 0, "b_rpm_sched").as_deref(),
         Some("1|Europe/Berlin|* 22:00-06:00 10/10")
@@ -73,7 +77,6 @@ pub async fn s85_scheduled_capacity_at_a_boundary(b: &Backend) {
     let d = h.stats().since(&s);
     assert_eq!((d.writes(), d.reads()), (1, 0), "warm: one write, no read");
     assert_eq!(h.n("e", R, 0, "b_rpm_tk"), Some(99_000));
-
 
     h.at(night);
     let s = h.stats();
@@ -88,7 +91,11 @@ pub async fn s85_scheduled_capacity_at_a_boundary(b: &Backend) {
     assert_eq!(h.n("e", R, 0, "b_rpm_ra"), Some(10_000));
     assert_eq!(h.n("e", R, 0, "b_rpm_tk"), Some(9_000));
     assert_eq!(h.n("e", R, 0, "vu"), Some(morning));
-    assert_eq!(h.n("e", R, 0, "b_rpm_fu"), Some(night + 6000), "1 token at 10/min");
+    assert_eq!(
+        h.n("e", R, 0, "b_rpm_fu"),
+        Some(night + 6000),
+        "1 token at 10/min"
+    );
     assert_eq!(morning - night, 9 * 3_600_000, "the fall-back night");
 
     h.at(night + 1000);
