@@ -95,7 +95,7 @@ enum Fast {
     Granted(Box<Lease>),
     /// Take the slow path on this shard, planning from this image when one is known (a
     /// failed write's old item: no read needed).
-    Slow(u32, Option<BucketImage>),
+    Slow(u32, Option<Box<BucketImage>>),
     Rejected(Box<Exceeded>),
 }
 
@@ -339,7 +339,7 @@ impl Inner {
                         None => match self.fast(req, shard, s, now).await? {
                             Fast::Granted(l) => Ok(*l),
                             Fast::Rejected(x) => Err(Error::RateLimitExceeded(x)),
-                            Fast::Slow(shard, img) => self.slow(req, shard, img).await,
+                            Fast::Slow(shard, img) => self.slow(req, shard, img.map(|b| *b)).await,
                         },
                     }
                 }
@@ -428,7 +428,7 @@ impl Inner {
                     FastFailure::Expired
                     | FastFailure::Boundary
                     | FastFailure::ParamsChanged
-                    | FastFailure::LimitMissing => return Ok(Fast::Slow(cur, img)),
+                    | FastFailure::LimitMissing => return Ok(Fast::Slow(cur, img.map(Box::new))),
                     FastFailure::WcuExhausted | FastFailure::Both => {
                         let img = img.ok_or_else(|| Error::Corrupt("no image".into()))?;
                         if would_refill_satisfy(&img, &req.limits, &req.amounts, now) {
@@ -436,20 +436,20 @@ impl Inner {
                             // app-limit rejection.
                             let wcu = evaluate_wcu(img.wcu.as_ref(), img.rf, now);
                             if !shards::should_double(wcu.balance, img.shard_count) {
-                                return Ok(Fast::Slow(cur, Some(img)));
+                                return Ok(Fast::Slow(cur, Some(Box::new(img))));
                             }
                             let new_s = self.bump(req, img.shard_count.max(s)).await?;
                             if new_s > s {
                                 return Ok(Fast::Slow(self.rng.draw(s as u32, new_s as u32), None));
                             }
-                            return Ok(Fast::Slow(cur, Some(img)));
+                            return Ok(Fast::Slow(cur, Some(Box::new(img))));
                         }
                         images.push(img);
                     }
                     FastFailure::AppLimit => {
                         let img = img.ok_or_else(|| Error::Corrupt("no image".into()))?;
                         if would_refill_satisfy(&img, &req.limits, &req.amounts, now) {
-                            return Ok(Fast::Slow(cur, Some(img)));
+                            return Ok(Fast::Slow(cur, Some(Box::new(img))));
                         }
                         self.rejections
                             .record(&req.entity, &req.resource, cur, img.clone(), now);
@@ -493,7 +493,7 @@ impl Inner {
             Some(x) => Ok(Fast::Rejected(x)),
             // The image shows enough (a refill the stored balance did not carry yet): the
             // slow path materialises it.
-            None => Ok(Fast::Slow(cur, images.pop())),
+            None => Ok(Fast::Slow(cur, images.pop().map(Box::new))),
         }
     }
 

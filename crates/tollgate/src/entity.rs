@@ -47,11 +47,28 @@ pub(crate) struct RideAlong<'a> {
     pub pins: &'a BTreeMap<String, Condition>,
 }
 
+/// Where part of a charge landed: the shard, its key, and the milli charged per limit
+/// (negative: refunded).
+#[derive(Debug, Clone)]
+pub(crate) struct Landing {
+    /// The shard.
+    pub shard: u32,
+    /// Its bucket key.
+    pub key: Key,
+    /// Milli per limit.
+    pub charged: Vec<(String, i64)>,
+}
+
+/// One shard an entity-wide charge wrote, with the evaluations behind its write.
+struct Touched {
+    landing: Landing,
+    evals: Vec<Evaluated>,
+}
+
 /// What an entity-wide charge did.
 enum Charged {
-    /// Landed: per shard touched, the milli taken per limit, and the evaluations and
-    /// returned image behind it.
-    Landed(Vec<(u32, Key, Vec<(String, i64)>, Vec<Evaluated>)>),
+    /// Landed: per shard touched, what was charged there.
+    Landed(Vec<Touched>),
     /// The entity cannot pay (acquires only): the statuses that say so.
     Short(Vec<LimitStatus>),
 }
@@ -83,7 +100,16 @@ impl Inner {
                 let now = self.clock.now_ms();
                 let mut after: BTreeMap<String, Vec<Evaluated>> = BTreeMap::new();
                 let mut lease_parts = Vec::new();
-                for (shard, key, takes, evals) in parts {
+                for Touched {
+                    landing:
+                        Landing {
+                            shard,
+                            key,
+                            charged: takes,
+                        },
+                    evals,
+                } in parts
+                {
                     let mut pins = BTreeMap::new();
                     for (l, e) in req.limits.iter().zip(&evals) {
                         if let Some(p) = refund_pin(l, e.ws, e.pe, now) {
@@ -142,15 +168,12 @@ impl Inner {
         preferred: u32,
         usage: &[(String, i64)],
         refunds: &[RideAlong<'_>],
-    ) -> Result<Vec<(u32, Key, Vec<(String, i64)>)>> {
+    ) -> Result<Vec<Landing>> {
         match self
             .entity_debit(req, s, preferred, usage, true, refunds)
             .await?
         {
-            Charged::Landed(parts) => Ok(parts
-                .into_iter()
-                .map(|(shard, key, takes, _)| (shard, key, takes))
-                .collect()),
+            Charged::Landed(parts) => Ok(parts.into_iter().map(|t| t.landing).collect()),
             Charged::Short(_) => Err(Error::Unavailable(StoreError::TransactionConflict)),
         }
     }
@@ -311,7 +334,14 @@ impl Inner {
                     now,
                 );
                 ops.push(TransactOp::Update(write));
-                touched.push((*shard, x.key.clone(), amts.clone(), x.evals.clone()));
+                touched.push(Touched {
+                    landing: Landing {
+                        shard: *shard,
+                        key: x.key.clone(),
+                        charged: amts.clone(),
+                    },
+                    evals: x.evals.clone(),
+                });
             }
             if grants {
                 // Rule "a grant is sized at the live shard count" (see `commit_slot`).
@@ -348,15 +378,16 @@ impl Inner {
             };
             match r {
                 Ok(new) => {
-                    for (shard, _, _, evals) in &touched {
-                        self.rejections.forget(&req.entity, &req.resource, *shard);
+                    for t in &touched {
+                        let shard = t.landing.shard;
+                        self.rejections.forget(&req.entity, &req.resource, shard);
                         if new.is_none() {
-                            self.images.forget(&req.entity, &req.resource, *shard);
+                            self.images.forget(&req.entity, &req.resource, shard);
                         }
-                        crate::shards::fan_out(self, req, *shard, s, evals).await;
+                        crate::shards::fan_out(self, req, shard, s, &t.evals).await;
                     }
-                    if let (Some(new), Some((shard, _, _, _))) = (new, touched.first()) {
-                        self.remember(req, *shard, new.as_ref())?;
+                    if let (Some(new), Some(t)) = (new, touched.first()) {
+                        self.remember(req, t.landing.shard, new.as_ref())?;
                     }
                     return Ok(Charged::Landed(touched));
                 }

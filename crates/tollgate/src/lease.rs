@@ -693,17 +693,22 @@ impl Lease {
             .map(|(n, _)| n.clone())
             .collect();
         let img = BucketImage::decode(&old)?;
-        let pins = self.parts[0].pins.clone();
+        let part = self.parts[0].clone();
         let landed = lim
-            .charge_materialised(&req, shard, &key, img, deltas, &tc_only, &pins)
+            .charge_materialised(&req, &part, img, deltas, &tc_only)
             .await?;
         self.land_all(landed);
         Ok(())
     }
 
     /// Record what an entity-wide charge landed, shard by shard (new shards become parts).
-    fn land_all(&mut self, landed: Vec<(u32, Key, Vec<(String, i64)>)>) {
-        for (sh, k, takes) in landed {
+    fn land_all(&mut self, landed: Vec<crate::entity::Landing>) {
+        for crate::entity::Landing {
+            shard: sh,
+            key: k,
+            charged: takes,
+        } in landed
+        {
             let i = match self.parts.iter().position(|p| p.shard == sh) {
                 Some(i) => i,
                 None => {
@@ -731,13 +736,12 @@ impl Inner {
     pub(crate) async fn charge_materialised(
         self: &Arc<Self>,
         req: &Request,
-        shard: u32,
-        key: &Key,
+        part: &Part,
         img: BucketImage,
         deltas: &[(String, i64)],
         tc_only: &[String],
-        pins: &BTreeMap<String, Condition>,
-    ) -> Result<Vec<(u32, Key, Vec<(String, i64)>)>> {
+    ) -> Result<Vec<crate::entity::Landing>> {
+        let (shard, key, pins) = (part.shard, &part.key, &part.pins);
         let mut img = img;
         let deltas = deltas.to_vec();
         for _ in 0..6 {
@@ -787,14 +791,22 @@ impl Inner {
                 Ok(new) => {
                     self.remember(req, shard, new.as_ref())?;
                     crate::shards::fan_out(self, req, shard, s, &evals).await;
-                    return Ok(vec![(shard, key.clone(), deltas)]);
+                    return Ok(vec![crate::entity::Landing {
+                        shard,
+                        key: key.clone(),
+                        charged: deltas,
+                    }]);
                 }
                 Err(StoreError::ConditionFailed { old: Some(old) }) => {
                     img = BucketImage::decode(&old)?;
                 }
                 Err(StoreError::ConditionFailed { old: None }) => {
                     tracing::warn!(key = %key, "lease target bucket is gone; adjustment dropped");
-                    return Ok(vec![(shard, key.clone(), deltas)]);
+                    return Ok(vec![crate::entity::Landing {
+                        shard,
+                        key: key.clone(),
+                        charged: deltas,
+                    }]);
                 }
                 Err(e) => return Err(e.into()),
             }
