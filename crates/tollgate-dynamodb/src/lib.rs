@@ -61,14 +61,19 @@
 pub mod codec;
 pub mod error;
 pub mod render;
+pub mod settings;
 mod store;
 mod table;
 
-pub use error::DynamoDbError;
+pub use error::{DynamoDbError, CREDENTIALS_HINT};
+pub use settings::DEFAULT_DEADLINE;
 pub use store::{
     request_token, DynamoDbStore, DynamoDbStoreBuilder, BATCH_GET_CHUNK, MAX_TOKEN_LEN,
 };
-pub use table::{create_table, delete_table, wait_active, ACTIVE_TIMEOUT, INDEXES, TTL_ATTRIBUTE};
+pub use table::{
+    check_table, create_table, delete_table, wait_active, TableCheck, ACTIVE_TIMEOUT, INDEXES,
+    TTL_ATTRIBUTE,
+};
 
 /// Re-exported so callers can build timeouts without depending on the SDK directly.
 pub use aws_sdk_dynamodb::config::timeout::TimeoutConfig;
