@@ -33,25 +33,15 @@ use tollgate_core::writes::fast_write;
 use tollgate_dynamodb::DynamoDbStore;
 use tollgate_store::{Store, UpdateRequest};
 
+#[path = "support/rusage.rs"]
+mod rusage;
+use rusage::cpu;
+
 const RESOURCE: &str = "cpu";
 const LIMIT: &str = "rps";
 const WARMUP: usize = 200;
 /// Millitokens a top-up leaves in each balance.
 const FULL: i64 = 1_000_000_000_000_000;
-
-/// Process CPU time (user, system) so far.
-fn cpu() -> (Duration, Duration) {
-    // SAFETY: `getrusage` writes into the zeroed struct we own; RUSAGE_SELF is always valid.
-    let mut ru: libc::rusage = unsafe { std::mem::zeroed() };
-    let rc = unsafe { libc::getrusage(libc::RUSAGE_SELF, &mut ru) };
-    if rc != 0 {
-        return (Duration::ZERO, Duration::ZERO);
-    }
-    let tv = |t: libc::timeval| {
-        Duration::from_secs(t.tv_sec.max(0) as u64) + Duration::from_micros(t.tv_usec.max(0) as u64)
-    };
-    (tv(ru.ru_utime), tv(ru.ru_stime))
-}
 
 #[derive(Clone, Copy, Debug)]
 enum Op {
@@ -136,6 +126,13 @@ async fn bench(store: Arc<DynamoDbStore>, calls: usize) -> Result<(), Box<dyn st
             .to_string();
         targets.push(Target { key, ph, entity });
     }
+    // TOLLGATE_BENCH_OPS=render,acquire,update,get picks rows (for profiling one kind of
+    // call); default: all.
+    let only = std::env::var("TOLLGATE_BENCH_OPS").unwrap_or_default();
+    let wanted = |name: &str| only.is_empty() || only.split(',').any(|o| o.trim() == name);
+    if wanted("render") {
+        render_rows(&store, &targets[0]).await?;
+    }
     println!();
     println!(
         "client CPU per call on DynamoDB Local ({}), {calls} calls per row",
@@ -145,11 +142,9 @@ async fn bench(store: Arc<DynamoDbStore>, calls: usize) -> Result<(), Box<dyn st
         "{:>8} {:>5} {:>8} {:>9} {:>10} {:>10} {:>10}",
         "op", "tasks", "calls", "calls/s", "cpu µs", "user µs", "sys µs"
     );
-    // TOLLGATE_BENCH_OPS=update,get (for profiling one kind of call); default: all.
-    let only = std::env::var("TOLLGATE_BENCH_OPS").unwrap_or_default();
     for op in [Op::Acquire, Op::Update, Op::Get] {
         let name = format!("{op:?}").to_lowercase();
-        if !only.is_empty() && !only.split(',').any(|o| o.trim() == name) {
+        if !wanted(&name) {
             continue;
         }
         for tasks in [1usize, 64] {
@@ -177,6 +172,64 @@ async fn bench(store: Arc<DynamoDbStore>, calls: usize) -> Result<(), Box<dyn st
             );
         }
     }
+    Ok(())
+}
+
+/// The crate's own work per acquire-shaped update, without I/O: rendering the expressions
+/// (one alias table, maps handed over by move) and decoding a returned bucket image; and,
+/// for comparison, the map-based `render::Placeholders` path.
+async fn render_rows(store: &DynamoDbStore, t: &Target) -> Result<(), Box<dyn std::error::Error>> {
+    use tollgate_dynamodb::codec::{item_from_av_owned, item_to_av};
+    use tollgate_dynamodb::render::{self, Aliases};
+    const N: u32 = 200_000;
+    let item = store.get(&t.key, true).await?.ok_or("item vanished")?;
+    let av = item_to_av(&item)?;
+    let amounts = [(LIMIT.to_string(), 1000i64)];
+    let (update, condition) = fast_write(&amounts, &t.ph, 1_700_000_000_000);
+    let time = |f: &mut dyn FnMut() -> usize| {
+        let (u0, s0) = cpu();
+        let mut sink = 0usize;
+        for _ in 0..N {
+            sink = sink.wrapping_add(f());
+        }
+        let (u1, s1) = cpu();
+        std::hint::black_box(sink);
+        ((u1 - u0) + (s1 - s0)).as_secs_f64() * 1e9 / f64::from(N)
+    };
+    let aliases = time(&mut || {
+        let mut a = Aliases::new();
+        let (mut c, mut u) = (String::with_capacity(256), String::with_capacity(128));
+        let _ = render::write_condition(&mut a, &mut c, &condition);
+        let _ = render::write_update(&mut a, &mut u, &update);
+        let (names, values) = a.into_maps();
+        c.len() + u.len() + names.map_or(0, |n| n.len()) + values.map_or(0, |v| v.len())
+    });
+    let maps = time(&mut || {
+        let mut p = render::Placeholders::new();
+        let c = render::condition(&mut p, &condition).map_or(0, |c| c.len());
+        let u = render::update(&mut p, &update)
+            .ok()
+            .flatten()
+            .map_or(0, |u| u.len());
+        c + u + p.names_opt().map_or(0, |n| n.len()) + p.values_opt().map_or(0, |v| v.len())
+    });
+    let clone_only = time(&mut || av.clone().len());
+    let decode = time(&mut || item_from_av_owned(av.clone()).map_or(0, |i| i.len()));
+    let build = time(&mut || {
+        let amounts = [(LIMIT.to_string(), 1000i64)];
+        let (u, c) = fast_write(&amounts, &t.ph, 1_700_000_000_000);
+        u.actions.len() + matches!(c, tollgate_core::expr::Condition::And(_)) as usize
+    });
+    println!();
+    println!("this crate's own CPU per acquire-shaped update (no I/O), ns per call:");
+    println!("  render, one alias table (the store's path)  {aliases:>8.0}");
+    println!("  render, map-based Placeholders               {maps:>8.0}");
+    println!(
+        "  decode the returned image ({} attributes)    {:>8.0}",
+        av.len(),
+        (decode - clone_only).max(0.0)
+    );
+    println!("  (the limiter building the typed write       {build:>8.0})");
     Ok(())
 }
 

@@ -41,7 +41,7 @@ use crate::error::{chain, DynamoDbError};
 pub const DEFAULT_DEADLINE: Duration = Duration::from_secs(1);
 /// Attempts of a read or a transaction within its deadline.
 pub const READ_ATTEMPTS: u32 = 3;
-/// How long [`check_credentials`] waits for the credentials provider.
+/// How long building a store waits for the credentials provider to answer.
 pub const CREDENTIALS_CHECK_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// Which client a configuration is for.

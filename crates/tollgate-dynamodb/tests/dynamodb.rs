@@ -504,7 +504,11 @@ async fn a_missing_table_is_a_validation_error_naming_it() {
         &table,
         &["not found"],
     );
-    assert_validation_naming(s.batch_get(std::slice::from_ref(&k), true).await, &table, &[]);
+    assert_validation_naming(
+        s.batch_get(std::slice::from_ref(&k), true).await,
+        &table,
+        &[],
+    );
     assert_validation_naming(s.query(Query::table("p", None)).await, &table, &[]);
     // The start-up check says so in its own words.
     match s.check_table().await {
