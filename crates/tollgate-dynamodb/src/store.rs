@@ -57,7 +57,7 @@ pub struct DynamoDbStore {
 
 /// Builds a [`DynamoDbStore`] from the standard AWS configuration chain (environment,
 /// profile, IMDS …) plus explicit overrides.
-#[derive(Debug, Clone)]
+#[derive(Clone)]
 pub struct DynamoDbStoreBuilder {
     table: String,
     endpoint: Option<String>,
@@ -66,6 +66,21 @@ pub struct DynamoDbStoreBuilder {
     timeouts: Option<TimeoutConfig>,
     deadline: Duration,
     sdk: Option<SdkConfig>,
+}
+
+impl std::fmt::Debug for DynamoDbStoreBuilder {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("DynamoDbStoreBuilder")
+            .field("table", &self.table)
+            .field("endpoint", &self.endpoint)
+            .field("region", &self.region)
+            // Never the secret.
+            .field("credentials", &self.credentials.as_ref().map(|(id, _)| id))
+            .field("timeouts", &self.timeouts)
+            .field("deadline", &self.deadline)
+            .field("sdk", &self.sdk)
+            .finish()
+    }
 }
 
 impl DynamoDbStoreBuilder {
@@ -114,7 +129,8 @@ impl DynamoDbStoreBuilder {
     }
 
     /// Start from this loaded AWS configuration instead of loading the standard chain; the
-    /// builder's endpoint, region and credentials still apply on top of it.
+    /// builder's endpoint, region and credentials still apply on top of it, and its deadline
+    /// and [`timeouts`](Self::timeouts) replace the configuration's own timeouts.
     pub fn sdk_config(mut self, sdk: SdkConfig) -> Self {
         self.sdk = Some(sdk);
         self
@@ -166,7 +182,7 @@ impl DynamoDbStoreBuilder {
             }
         };
         if sdk.region().is_none() {
-            if self.endpoint.is_none() {
+            if sdk.endpoint_url().is_none() {
                 return Err(DynamoDbError::Config(
                     "no AWS region configured: set AWS_REGION (or a region in the profile)".into(),
                 ));

@@ -141,3 +141,11 @@ async fn bad_table_names_and_deadlines_are_refused() {
     let r = s.get(&Key::new("p", "s"), true).await;
     assert!(matches!(r, Err(StoreError::Unavailable(_))), "{r:?}");
 }
+
+#[test]
+fn the_builder_never_prints_the_secret() {
+    let b = DynamoDbStore::builder("tollgate-x").static_credentials("AKIDEXAMPLE", "s3cr3t-value");
+    let d = format!("{b:?}");
+    assert!(d.contains("AKIDEXAMPLE"), "{d}");
+    assert!(!d.contains("s3cr3t-value"), "{d}");
+}
