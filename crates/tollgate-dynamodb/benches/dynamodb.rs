@@ -10,7 +10,9 @@
 //! For 1, 8 and 64 concurrent tasks sharing one `Limiter` (one process), each task acquires 1
 //! from one warm entity in a loop for `TOLLGATE_BENCH_SECS` seconds (default 5) under a rate
 //! limit that never refuses (10 000 000/s). Reports p50/p99/max latency, throughput and the
-//! store requests per acquire (a `Counting` wrapper around the store), and separately the
+//! store requests per acquire (a `Counting` wrapper around the store), this process's CPU
+//! per acquire (`getrusage`: the client's own cost, DynamoDB Local being another process),
+//! and separately the
 //! requests of a cold first acquire (empty caches, no bucket yet) and of a first acquire of
 //! a new entity by a limiter whose config cache is warm. Without `TOLLGATE_DYNAMODB_ENDPOINT`
 //! it prints a note and exits 0.
@@ -21,6 +23,9 @@ use std::time::{Duration, Instant};
 use tollgate::{Limit, Limiter, Scope};
 use tollgate_dynamodb::DynamoDbStore;
 use tollgate_store::{Counting, StoreStats};
+
+#[path = "support/rusage.rs"]
+mod rusage;
 
 const RESOURCE: &str = "bench";
 const LIMIT: &str = "rps";
@@ -35,6 +40,8 @@ struct Row {
     max: Duration,
     requests: StoreStats,
     shard_count: i64,
+    /// This process's CPU time over the row (user + system, every thread).
+    cpu: Duration,
 }
 
 fn main() {
@@ -133,7 +140,7 @@ async fn bench(store: Arc<Counting<DynamoDbStore>>, dur: Duration) -> Result<(),
         dur.as_secs_f64()
     );
     println!(
-        "{:>5} {:>9} {:>10} {:>9} {:>9} {:>9} {:>10} {:>11} {:>6} {:>6}",
+        "{:>5} {:>9} {:>10} {:>9} {:>9} {:>9} {:>10} {:>11} {:>6} {:>6} {:>11}",
         "tasks",
         "acquires",
         "acq/s",
@@ -143,12 +150,13 @@ async fn bench(store: Arc<Counting<DynamoDbStore>>, dur: Duration) -> Result<(),
         "reads/acq",
         "writes/acq",
         "errors",
-        "shards"
+        "shards",
+        "cpu µs/acq"
     );
     for r in &rows {
         let n = r.acquires.max(1) as f64;
         println!(
-            "{:>5} {:>9} {:>10.0} {:>9.2} {:>9.2} {:>9.2} {:>10.3} {:>11.3} {:>6} {:>6}",
+            "{:>5} {:>9} {:>10.0} {:>9.2} {:>9.2} {:>9.2} {:>10.3} {:>11.3} {:>6} {:>6} {:>11.1}",
             r.tasks,
             r.acquires,
             r.acquires as f64 / r.secs,
@@ -158,7 +166,8 @@ async fn bench(store: Arc<Counting<DynamoDbStore>>, dur: Duration) -> Result<(),
             r.requests.reads() as f64 / n,
             r.requests.writes() as f64 / n,
             r.errors,
-            r.shard_count
+            r.shard_count,
+            r.cpu.as_secs_f64() * 1e6 / n
         );
     }
     println!();
@@ -192,6 +201,7 @@ async fn load(
     dur: Duration,
 ) -> Row {
     let before = store.stats();
+    let cpu_before = rusage::cpu_total();
     let start = Instant::now();
     let deadline = start + dur;
     let mut handles = Vec::new();
@@ -224,6 +234,7 @@ async fn load(
         errors += e;
     }
     let secs = start.elapsed().as_secs_f64();
+    let cpu = rusage::cpu_total().saturating_sub(cpu_before);
     let requests = store.stats().since(&before);
     lat.sort_unstable();
     let pct = |p: f64| -> Duration {
@@ -244,6 +255,7 @@ async fn load(
         max: lat.last().copied().unwrap_or_default(),
         requests,
         shard_count,
+        cpu,
     }
 }
 

@@ -75,6 +75,30 @@ pub fn from_av(attr: &str, av: &AttributeValue) -> Result<Value, StoreError> {
     })
 }
 
+/// Decode one value the SDK handed over, moving its strings instead of copying them.
+pub fn from_av_owned(attr: &str, av: AttributeValue) -> Result<Value, StoreError> {
+    Ok(match av {
+        AttributeValue::S(s) => Value::S(s),
+        AttributeValue::Ss(ss) => Value::Ss(ss.into_iter().collect()),
+        AttributeValue::M(m) => Value::M(
+            m.into_iter()
+                .map(|(k, v)| {
+                    let v = from_av_owned(&format!("{attr}.{k}"), v)?;
+                    Ok((k, v))
+                })
+                .collect::<Result<_, StoreError>>()?,
+        ),
+        AttributeValue::L(l) => Value::L(
+            l.into_iter()
+                .enumerate()
+                .map(|(i, v)| from_av_owned(&format!("{attr}[{i}]"), v))
+                .collect::<Result<_, _>>()?,
+        ),
+        // Numbers parse either way; the rest holds no heap data worth moving.
+        other => from_av(attr, &other)?,
+    })
+}
+
 fn av_type_name(av: &AttributeValue) -> &'static str {
     match av {
         AttributeValue::B(_) => "B",
@@ -98,10 +122,33 @@ pub fn item_to_av(item: &Item) -> Result<AvMap, StoreError> {
         .collect()
 }
 
+/// Encode a whole item the caller gives up, moving its strings.
+pub fn item_into_av(item: Item) -> Result<AvMap, StoreError> {
+    let mut out = AvMap::with_capacity(item.len() + 2);
+    for (k, v) in item {
+        let av = match v {
+            Value::S(s) => AttributeValue::S(s),
+            other => to_av(&k, &other)?,
+        };
+        out.insert(k, av);
+    }
+    Ok(out)
+}
+
 /// Decode a whole item.
 pub fn item_from_av(map: &AvMap) -> Result<Item, StoreError> {
     map.iter()
         .map(|(k, v)| Ok((k.clone(), from_av(k, v)?)))
+        .collect()
+}
+
+/// Decode a whole item the SDK handed over, moving its names and strings.
+pub fn item_from_av_owned(map: AvMap) -> Result<Item, StoreError> {
+    map.into_iter()
+        .map(|(k, v)| {
+            let v = from_av_owned(&k, v)?;
+            Ok((k, v))
+        })
         .collect()
 }
 
@@ -110,6 +157,14 @@ pub fn key_to_av(key: &Key) -> AvMap {
     HashMap::from([
         (PK.to_string(), AttributeValue::S(key.pk.clone())),
         (SK.to_string(), AttributeValue::S(key.sk.clone())),
+    ])
+}
+
+/// The primary key as the SDK carries it, from a key the caller gives up.
+pub fn key_into_av(key: Key) -> AvMap {
+    HashMap::from([
+        (PK.to_string(), AttributeValue::S(key.pk)),
+        (SK.to_string(), AttributeValue::S(key.sk)),
     ])
 }
 
@@ -148,6 +203,9 @@ mod tests {
         let av = item_to_av(&item).expect("encodes");
         assert_eq!(av.get("n"), Some(&AttributeValue::N("-42".into())));
         assert_eq!(item_from_av(&av).expect("decodes"), item);
+        // The moving variants agree with the copying ones.
+        assert_eq!(item_into_av(item.clone()).expect("encodes"), av);
+        assert_eq!(item_from_av_owned(av).expect("decodes"), item);
     }
 
     #[test]
@@ -157,6 +215,36 @@ mod tests {
             Err(StoreError::Corrupt(m)) => assert!(m.contains("b_rpm.v1_tk"), "{m}"),
             other => panic!("expected Corrupt, got {other:?}"),
         }
+    }
+
+    #[test]
+    fn a_bad_nested_number_is_corrupt_when_moved_too() {
+        let map = HashMap::from([(
+            "m".to_string(),
+            AttributeValue::M(HashMap::from([(
+                "k".to_string(),
+                AttributeValue::N("x".into()),
+            )])),
+        )]);
+        match item_from_av_owned(map) {
+            Err(StoreError::Corrupt(m)) => assert!(m.contains("m.k"), "{m}"),
+            other => panic!("expected Corrupt, got {other:?}"),
+        }
+        let bin = HashMap::from([(
+            "b".to_string(),
+            AttributeValue::B(aws_sdk_dynamodb::primitives::Blob::new(vec![1])),
+        )]);
+        assert!(matches!(
+            item_from_av_owned(bin),
+            Err(StoreError::Corrupt(_))
+        ));
+        assert!(matches!(
+            item_into_av(Item::from([(
+                "e".to_string(),
+                Value::Ss(Default::default())
+            )])),
+            Err(StoreError::Validation(_))
+        ));
     }
 
     #[test]

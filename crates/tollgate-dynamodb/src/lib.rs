@@ -11,9 +11,14 @@
 //! * Every conditional write asks for `ReturnValuesOnConditionCheckFailure = ALL_OLD`, so
 //!   `ConditionFailed { old }` and `CancelReason::ConditionFailed { old }` carry the item as
 //!   it was (`None` when absent).
-//! * SDK failures map onto [`StoreError`](tollgate_store::StoreError) by one question: could
-//!   the request have been applied? (see [`error`]).
-//! * [`create_table`] creates the table, its four indexes and TTL, for `tollgate table create`.
+//! * SDK failures map onto [`StoreError`](tollgate_store::StoreError) by two questions: is
+//!   it an outage or a misconfiguration (a missing table, denied access, no credentials are
+//!   `Validation`, naming the table, and never fail open), and could the request have been
+//!   applied? (see [`error`]).
+//! * Every request has a deadline (default 1 s, [`DynamoDbStoreBuilder::deadline`]), the
+//!   SDK's own operation and attempt timeouts with retries fitted inside (see [`settings`]).
+//! * [`create_table`] creates the table, its four indexes and TTL, for `tollgate table create`;
+//!   [`check_table`] verifies an existing one, for a server's start.
 //!
 //! # Non-idempotent writes and retries
 //!
@@ -36,9 +41,10 @@
 //!   that call carries the same token. A resend after a lost response returns success
 //!   without applying twice. (A resend while the first is still running gets
 //!   `TransactionInProgressException`, reported as `Ambiguous`.)
-//! * **Reads** (`get`, `batch_get`, `query`) keep the standard retries; a read that still fails
-//!   is `Unavailable`, never `Ambiguous`. `batch_get` also resends `UnprocessedKeys` with a
-//!   short exponential back-off (8 attempts), then reports `Throttled`.
+//! * **Reads** (`get`, `batch_get`, `query`) keep the standard retries (3 attempts within the
+//!   deadline); a read that still fails is `Unavailable`, never `Ambiguous`. `batch_get` also
+//!   resends `UnprocessedKeys` with a short exponential back-off (8 attempts, and never past
+//!   the deadline), then reports `Throttled`.
 //!
 //! # Semantics worth knowing
 //!
@@ -61,14 +67,19 @@
 pub mod codec;
 pub mod error;
 pub mod render;
+pub mod settings;
 mod store;
 mod table;
 
-pub use error::DynamoDbError;
+pub use error::{DynamoDbError, CREDENTIALS_HINT};
+pub use settings::DEFAULT_DEADLINE;
 pub use store::{
     request_token, DynamoDbStore, DynamoDbStoreBuilder, BATCH_GET_CHUNK, MAX_TOKEN_LEN,
 };
-pub use table::{create_table, delete_table, wait_active, ACTIVE_TIMEOUT, INDEXES, TTL_ATTRIBUTE};
+pub use table::{
+    check_table, create_table, delete_table, wait_active, TableCheck, ACTIVE_TIMEOUT, INDEXES,
+    TTL_ATTRIBUTE,
+};
 
 /// Re-exported so callers can build timeouts without depending on the SDK directly.
 pub use aws_sdk_dynamodb::config::timeout::TimeoutConfig;

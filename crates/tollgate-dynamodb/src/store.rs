@@ -1,13 +1,13 @@
 //! [`DynamoDbStore`]: the [`Store`] contract over one DynamoDB table.
 
 use std::collections::HashMap;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
 use aws_config::{BehaviorVersion, SdkConfig};
-use aws_sdk_dynamodb::config::retry::RetryConfig;
 use aws_sdk_dynamodb::config::timeout::TimeoutConfig;
-use aws_sdk_dynamodb::config::{Credentials, Region};
+use aws_sdk_dynamodb::config::{Credentials, Region, SharedCredentialsProvider};
+use aws_sdk_dynamodb::error::SdkError;
 use aws_sdk_dynamodb::operation::delete_item::DeleteItemError;
 use aws_sdk_dynamodb::operation::put_item::PutItemError;
 use aws_sdk_dynamodb::operation::transact_write_items::TransactWriteItemsError;
@@ -18,46 +18,76 @@ use aws_sdk_dynamodb::types::{
 };
 use aws_sdk_dynamodb::Client;
 use tollgate_core::expr::{Action, Condition, ReturnValues};
-use tollgate_core::value::{Item, Key, PK};
+use tollgate_core::value::{Item, Key, PK, SK};
 use tollgate_store::eval::{eval_condition, validate_update};
 use tollgate_store::{
     validate_transaction, CancelReason, DeleteRequest, PutRequest, Query, Store, StoreError,
     TransactOp, UpdateRequest,
 };
 
-use crate::codec::{item_from_av, item_to_av, key_from_av, key_to_av, AvMap};
+use crate::codec::{
+    item_from_av, item_from_av_owned, item_into_av, key_from_av, key_into_av, key_to_av, AvMap,
+};
 use crate::error::{map_sdk, DynamoDbError, Effect};
-use crate::render::{self, Placeholders};
+use crate::render::{write_condition, write_update, AliasTable, Aliases};
+use crate::settings::{self, Role, DEFAULT_DEADLINE};
+use crate::table::{self, TableCheck};
 
 /// Most keys in one `BatchGetItem` request.
 pub const BATCH_GET_CHUNK: usize = 100;
 /// How many times `batch_get` resends `UnprocessedKeys` before giving up with `Throttled`.
 const UNPROCESSED_ATTEMPTS: u32 = 8;
+/// Typical length of a rendered condition (the speculative write's is about 200 bytes).
+const CONDITION_CAPACITY: usize = 256;
+/// Typical length of a rendered update expression.
+const UPDATE_CAPACITY: usize = 128;
 
-/// A [`Store`] over one DynamoDB table (see the crate docs for the retry policy).
+/// A [`Store`] over one DynamoDB table (see the crate docs for the retry policy, and
+/// [`crate::settings`] for the deadline).
 #[derive(Debug, Clone)]
 pub struct DynamoDbStore {
     table: String,
-    /// Reads and transactions: the SDK's standard retries.
+    deadline: Duration,
+    /// Reads and transactions: retried within the deadline.
     client: Client,
-    /// Single-item writes: no SDK retries (an `ADD` resent after a lost response would
-    /// apply twice).
+    /// Single-item writes: one attempt (an `ADD` resent after a lost response would apply
+    /// twice).
     write_client: Client,
 }
 
 /// Builds a [`DynamoDbStore`] from the standard AWS configuration chain (environment,
 /// profile, IMDS …) plus explicit overrides.
-#[derive(Debug, Clone)]
+#[derive(Clone)]
 pub struct DynamoDbStoreBuilder {
     table: String,
     endpoint: Option<String>,
     region: Option<String>,
     credentials: Option<(String, String)>,
     timeouts: Option<TimeoutConfig>,
+    deadline: Duration,
+    sdk: Option<SdkConfig>,
+}
+
+impl std::fmt::Debug for DynamoDbStoreBuilder {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("DynamoDbStoreBuilder")
+            .field("table", &self.table)
+            .field("endpoint", &self.endpoint)
+            .field("region", &self.region)
+            // Never the secret.
+            .field("credentials", &self.credentials.as_ref().map(|(id, _)| id))
+            .field("timeouts", &self.timeouts)
+            .field("deadline", &self.deadline)
+            .field("sdk", &self.sdk)
+            .finish()
+    }
 }
 
 impl DynamoDbStoreBuilder {
     /// Talk to this endpoint (DynamoDB Local, a VPC endpoint) instead of the regional one.
+    /// An endpoint on loopback (`localhost`, `127.0.0.1`, `[::1]`) is taken for an emulator:
+    /// credentials and region then come from the environment or the profile only (no
+    /// instance-metadata lookups), and the region defaults to `us-east-1`.
     pub fn endpoint(mut self, url: impl Into<String>) -> Self {
         self.endpoint = Some(url.into());
         self
@@ -80,43 +110,111 @@ impl DynamoDbStoreBuilder {
         self
     }
 
-    /// Timeouts of every request (connect, per attempt, per operation). A timed-out write
-    /// is reported as [`StoreError::Ambiguous`].
+    /// The deadline of every request (default [`DEFAULT_DEADLINE`], 1 s): the SDK's
+    /// operation timeout, with attempt, connect timeouts and retries fitted inside it (see
+    /// [`crate::settings`]). A request that cannot finish in time is reported as
+    /// [`StoreError::Unavailable`] (reads, and writes never sent) or
+    /// [`StoreError::Ambiguous`] (writes that may have been applied).
+    pub fn deadline(mut self, deadline: Duration) -> Self {
+        self.deadline = deadline;
+        self
+    }
+
+    /// Explicit timeouts (connect, per attempt, per operation); the ones set win over those
+    /// derived from [`deadline`](Self::deadline). A timed-out write is reported as
+    /// [`StoreError::Ambiguous`].
     pub fn timeouts(mut self, t: TimeoutConfig) -> Self {
         self.timeouts = Some(t);
         self
     }
 
-    /// Load the AWS configuration and build the store. Does not touch the table.
+    /// Start from this loaded AWS configuration instead of loading the standard chain; the
+    /// builder's endpoint, region and credentials still apply on top of it, and its deadline
+    /// and [`timeouts`](Self::timeouts) replace the configuration's own timeouts.
+    pub fn sdk_config(mut self, sdk: SdkConfig) -> Self {
+        self.sdk = Some(sdk);
+        self
+    }
+
+    /// Load the AWS configuration, check that credentials can be found, and build the
+    /// store. Does not touch the table (see [`DynamoDbStore::check_table`]).
+    ///
+    /// Errors: [`DynamoDbError::Config`] for an unusable table name or deadline or no
+    /// region, [`DynamoDbError::NoCredentials`] when no provider finds credentials.
     pub async fn build(self) -> Result<DynamoDbStore, DynamoDbError> {
-        let mut loader = aws_config::defaults(BehaviorVersion::latest());
-        if let Some(e) = &self.endpoint {
-            loader = loader.endpoint_url(e.clone());
-        }
-        if let Some(r) = &self.region {
-            loader = loader.region(Region::new(r.clone()));
-        }
-        if let Some((id, secret)) = &self.credentials {
-            loader = loader.credentials_provider(Credentials::new(
-                id.clone(),
-                secret.clone(),
-                None,
-                None,
-                "tollgate-static",
-            ));
-        }
-        if let Some(t) = &self.timeouts {
-            loader = loader.timeout_config(t.clone());
-        }
-        let mut sdk = loader.load().await;
-        if sdk.region().is_none() && self.endpoint.is_some() {
+        validate(&self.table, self.deadline)?;
+        let emulator = self.endpoint.as_deref().is_some_and(settings::is_loopback);
+        let static_creds = self.credentials.as_ref().map(|(id, secret)| {
+            Credentials::new(id.clone(), secret.clone(), None, None, "tollgate-static")
+        });
+        let mut sdk = match self.sdk {
+            Some(sdk) => {
+                let mut b = sdk.into_builder();
+                if let Some(e) = &self.endpoint {
+                    b.set_endpoint_url(Some(e.clone()));
+                }
+                if let Some(r) = &self.region {
+                    b.set_region(Some(Region::new(r.clone())));
+                }
+                if let Some(c) = static_creds {
+                    b.set_credentials_provider(Some(SharedCredentialsProvider::new(c)));
+                }
+                b.build()
+            }
+            None => {
+                let mut loader = aws_config::defaults(BehaviorVersion::latest());
+                if let Some(e) = &self.endpoint {
+                    loader = loader.endpoint_url(e.clone());
+                }
+                match (&self.region, emulator) {
+                    (Some(r), _) => loader = loader.region(Region::new(r.clone())),
+                    (None, true) => loader = loader.region(settings::emulator_region()),
+                    (None, false) => {}
+                }
+                match (static_creds, emulator) {
+                    (Some(c), _) => loader = loader.credentials_provider(c),
+                    (None, true) => {
+                        loader = loader.credentials_provider(settings::emulator_credentials())
+                    }
+                    (None, false) => {}
+                }
+                loader.load().await
+            }
+        };
+        if sdk.region().is_none() {
+            if sdk.endpoint_url().is_none() {
+                return Err(DynamoDbError::Config(
+                    "no AWS region configured: set AWS_REGION (or a region in the profile)".into(),
+                ));
+            }
             sdk = sdk
                 .into_builder()
                 .region(Region::from_static("us-east-1"))
                 .build();
         }
-        DynamoDbStore::from_sdk_config(&sdk, self.table)
+        settings::check_credentials(&sdk).await?;
+        Ok(DynamoDbStore::assemble(
+            &sdk,
+            self.table,
+            self.deadline,
+            self.timeouts.as_ref(),
+        ))
     }
+}
+
+/// A usable table name and deadline.
+fn validate(table: &str, deadline: Duration) -> Result<(), DynamoDbError> {
+    if table.len() < 3 || table.len() > 255 {
+        return Err(DynamoDbError::Config(format!(
+            "table name must be 3 to 255 characters: {table:?}"
+        )));
+    }
+    if deadline.is_zero() {
+        return Err(DynamoDbError::Config(
+            "the deadline must be positive".into(),
+        ));
+    }
+    Ok(())
 }
 
 impl DynamoDbStore {
@@ -128,10 +226,13 @@ impl DynamoDbStore {
             region: None,
             credentials: None,
             timeouts: None,
+            deadline: DEFAULT_DEADLINE,
+            sdk: None,
         }
     }
 
-    /// A store over `table` from the standard AWS configuration, optionally at `endpoint`.
+    /// A store over `table` from the standard AWS configuration, optionally at `endpoint`,
+    /// with the default deadline.
     pub async fn connect(
         table: impl Into<String>,
         endpoint: Option<&str>,
@@ -143,26 +244,49 @@ impl DynamoDbStore {
         b.build().await
     }
 
-    /// A store over `table` from an already loaded AWS configuration.
+    /// A store over `table` from an already loaded AWS configuration, with the default
+    /// deadline (the configuration's own operation timeouts, if set, win; its connect
+    /// timeout is kept within half the deadline). Credentials are not checked here; missing
+    /// ones make every request fail with a [`StoreError::Validation`] that says so. Use
+    /// [`DynamoDbStoreBuilder::sdk_config`] for a different deadline or the check.
     pub fn from_sdk_config(
         sdk: &SdkConfig,
         table: impl Into<String>,
     ) -> Result<Self, DynamoDbError> {
         let table = table.into();
-        if table.len() < 3 || table.len() > 255 {
-            return Err(DynamoDbError::Config(format!(
-                "table name must be 3 to 255 characters: {table:?}"
-            )));
-        }
-        let conf = aws_sdk_dynamodb::config::Builder::from(sdk).build();
-        let write_conf = aws_sdk_dynamodb::config::Builder::from(sdk)
-            .retry_config(RetryConfig::disabled())
-            .build();
-        Ok(DynamoDbStore {
+        validate(&table, DEFAULT_DEADLINE)?;
+        // aws-config always sets a 3.1 s connect timeout; keep it inside the deadline.
+        let overrides = sdk.timeout_config().map(|t| {
+            let mut b = t.to_builder();
+            if t.connect_timeout()
+                .is_some_and(|c| c > DEFAULT_DEADLINE / 2)
+            {
+                b.set_connect_timeout(Some(DEFAULT_DEADLINE / 2));
+            }
+            b.build()
+        });
+        Ok(Self::assemble(
+            sdk,
             table,
+            DEFAULT_DEADLINE,
+            overrides.as_ref(),
+        ))
+    }
+
+    fn assemble(
+        sdk: &SdkConfig,
+        table: String,
+        deadline: Duration,
+        overrides: Option<&TimeoutConfig>,
+    ) -> Self {
+        let conf = settings::client_config(sdk, deadline, Role::Read, overrides);
+        let write_conf = settings::client_config(sdk, deadline, Role::Write, overrides);
+        DynamoDbStore {
+            table,
+            deadline,
             client: Client::from_conf(conf),
             write_client: Client::from_conf(write_conf),
-        })
+        }
     }
 
     /// The table this store uses.
@@ -170,7 +294,13 @@ impl DynamoDbStore {
         &self.table
     }
 
-    /// The SDK client (standard retries), for admin work such as [`crate::create_table`].
+    /// The deadline of every request.
+    pub fn deadline(&self) -> Duration {
+        self.deadline
+    }
+
+    /// The SDK client (retries within the deadline), for admin work such as
+    /// [`crate::create_table`].
     pub fn client(&self) -> &Client {
         &self.client
     }
@@ -179,11 +309,23 @@ impl DynamoDbStore {
     pub async fn create_table(&self) -> Result<(), DynamoDbError> {
         crate::table::create_table(&self.client, &self.table).await
     }
+
+    /// Check, with one `DescribeTable`, that the table exists, is usable and has tollgate's
+    /// layout (see [`crate::check_table`]). For a server's start: a missing table is
+    /// [`DynamoDbError::TableMissing`], a different layout [`DynamoDbError::TableMismatch`],
+    /// each naming the table.
+    pub async fn check_table(&self) -> Result<TableCheck, DynamoDbError> {
+        table::check_table(&self.client, &self.table).await
+    }
 }
 
 /// `ConditionFailed` from the old item DynamoDB returned (`None` if the item was absent).
-fn condition_failed(old: Option<&AvMap>) -> StoreError {
-    match old.filter(|m| !m.is_empty()).map(item_from_av).transpose() {
+fn condition_failed(old: Option<AvMap>) -> StoreError {
+    match old
+        .filter(|m| !m.is_empty())
+        .map(item_from_av_owned)
+        .transpose()
+    {
         Ok(old) => StoreError::ConditionFailed {
             old: old.map(Box::new),
         },
@@ -195,32 +337,66 @@ fn build_err(e: impl std::fmt::Display) -> StoreError {
     StoreError::Validation(format!("request could not be built: {e}"))
 }
 
-/// Render an optional condition into `p`.
-fn cond(p: &mut Placeholders, c: Option<&Condition>) -> Result<Option<String>, StoreError> {
-    c.map(|c| render::condition(p, c)).transpose()
+/// Render an optional condition, with `attribute_exists(PK)` added when `require_item`.
+fn render_condition(
+    a: &mut Aliases,
+    c: Option<&Condition>,
+    require_item: bool,
+) -> Result<Option<String>, StoreError> {
+    if c.is_none() && !require_item {
+        return Ok(None);
+    }
+    let mut out = String::with_capacity(CONDITION_CAPACITY);
+    if let Some(c) = c {
+        if require_item {
+            out.push('(');
+        }
+        write_condition(a, &mut out, c)?;
+        if require_item {
+            out.push_str(") AND ");
+        }
+    }
+    if require_item {
+        out.push_str("attribute_exists(");
+        a.push_name(&mut out, PK);
+        out.push(')');
+    }
+    Ok(Some(out))
 }
 
-fn stamped(key: &Key, item: &Item) -> Result<AvMap, StoreError> {
-    let mut item = item.clone();
-    key.stamp(&mut item);
-    item_to_av(&item)
+/// Render an update expression (`None` for an empty update).
+fn render_update(
+    a: &mut Aliases,
+    u: &tollgate_core::expr::Update,
+) -> Result<Option<String>, StoreError> {
+    let mut out = String::with_capacity(UPDATE_CAPACITY);
+    Ok(write_update(a, &mut out, u)?.then_some(out))
+}
+
+/// An item with its key stamped on, as the SDK wants it.
+fn stamped(key: Key, item: Item) -> Result<AvMap, StoreError> {
+    let mut m = item_into_av(item)?;
+    m.insert(PK.to_string(), ddb::AttributeValue::S(key.pk));
+    m.insert(SK.to_string(), ddb::AttributeValue::S(key.sk));
+    Ok(m)
 }
 
 /// One transaction operation as the SDK wants it.
-fn transact_item(table: &str, op: &TransactOp) -> Result<TransactWriteItem, StoreError> {
-    let mut p = Placeholders::new();
+fn transact_item(table: &str, op: TransactOp) -> Result<TransactWriteItem, StoreError> {
+    let mut a = Aliases::new();
     let all_old = ReturnValuesOnConditionCheckFailure::AllOld;
     let b = TransactWriteItem::builder();
     Ok(match op {
         TransactOp::Put(r) => {
-            let c = cond(&mut p, r.condition.as_ref())?;
+            let c = render_condition(&mut a, r.condition.as_ref(), false)?;
+            let (names, values) = a.into_maps();
             b.put(
                 ddb::Put::builder()
                     .table_name(table)
-                    .set_item(Some(stamped(&r.key, &r.item)?))
+                    .set_item(Some(stamped(r.key, r.item)?))
                     .set_condition_expression(c)
-                    .set_expression_attribute_names(p.names_opt())
-                    .set_expression_attribute_values(p.values_opt())
+                    .set_expression_attribute_names(names)
+                    .set_expression_attribute_values(values)
                     .return_values_on_condition_check_failure(all_old)
                     .build()
                     .map_err(build_err)?,
@@ -228,24 +404,24 @@ fn transact_item(table: &str, op: &TransactOp) -> Result<TransactWriteItem, Stor
             .build()
         }
         TransactOp::Update(r) => {
-            let c = cond(&mut p, r.condition.as_ref())?;
-            let u = render::update(&mut p, &r.update)?;
+            let c = render_condition(&mut a, r.condition.as_ref(), false)?;
             // DynamoDB's transactional Update requires an update expression, and the keys
             // cannot be SET, so "create the bare item if absent" has no rendering here.
-            let u = u.ok_or_else(|| {
+            let u = render_update(&mut a, &r.update)?.ok_or_else(|| {
                 StoreError::Validation(format!(
                     "an update in a transaction needs at least one action ({})",
                     r.key
                 ))
             })?;
+            let (names, values) = a.into_maps();
             b.update(
                 ddb::Update::builder()
                     .table_name(table)
-                    .set_key(Some(key_to_av(&r.key)))
+                    .set_key(Some(key_into_av(r.key)))
                     .update_expression(u)
                     .set_condition_expression(c)
-                    .set_expression_attribute_names(p.names_opt())
-                    .set_expression_attribute_values(p.values_opt())
+                    .set_expression_attribute_names(names)
+                    .set_expression_attribute_values(values)
                     .return_values_on_condition_check_failure(all_old)
                     .build()
                     .map_err(build_err)?,
@@ -253,14 +429,15 @@ fn transact_item(table: &str, op: &TransactOp) -> Result<TransactWriteItem, Stor
             .build()
         }
         TransactOp::Delete(r) => {
-            let c = cond(&mut p, r.condition.as_ref())?;
+            let c = render_condition(&mut a, r.condition.as_ref(), false)?;
+            let (names, values) = a.into_maps();
             b.delete(
                 ddb::Delete::builder()
                     .table_name(table)
-                    .set_key(Some(key_to_av(&r.key)))
+                    .set_key(Some(key_into_av(r.key)))
                     .set_condition_expression(c)
-                    .set_expression_attribute_names(p.names_opt())
-                    .set_expression_attribute_values(p.values_opt())
+                    .set_expression_attribute_names(names)
+                    .set_expression_attribute_values(values)
                     .return_values_on_condition_check_failure(all_old)
                     .build()
                     .map_err(build_err)?,
@@ -268,14 +445,15 @@ fn transact_item(table: &str, op: &TransactOp) -> Result<TransactWriteItem, Stor
             .build()
         }
         TransactOp::Check { key, condition } => {
-            let c = render::condition(&mut p, condition)?;
+            let c = render_condition(&mut a, Some(&condition), false)?;
+            let (names, values) = a.into_maps();
             b.condition_check(
                 ddb::ConditionCheck::builder()
                     .table_name(table)
-                    .set_key(Some(key_to_av(key)))
-                    .condition_expression(c)
-                    .set_expression_attribute_names(p.names_opt())
-                    .set_expression_attribute_values(p.values_opt())
+                    .set_key(Some(key_into_av(key)))
+                    .set_condition_expression(c)
+                    .set_expression_attribute_names(names)
+                    .set_expression_attribute_values(values)
                     .return_values_on_condition_check_failure(all_old)
                     .build()
                     .map_err(build_err)?,
@@ -340,13 +518,13 @@ impl Store for DynamoDbStore {
         let out = self
             .client
             .get_item()
-            .table_name(&self.table)
+            .table_name(self.table.clone())
             .set_key(Some(key_to_av(key)))
             .consistent_read(consistent)
             .send()
             .await
-            .map_err(|e| map_sdk(e, Effect::Read))?;
-        out.item().map(item_from_av).transpose()
+            .map_err(|e| map_sdk(e, Effect::Read, &self.table))?;
+        out.item.map(item_from_av_owned).transpose()
     }
 
     async fn batch_get(
@@ -354,9 +532,10 @@ impl Store for DynamoDbStore {
         keys: &[Key],
         consistent: bool,
     ) -> Result<Vec<Option<Item>>, StoreError> {
-        let mut found: HashMap<Key, Item> = HashMap::new();
+        let started = Instant::now();
+        let mut found: HashMap<Key, Item> = HashMap::with_capacity(keys.len());
         // DynamoDB refuses duplicate keys in one request; refuse them across chunks too.
-        let mut seen = std::collections::HashSet::new();
+        let mut seen = std::collections::HashSet::with_capacity(keys.len());
         if let Some(dup) = keys.iter().find(|k| !seen.insert(*k)) {
             return Err(StoreError::Validation(format!(
                 "provided list of item keys contains duplicates: {dup}"
@@ -367,14 +546,19 @@ impl Store for DynamoDbStore {
             let mut attempt = 0u32;
             while !pending.is_empty() {
                 if attempt > 0 {
-                    if attempt >= UNPROCESSED_ATTEMPTS {
+                    let pause = Duration::from_millis((10u64 << attempt.min(7)).min(1000));
+                    // Resending stops at the attempt limit or the deadline, whichever first.
+                    if attempt >= UNPROCESSED_ATTEMPTS || started.elapsed() + pause > self.deadline
+                    {
                         return Err(StoreError::Throttled(format!(
-                            "BatchGetItem left {} keys unprocessed after {attempt} attempts",
-                            pending.len()
+                            "table {}: BatchGetItem left {} keys unprocessed after {attempt} \
+                             attempts in {} ms",
+                            self.table,
+                            pending.len(),
+                            started.elapsed().as_millis()
                         )));
                     }
-                    let ms = (10u64 << attempt.min(7)).min(1000);
-                    tokio::time::sleep(Duration::from_millis(ms)).await;
+                    tokio::time::sleep(pause).await;
                 }
                 attempt += 1;
                 let ka = KeysAndAttributes::builder()
@@ -382,54 +566,62 @@ impl Store for DynamoDbStore {
                     .consistent_read(consistent)
                     .build()
                     .map_err(build_err)?;
-                let out = self
+                let mut out = self
                     .client
                     .batch_get_item()
-                    .request_items(&self.table, ka)
+                    .request_items(self.table.clone(), ka)
                     .send()
                     .await
-                    .map_err(|e| map_sdk(e, Effect::Read))?;
-                for m in out
-                    .responses()
-                    .and_then(|r| r.get(&self.table))
-                    .into_iter()
-                    .flatten()
-                {
-                    let key = key_from_av(m).ok_or_else(|| {
+                    .map_err(|e| map_sdk(e, Effect::Read, &self.table))?;
+                let items = out
+                    .responses
+                    .as_mut()
+                    .and_then(|r| r.remove(&self.table))
+                    .unwrap_or_default();
+                for m in items {
+                    let key = key_from_av(&m).ok_or_else(|| {
                         StoreError::Corrupt("batch_get returned an item without PK/SK".into())
                     })?;
-                    found.insert(key, item_from_av(m)?);
+                    found.insert(key, item_from_av_owned(m)?);
                 }
-                if let Some(u) = out.unprocessed_keys().and_then(|u| u.get(&self.table)) {
-                    pending = u.keys().to_vec();
+                if let Some(u) = out
+                    .unprocessed_keys
+                    .as_mut()
+                    .and_then(|u| u.remove(&self.table))
+                {
+                    pending = u.keys;
                 }
             }
         }
-        Ok(keys.iter().map(|k| found.get(k).cloned()).collect())
+        Ok(keys.iter().map(|k| found.remove(k)).collect())
     }
 
     async fn put(&self, req: PutRequest) -> Result<(), StoreError> {
-        let mut p = Placeholders::new();
-        let c = cond(&mut p, req.condition.as_ref())?;
+        let mut a = Aliases::new();
+        let c = render_condition(&mut a, req.condition.as_ref(), false)?;
+        let (names, values) = a.into_maps();
         let res = self
             .write_client
             .put_item()
-            .table_name(&self.table)
-            .set_item(Some(stamped(&req.key, &req.item)?))
+            .table_name(self.table.clone())
+            .set_item(Some(stamped(req.key, req.item)?))
             .set_condition_expression(c)
-            .set_expression_attribute_names(p.names_opt())
-            .set_expression_attribute_values(p.values_opt())
+            .set_expression_attribute_names(names)
+            .set_expression_attribute_values(values)
             .return_values_on_condition_check_failure(ReturnValuesOnConditionCheckFailure::AllOld)
             .send()
             .await;
         match res {
             Ok(_) => Ok(()),
-            Err(e) => match e.as_service_error() {
-                Some(PutItemError::ConditionalCheckFailedException(c)) => {
-                    Err(condition_failed(c.item()))
-                }
-                _ => Err(map_sdk(e, Effect::Write)),
-            },
+            Err(SdkError::ServiceError(se))
+                if matches!(se.err(), PutItemError::ConditionalCheckFailedException(_)) =>
+            {
+                Err(condition_failed(match se.into_err() {
+                    PutItemError::ConditionalCheckFailedException(c) => c.item,
+                    _ => None,
+                }))
+            }
+            Err(e) => Err(map_sdk(e, Effect::Write, &self.table)),
         }
     }
 
@@ -445,14 +637,10 @@ impl Store for DynamoDbStore {
                 .actions
                 .iter()
                 .all(|a| matches!(a, Action::Remove(_)));
-        let sent_condition = match (&req.condition, only_removes) {
-            (Some(c), true) => Some(c.clone().and(Condition::exists(PK))),
-            (None, true) => Some(Condition::exists(PK)),
-            (c, false) => c.clone(),
-        };
-        let mut p = Placeholders::new();
-        let c = cond(&mut p, sent_condition.as_ref())?;
-        let u = render::update(&mut p, &req.update)?;
+        let mut a = Aliases::new();
+        let c = render_condition(&mut a, req.condition.as_ref(), only_removes)?;
+        let u = render_update(&mut a, &req.update)?;
+        let (names, values) = a.into_maps();
         let rv = match req.returns {
             ReturnValues::None => ReturnValue::None,
             ReturnValues::AllNew => ReturnValue::AllNew,
@@ -462,39 +650,44 @@ impl Store for DynamoDbStore {
         let res = self
             .write_client
             .update_item()
-            .table_name(&self.table)
-            .set_key(Some(key_to_av(&req.key)))
+            .table_name(self.table.clone())
+            .set_key(Some(key_into_av(req.key)))
             .set_update_expression(u)
             .set_condition_expression(c)
-            .set_expression_attribute_names(p.names_opt())
-            .set_expression_attribute_values(p.values_opt())
+            .set_expression_attribute_names(names)
+            .set_expression_attribute_values(values)
             .return_values(rv)
             .return_values_on_condition_check_failure(ReturnValuesOnConditionCheckFailure::AllOld)
             .send()
             .await;
         let out = match res {
             Ok(o) => o,
-            Err(e) => {
-                return match e.as_service_error() {
-                    Some(UpdateItemError::ConditionalCheckFailedException(c)) => {
-                        match condition_failed(c.item()) {
-                            StoreError::ConditionFailed { old: None }
-                                if only_removes
-                                    && req
-                                        .condition
-                                        .as_ref()
-                                        .is_none_or(|c| eval_condition(None, c)) =>
-                            {
-                                Ok(None)
-                            }
-                            other => Err(other),
-                        }
+            Err(SdkError::ServiceError(se))
+                if matches!(
+                    se.err(),
+                    UpdateItemError::ConditionalCheckFailedException(_)
+                ) =>
+            {
+                let old = match se.into_err() {
+                    UpdateItemError::ConditionalCheckFailedException(c) => c.item,
+                    _ => None,
+                };
+                return match condition_failed(old) {
+                    StoreError::ConditionFailed { old: None }
+                        if only_removes
+                            && req
+                                .condition
+                                .as_ref()
+                                .is_none_or(|c| eval_condition(None, c)) =>
+                    {
+                        Ok(None)
                     }
-                    _ => Err(map_sdk(e, Effect::Write)),
-                }
+                    other => Err(other),
+                };
             }
+            Err(e) => return Err(map_sdk(e, Effect::Write, &self.table)),
         };
-        let attrs = out.attributes().map(item_from_av).transpose()?;
+        let attrs = out.attributes.map(item_from_av_owned).transpose()?;
         Ok(match req.returns {
             ReturnValues::None => None,
             ReturnValues::AllOld | ReturnValues::UpdatedNew => attrs.filter(|i| !i.is_empty()),
@@ -503,32 +696,39 @@ impl Store for DynamoDbStore {
     }
 
     async fn delete(&self, req: DeleteRequest) -> Result<Option<Item>, StoreError> {
-        let mut p = Placeholders::new();
-        let c = cond(&mut p, req.condition.as_ref())?;
+        let mut a = Aliases::new();
+        let c = render_condition(&mut a, req.condition.as_ref(), false)?;
+        let (names, values) = a.into_maps();
         let res = self
             .write_client
             .delete_item()
-            .table_name(&self.table)
-            .set_key(Some(key_to_av(&req.key)))
+            .table_name(self.table.clone())
+            .set_key(Some(key_into_av(req.key)))
             .set_condition_expression(c)
-            .set_expression_attribute_names(p.names_opt())
-            .set_expression_attribute_values(p.values_opt())
+            .set_expression_attribute_names(names)
+            .set_expression_attribute_values(values)
             .return_values(ReturnValue::AllOld)
             .return_values_on_condition_check_failure(ReturnValuesOnConditionCheckFailure::AllOld)
             .send()
             .await;
         match res {
             Ok(o) => Ok(o
-                .attributes()
+                .attributes
                 .filter(|m| !m.is_empty())
-                .map(item_from_av)
+                .map(item_from_av_owned)
                 .transpose()?),
-            Err(e) => Err(match e.as_service_error() {
-                Some(DeleteItemError::ConditionalCheckFailedException(c)) => {
-                    condition_failed(c.item())
-                }
-                _ => map_sdk(e, Effect::Write),
-            }),
+            Err(SdkError::ServiceError(se))
+                if matches!(
+                    se.err(),
+                    DeleteItemError::ConditionalCheckFailedException(_)
+                ) =>
+            {
+                Err(condition_failed(match se.into_err() {
+                    DeleteItemError::ConditionalCheckFailedException(c) => c.item,
+                    _ => None,
+                }))
+            }
+            Err(e) => Err(map_sdk(e, Effect::Write, &self.table)),
         }
     }
 
@@ -538,8 +738,9 @@ impl Store for DynamoDbStore {
         token: Option<String>,
     ) -> Result<(), StoreError> {
         validate_transaction(&ops)?;
+        let n = ops.len();
         let items = ops
-            .iter()
+            .into_iter()
             .map(|op| transact_item(&self.table, op))
             .collect::<Result<Vec<_>, _>>()?;
         // Standard SDK retries are safe here: the SDK fills in a ClientRequestToken when we
@@ -557,17 +758,17 @@ impl Store for DynamoDbStore {
                 Some(TransactWriteItemsError::TransactionCanceledException(c)) => {
                     let mut reasons: Vec<CancelReason> =
                         c.cancellation_reasons().iter().map(cancel_reason).collect();
-                    if reasons.len() != ops.len() {
+                    if reasons.len() != n {
                         tracing::warn!(
                             got = reasons.len(),
-                            want = ops.len(),
+                            want = n,
                             "TransactWriteItems cancelled with a reason list of the wrong length"
                         );
-                        reasons.resize(ops.len(), CancelReason::None);
+                        reasons.resize(n, CancelReason::None);
                     }
                     StoreError::TransactionCanceled { reasons }
                 }
-                _ => map_sdk(e, Effect::Write),
+                _ => map_sdk(e, Effect::Write, &self.table),
             }),
         }
     }
@@ -577,36 +778,41 @@ impl Store for DynamoDbStore {
             None => ("PK".to_string(), "SK".to_string()),
             Some(ix) => (format!("{ix}PK"), format!("{ix}SK")),
         };
-        let mut p = Placeholders::new();
-        let pk = p.name(&pk_attr);
-        let pkv = p.value(&pk_attr, &q.pk.clone().into())?;
-        let mut kce = format!("{pk} = {pkv}");
+        let mut a = Aliases::new();
+        let mut kce = String::with_capacity(64);
+        a.push_name(&mut kce, &pk_attr);
+        kce.push_str(" = ");
+        a.push_value(&mut kce, &pk_attr, &q.pk.clone().into())?;
         if let Some(prefix) = &q.sk_prefix {
-            let sk = p.name(&sk_attr);
-            let skv = p.value(&sk_attr, &prefix.clone().into())?;
-            kce.push_str(&format!(" AND begins_with({sk}, {skv})"));
+            kce.push_str(" AND begins_with(");
+            a.push_name(&mut kce, &sk_attr);
+            kce.push_str(", ");
+            a.push_value(&mut kce, &sk_attr, &prefix.clone().into())?;
+            kce.push(')');
         }
+        let (names, values) = a.into_maps();
         let mut out = Vec::new();
         let mut start: Option<AvMap> = None;
         loop {
             let page = self
                 .client
                 .query()
-                .table_name(&self.table)
+                .table_name(self.table.clone())
                 .set_index_name(q.index.clone())
-                .key_condition_expression(&kce)
-                .set_expression_attribute_names(p.names_opt())
-                .set_expression_attribute_values(p.values_opt())
+                .key_condition_expression(kce.clone())
+                .set_expression_attribute_names(names.clone())
+                .set_expression_attribute_values(values.clone())
                 .consistent_read(q.consistent && q.index.is_none())
                 .set_exclusive_start_key(start.take())
                 .send()
                 .await
-                .map_err(|e| map_sdk(e, Effect::Read))?;
-            for m in page.items() {
-                out.push(item_from_av(m)?);
+                .map_err(|e| map_sdk(e, Effect::Read, &self.table))?;
+            out.reserve(page.items.as_ref().map_or(0, Vec::len));
+            for m in page.items.into_iter().flatten() {
+                out.push(item_from_av_owned(m)?);
             }
-            match page.last_evaluated_key() {
-                Some(k) if !k.is_empty() => start = Some(k.clone()),
+            match page.last_evaluated_key {
+                Some(k) if !k.is_empty() => start = Some(k),
                 _ => break,
             }
         }

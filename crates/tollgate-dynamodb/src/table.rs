@@ -1,4 +1,4 @@
-//! Creating (and, for tests, deleting) tollgate's single table.
+//! Creating, checking (and, for tests, deleting) tollgate's single table.
 //!
 //! Layout (spec §2): string keys `PK` / `SK`, on-demand billing, four global secondary
 //! indexes `GSI1`..`GSI4` keyed on `GSI{n}PK` / `GSI{n}SK` (`GSI1`, `GSI2` project every
@@ -11,7 +11,8 @@ use aws_sdk_dynamodb::operation::delete_table::DeleteTableError;
 use aws_sdk_dynamodb::operation::describe_table::DescribeTableError;
 use aws_sdk_dynamodb::types::{
     AttributeDefinition, BillingMode, GlobalSecondaryIndex, IndexStatus, KeySchemaElement, KeyType,
-    Projection, ProjectionType, ScalarAttributeType, TableStatus, TimeToLiveSpecification,
+    Projection, ProjectionType, ScalarAttributeType, TableDescription, TableStatus,
+    TimeToLiveSpecification,
 };
 use aws_sdk_dynamodb::Client;
 use tollgate_store::StoreError;
@@ -98,7 +99,7 @@ pub async fn create_table(client: &Client, table: &str) -> Result<(), DynamoDbEr
             Some(CreateTableError::ResourceInUseException(_)) => {
                 tracing::info!(table, "table exists")
             }
-            _ => return Err(api("CreateTable")(map_sdk(e, Effect::Write))),
+            _ => return Err(api("CreateTable")(map_sdk(e, Effect::Write, table))),
         },
     }
     wait_active(client, table, ACTIVE_TIMEOUT).await?;
@@ -165,7 +166,7 @@ pub async fn wait_active(
             Err(e) => match e.as_service_error() {
                 // Eventually consistent control plane: a fresh table may not be visible yet.
                 Some(DescribeTableError::ResourceNotFoundException(_)) => "NOT_FOUND".into(),
-                _ => return Err(api("DescribeTable")(map_sdk(e, Effect::Read))),
+                _ => return Err(api("DescribeTable")(map_sdk(e, Effect::Read, table))),
             },
         };
         if start.elapsed() >= timeout {
@@ -186,7 +187,173 @@ pub async fn delete_table(client: &Client, table: &str) -> Result<(), DynamoDbEr
         Ok(_) => Ok(()),
         Err(e) => match e.as_service_error() {
             Some(DeleteTableError::ResourceNotFoundException(_)) => Ok(()),
-            _ => Err(api("DeleteTable")(map_sdk(e, Effect::Write))),
+            _ => Err(api("DeleteTable")(map_sdk(e, Effect::Write, table))),
         },
+    }
+}
+
+/// What [`check_table`] found on a table that has tollgate's layout.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TableCheck {
+    /// The table.
+    pub table: String,
+    /// Its status (`ACTIVE` or `UPDATING`).
+    pub status: String,
+    /// The global secondary indexes found, by name, sorted.
+    pub indexes: Vec<String>,
+    /// The item count DynamoDB reports (refreshed about every six hours), if any.
+    pub item_count: Option<i64>,
+    /// Things that work but are worth knowing (an index still backfilling, an index that
+    /// projects more than it needs).
+    pub warnings: Vec<String>,
+}
+
+/// Check, with one `DescribeTable`, that `table` exists, can serve requests, and has
+/// tollgate's layout: string keys `PK` (hash) and `SK` (range), and the four indexes
+/// [`INDEXES`] keyed on string `GSI{n}PK` / `GSI{n}SK`, `GSI1` and `GSI2` projecting every
+/// attribute (the store returns whole items from them).
+///
+/// Errors, each naming the table: [`DynamoDbError::TableMissing`],
+/// [`DynamoDbError::TableNotReady`] (being created or deleted, archived, its key
+/// inaccessible), [`DynamoDbError::TableMismatch`] listing every difference, and
+/// [`DynamoDbError::Api`] when DynamoDB cannot be asked (an outage, or access denied —
+/// [`DynamoDbError::is_unavailable`] tells which).
+pub async fn check_table(client: &Client, table: &str) -> Result<TableCheck, DynamoDbError> {
+    let out = match client.describe_table().table_name(table).send().await {
+        Ok(out) => out,
+        Err(e) => {
+            return Err(match e.as_service_error() {
+                Some(DescribeTableError::ResourceNotFoundException(_)) => {
+                    DynamoDbError::TableMissing {
+                        table: table.to_string(),
+                    }
+                }
+                _ => api("DescribeTable")(map_sdk(e, Effect::Read, table)),
+            })
+        }
+    };
+    let Some(t) = out.table() else {
+        return Err(DynamoDbError::Api {
+            op: "DescribeTable",
+            source: StoreError::Unavailable(format!(
+                "table {table}: DescribeTable returned no table description"
+            )),
+        });
+    };
+    let status = t
+        .table_status()
+        .map(|s| s.as_str().to_string())
+        .unwrap_or_else(|| "UNKNOWN".into());
+    if !matches!(
+        t.table_status(),
+        Some(TableStatus::Active | TableStatus::Updating)
+    ) {
+        return Err(DynamoDbError::TableNotReady {
+            table: table.to_string(),
+            status,
+        });
+    }
+    let (problems, warnings) = layout_differences(t);
+    if !problems.is_empty() {
+        return Err(DynamoDbError::TableMismatch {
+            table: table.to_string(),
+            problems,
+        });
+    }
+    let mut indexes: Vec<String> = t
+        .global_secondary_indexes()
+        .iter()
+        .filter_map(|g| g.index_name().map(str::to_string))
+        .collect();
+    indexes.sort();
+    Ok(TableCheck {
+        table: table.to_string(),
+        status,
+        indexes,
+        item_count: t.item_count(),
+        warnings,
+    })
+}
+
+/// The differences between a table and tollgate's layout: (problems, warnings).
+fn layout_differences(t: &TableDescription) -> (Vec<String>, Vec<String>) {
+    let (mut problems, mut warnings) = (Vec::new(), Vec::new());
+    keys(t, &mut problems, "the table", t.key_schema(), "PK", "SK");
+    for (ix, all) in INDEXES {
+        let Some(g) = t
+            .global_secondary_indexes()
+            .iter()
+            .find(|g| g.index_name() == Some(ix))
+        else {
+            problems.push(format!("global secondary index {ix} is missing"));
+            continue;
+        };
+        keys(
+            t,
+            &mut problems,
+            &format!("index {ix}"),
+            g.key_schema(),
+            &format!("{ix}PK"),
+            &format!("{ix}SK"),
+        );
+        let projection = g.projection().and_then(|p| p.projection_type());
+        match (all, projection) {
+            (true, Some(ProjectionType::All)) | (false, Some(ProjectionType::KeysOnly)) => {}
+            (true, p) => problems.push(format!(
+                "index {ix} projects {} (want ALL: the store reads whole items from it)",
+                p.map_or("nothing", |p| p.as_str())
+            )),
+            (false, Some(p)) => warnings.push(format!(
+                "index {ix} projects {} (KEYS_ONLY is enough)",
+                p.as_str()
+            )),
+            (false, None) => problems.push(format!("index {ix} has no projection")),
+        }
+        if let Some(s) = g.index_status().filter(|s| **s != IndexStatus::Active) {
+            warnings.push(format!(
+                "index {ix} is {} (queries on it may be incomplete until ACTIVE)",
+                s.as_str()
+            ));
+        }
+    }
+    (problems, warnings)
+}
+
+/// One key schema (the table's or an index's) against (`hash`, `range`), both strings.
+fn keys(
+    t: &TableDescription,
+    problems: &mut Vec<String>,
+    what: &str,
+    schema: &[KeySchemaElement],
+    hash: &str,
+    range: &str,
+) {
+    let attr_type = |name: &str| {
+        t.attribute_definitions()
+            .iter()
+            .find(|d| d.attribute_name() == name)
+            .map(|d| d.attribute_type().clone())
+    };
+    for (want, kt) in [(hash, KeyType::Hash), (range, KeyType::Range)] {
+        let role = if kt == KeyType::Hash {
+            "partition"
+        } else {
+            "sort"
+        };
+        match schema.iter().find(|k| k.key_type() == &kt) {
+            None => problems.push(format!("{what} has no {role} key (want {want})")),
+            Some(k) if k.attribute_name() != want => problems.push(format!(
+                "{what} {role} key is {} (want {want})",
+                k.attribute_name()
+            )),
+            Some(_) => match attr_type(want) {
+                Some(ScalarAttributeType::S) => {}
+                Some(other) => problems.push(format!(
+                    "{what} {role} key {want} is of type {} (want S, a string)",
+                    other.as_str()
+                )),
+                None => problems.push(format!("{what} {role} key {want} has no type")),
+            },
+        }
     }
 }

@@ -7,10 +7,13 @@ mod common;
 use std::collections::{BTreeSet, HashMap};
 use std::sync::Arc;
 
-use aws_sdk_dynamodb::types::{AttributeValue, ProjectionType};
+use aws_sdk_dynamodb::types::{
+    AttributeDefinition, AttributeValue, BillingMode, KeySchemaElement, KeyType, ProjectionType,
+    ScalarAttributeType,
+};
 use tollgate_core::expr::{CmpOp, Condition, Operand, ReturnValues, SetValue, Update};
 use tollgate_core::value::{Item, Key, Value};
-use tollgate_dynamodb::DynamoDbStore;
+use tollgate_dynamodb::{DynamoDbError, DynamoDbStore};
 use tollgate_store::{
     CancelReason, DeleteRequest, PutRequest, Query, Store, StoreError, TransactOp, UpdateRequest,
 };
@@ -455,20 +458,72 @@ async fn a_bad_stored_number_is_corrupt() {
     drop_table(&s).await;
 }
 
+/// `Validation` whose message names `table` (and contains every one of `words`).
+fn assert_validation_naming<T: std::fmt::Debug>(
+    r: Result<T, StoreError>,
+    table: &str,
+    words: &[&str],
+) {
+    match r {
+        Err(StoreError::Validation(m)) => {
+            assert!(m.contains(table), "message does not name {table}: {m}");
+            for w in words {
+                assert!(m.contains(w), "message lacks {w:?}: {m}");
+            }
+        }
+        other => panic!("expected Validation naming {table}, got {other:?}"),
+    }
+}
+
 #[tokio::test]
-async fn missing_table_and_closed_port_are_unavailable() {
-    let ep = endpoint_or_skip!("missing_table_and_closed_port_are_unavailable");
-    let s = common::store_for(&ep, &common::table_name("missing")).await;
-    let r = s.get(&Key::new("p", "s"), true).await;
-    assert!(matches!(r, Err(StoreError::Unavailable(_))), "got {r:?}");
-    let r = s
-        .put(PutRequest {
-            key: Key::new("p", "s"),
+async fn a_missing_table_is_a_validation_error_naming_it() {
+    let ep = endpoint_or_skip!("a_missing_table_is_a_validation_error_naming_it");
+    let table = common::table_name("missing");
+    let s = common::store_for(&ep, &table).await;
+    let k = Key::new("p", "s");
+    // A misconfiguration, not an outage: never Unavailable (which may fail open).
+    assert_validation_naming(s.get(&k, true).await, &table, &["not found"]);
+    assert_validation_naming(
+        s.put(PutRequest {
+            key: k.clone(),
             item: Item::new(),
             condition: None,
         })
-        .await;
-    assert!(matches!(r, Err(StoreError::Unavailable(_))), "got {r:?}");
+        .await,
+        &table,
+        &["not found"],
+    );
+    assert_validation_naming(
+        s.update(UpdateRequest {
+            key: k.clone(),
+            update: Update::new().add("n", 1),
+            condition: None,
+            returns: ReturnValues::None,
+        })
+        .await,
+        &table,
+        &["not found"],
+    );
+    assert_validation_naming(
+        s.batch_get(std::slice::from_ref(&k), true).await,
+        &table,
+        &[],
+    );
+    assert_validation_naming(s.query(Query::table("p", None)).await, &table, &[]);
+    // The start-up check says so in its own words.
+    match s.check_table().await {
+        Err(e @ DynamoDbError::TableMissing { .. }) => {
+            assert!(!e.is_unavailable());
+            let m = e.to_string();
+            assert!(m.contains(&table) && m.contains("does not exist"), "{m}");
+        }
+        other => panic!("expected TableMissing, got {other:?}"),
+    }
+}
+
+#[tokio::test]
+async fn a_closed_port_is_unavailable_even_for_a_write() {
+    let _ep = endpoint_or_skip!("a_closed_port_is_unavailable_even_for_a_write");
     // Port 9 (discard) is closed on a test machine: the connection is refused before
     // anything is sent, so even a write is Unavailable, not Ambiguous.
     let closed = common::store_for("http://127.0.0.1:9", "tollgate-closed").await;
@@ -481,6 +536,120 @@ async fn missing_table_and_closed_port_are_unavailable() {
         })
         .await;
     assert!(matches!(r, Err(StoreError::Unavailable(_))), "got {r:?}");
+    let r = closed.get(&Key::new("p", "s"), true).await;
+    assert!(matches!(r, Err(StoreError::Unavailable(_))), "got {r:?}");
+    match closed.check_table().await {
+        Err(e @ DynamoDbError::Api { .. }) => assert!(e.is_unavailable(), "{e}"),
+        other => panic!("expected an unavailable DescribeTable, got {other:?}"),
+    }
+}
+
+#[tokio::test]
+async fn check_table_accepts_the_layout_create_table_makes() {
+    let ep = endpoint_or_skip!("check_table_accepts_the_layout_create_table_makes");
+    let s = common::fresh_store(&ep, "check").await;
+    let c = s.check_table().await.expect("layout accepted");
+    assert_eq!(c.table, s.table());
+    assert_eq!(c.status, "ACTIVE");
+    assert_eq!(c.indexes, ["GSI1", "GSI2", "GSI3", "GSI4"]);
+    assert!(c.warnings.is_empty(), "{:?}", c.warnings);
+    drop_table(&s).await;
+}
+
+/// Create `table` with the given string or number keys and no indexes, through the raw
+/// client (tollgate's `create_table` only makes its own layout).
+async fn raw_table(s: &DynamoDbStore, keys: &[(&str, KeyType, ScalarAttributeType)]) {
+    let mut b = s
+        .client()
+        .create_table()
+        .table_name(s.table())
+        .billing_mode(BillingMode::PayPerRequest);
+    for (name, kt, ty) in keys {
+        b = b
+            .attribute_definitions(
+                AttributeDefinition::builder()
+                    .attribute_name(*name)
+                    .attribute_type(ty.clone())
+                    .build()
+                    .expect("definition"),
+            )
+            .key_schema(
+                KeySchemaElement::builder()
+                    .attribute_name(*name)
+                    .key_type(kt.clone())
+                    .build()
+                    .expect("key"),
+            );
+    }
+    b.send().await.expect("raw create_table");
+    tollgate_dynamodb::wait_active(s.client(), s.table(), std::time::Duration::from_secs(30))
+        .await
+        .expect("active");
+}
+
+#[tokio::test]
+async fn a_table_of_another_layout_is_refused_with_every_difference() {
+    let ep = endpoint_or_skip!("a_table_of_another_layout_is_refused_with_every_difference");
+    // Keyed on `id` alone: nothing of tollgate's layout.
+    let table = common::table_name("wrongkeys");
+    let s = common::store_for(&ep, &table).await;
+    raw_table(&s, &[("id", KeyType::Hash, ScalarAttributeType::S)]).await;
+    match s.check_table().await {
+        Err(e @ DynamoDbError::TableMismatch { .. }) => {
+            assert!(!e.is_unavailable());
+            let DynamoDbError::TableMismatch {
+                table: ref t,
+                ref problems,
+            } = e
+            else {
+                unreachable!()
+            };
+            assert_eq!(t, &table);
+            assert!(
+                problems.contains(&"the table partition key is id (want PK)".to_string()),
+                "{problems:?}"
+            );
+            assert!(
+                problems.contains(&"the table has no sort key (want SK)".to_string()),
+                "{problems:?}"
+            );
+            for ix in ["GSI1", "GSI2", "GSI3", "GSI4"] {
+                assert!(
+                    problems.contains(&format!("global secondary index {ix} is missing")),
+                    "{problems:?}"
+                );
+            }
+            assert_eq!(problems.len(), 6, "{problems:?}");
+            assert!(e.to_string().contains(&table), "{e}");
+        }
+        other => panic!("expected TableMismatch, got {other:?}"),
+    }
+    // Data-plane calls on it are honest too: the key does not match the schema.
+    assert_validation_naming(s.get(&Key::new("p", "s"), true).await, &table, &["key"]);
+    drop_table(&s).await;
+
+    // Right names, wrong type: PK a number.
+    let table = common::table_name("numkey");
+    let s = common::store_for(&ep, &table).await;
+    raw_table(
+        &s,
+        &[
+            ("PK", KeyType::Hash, ScalarAttributeType::N),
+            ("SK", KeyType::Range, ScalarAttributeType::S),
+        ],
+    )
+    .await;
+    match s.check_table().await {
+        Err(DynamoDbError::TableMismatch { problems, .. }) => {
+            assert_eq!(
+                problems[0],
+                "the table partition key PK is of type N (want S, a string)"
+            );
+            assert_eq!(problems.len(), 5, "{problems:?}");
+        }
+        other => panic!("expected TableMismatch, got {other:?}"),
+    }
+    drop_table(&s).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

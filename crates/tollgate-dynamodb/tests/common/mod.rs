@@ -4,7 +4,7 @@
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::{SystemTime, UNIX_EPOCH};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use async_trait::async_trait;
 use tokio::sync::OnceCell;
@@ -51,9 +51,16 @@ pub fn table_name(tag: &str) -> String {
     )
 }
 
+/// The deadline of the tests' stores. Longer than the 1 s default: these tests check
+/// behaviour, not latency, on a shared two-core machine where DynamoDB Local (a JVM) can
+/// stall for a second under load. `tests/hung_store.rs` tests the deadline itself.
+pub const TEST_DEADLINE: Duration = Duration::from_secs(10);
+
 /// A store over a new, not yet created table (credentials fall back to test/test).
 pub async fn store_for(endpoint: &str, table: &str) -> DynamoDbStore {
-    let mut b = DynamoDbStore::builder(table).endpoint(endpoint);
+    let mut b = DynamoDbStore::builder(table)
+        .endpoint(endpoint)
+        .deadline(TEST_DEADLINE);
     if std::env::var("AWS_ACCESS_KEY_ID").is_err() {
         b = b.static_credentials("test", "test");
     }
