@@ -58,6 +58,11 @@ struct Target {
     entity: String,
 }
 
+/// The limit every row charges: 10,000,000 an hour (a constant, valid definition).
+fn bench_limit() -> Limit {
+    Limit::per_hour(LIMIT, 10_000_000).expect("a valid constant limit")
+}
+
 fn main() {
     let endpoint = match std::env::var("TOLLGATE_DYNAMODB_ENDPOINT") {
         Ok(e) if !e.trim().is_empty() => e.trim().to_string(),
@@ -106,17 +111,16 @@ async fn run(endpoint: &str, calls: usize) -> Result<(), Box<dyn std::error::Err
 
 async fn bench(store: Arc<DynamoDbStore>, calls: usize) -> Result<(), Box<dyn std::error::Error>> {
     let lim = Limiter::new(store.clone())?;
-    lim.set_limits(
-        &Scope::Resource(RESOURCE.into()),
-        &[Limit::per_second(LIMIT, 10_000_000)?],
-        None,
-    )
-    .await?;
+    lim.set_limits(&Scope::Resource(RESOURCE.into()), &[bench_limit()], None)
+        .await?;
     // One entity per task, its bucket created by the limiter (a real item).
     let mut targets = Vec::new();
     for i in 0..64 {
         let entity = format!("cpu-{i}");
-        lim.acquire(&entity, RESOURCE, &[(LIMIT, 1)]).await?;
+        // Half the hour's allowance: the bucket stays inside its trust horizon (the instant
+        // it would be full again) for the whole run, so every shaped update lands.
+        lim.acquire(&entity, RESOURCE, &[(LIMIT, 5_000_000)])
+            .await?;
         let key = keys::bucket("default", &entity, RESOURCE, 0);
         let item = store.get(&key, true).await?.ok_or("bucket not created")?;
         let ph = item
@@ -185,7 +189,7 @@ async fn render_rows(store: &DynamoDbStore, t: &Target) -> Result<(), Box<dyn st
     let item = store.get(&t.key, true).await?.ok_or("item vanished")?;
     let av = item_to_av(&item)?;
     let amounts = [(LIMIT.to_string(), 1000i64)];
-    let (update, condition) = fast_write(&amounts, &t.ph, 1_700_000_000_000);
+    let (update, condition) = fast_write(&amounts, &[bench_limit()], &t.ph, 1_700_000_000_000);
     let time = |f: &mut dyn FnMut() -> usize| {
         let (u0, s0) = cpu();
         let mut sink = 0usize;
@@ -217,7 +221,7 @@ async fn render_rows(store: &DynamoDbStore, t: &Target) -> Result<(), Box<dyn st
     let decode = time(&mut || item_from_av_owned(av.clone()).map_or(0, |i| i.len()));
     let build = time(&mut || {
         let amounts = [(LIMIT.to_string(), 1000i64)];
-        let (u, c) = fast_write(&amounts, &t.ph, 1_700_000_000_000);
+        let (u, c) = fast_write(&amounts, &[bench_limit()], &t.ph, 1_700_000_000_000);
         u.actions.len() + matches!(c, tollgate_core::expr::Condition::And(_)) as usize
     });
     println!();
@@ -278,7 +282,8 @@ async fn drive(
                             .map(|d| d.as_millis() as i64)
                             .unwrap_or(0);
                         let amounts = [(LIMIT.to_string(), 1000i64)];
-                        let (update, condition) = fast_write(&amounts, &t.ph, now);
+                        let (update, condition) =
+                            fast_write(&amounts, &[bench_limit()], &t.ph, now);
                         store
                             .update(UpdateRequest {
                                 key: t.key.clone(),
