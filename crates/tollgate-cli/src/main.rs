@@ -77,11 +77,21 @@ pub(crate) struct StoreArgs {
     /// Key namespace inside the store.
     #[arg(long, env = "TOLLGATE_NAMESPACE", default_value = "default")]
     pub(crate) namespace: String,
+    /// The deadline of every store call (e.g. 1s, 500ms): a store that does not answer in
+    /// time is unavailable, and `on_unavailable` decides.
+    #[arg(long, env = "TOLLGATE_STORE_TIMEOUT", default_value = "1s", value_parser = spec::parse_duration)]
+    pub(crate) store_timeout: std::time::Duration,
 }
 
 impl StoreArgs {
     async fn limiter(&self, access: Access) -> Result<Limiter, Failure> {
-        let store = store::open(&self.store, self.endpoint.as_deref(), access).await?;
+        let store = store::open(
+            &self.store,
+            self.endpoint.as_deref(),
+            access,
+            self.store_timeout,
+        )
+        .await?;
         Ok(Limiter::builder(store).namespace(&self.namespace).build()?)
     }
 }

@@ -206,7 +206,13 @@ pub async fn run(a: ServeArgs, json_out: bool) -> Result<(), Failure> {
     }
 
     let store_metrics = StoreMetrics::new();
-    let raw = store::open(&a.store.store, a.store.endpoint.as_deref(), Access::Create).await?;
+    let raw = store::open(
+        &a.store.store,
+        a.store.endpoint.as_deref(),
+        Access::Create,
+        a.store.store_timeout,
+    )
+    .await?;
     let limiter = Limiter::builder(store_metrics.wrap(raw))
         .namespace(&a.store.namespace)
         .build()?;

@@ -90,6 +90,7 @@ pub async fn open(
     spec: &StoreSpec,
     endpoint: Option<&str>,
     access: Access,
+    deadline: std::time::Duration,
 ) -> Result<Arc<dyn Store>, Failure> {
     match spec {
         StoreSpec::Memory => Ok(Arc::new(MemoryStore::new())),
@@ -100,14 +101,20 @@ pub async fn open(
                     "no such store: {spec} (there is no file {p:?}; `tollgate limits set` or `tollgate serve` creates one)"
                 )));
             }
+            if deadline.is_zero() {
+                return Err(Failure::BadInput("--store-timeout must be above 0".into()));
+            }
+            let config = tollgate_sqlite::SqliteConfig::default().with_deadline(deadline);
             let r = match access {
-                Access::ReadOnly => tollgate_sqlite::SqliteStore::open_read_only(p),
-                Access::Create | Access::Existing => tollgate_sqlite::SqliteStore::open(p),
+                Access::ReadOnly => tollgate_sqlite::SqliteStore::open_read_only_with(p, &config),
+                Access::Create | Access::Existing => {
+                    tollgate_sqlite::SqliteStore::open_with(p, &config)
+                }
             };
             r.map(|s| Arc::new(s) as Arc<dyn Store>)
                 .map_err(|e| Failure::Unavailable(format!("cannot open {spec}: {e}")))
         }
-        StoreSpec::DynamoDb(t) => open_dynamodb(t, endpoint).await,
+        StoreSpec::DynamoDb(t) => open_dynamodb(t, endpoint, deadline).await,
     }
 }
 
@@ -151,33 +158,45 @@ async fn check_aws(what: &str, endpoint: Option<&str>) -> Result<(), Failure> {
 }
 
 #[cfg(feature = "dynamodb")]
-async fn open_dynamodb(table: &str, endpoint: Option<&str>) -> Result<Arc<dyn Store>, Failure> {
+async fn open_dynamodb(
+    table: &str,
+    endpoint: Option<&str>,
+    deadline: std::time::Duration,
+) -> Result<Arc<dyn Store>, Failure> {
+    use tollgate_dynamodb::DynamoDbError;
     check_aws(&format!("dynamodb:{table}"), endpoint).await?;
-    let store = tollgate_dynamodb::DynamoDbStore::connect(table, endpoint)
-        .await
-        .map_err(|e| Failure::Unavailable(format!("cannot open dynamodb:{table}: {e}")))?;
-    // DynamoDB never creates a table on use: say which one is missing and how to make it.
-    // Other failures of this look are left to the command's own request.
-    let found = store
-        .client()
-        .describe_table()
-        .table_name(table)
-        .send()
-        .await;
-    if let Err(e) = found {
-        if e.as_service_error()
-            .is_some_and(|s| s.is_resource_not_found_exception())
-        {
+    let mut b = tollgate_dynamodb::DynamoDbStore::builder(table).deadline(deadline);
+    if let Some(e) = endpoint {
+        b = b.endpoint(e);
+    }
+    let store = b.build().await.map_err(|e| match e {
+        DynamoDbError::Config(m) => Failure::BadInput(format!("dynamodb:{table}: {m}")),
+        e => Failure::Unavailable(format!("cannot open dynamodb:{table}: {e}")),
+    })?;
+    // DynamoDB never creates a table on use: check the one named exists with tollgate's
+    // layout, and say which one is missing and how to make it. An outage is left to the
+    // command's own request (and the `on_unavailable` policy).
+    match store.check_table().await {
+        Ok(_) => {}
+        Err(DynamoDbError::TableMissing { .. }) => {
             return Err(Failure::NoSuchStore(format!(
                 "no such store: dynamodb:{table} (the table does not exist; `tollgate table create --table {table}` creates it)"
-            )));
+            )))
         }
+        Err(e) if e.is_unavailable() => {
+            tracing::warn!(error = %e, table, "dynamodb: the table could not be checked (unreachable)");
+        }
+        Err(e) => return Err(Failure::NoSuchStore(format!("dynamodb:{table}: {e}"))),
     }
     Ok(Arc::new(store))
 }
 
 #[cfg(not(feature = "dynamodb"))]
-async fn open_dynamodb(_table: &str, _endpoint: Option<&str>) -> Result<Arc<dyn Store>, Failure> {
+async fn open_dynamodb(
+    _table: &str,
+    _endpoint: Option<&str>,
+    _deadline: std::time::Duration,
+) -> Result<Arc<dyn Store>, Failure> {
     Err(Failure::BadInput(
         "this tollgate was built without the `dynamodb` feature".into(),
     ))

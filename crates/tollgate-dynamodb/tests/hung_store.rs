@@ -103,6 +103,25 @@ struct Frozen(i32);
 impl Frozen {
     fn new(pid: i32) -> Frozen {
         signal(pid, libc::SIGSTOP);
+        // kill(2) returns before every thread has stopped: wait until the process state is
+        // "stopped" (`T` in /proc/PID/stat), or a request could still be served.
+        let stat = format!("/proc/{pid}/stat");
+        let started = Instant::now();
+        while started.elapsed() < Duration::from_secs(5) {
+            let state = std::fs::read_to_string(&stat)
+                .ok()
+                .and_then(|s| {
+                    s.rsplit_once(')')
+                        .map(|(_, r)| r.trim_start().chars().next())
+                })
+                .flatten();
+            if state == Some('T') {
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        // Let the threads that were mid-request settle too.
+        std::thread::sleep(Duration::from_millis(50));
         Frozen(pid)
     }
 }

@@ -219,6 +219,14 @@ impl SqliteStore {
     /// naming the file), then opened as usual; an existing tollgate file already has its
     /// journal mode and schema, so opening it changes nothing.
     pub fn open_read_only(path: impl AsRef<Path>) -> Result<Self, StoreError> {
+        Self::open_read_only_with(path, &SqliteConfig::default())
+    }
+
+    /// [`SqliteStore::open_read_only`] with explicit settings.
+    pub fn open_read_only_with(
+        path: impl AsRef<Path>,
+        config: &SqliteConfig,
+    ) -> Result<Self, StoreError> {
         let path = path.as_ref();
         let shown = path.display().to_string();
         {
@@ -240,7 +248,7 @@ impl SqliteStore {
                 )));
             }
         }
-        Self::open(path)
+        Self::open_with(path, config)
     }
 
     /// The path this store was opened with.
