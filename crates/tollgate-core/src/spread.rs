@@ -117,6 +117,51 @@ fn level_debt(balances: &[ShardBalance], usable: &[usize], takes: &mut [i64], re
     }
 }
 
+/// Rule "a refund repays the entity's debt": credits (non-negative, summing to `amount`)
+/// that return a refund to an entity in debt from the bottom up — the lowest balances are
+/// raised first, to a common level, the rest shared evenly — so a refund never makes one
+/// shard spendable while its siblings still carry the entity's debt.
+pub fn plan_refund(balances: &[ShardBalance], amount: i64) -> Vec<i64> {
+    let mut credits = vec![0i64; balances.len()];
+    let usable: Vec<usize> = (0..balances.len())
+        .filter(|i| balances[*i].is_some())
+        .collect();
+    if amount <= 0 || usable.is_empty() {
+        return credits;
+    }
+    let after = |i: usize, c: &[i64]| balances[i].unwrap_or(0) + c[i];
+    let mut by_level = usable;
+    by_level.sort_by_key(|i| (balances[*i].unwrap_or(0), *i));
+    let mut rest = amount;
+    let mut k = 1;
+    while rest > 0 {
+        let level = after(by_level[0], &credits);
+        let next = by_level.get(k).map(|i| after(*i, &credits));
+        let room = match next {
+            Some(n) if n > level => (n - level).saturating_mul(k as i64),
+            Some(_) => {
+                k += 1;
+                continue;
+            }
+            None => i64::MAX,
+        };
+        let step = room.min(rest);
+        let each = step / k as i64;
+        let extra = step % k as i64;
+        let mut group: Vec<usize> = by_level[..k].to_vec();
+        group.sort_unstable();
+        for (j, i) in group.iter().enumerate() {
+            credits[*i] += each + i64::from((j as i64) < extra);
+        }
+        rest -= step;
+        if k < by_level.len() {
+            k += 1;
+        }
+    }
+    debug_assert_eq!(credits.iter().sum::<i64>(), amount);
+    credits
+}
+
 /// Rule "the largest request that fits now": what the entity can pay in one request — the
 /// sum of its shards' balances (debt counted), never below zero.
 pub fn entity_available(balances: &[ShardBalance]) -> i64 {
@@ -170,6 +215,22 @@ mod tests {
             plan_spread(&[Some(-6), Some(0), Some(0)], 0, 14, true),
             Some(vec![1, 7, 6])
         );
+    }
+
+    /// A refund to an entity in debt raises the lowest first.
+    #[test]
+    fn refunds_repay_the_debt_from_the_bottom() {
+        assert_eq!(
+            plan_refund(&[Some(-1451), Some(-737), Some(-713)], 2000),
+            vec![1151, 437, 412]
+        );
+        let after: Vec<i64> = [-1451i64, -737, -713]
+            .iter()
+            .zip(plan_refund(&[Some(-1451), Some(-737), Some(-713)], 2000))
+            .map(|(b, c)| b + c)
+            .collect();
+        assert!(after.iter().max().unwrap() - after.iter().min().unwrap() <= 1);
+        assert_eq!(plan_refund(&[Some(0), None, Some(5)], 3), vec![3, 0, 0]);
     }
 
     #[test]

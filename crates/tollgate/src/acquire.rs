@@ -1104,7 +1104,7 @@ impl Inner {
     }
 
     /// Shard 0's stored count (strongly consistent); `None` if it has no item.
-    async fn shard0_count(&self, req: &Request) -> Result<Option<i64>> {
+    pub(crate) async fn shard0_count(&self, req: &Request) -> Result<Option<i64>> {
         let k = self.bucket_key(req, 0);
         Ok(match self.store.get(&k, true).await? {
             Some(i) => Some(BucketImage::decode(&i)?.shard_count),

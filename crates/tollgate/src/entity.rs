@@ -11,7 +11,7 @@ use tollgate_core::bucket::{attr, BucketImage};
 use tollgate_core::expr::Condition;
 use tollgate_core::materialize::Evaluated;
 use tollgate_core::mutants::{self, Mutant};
-use tollgate_core::spread::plan_spread;
+use tollgate_core::spread::{plan_refund, plan_spread};
 use tollgate_core::status::{limit_status, ShardView};
 use tollgate_core::value::Key;
 use tollgate_core::writes::{refund_pin, Charging};
@@ -45,6 +45,9 @@ pub(crate) struct RideAlong<'a> {
     /// Per quota limit: the condition under which the refund still credits the balance
     /// (its period); otherwise it is recorded in `tc` only.
     pub pins: &'a BTreeMap<String, Condition>,
+    /// The entity is in debt: the dripping refunds repay it over every shard from the
+    /// bottom up (`tollgate_core::spread::plan_refund`) rather than landing on `shard`.
+    pub spread: bool,
 }
 
 /// Where part of a charge landed: the shard, its key, and the milli charged per limit
@@ -302,16 +305,50 @@ impl Inner {
             // The lease's refunds: in its period they credit the balance, past it `tc` only.
             let mut tc_only: BTreeMap<u32, Vec<String>> = BTreeMap::new();
             for r in extra {
-                let item = seen.get(r.shard as usize).and_then(|x| x.item.as_ref());
+                let x = seen.get(r.shard as usize);
+                let item = x.and_then(|x| x.item.as_ref());
                 for (n, m) in &r.refunds {
-                    if r.pins
-                        .get(n)
-                        .is_some_and(|p| !tollgate_store::eval::eval_condition(item, p))
+                    let li = req.limits.iter().position(|l| l.name() == n);
+                    if r.spread && li.is_some_and(|i| !req.limits[i].is_quota()) {
+                        let li = li.unwrap_or(0);
+                        let balances: Vec<Option<i64>> = seen
+                            .iter()
+                            .map(|x| x.evals.get(li).map(|e| e.balance))
+                            .collect();
+                        for (i, c) in plan_refund(&balances, *m).into_iter().enumerate() {
+                            if c != 0 {
+                                per_shard.entry(i as u32).or_default().push((n.clone(), -c));
+                            }
+                        }
+                        continue;
+                    }
+                    // Its period ended (the pin fails), or this very write resets it.
+                    let resets = x.is_some_and(|x| {
+                        x.evals
+                            .iter()
+                            .any(|e| e.name == *n && e.transition.is_set())
+                    });
+                    if resets
+                        || r.pins
+                            .get(n)
+                            .is_some_and(|p| !tollgate_store::eval::eval_condition(item, p))
                     {
                         tc_only.entry(r.shard).or_default().push(n.clone());
                     }
                     per_shard.entry(r.shard).or_default().push((n.clone(), -m));
                 }
+            }
+            // One amount per limit per shard (a take and a refund of the same limit, or two
+            // parts' refunds, land as their sum: a write names each limit once).
+            for amts in per_shard.values_mut() {
+                let mut merged: Vec<(String, i64)> = Vec::with_capacity(amts.len());
+                for (n, a) in amts.drain(..) {
+                    match merged.iter_mut().find(|(m, _)| *m == n) {
+                        Some((_, t)) => *t += a,
+                        None => merged.push((n, a)),
+                    }
+                }
+                *amts = merged;
             }
             let mut ops = Vec::new();
             let mut touched = Vec::new();

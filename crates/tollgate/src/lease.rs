@@ -378,6 +378,7 @@ impl Lease {
                     shard: self.parts[*i].shard,
                     refunds: r.clone(),
                     pins: &self.parts[*i].pins,
+                    spread: false,
                 })
                 .collect();
             if !first.is_empty() {
@@ -385,6 +386,7 @@ impl Lease {
                     shard: self.parts[0].shard,
                     refunds: first.clone(),
                     pins: &self.parts[0].pins,
+                    spread: false,
                 });
             }
             let s = lim
@@ -461,8 +463,19 @@ impl Lease {
             lim.rejections
                 .forget(&req.entity, &req.resource, self.parts[o.part].shard);
         }
+        // Rule "a refund repays the entity's debt": on a sharded entity a dripping refund
+        // lands on its shard only while that shard is not in debt; otherwise it is spread
+        // over the entity from the bottom up (`tollgate_core::spread::plan_refund`).
+        let sharded = s > 1 && !mutants::off(Mutant::EntityDebit);
+        let drip = |n: &str| req.limits.iter().any(|l| l.name() == n && !l.is_quota());
         let build = |o: &One, parts: &[Part]| -> UpdateRequest {
             let mut condition = Condition::exists("PK");
+            if sharded {
+                for (n, _) in o.refunds.iter().filter(|(n, _)| drip(n)) {
+                    condition =
+                        condition.and(Condition::ge(tollgate_core::keys::battr(n, "tk"), 0));
+                }
+            }
             for (n, _) in &o.refunds {
                 if !o.tc_only.contains(n) {
                     if let Some(p) = parts[o.part].pins.get(n) {
@@ -523,6 +536,43 @@ impl Lease {
                 return Err(Error::Unavailable(StoreError::TransactionConflict));
             }
             attempt += 1;
+            let in_debt = sharded
+                && failed.iter().any(|(j, old)| {
+                    old.as_ref().is_some_and(|old| {
+                        ones[*j].refunds.iter().any(|(n, _)| {
+                            drip(n)
+                                && old
+                                    .get(&tollgate_core::keys::battr(n, "tk"))
+                                    .and_then(tollgate_core::value::Value::as_n)
+                                    .is_some_and(|tk| tk < 0)
+                        })
+                    })
+                });
+            if in_debt {
+                let ride: Vec<crate::entity::RideAlong<'_>> = ones
+                    .iter()
+                    .map(|o| crate::entity::RideAlong {
+                        shard: self.parts[o.part].shard,
+                        refunds: o.refunds.clone(),
+                        pins: &self.parts[o.part].pins,
+                        spread: true,
+                    })
+                    .collect();
+                let first = self.parts[ones[0].part].shard;
+                let landed = lim.entity_charge(&req, s, first, &[], &ride).await?;
+                drop(ride);
+                // The refunds were taken off what each part holds; where they landed is
+                // the entity's.
+                for o in &ones {
+                    let deltas = o.deltas.clone();
+                    self.land(o.part, &deltas);
+                }
+                for l in &landed {
+                    lim.rejections.forget(&req.entity, &req.resource, l.shard);
+                    lim.images.forget(&req.entity, &req.resource, l.shard);
+                }
+                return Ok(());
+            }
             let mut gone = Vec::new();
             for (j, old) in failed {
                 let Some(old) = old else {
@@ -626,7 +676,6 @@ impl Lease {
         };
         let (key, shard) = (self.parts[0].key.clone(), self.parts[0].shard);
         lim.rejections.forget(&req.entity, &req.resource, shard);
-        let now = lim.clock.now_ms();
         let s = lim
             .shards
             .get(&req.entity, &req.resource)
@@ -641,7 +690,17 @@ impl Lease {
             .iter()
             .any(|(n, _)| req.limits.iter().any(|l| l.name() == n && !l.is_quota()));
         let usage: Vec<(String, i64)> = deltas.iter().filter(|(_, d)| *d > 0).cloned().collect();
-        let mut condition = Condition::exists("PK").and(trusted(&req.limits, &usage, now));
+        let mut condition = Condition::exists("PK");
+        if s > 1 && !mutants::off(Mutant::EntityDebit) {
+            // A dripping refund lands here only while this shard is not in debt (see
+            // `refund_parts`).
+            for (n, _) in refunds
+                .iter()
+                .filter(|(n, _)| req.limits.iter().any(|l| l.name() == n && !l.is_quota()))
+            {
+                condition = condition.and(Condition::ge(tollgate_core::keys::battr(n, "tk"), 0));
+            }
+        }
         for (n, d) in deltas {
             if *d > 0 {
                 condition = condition.and(Condition::ge(tollgate_core::keys::battr(n, "tk"), *d));
@@ -660,13 +719,23 @@ impl Lease {
                 None => update = refund_untrust(update, &req.limits, &refunds),
             }
         }
-        let u = UpdateRequest {
-            key: key.clone(),
-            update,
-            condition: Some(condition),
-            returns: ReturnValues::AllNew,
-        };
-        let r = retrying(|| lim.store.update(u.clone())).await;
+        // Each attempt carries a fresh clock reading: the trust check is only as good as
+        // the `now` it compares (a resent request with an old one could pass it late).
+        let r = retrying(|| {
+            let u = UpdateRequest {
+                key: key.clone(),
+                update: update.clone(),
+                condition: Some(condition.clone().and(trusted(
+                    &req.limits,
+                    &usage,
+                    lim.clock.now_ms(),
+                ))),
+                returns: ReturnValues::AllNew,
+            };
+            let store = lim.store.clone();
+            async move { store.update(u).await }
+        })
+        .await;
         let old = match r {
             Ok(new) => {
                 self.land(0, deltas);
@@ -692,10 +761,9 @@ impl Lease {
             })
             .map(|(n, _)| n.clone())
             .collect();
-        let img = BucketImage::decode(&old)?;
         let part = self.parts[0].clone();
         let landed = lim
-            .charge_materialised(&req, &part, img, deltas, &tc_only)
+            .charge_materialised(&req, &part, *old, deltas, &tc_only)
             .await?;
         self.land_all(landed);
         Ok(())
@@ -737,28 +805,68 @@ impl Inner {
         self: &Arc<Self>,
         req: &Request,
         part: &Part,
-        img: BucketImage,
+        item: tollgate_core::value::Item,
         deltas: &[(String, i64)],
         tc_only: &[String],
     ) -> Result<Vec<crate::entity::Landing>> {
         let (shard, key, pins) = (part.shard, &part.key, &part.pins);
-        let mut img = img;
+        let mut item = item;
         let deltas = deltas.to_vec();
+        let mut retries = 0;
         for _ in 0..6 {
+            let img = BucketImage::decode(&item)?;
             let now = self.clock.now_ms();
-            let s = self
+            let mut s = self
                 .shards
                 .get(&req.entity, &req.resource)
                 .unwrap_or(1)
                 .max(img.shard_count);
-            let evals = self.evaluate_all(req, &img, now);
+            let at = |s: i64| -> Vec<tollgate_core::materialize::Evaluated> {
+                req.limits
+                    .iter()
+                    .map(|l| {
+                        tollgate_core::materialize::evaluate(
+                            l,
+                            img.limits.get(l.name()),
+                            img.rf,
+                            s,
+                            now,
+                            None,
+                        )
+                    })
+                    .collect()
+            };
+            let mut evals = at(s);
+            // Rule "a grant is sized at the live shard count" (see `Inner::commit_slot`): a
+            // quota this write resets or rolls is sized at shard 0's count, pinned.
+            let mut pin = None;
+            if evals.iter().any(|e| e.gc.is_some()) {
+                let s0 = if shard == 0 {
+                    Some(img.shard_count)
+                } else {
+                    self.shard0_count(req).await?
+                };
+                if s0.unwrap_or(1) > s {
+                    s = s0.unwrap_or(1);
+                    evals = at(s);
+                }
+                pin = Some(s0.map_or(crate::acquire::CountPin::Absent, |c| {
+                    crate::acquire::CountPin::Count(c.max(s))
+                }));
+            }
             let covers = deltas.iter().filter(|(_, d)| *d > 0).all(|(n, d)| {
                 evals
                     .iter()
                     .find(|e| e.name == *n)
                     .is_some_and(|e| e.balance >= *d)
             });
-            if !covers && s > 1 && !mutants::off(Mutant::EntityDebit) {
+            // A dripping refund on a shard in debt repays the entity from the bottom up.
+            let in_debt = deltas.iter().any(|(n, d)| {
+                *d < 0
+                    && req.limits.iter().any(|l| l.name() == n && !l.is_quota())
+                    && evals.iter().any(|e| e.name == *n && e.balance < 0)
+            });
+            if (!covers || in_debt) && s > 1 && !mutants::off(Mutant::EntityDebit) {
                 // The usage is taken across the entity; this shard's refunds ride in the
                 // same transaction.
                 let usage: Vec<(String, i64)> =
@@ -772,9 +880,25 @@ impl Inner {
                     shard,
                     refunds,
                     pins,
+                    spread: in_debt,
                 }];
                 return self.entity_charge(req, s, shard, &usage, &ride).await;
             }
+            // Rule "a refund stays in its period", on the item this write is planned from: a
+            // refund whose period ended (its pin fails here) or that this very write resets
+            // is recorded in `tc` only.
+            let tc_only: Vec<String> = deltas
+                .iter()
+                .filter(|(_, d)| *d < 0)
+                .map(|(n, _)| n.clone())
+                .filter(|n| {
+                    tc_only.contains(n)
+                        || pins
+                            .get(n)
+                            .is_some_and(|p| !tollgate_store::eval::eval_condition(Some(&item), p))
+                        || evals.iter().any(|e| e.name == *n && e.transition.is_set())
+                })
+                .collect();
             let (write, _) = self.materialising_write(
                 req,
                 key,
@@ -783,11 +907,43 @@ impl Inner {
                 &deltas,
                 Charging {
                     debt: true,
-                    tc_only,
+                    tc_only: &tc_only,
                 },
                 now,
             );
-            match retrying(|| self.store.update(write.clone())).await {
+            let landed = if pin.is_some() {
+                match self
+                    .commit_slot(
+                        req,
+                        shard,
+                        tollgate_store::TransactOp::Update(write),
+                        &[],
+                        pin,
+                    )
+                    .await
+                {
+                    Ok(Ok(new)) => Ok(new.map(|b| *b)),
+                    Ok(Err(crate::acquire::LostLock(old))) => {
+                        Err(StoreError::ConditionFailed { old })
+                    }
+                    // Shard 0's count moved (a doubling): plan again.
+                    Err(Error::Reread) | Err(Error::MoveLost) => continue,
+                    Err(Error::Unavailable(e)) => Err(e),
+                    Err(e) => return Err(e),
+                }
+            } else {
+                self.store.update(write).await
+            };
+            // Throttled or conflicting: nothing applied; planned again with a fresh clock
+            // reading after a back-off (a resent write would carry the old one).
+            if let Err(e) = &landed {
+                if e.is_retryable() && retries < 3 {
+                    tokio::time::sleep(crate::acquire::backoff(retries)).await;
+                    retries += 1;
+                    continue;
+                }
+            }
+            match landed {
                 Ok(new) => {
                     self.remember(req, shard, new.as_ref())?;
                     crate::shards::fan_out(self, req, shard, s, &evals).await;
@@ -798,7 +954,7 @@ impl Inner {
                     }]);
                 }
                 Err(StoreError::ConditionFailed { old: Some(old) }) => {
-                    img = BucketImage::decode(&old)?;
+                    item = *old;
                 }
                 Err(StoreError::ConditionFailed { old: None }) => {
                     tracing::warn!(key = %key, "lease target bucket is gone; adjustment dropped");
