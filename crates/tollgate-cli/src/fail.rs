@@ -88,7 +88,7 @@ impl Failure {
                 | Error::NoLimits { .. }
                 | Error::InvalidAdjustment { .. } => BAD_INPUT,
                 Error::Contended { .. } => REJECTED,
-                Error::Unavailable(_) | Error::Corrupt(_) => UNAVAILABLE,
+                Error::Unavailable(_) | Error::Misconfigured(_) | Error::Corrupt(_) => UNAVAILABLE,
                 Error::EntityExists(_) | Error::EntityNotFound(_) | Error::LeaseClosed => OTHER,
                 #[allow(unreachable_patterns)]
                 _ => OTHER,

@@ -37,11 +37,14 @@ pub enum Mutant {
     /// A new dripping shard is funded by splitting its covering sibling (falls back to a
     /// fresh share: a doubling mints).
     DripSplit,
+    /// A store call is abandoned at its deadline (`tollgate_store::Deadline`; falls back to
+    /// waiting for the answer however long it takes).
+    StoreDeadline,
 }
 
 impl Mutant {
     /// Every mutant, in declaration order.
-    pub const ALL: [Mutant; 11] = [
+    pub const ALL: [Mutant; 12] = [
         Mutant::WindowFloor,
         Mutant::WaMarker,
         Mutant::WtcCharge,
@@ -53,6 +56,7 @@ impl Mutant {
         Mutant::LeaseNet,
         Mutant::EntityDebit,
         Mutant::DripSplit,
+        Mutant::StoreDeadline,
     ];
 
     /// The name used on the command line.
@@ -69,6 +73,7 @@ impl Mutant {
             Mutant::LeaseNet => "LeaseNet",
             Mutant::EntityDebit => "EntityDebit",
             Mutant::DripSplit => "DripSplit",
+            Mutant::StoreDeadline => "StoreDeadline",
         }
     }
 

@@ -9,7 +9,6 @@ use axum::Json;
 use serde::Serialize;
 use tollgate::Error;
 use tollgate_core::RuleError;
-use tollgate_store::StoreError;
 
 /// Every error code the API answers with, its status, and when (the table of
 /// `docs/http-api.md`, which a test keeps in step with this one).
@@ -40,7 +39,8 @@ pub const CODES: &[(&str, u16, &str)] = &[
     ("headers_too_large", 431, "the request head is larger than the server accepts, or has too many headers"),
     ("rate_limit_exceeded", 429, "a limit refused the acquire"),
     ("contended", 429, "the entity's buckets stayed contended by concurrent writers: nothing was charged, retry shortly"),
-    ("internal_error", 500, "a bug or a request the store refused as invalid"),
+    ("internal_error", 500, "a bug"),
+    ("store_misconfigured", 500, "the store refused the request as invalid (a missing table, a schema or credentials configured wrongly): never fails open"),
     ("corrupt_data", 500, "corrupt stored data"),
     ("store_unavailable", 503, "the store cannot be reached, throttled, or the outcome is unknown"),
     ("too_many_leases", 503, "the server holds its maximum of open leases"),
@@ -203,9 +203,7 @@ pub fn classify(e: &Error) -> (StatusCode, &'static str) {
         Error::Contended { .. } => (StatusCode::TOO_MANY_REQUESTS, "contended"),
         Error::ResourceDisabled { .. } => (StatusCode::FORBIDDEN, "resource_disabled"),
         Error::Corrupt(_) => (StatusCode::INTERNAL_SERVER_ERROR, "corrupt_data"),
-        Error::Unavailable(StoreError::Validation(_)) => {
-            (StatusCode::INTERNAL_SERVER_ERROR, "internal_error")
-        }
+        Error::Misconfigured(_) => (StatusCode::INTERNAL_SERVER_ERROR, "store_misconfigured"),
         Error::Unavailable(_) => (StatusCode::SERVICE_UNAVAILABLE, "store_unavailable"),
         // Internal variants (never expected to escape the limiter) and future ones.
         #[allow(unreachable_patterns)]

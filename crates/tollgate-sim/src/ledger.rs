@@ -103,7 +103,37 @@ pub struct OpRec {
     pub t: i64,
     /// What the answer reported (acquires): admitted or refused, with its statuses.
     pub answer: Option<Answer>,
+    /// How long the caller waited for the answer, and under which policy (acquires).
+    pub waited: Option<Waited>,
 }
+
+/// How an acquire's caller waited, and how it was answered.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Waited {
+    /// Tokio (virtual) time from the call to the answer (ms).
+    pub ms: i64,
+    /// The client's `on_unavailable` is `allow`.
+    pub allow: bool,
+    /// The answer.
+    pub outcome: Outcome,
+}
+
+/// How an acquire was answered, as the fail-open rule sees it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Outcome {
+    /// A lease from the store.
+    Admitted,
+    /// A degraded lease: the store was down and the policy allowed.
+    Degraded,
+    /// An outage error.
+    Outage,
+    /// A refusal or any other error.
+    Other,
+}
+
+/// The longest an acquire may wait (ms of tokio time): a deadline of 1 s per store call,
+/// with room for retry back-offs, and far below a hung request's answer.
+pub const ANSWER_BOUND_MS: i64 = 30_000;
 
 /// What one limit's status in an answer said.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -282,6 +312,7 @@ impl Ledger {
             err: None,
             t,
             answer: None,
+            waited: None,
         });
         self.ops.len() - 1
     }
@@ -538,6 +569,45 @@ impl Ledger {
         }
     }
 
+    /// An acquire's wait and outcome.
+    pub fn waited(&mut self, op: usize, w: Waited) {
+        if let Some(o) = self.ops.get_mut(op) {
+            o.waited = Some(w);
+        }
+    }
+
+    /// Invariant `deadline`: every acquire is answered within [`ANSWER_BOUND_MS`] however
+    /// long a store request hangs (rule "a hung store is an outage"), and the answer
+    /// follows the caller's policy: an `allow` client never gets an outage error, a
+    /// `block` client never a degraded lease (rule "only an outage fails open").
+    fn check_deadline(&mut self) {
+        let mut found = Vec::new();
+        for (i, o) in self.ops.iter().enumerate() {
+            let Some(w) = o.waited else { continue };
+            if w.ms > ANSWER_BOUND_MS {
+                found.push(format!(
+                    "op {i} (client c{}): acquire answered after {} ms (> {ANSWER_BOUND_MS} ms): a hung store call was waited out",
+                    o.client, w.ms
+                ));
+            }
+            if w.allow && w.outcome == Outcome::Outage {
+                found.push(format!(
+                    "op {i} (client c{}): an allow client was answered with an outage error",
+                    o.client
+                ));
+            }
+            if !w.allow && w.outcome == Outcome::Degraded {
+                found.push(format!(
+                    "op {i} (client c{}): a block client was admitted without the store",
+                    o.client
+                ));
+            }
+        }
+        for d in found {
+            self.violate("deadline", d);
+        }
+    }
+
     fn violate(&mut self, invariant: &'static str, detail: String) {
         self.violations.push(Violation { invariant, detail });
     }
@@ -549,6 +619,7 @@ impl Ledger {
         self.check_tc_total(items);
         self.check_lease_net();
         self.check_answers();
+        self.check_deadline();
         let adm = self.admissions();
         for (res, ls) in limits {
             for l in ls {

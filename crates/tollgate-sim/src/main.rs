@@ -140,7 +140,7 @@ fn main() -> ExitCode {
         sum.admitted, sum.refused, sum.max_shards
     );
     println!(
-        "faults injected: {} (condition races {}, conflicts {}, throttles {}, lost responses {}, stale reads {}, delays {}, lost fan-outs {}, older-writer/wcu raw writes {})",
+        "faults injected: {} (condition races {}, conflicts {}, throttles {}, lost responses {}, stale reads {}, delays {}, lost fan-outs {}, older-writer/wcu raw writes {}, hung requests {})",
         f.total(),
         f.store.condition_races,
         f.store.transaction_conflicts,
@@ -149,7 +149,8 @@ fn main() -> ExitCode {
         f.store.stale_reads,
         f.delays,
         f.lost_fanouts,
-        f.raw_writes
+        f.raw_writes,
+        f.hangs
     );
     println!(
         "residuals: {} (lost responses whose write applied: caller told error, tc moved; cascade partial outcomes: one side applied, the other's write failed; documented, not violations)",

@@ -7,13 +7,16 @@ use std::time::Duration;
 
 use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
-use tollgate::{Limiter, Options, SeededRng};
+use tollgate::{Limiter, OnUnavailable, Options, SeededRng};
 use tollgate_core::value::Value;
 use tollgate_store::{FaultConfig, FaultStats, FaultyStore, MemoryStore};
 
 use crate::ledger::Violation;
 use crate::sched::{drive, hash_item, Shared, SimStore, SkewClock, Task};
 use crate::workload::{self, NS, WORKLOADS};
+
+/// The deadline of every client's store calls in a run with hung requests.
+const CLIENT_DEADLINE: Duration = Duration::from_secs(1);
 
 /// What to run.
 #[derive(Debug, Clone, Default)]
@@ -39,12 +42,14 @@ pub struct Faults {
     pub lost_fanouts: u64,
     /// Older-writer and `wcu`-drain raw writes.
     pub raw_writes: u64,
+    /// Store requests that hung past the client's deadline.
+    pub hangs: u64,
 }
 
 impl Faults {
     /// Every injected fault.
     pub fn total(&self) -> u64 {
-        self.store.total() + self.delays + self.lost_fanouts + self.raw_writes
+        self.store.total() + self.delays + self.lost_fanouts + self.raw_writes + self.hangs
     }
     /// Add another run's counts.
     pub fn add(&mut self, o: &Faults) {
@@ -58,6 +63,7 @@ impl Faults {
         self.delays += o.delays;
         self.lost_fanouts += o.lost_fanouts;
         self.raw_writes += o.raw_writes;
+        self.hangs += o.hangs;
     }
 }
 
@@ -128,6 +134,17 @@ pub fn run_seed(cfg: &RunConfig) -> SeedReport {
         participants,
         cfg.trace,
     );
+    // Hung requests, from a stream of their own (a run without them draws exactly what it
+    // drew before they existed): in a third of the faulty runs, requests hang with the
+    // run's fault probability, every client bounds its store calls by a deadline, and
+    // each client's `on_unavailable` is drawn.
+    let mut hrng = SmallRng::seed_from_u64(cfg.seed ^ 0x4855_4e47_4855_4e47);
+    let hang_p = if p > 0.0 && hrng.gen_bool(1.0 / 3.0) {
+        p
+    } else {
+        0.0
+    };
+    sh.set_hang(hang_p, SmallRng::seed_from_u64(hrng.gen()));
     let mut violations = Vec::new();
     let rt = match tokio::runtime::Builder::new_current_thread()
         .enable_time()
@@ -153,22 +170,30 @@ pub fn run_seed(cfg: &RunConfig) -> SeedReport {
             base: sh.now.clone(),
             skew,
         });
+        let allow = hang_p > 0.0 && hrng.gen_bool(0.5);
         let opts = Options {
             namespace: NS.into(),
             config_cache_ttl: Duration::from_secs(3600),
             speculative: rng.gen_bool(spec.speculative_p),
+            on_unavailable: if allow {
+                OnUnavailable::Allow
+            } else {
+                OnUnavailable::Block
+            },
             ..Options::default()
         };
         let store = Arc::new(SimStore {
             client: c,
             sh: sh.clone(),
         });
-        let lim = match Limiter::builder(store)
+        let mut builder = Limiter::builder(store)
             .clock(clock)
             .rng(Arc::new(SeededRng::new(rng.gen())))
-            .options(opts)
-            .build()
-        {
+            .options(opts);
+        if hang_p > 0.0 {
+            builder = builder.store_timeout(CLIENT_DEADLINE);
+        }
+        let lim = match builder.build() {
             Ok(l) => l,
             Err(e) => return failed(cfg, &spec, format!("limiter: {e}")),
         };
@@ -178,7 +203,14 @@ pub fn run_seed(cfg: &RunConfig) -> SeedReport {
         let crng = SmallRng::seed_from_u64(rng.gen());
         tasks.push((
             c,
-            Box::pin(workload::client(sh.clone(), c, lim, spec.clone(), crng)),
+            Box::pin(workload::client(
+                sh.clone(),
+                c,
+                lim,
+                spec.clone(),
+                crng,
+                allow,
+            )),
         ));
     }
     // The older writer's clock: within the bound, and in half the runs as far behind as
@@ -226,6 +258,7 @@ pub fn run_seed(cfg: &RunConfig) -> SeedReport {
         g.knobs.lost_fanout_p = 0.0;
         g.knobs.delay_p = 0.0;
         g.knobs.advance_p = 0.0;
+        g.hang_p = 0.0;
         if let Some(t) = g.trace.as_mut() {
             t.push("--- quiesce: faults off, every window ended ---".into());
         }
@@ -284,6 +317,7 @@ pub fn run_seed(cfg: &RunConfig) -> SeedReport {
             delays: st.delays,
             lost_fanouts: st.lost_fanouts,
             raw_writes: st.raw_writes,
+            hangs: st.hangs,
         },
         max_shards,
         trace: st.trace.take().unwrap_or_default(),

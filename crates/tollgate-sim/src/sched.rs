@@ -17,7 +17,7 @@ use std::task::{Context, Poll};
 
 use async_trait::async_trait;
 use rand::rngs::SmallRng;
-use rand::Rng;
+use rand::{Rng, SeedableRng};
 use tollgate::Clock;
 use tollgate_core::expr::{Action, SetValue, Update};
 use tollgate_core::value::{Item, Key, Value};
@@ -78,6 +78,25 @@ pub struct SchedState {
     pub lost_fanouts: u64,
     /// Older-writer and hot-spot raw writes.
     pub raw_writes: u64,
+    /// Probability that a request hangs (never answers within the client's deadline).
+    pub hang_p: f64,
+    /// The hang draws (their own stream: a run without hangs draws nothing from it).
+    pub hang_rng: SmallRng,
+    /// Requests hung.
+    pub hangs: u64,
+}
+
+/// How long a hung request takes to answer (tokio time): far past any client deadline,
+/// so a client without one is seen waiting (the `deadline` invariant).
+pub const HANG: std::time::Duration = std::time::Duration::from_secs(600);
+
+/// What a hung request does before it hangs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Hang {
+    /// It never reached the store.
+    Lost,
+    /// It was applied; its answer never comes.
+    Applied,
 }
 
 /// State shared by the driver, every client's store handle and the ledger.
@@ -134,6 +153,9 @@ impl Shared {
                 delays: 0,
                 lost_fanouts: 0,
                 raw_writes: 0,
+                hang_p: 0.0,
+                hang_rng: SmallRng::seed_from_u64(0),
+                hangs: 0,
             }),
         })
     }
@@ -337,6 +359,37 @@ impl Shared {
             let t = self.now();
             st.ledger.record_old_writer(key, before, after, step, t);
         }
+    }
+
+    /// Record how long an acquire waited and how it was answered.
+    pub fn waited(&self, op: usize, w: crate::ledger::Waited) {
+        let mut g = self.lock();
+        let st = &mut *g;
+        st.hash = fnv(st.hash, &w.ms.to_le_bytes());
+        st.ledger.waited(op, w);
+    }
+
+    /// Make requests hang with probability `p`, drawn from `rng`.
+    pub fn set_hang(&self, p: f64, rng: SmallRng) {
+        let mut g = self.lock();
+        g.hang_p = p;
+        g.hang_rng = rng;
+    }
+
+    /// Whether this request hangs, and how (seeded; `None` when hangs are off).
+    fn hang(&self) -> Option<Hang> {
+        let mut g = self.lock();
+        let st = &mut *g;
+        if st.hang_p <= 0.0 || !st.hang_rng.gen_bool(st.hang_p) {
+            return None;
+        }
+        st.hangs += 1;
+        st.hash = fnv(st.hash, b"hang");
+        Some(if st.hang_rng.gen_bool(0.5) {
+            Hang::Applied
+        } else {
+            Hang::Lost
+        })
     }
 
     /// Whether to drop this fan-out write (seeded).
@@ -561,6 +614,9 @@ fn is_fanout(u: &Update) -> bool {
 impl Store for SimStore {
     async fn get(&self, key: &Key, consistent: bool) -> Result<Option<Item>, StoreError> {
         self.sh.turn(self.client).await;
+        if self.sh.hang().is_some() {
+            tokio::time::sleep(HANG).await;
+        }
         let r = self.sh.faulty.get(key, consistent).await;
         let kind = if consistent { "get" } else { "get~" };
         self.sh.after_read(
@@ -578,6 +634,9 @@ impl Store for SimStore {
         consistent: bool,
     ) -> Result<Vec<Option<Item>>, StoreError> {
         self.sh.turn(self.client).await;
+        if self.sh.hang().is_some() {
+            tokio::time::sleep(HANG).await;
+        }
         let r = self.sh.faulty.batch_get(keys, consistent).await;
         let kind = if consistent {
             "batch_get"
@@ -594,7 +653,37 @@ impl Store for SimStore {
         self.sh.turn(self.client).await;
         let keys = vec![req.key.clone()];
         let before = self.sh.images(&keys);
+        let hang = self.sh.hang();
+        if hang == Some(Hang::Lost) {
+            let e = StoreError::Unavailable("sim: hung before reaching the store".into());
+            self.sh
+                .after_write(self.client, "hung(LOST)", &keys, before, Some(&e), t_call);
+            tokio::time::sleep(HANG).await;
+            return Err(e);
+        }
         let r = self.sh.faulty.put(req).await;
+        let hung = StoreError::Ambiguous("sim: applied, the answer hung".into());
+        let r = match (hang, r) {
+            (Some(_), Ok(_)) => {
+                self.sh.after_write(
+                    self.client,
+                    "hung(APPLIED)",
+                    &keys,
+                    before,
+                    Some(&hung),
+                    t_call,
+                );
+                tokio::time::sleep(HANG).await;
+                return Err(hung);
+            }
+            (Some(_), Err(e)) => {
+                self.sh
+                    .after_write(self.client, "hung", &keys, before, Some(&e), t_call);
+                tokio::time::sleep(HANG).await;
+                return Err(hung);
+            }
+            (None, r) => r,
+        };
         self.sh
             .after_write(self.client, "put", &keys, before, r.as_ref().err(), t_call);
         r
@@ -614,7 +703,37 @@ impl Store for SimStore {
                 .after_write(self.client, "fanout(LOST)", &keys, before, Some(&e), t_call);
             return Err(e);
         }
+        let hang = self.sh.hang();
+        if hang == Some(Hang::Lost) {
+            let e = StoreError::Unavailable("sim: hung before reaching the store".into());
+            self.sh
+                .after_write(self.client, "hung(LOST)", &keys, before, Some(&e), t_call);
+            tokio::time::sleep(HANG).await;
+            return Err(e);
+        }
         let r = self.sh.faulty.update(req).await;
+        let hung = StoreError::Ambiguous("sim: applied, the answer hung".into());
+        let r = match (hang, r) {
+            (Some(_), Ok(_)) => {
+                self.sh.after_write(
+                    self.client,
+                    "hung(APPLIED)",
+                    &keys,
+                    before,
+                    Some(&hung),
+                    t_call,
+                );
+                tokio::time::sleep(HANG).await;
+                return Err(hung);
+            }
+            (Some(_), Err(e)) => {
+                self.sh
+                    .after_write(self.client, "hung", &keys, before, Some(&e), t_call);
+                tokio::time::sleep(HANG).await;
+                return Err(hung);
+            }
+            (None, r) => r,
+        };
         let kind = if fanout { "fanout" } else { "update" };
         self.sh
             .after_write(self.client, kind, &keys, before, r.as_ref().err(), t_call);
@@ -626,7 +745,37 @@ impl Store for SimStore {
         self.sh.turn(self.client).await;
         let keys = vec![req.key.clone()];
         let before = self.sh.images(&keys);
+        let hang = self.sh.hang();
+        if hang == Some(Hang::Lost) {
+            let e = StoreError::Unavailable("sim: hung before reaching the store".into());
+            self.sh
+                .after_write(self.client, "hung(LOST)", &keys, before, Some(&e), t_call);
+            tokio::time::sleep(HANG).await;
+            return Err(e);
+        }
         let r = self.sh.faulty.delete(req).await;
+        let hung = StoreError::Ambiguous("sim: applied, the answer hung".into());
+        let r = match (hang, r) {
+            (Some(_), Ok(_)) => {
+                self.sh.after_write(
+                    self.client,
+                    "hung(APPLIED)",
+                    &keys,
+                    before,
+                    Some(&hung),
+                    t_call,
+                );
+                tokio::time::sleep(HANG).await;
+                return Err(hung);
+            }
+            (Some(_), Err(e)) => {
+                self.sh
+                    .after_write(self.client, "hung", &keys, before, Some(&e), t_call);
+                tokio::time::sleep(HANG).await;
+                return Err(hung);
+            }
+            (None, r) => r,
+        };
         self.sh.after_write(
             self.client,
             "delete",
@@ -651,7 +800,37 @@ impl Store for SimStore {
             .map(|o| o.key().clone())
             .collect();
         let before = self.sh.images(&keys);
+        let hang = self.sh.hang();
+        if hang == Some(Hang::Lost) {
+            let e = StoreError::Unavailable("sim: hung before reaching the store".into());
+            self.sh
+                .after_write(self.client, "hung(LOST)", &keys, before, Some(&e), t_call);
+            tokio::time::sleep(HANG).await;
+            return Err(e);
+        }
         let r = self.sh.faulty.transact_write(ops, token).await;
+        let hung = StoreError::Ambiguous("sim: applied, the answer hung".into());
+        let r = match (hang, r) {
+            (Some(_), Ok(_)) => {
+                self.sh.after_write(
+                    self.client,
+                    "hung(APPLIED)",
+                    &keys,
+                    before,
+                    Some(&hung),
+                    t_call,
+                );
+                tokio::time::sleep(HANG).await;
+                return Err(hung);
+            }
+            (Some(_), Err(e)) => {
+                self.sh
+                    .after_write(self.client, "hung", &keys, before, Some(&e), t_call);
+                tokio::time::sleep(HANG).await;
+                return Err(hung);
+            }
+            (None, r) => r,
+        };
         self.sh.after_write(
             self.client,
             "transact",
@@ -665,6 +844,9 @@ impl Store for SimStore {
 
     async fn query(&self, q: Query) -> Result<Vec<Item>, StoreError> {
         self.sh.turn(self.client).await;
+        if self.sh.hang().is_some() {
+            tokio::time::sleep(HANG).await;
+        }
         let r = self.sh.faulty.query(q).await;
         self.sh
             .after_read(self.client, "query", &[], r.as_ref().err());

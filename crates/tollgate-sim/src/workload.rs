@@ -13,7 +13,7 @@ use tollgate_core::value::{Item, Value};
 use tollgate_core::{Limit, Refill};
 use tollgate_store::StoreError;
 
-use crate::ledger::{OpKind, Violation};
+use crate::ledger::{OpKind, Outcome, Violation, Waited};
 use crate::sched::{Knobs, Shared};
 
 /// Namespace of every simulated key.
@@ -350,7 +350,17 @@ fn err_text(e: &Error) -> String {
 
 /// One simulated client: acquires, leases with adjust/commit or rollback, and the retry a
 /// real client makes after a lost response.
-pub async fn client(sh: Arc<Shared>, id: usize, lim: Limiter, spec: Arc<Spec>, mut rng: SmallRng) {
+///
+/// `allow`: the client's `on_unavailable` is `allow` (checked by the `deadline` invariant
+/// with how long each acquire waited).
+pub async fn client(
+    sh: Arc<Shared>,
+    id: usize,
+    lim: Limiter,
+    spec: Arc<Spec>,
+    mut rng: SmallRng,
+    allow: bool,
+) {
     let mut burst = 0;
     for _ in 0..spec.ops_per_client {
         if burst > 0 {
@@ -390,14 +400,30 @@ pub async fn client(sh: Arc<Shared>, id: usize, lim: Limiter, spec: Arc<Spec>, m
                     parent: parent.clone(),
                 },
             );
+            let called = tokio::time::Instant::now();
             let r = lim.acquire(&ent, &spec.resource, &refs).await;
+            let outcome = match &r {
+                Ok(l) if l.is_degraded() => Outcome::Degraded,
+                Ok(_) => Outcome::Admitted,
+                Err(e) if e.is_outage() => Outcome::Outage,
+                Err(_) => Outcome::Other,
+            };
+            let ms = i64::try_from(called.elapsed().as_millis()).unwrap_or(i64::MAX);
+            sh.waited(op, Waited { ms, allow, outcome });
             match &r {
+                Ok(lease) if lease.is_degraded() => {}
                 Ok(lease) => sh.answer(op, answer(true, lease.statuses())),
                 Err(Error::RateLimitExceeded(x)) => sh.answer(op, answer(false, &x.statuses)),
                 Err(_) => {}
             }
-            sh.end_op(id, op, r.as_ref().err().map(err_text));
+            let err = match &r {
+                // Admitted without the store: nothing landed, nothing to reconcile.
+                Ok(l) if l.is_degraded() => Some("degraded admit (store unavailable)".to_string()),
+                r => r.as_ref().err().map(err_text),
+            };
+            sh.end_op(id, op, err);
             match r {
+                Ok(lease) if lease.is_degraded() => break,
                 Ok(mut lease) => {
                     if rng.gen_bool(spec.lease_p) {
                         lease_action(&sh, id, op, &mut lease, &spec, &amts, &mut rng).await;

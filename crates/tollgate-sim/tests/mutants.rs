@@ -148,3 +148,9 @@ fn drip_split_is_needed() {
     // A new dripping shard seeded with a fresh share mints what the entity did not have.
     caught(Mutant::DripSplit, Some("drip"), 100, &["rate-envelope"]);
 }
+
+#[test]
+fn store_deadline_is_needed() {
+    // Without the deadline a client waits out a hung request (600 s of virtual time).
+    caught(Mutant::StoreDeadline, None, 60, &["deadline"]);
+}

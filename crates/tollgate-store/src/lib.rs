@@ -6,6 +6,7 @@
 
 pub mod conformance;
 pub mod counting;
+pub mod deadline;
 pub mod error;
 pub mod eval;
 pub mod faulty;
@@ -17,6 +18,7 @@ use tollgate_core::expr::{Condition, ReturnValues, Update};
 use tollgate_core::value::{Item, Key};
 
 pub use counting::{Counting, StoreStats};
+pub use deadline::Deadline;
 pub use faulty::{FaultConfig, FaultStats, FaultyStore};
 pub use memory::{MemoryStore, MillisClock};
 

@@ -176,9 +176,15 @@ impl Limiter {
             inner.acquire_cascade(&req, parent.as_ref()).await
         }
         .await;
+        // Rule "only an outage fails open": a misconfiguration, corrupt data or contention
+        // never admits, whatever the policy.
         match r {
-            Err(Error::Unavailable(e))
-                if policy.unwrap_or(inner.opts.on_unavailable) == OnUnavailable::Allow =>
+            Err(e)
+                if e.is_outage()
+                    && policy
+                        .or_else(|| inner.config.last_policy(inner.clock.now_ms()))
+                        .unwrap_or(inner.opts.on_unavailable)
+                        == OnUnavailable::Allow =>
             {
                 tracing::warn!(error = %e, entity, resource, "store unavailable: admitting (on_unavailable = allow)");
                 Stats::bump(&inner.stats.degraded);
@@ -1138,7 +1144,7 @@ impl Inner {
                         "transaction".into(),
                     )))
                 } else {
-                    Err(Error::Unavailable(StoreError::Validation(format!(
+                    Err(Error::Misconfigured(StoreError::Validation(format!(
                         "transaction cancelled: {reasons:?}"
                     ))))
                 }

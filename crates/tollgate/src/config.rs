@@ -1,5 +1,14 @@
 //! Stored limits at four levels and their resolution (entity+resource → entity default →
 //! resource → system; the first level that defines limits wins whole), with a TTL cache.
+//!
+//! Rule "stale-while-error": a cached entry past its TTL is refreshed from the store; when
+//! that read fails with an outage ([`Error::is_outage`]) and every level needed has an
+//! entry at most `stale_max` (default 24 h) past its TTL, those entries are served stale,
+//! so an entity keeps its limits and the system's `on_unavailable` keeps deciding through
+//! a long outage. The system level's last-read policy is also kept on its own
+//! ([`ConfigCache::last_policy`]) for requests the cache cannot resolve at all (an entity
+//! first seen during the outage). A misconfiguration or corrupt item is never served
+//! around: only an outage is.
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::Mutex;
@@ -255,16 +264,40 @@ pub struct Resolved {
 #[derive(Debug, Default)]
 pub struct ConfigCache {
     ttl_ms: i64,
+    stale_max_ms: i64,
     entries: Mutex<HashMap<Key, Entry>>,
+    /// The system level's `on_unavailable` as last read, and when (ms).
+    last_policy: Mutex<Option<(Option<OnUnavailable>, i64)>>,
 }
 
 impl ConfigCache {
-    /// A cache whose entries live `ttl_ms` (0 disables caching).
+    /// A cache whose entries live `ttl_ms` (0 disables caching; entries are still kept
+    /// to be served stale during an outage, see [`ConfigCache::with_stale_max`]).
     pub fn new(ttl_ms: i64) -> Self {
         ConfigCache {
             ttl_ms,
+            stale_max_ms: 0,
             entries: Mutex::new(HashMap::new()),
+            last_policy: Mutex::new(None),
         }
+    }
+
+    /// Serve entries up to `ms` past their TTL while the store cannot be read.
+    pub fn with_stale_max(mut self, ms: i64) -> Self {
+        self.stale_max_ms = ms.max(0);
+        self
+    }
+
+    /// The system level's `on_unavailable` as last read from the store, if that read is at
+    /// most `stale_max` old at `now`: the policy for a request whose config could not be
+    /// resolved because the store is down.
+    pub fn last_policy(&self, now: i64) -> Option<OnUnavailable> {
+        let g = self.last_policy.lock().unwrap_or_else(|e| e.into_inner());
+        g.and_then(|(p, at)| {
+            (now.saturating_sub(at) <= self.ttl_ms.saturating_add(self.stale_max_ms))
+                .then_some(p)
+                .flatten()
+        })
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<Key, Entry>> {
@@ -276,9 +309,10 @@ impl ConfigCache {
         self.lock().remove(key);
     }
 
-    /// Forget everything.
+    /// Forget everything (the last-read system policy included).
     pub fn clear(&self) {
         self.lock().clear();
+        *self.last_policy.lock().unwrap_or_else(|e| e.into_inner()) = None;
     }
 
     /// Resolve limits for (entity, resource), with the entity's parent and cascade policy:
@@ -302,12 +336,17 @@ impl ConfigCache {
         ];
         let meta = keys::entity_meta(ns, entity);
         let wanted: Vec<&Key> = levels.iter().map(|(k, _)| k).chain([&meta]).collect();
-        let mut found: Vec<Option<Entry>> = {
+        // Fresh entries, and the expired ones still within the stale bound.
+        let (mut found, stale): (Vec<Option<Entry>>, Vec<Option<Entry>>) = {
             let g = self.lock();
             wanted
                 .iter()
-                .map(|k| g.get(*k).filter(|e| e.expires_at > now).cloned())
-                .collect()
+                .map(|k| match g.get(*k) {
+                    Some(e) if e.expires_at > now => (Some(e.clone()), None),
+                    Some(e) if now - e.expires_at <= self.stale_max_ms => (None, Some(e.clone())),
+                    _ => (None, None),
+                })
+                .unzip()
         };
         let missing: Vec<Key> = wanted
             .iter()
@@ -315,8 +354,30 @@ impl ConfigCache {
             .filter(|(_, f)| f.is_none())
             .map(|(k, _)| (*k).clone())
             .collect();
-        if !missing.is_empty() {
-            let items = store.batch_get(&missing, false).await?;
+        let read = if missing.is_empty() {
+            None
+        } else {
+            match store.batch_get(&missing, false).await.map_err(Error::from) {
+                Ok(items) => Some(items),
+                Err(e) => {
+                    let covered = found
+                        .iter()
+                        .zip(&stale)
+                        .all(|(f, s)| f.is_some() || s.is_some());
+                    if !(e.is_outage() && covered) {
+                        return Err(e);
+                    }
+                    tracing::warn!(error = %e, entity, resource, "store unavailable: serving cached limits past their TTL (stale-while-error)");
+                    for (f, s) in found.iter_mut().zip(stale) {
+                        if f.is_none() {
+                            *f = s;
+                        }
+                    }
+                    None
+                }
+            }
+        };
+        if let Some(items) = read {
             let mut g = self.lock();
             for (k, item) in missing.iter().zip(items) {
                 let e = match item {
@@ -345,7 +406,11 @@ impl ConfigCache {
                         parent_id: None,
                     },
                 };
-                if self.ttl_ms > 0 {
+                if *k == levels[3].0 {
+                    *self.last_policy.lock().unwrap_or_else(|e| e.into_inner()) =
+                        Some((e.on_unavailable, now));
+                }
+                if self.ttl_ms > 0 || self.stale_max_ms > 0 {
                     g.insert(k.clone(), e.clone());
                 }
                 if let Some(pos) = wanted.iter().position(|w| *w == k) {
@@ -353,6 +418,7 @@ impl ConfigCache {
                 }
             }
         }
+        debug_assert!(found.iter().all(Option::is_some), "every level resolved");
         let on_unavailable = found[3].as_ref().and_then(|e| e.on_unavailable);
         let meta = found[4].take();
         let parent_id = meta.as_ref().and_then(|e| e.parent_id.clone());

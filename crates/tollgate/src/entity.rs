@@ -437,7 +437,7 @@ impl Inner {
                             .iter()
                             .any(|x| matches!(x, CancelReason::Validation(_)))
                         {
-                            return Err(Error::Unavailable(StoreError::Validation(format!(
+                            return Err(Error::Misconfigured(StoreError::Validation(format!(
                                 "entity-wide debit refused: {reasons:?}"
                             ))));
                         }

@@ -150,12 +150,25 @@ pub enum Error {
     #[doc(hidden)]
     #[error("reset balance changed under the write")]
     Reread,
-    /// The store could not be used (and `on_unavailable` is `block`).
+    /// The store refused a request as invalid: a missing table, a schema that is not
+    /// tollgate's, credentials or an endpoint configured wrongly, or a bug. A configuration
+    /// error, not an outage: it never fails open, whatever `on_unavailable` says.
+    #[error("store misconfigured: {0}")]
+    Misconfigured(StoreError),
+    /// The store could not be used: a real outage (unreachable, a deadline passed,
+    /// throttled after retries). With `on_unavailable = allow` an acquire admits instead
+    /// (only for these: [`StoreError::is_unavailable`]).
     #[error("rate limiter unavailable: {0}")]
     Unavailable(StoreError),
 }
 
 impl Error {
+    /// Whether this is a real outage of the store, the only error `on_unavailable = allow`
+    /// admits through (rule "only an outage fails open").
+    pub fn is_outage(&self) -> bool {
+        matches!(self, Error::Unavailable(e) if e.is_unavailable())
+    }
+
     /// The refusal, if this is one.
     pub fn exceeded(&self) -> Option<&Exceeded> {
         match self {
@@ -178,6 +191,7 @@ impl From<StoreError> for Error {
     fn from(e: StoreError) -> Self {
         match e {
             StoreError::Corrupt(m) => Error::Corrupt(m),
+            e @ StoreError::Validation(_) => Error::Misconfigured(e),
             e => Error::Unavailable(e),
         }
     }

@@ -24,6 +24,11 @@ pub struct Options {
     pub namespace: String,
     /// How long resolved limits are cached (0 disables the cache).
     pub config_cache_ttl: Duration,
+    /// How long past its TTL a config entry is still served while the store cannot be
+    /// read (rule "stale-while-error", see `config`): the limits and the system's
+    /// `on_unavailable` hold through an outage up to this long (default 24 h; 0: never
+    /// served stale).
+    pub config_stale_max: Duration,
     /// Policy when the store cannot be reached and the system config says nothing.
     pub on_unavailable: OnUnavailable,
     /// Use the speculative fast path (one conditional write, no read).
@@ -41,6 +46,7 @@ impl Default for Options {
         Options {
             namespace: "default".into(),
             config_cache_ttl: Duration::from_secs(60),
+            config_stale_max: Duration::from_secs(24 * 3600),
             on_unavailable: OnUnavailable::Block,
             speculative: true,
             ttl_multiplier: 7,
@@ -171,6 +177,18 @@ impl LimiterBuilder {
         self.opts.config_cache_ttl = ttl;
         self
     }
+    /// Bound every store request by `d` (`tollgate_store::Deadline`): a hung store becomes
+    /// an outage within `d` and the `on_unavailable` policy decides (a read that ran out is
+    /// `Unavailable`, a write `Ambiguous`). For an acquire path, about 1 s.
+    pub fn store_timeout(mut self, d: Duration) -> Self {
+        self.store = Arc::new(tollgate_store::Deadline::new(self.store, d));
+        self
+    }
+    /// How long past its TTL a config entry is served while the store cannot be read.
+    pub fn config_stale_max(mut self, d: Duration) -> Self {
+        self.opts.config_stale_max = d;
+        self
+    }
     /// Default fail-open / fail-closed policy.
     pub fn on_unavailable(mut self, o: OnUnavailable) -> Self {
         self.opts.on_unavailable = o;
@@ -191,12 +209,13 @@ impl LimiterBuilder {
         validate_entity_id(&self.opts.namespace)?;
         let ttl_ms = i64::try_from(self.opts.config_cache_ttl.as_millis()).unwrap_or(i64::MAX);
         let rej_ms = i64::try_from(self.opts.rejection_cache_ttl.as_millis()).unwrap_or(i64::MAX);
+        let stale_ms = i64::try_from(self.opts.config_stale_max.as_millis()).unwrap_or(i64::MAX);
         Ok(Limiter {
             inner: Arc::new(Inner {
                 store: self.store,
                 clock: self.clock,
                 rng: self.rng,
-                config: ConfigCache::new(ttl_ms),
+                config: ConfigCache::new(ttl_ms).with_stale_max(stale_ms),
                 shards: ShardCounts::default(),
                 rejections: RejectionCache::new(rej_ms),
                 images: ImageCache::default(),

@@ -5,6 +5,7 @@
 
 pub mod hook;
 pub mod intercept;
+pub mod outage;
 pub mod scenarios;
 
 use std::future::Future;

@@ -6,6 +6,7 @@ pub mod basics;
 pub mod cascade;
 pub mod exactness;
 pub mod gaps;
+pub mod outage;
 pub mod schedules;
 pub mod sharded;
 
@@ -15,6 +16,24 @@ pub mod sharded;
 #[macro_export]
 macro_rules! scenario_tests {
     ($backend:expr) => {
+        #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+        async fn a_hung_store_fails_within_its_deadline() {
+            if let Some(b) = $backend {
+                $crate::testing::scenarios::outage::a_hung_store_fails_within_its_deadline(&b).await
+            }
+        }
+        #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+        async fn a_misconfigured_store_never_fails_open() {
+            if let Some(b) = $backend {
+                $crate::testing::scenarios::outage::a_misconfigured_store_never_fails_open(&b).await
+            }
+        }
+        #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+        async fn limits_and_policy_outlive_the_config_ttl() {
+            if let Some(b) = $backend {
+                $crate::testing::scenarios::outage::limits_and_policy_outlive_the_config_ttl(&b).await
+            }
+        }
         #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
         async fn idle_burst_admits_capacity_plus_refill() {
             if let Some(b) = $backend {
