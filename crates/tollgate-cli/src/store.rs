@@ -104,7 +104,10 @@ pub async fn open(
             if deadline.is_zero() {
                 return Err(Failure::BadInput("--store-timeout must be above 0".into()));
             }
-            let config = tollgate_sqlite::SqliteConfig::default().with_deadline(deadline);
+            // The open, too, waits for another process's lock at most the store timeout.
+            let config = tollgate_sqlite::SqliteConfig::default()
+                .with_deadline(deadline)
+                .with_busy_timeout(deadline);
             let r = match access {
                 Access::ReadOnly => tollgate_sqlite::SqliteStore::open_read_only_with(p, &config),
                 Access::Create | Access::Existing => {

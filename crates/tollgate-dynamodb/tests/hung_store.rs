@@ -176,8 +176,47 @@ async fn a_frozen_dynamodb_answers_within_the_deadline() {
     let got = s.get(&Key::new("p", "s"), true).await.expect("get");
     assert_eq!(got.and_then(|i| i.get("n").cloned()), Some(Value::N(1)));
 
+    // A limiter over the same store, warm (limits cached, bucket written) before the freeze.
+    let lim = tollgate::Limiter::builder(std::sync::Arc::new(s.clone()))
+        .build()
+        .expect("limiter");
+    let quota = tollgate::Limit::quota_after("q", 100, Duration::from_secs(3600)).expect("limit");
+    lim.set_limits(&tollgate::Scope::Resource("r".into()), &[quota], None)
+        .await
+        .expect("limits");
+    lim.acquire("u", "r", &[("q", 1)])
+        .await
+        .expect("warm acquire")
+        .commit()
+        .await
+        .expect("commit");
+    let allow = tollgate::AcquireOptions {
+        limits: None,
+        on_unavailable: Some(tollgate::OnUnavailable::Allow),
+    };
+
     {
         let _frozen = Frozen::new(server.pid);
+
+        // The limiter: `block` refuses as an outage, `allow` admits degraded, both within
+        // the deadline's bound.
+        let t = Instant::now();
+        let r = lim.acquire("u", "r", &[("q", 1)]).await;
+        let block_took = t.elapsed();
+        match r {
+            Err(e) => assert!(e.is_outage(), "block: {e}"),
+            Ok(l) => panic!("block admitted through a frozen store: {l:?}"),
+        }
+        assert!(block_took < BOUND, "block acquire took {block_took:?}");
+        let t = Instant::now();
+        let l = lim
+            .acquire_with("u", "r", &[("q", 1)], allow.clone())
+            .await
+            .expect("allow admits");
+        let allow_took = t.elapsed();
+        assert!(l.is_degraded());
+        assert!(allow_took < BOUND, "allow acquire took {allow_took:?}");
+        eprintln!("frozen: acquire block {block_took:?}, allow {allow_took:?}");
 
         let t = Instant::now();
         let r = s.get(&Key::new("p", "s"), true).await;

@@ -142,6 +142,11 @@ impl Queue {
         }
         st.pending.push_back(r);
         self.counters.submitted();
+        if st.pending.len() == 1 {
+            // The front changed: a watchdog waiting out an idle spell re-arms on this
+            // request's deadline (later requests queue behind earlier deadlines).
+            self.watch.notify_one();
+        }
         if st.writer_idle {
             st.writer_idle = false;
             self.work.notify_one();

@@ -107,6 +107,12 @@ fn check(conn: &Connection, path: &str) -> Result<i64, StoreError> {
 /// Runs inside `BEGIN IMMEDIATE`, so several processes opening a new file at once create the
 /// schema exactly once.
 pub fn ensure(conn: &mut Connection, path: &str) -> Result<(), StoreError> {
+    // A store already at this version is only read: its open takes no write lock, so a
+    // writer stuck elsewhere (another process holding the lock) does not stop an open —
+    // the calls then meet the lock within their deadlines, and the policy decides.
+    if check(conn, path)? == SCHEMA_VERSION {
+        return Ok(());
+    }
     let tx = conn
         .transaction_with_behavior(TransactionBehavior::Immediate)
         .map_err(|e| from_open(path, "begin schema transaction on", e))?;
