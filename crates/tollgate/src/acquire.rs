@@ -22,7 +22,7 @@ use tollgate_core::{LimitStatus, RuleError};
 use tollgate_store::{CancelReason, PutRequest, StoreError, TransactOp, UpdateRequest};
 
 use crate::config::{OnUnavailable, Source};
-use crate::error::{Error, Exceeded, Result};
+use crate::error::{Error, Exceeded, Flow, Pass, Result};
 use crate::lease::{Lease, Part};
 use crate::limiter::{Inner, Limiter, Stats};
 use crate::shards;
@@ -769,16 +769,10 @@ impl Inner {
         let mut known = known;
         loop {
             match self.slow_attempt(req, shard, key, moves, &mut known).await {
-                Err(Error::Reread) if rereads < 6 => rereads += 1,
-                Err(Error::Reread) => {
-                    return Err(Error::Unavailable(StoreError::TransactionConflict))
-                }
-                Err(Error::MoveLost) if !replanned => replanned = true,
-                Err(Error::MoveLost) if moves => moves = false,
-                Err(Error::MoveLost) => {
-                    return Err(Error::Unavailable(StoreError::TransactionConflict))
-                }
-                r => return r,
+                Err(Flow::Reread) if rereads < 6 => rereads += 1,
+                Err(Flow::MoveLost) if !replanned => replanned = true,
+                Err(Flow::MoveLost) if moves => moves = false,
+                r => return r.map_err(Flow::into_error),
             }
         }
     }
@@ -792,7 +786,7 @@ impl Inner {
         key: &Key,
         moves: bool,
         known: &mut Option<BucketImage>,
-    ) -> Result<Lease> {
+    ) -> Pass<Lease> {
         let img = match known.take() {
             Some(img) => img,
             None => match self.store.get(key, true).await? {
@@ -807,10 +801,10 @@ impl Inner {
         // carries (its refill, its trust horizon).
         let now = self.clock.now_ms();
         if img.disabled {
-            return Err(Error::ResourceDisabled {
+            return Err(Flow::Fail(Error::ResourceDisabled {
                 entity: req.entity.clone(),
                 resource: req.resource.clone(),
-            });
+            }));
         }
         let img_rf = img.rf;
         let cached = self.shards.get(&req.entity, &req.resource).unwrap_or(1);
@@ -871,9 +865,12 @@ impl Inner {
             self.rejections
                 .record(&req.entity, &req.resource, shard, img, now);
             if s > 1 {
-                return self.entity_acquire(req, s, shard, now).await;
+                return self
+                    .entity_acquire(req, s, shard, now)
+                    .await
+                    .map_err(Flow::from);
             }
-            return Err(Error::RateLimitExceeded(x.clone()));
+            return Err(Flow::Fail(Error::RateLimitExceeded(x.clone())));
         }
         // A refused request whose seed planned a move still commits the move, with nothing
         // consumed (the grant is the slot's either way).
@@ -891,9 +888,12 @@ impl Inner {
             (Ok(_), Some(x)) => {
                 self.images.forget(&req.entity, &req.resource, shard);
                 if s > 1 {
-                    return self.entity_acquire(req, s, shard, now).await;
+                    return self
+                        .entity_acquire(req, s, shard, now)
+                        .await
+                        .map_err(Flow::from);
                 }
-                Err(Error::RateLimitExceeded(x))
+                Err(Flow::Fail(Error::RateLimitExceeded(x)))
             }
             (Ok(new), None) => {
                 Stats::bump(&self.stats.slow_admits);
@@ -987,16 +987,16 @@ impl Inner {
         old: Option<BucketImage>,
         now: i64,
         known: &mut Option<BucketImage>,
-    ) -> Result<Lease> {
+    ) -> Pass<Lease> {
         let Some(old) = old else {
             // The item is gone: read again (and create it).
-            return Err(Error::Reread);
+            return Err(Flow::Reread);
         };
         if old.disabled {
-            return Err(Error::ResourceDisabled {
+            return Err(Flow::Fail(Error::ResourceDisabled {
                 entity: req.entity.clone(),
                 resource: req.resource.clone(),
-            });
+            }));
         }
         self.shards
             .raise(&req.entity, &req.resource, old.shard_count);
@@ -1014,15 +1014,15 @@ impl Inner {
             || needs_materialising(&old, req, now)
         {
             *known = Some(old);
-            return Err(Error::Reread);
+            return Err(Flow::Reread);
         }
         match self.retry(req, shard, key, s, now).await? {
             Ok(lease) => Ok(lease),
             Err(Some(img)) => {
                 *known = Some(img);
-                Err(Error::Reread)
+                Err(Flow::Reread)
             }
-            Err(None) => Err(Error::Reread),
+            Err(None) => Err(Flow::Reread),
         }
     }
 
@@ -1039,7 +1039,7 @@ impl Inner {
         own: TransactOp,
         moves: &[shards::Move],
         count_pin: Option<CountPin>,
-    ) -> Result<std::result::Result<Option<Box<tollgate_core::value::Item>>, LostLock>> {
+    ) -> Pass<std::result::Result<Option<Box<tollgate_core::value::Item>>, LostLock>> {
         let count = count_pin.map(|p| match p {
             CountPin::Count(s) if s <= 1 => Condition::exists("PK").and(
                 Condition::not_exists(attr::SHARD_COUNT).or(Condition::eq(attr::SHARD_COUNT, 1)),
@@ -1104,7 +1104,7 @@ impl Inner {
         let checked = check.is_some();
         ops.extend(check);
         match self.transact(ops).await {
-            Err(Error::MoveLost) if checked && moves.is_empty() => Err(Error::Reread),
+            Err(Flow::MoveLost) if checked && moves.is_empty() => Err(Flow::Reread),
             r => r.map(|x| x.map(|()| None)),
         }
     }
@@ -1119,9 +1119,9 @@ impl Inner {
     }
 
     /// Commit a transaction whose first operation is the slot's own write. `Err(LostLock)`
-    /// when that write's condition failed (lost rf lock or create race); `MoveLost` when a
+    /// when that write's condition failed (lost rf lock or create race); `Flow::MoveLost` when a
     /// donor's condition failed.
-    async fn transact(&self, ops: Vec<TransactOp>) -> Result<std::result::Result<(), LostLock>> {
+    async fn transact(&self, ops: Vec<TransactOp>) -> Pass<std::result::Result<(), LostLock>> {
         match self.store.transact_write(ops, None).await {
             Ok(()) => Ok(Ok(())),
             Err(StoreError::TransactionCanceled { reasons }) => {
@@ -1133,19 +1133,21 @@ impl Inner {
                     };
                     Ok(Err(LostLock(old)))
                 } else if reasons.iter().skip(1).any(failed) {
-                    Err(Error::MoveLost)
+                    Err(Flow::MoveLost)
                 } else if reasons
                     .iter()
                     .any(|r| matches!(r, CancelReason::TransactionConflict))
                 {
-                    Err(Error::Unavailable(StoreError::TransactionConflict))
-                } else if reasons.iter().any(|r| matches!(r, CancelReason::Throttled)) {
-                    Err(Error::Unavailable(StoreError::Throttled(
-                        "transaction".into(),
+                    Err(Flow::Fail(Error::Unavailable(
+                        StoreError::TransactionConflict,
                     )))
+                } else if reasons.iter().any(|r| matches!(r, CancelReason::Throttled)) {
+                    Err(Flow::Fail(Error::Unavailable(StoreError::Throttled(
+                        "transaction".into(),
+                    ))))
                 } else {
-                    Err(Error::Misconfigured(StoreError::Validation(format!(
-                        "transaction cancelled: {reasons:?}"
+                    Err(Flow::Fail(Error::Misconfigured(StoreError::Validation(
+                        format!("transaction cancelled: {reasons:?}"),
                     ))))
                 }
             }
@@ -1265,17 +1267,17 @@ impl Inner {
         now: i64,
         moves: bool,
         known: &mut Option<BucketImage>,
-    ) -> Result<Lease> {
+    ) -> Pass<Lease> {
         let cached = self.shards.get(&req.entity, &req.resource).unwrap_or(1);
         if shard != 0 {
             // A disabled entity stays disabled on the shards it grows.
             let k0 = self.bucket_key(req, 0);
             if let Some(i) = self.store.get(&k0, true).await? {
                 if BucketImage::decode(&i)?.disabled {
-                    return Err(Error::ResourceDisabled {
+                    return Err(Flow::Fail(Error::ResourceDisabled {
                         entity: req.entity.clone(),
                         resource: req.resource.clone(),
-                    });
+                    }));
                 }
             }
         }
@@ -1295,7 +1297,7 @@ impl Inner {
             // The family splits one level at a time: create the covering sibling's buddy
             // (nothing charged there), then plan this slot again.
             Box::pin(self.create_empty(req, first, moves)).await?;
-            return Err(Error::Reread);
+            return Err(Flow::Reread);
         }
         let s = plan.shard_count;
         let now = plan.now.max(self.clock.now_ms());
@@ -1307,9 +1309,12 @@ impl Inner {
         let refusal = self.refuse(req, &evals, s, now);
         if let (Some(x), true) = (&refusal, plan.moves.is_empty() && plan.splits.is_empty()) {
             if s > 1 {
-                return self.entity_acquire(req, s, shard, now).await;
+                return self
+                    .entity_acquire(req, s, shard, now)
+                    .await
+                    .map_err(Flow::from);
             }
-            return Err(Error::RateLimitExceeded(x.clone()));
+            return Err(Flow::Fail(Error::RateLimitExceeded(x.clone())));
         }
         let amounts: Vec<(String, i64)> = if refusal.is_some() {
             Vec::new()
@@ -1356,9 +1361,12 @@ impl Inner {
                 self.shards.raise(&req.entity, &req.resource, s);
                 self.images.forget(&req.entity, &req.resource, shard);
                 if s > 1 {
-                    return self.entity_acquire(req, s, shard, now).await;
+                    return self
+                        .entity_acquire(req, s, shard, now)
+                        .await
+                        .map_err(Flow::from);
                 }
-                Err(Error::RateLimitExceeded(x))
+                Err(Flow::Fail(Error::RateLimitExceeded(x)))
             }
             (Ok(_), None) => {
                 Stats::bump(&self.stats.slow_admits);

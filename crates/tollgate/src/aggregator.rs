@@ -29,7 +29,7 @@ use tollgate_core::writes::{create_item, BucketIdentity, ItemStamp, TtlWrite};
 use tollgate_store::{PutRequest, TransactOp, UpdateRequest};
 
 use crate::acquire::{CountPin, LostLock, Request};
-use crate::error::{Error, Result};
+use crate::error::{Flow, Pass, Result};
 use crate::limiter::{Inner, Limiter};
 use crate::shards;
 
@@ -215,11 +215,11 @@ impl Aggregator {
                             rep.clamped += w.clamped.len();
                             self.inner.rejections.forget(entity, resource, shard);
                         }
-                        Ok(Err(LostLock(_))) | Err(Error::Reread) => {
+                        Ok(Err(LostLock(_))) | Err(Flow::Reread) => {
                             rep.lost += 1;
                             tracing::debug!(shard, "aggregator: refill write lost its pins");
                         }
-                        Err(e) => return Err(e),
+                        Err(e) => return Err(e.into_error()),
                     }
                 }
             }
@@ -313,24 +313,18 @@ impl Aggregator {
             rep.writes += 1;
             match self.clone_one(&req, &img0, slot, s).await {
                 Ok(true) => rep.cloned.push(slot),
-                Ok(false) | Err(Error::MoveLost) | Err(Error::Reread) => {
+                Ok(false) | Err(Flow::MoveLost) | Err(Flow::Reread) => {
                     rep.lost += 1;
                     tracing::debug!(slot, "aggregator: clone not written; left to lazy creation");
                 }
-                Err(e) => return Err(e),
+                Err(e) => return Err(e.into_error()),
             }
         }
         Ok(rep)
     }
 
     /// One Path-2 clone. `Ok(false)` when the slot was created by someone else first.
-    async fn clone_one(
-        &self,
-        req: &Request,
-        img0: &BucketImage,
-        slot: u32,
-        s: i64,
-    ) -> Result<bool> {
+    async fn clone_one(&self, req: &Request, img0: &BucketImage, slot: u32, s: i64) -> Pass<bool> {
         let inner = &self.inner;
         let now = inner.clock.now_ms();
         let all: Vec<&Limit> = req.limits.iter().collect();

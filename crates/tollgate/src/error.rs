@@ -142,14 +142,6 @@ pub enum Error {
     /// A stored item could not be decoded.
     #[error("corrupt stored data: {0}")]
     Corrupt(String),
-    /// Internal: a planned quota move lost its donor race (re-planned by the caller).
-    #[doc(hidden)]
-    #[error("quota move lost its race")]
-    MoveLost,
-    /// Internal: a pinned reset lost to a concurrent balance change (re-read by the caller).
-    #[doc(hidden)]
-    #[error("reset balance changed under the write")]
-    Reread,
     /// The store refused a request as invalid: a missing table, a schema that is not
     /// tollgate's, credentials or an endpoint configured wrongly, or a bug. A configuration
     /// error, not an outage: it never fails open, whatever `on_unavailable` says.
@@ -199,3 +191,48 @@ impl From<StoreError> for Error {
 
 /// Result alias.
 pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+/// The outcome of one pass of a write path: a public error, or an internal signal that the
+/// pass must be planned again (never returned to a caller of the limiter).
+#[derive(Debug)]
+pub(crate) enum Flow {
+    /// A public error.
+    Fail(Error),
+    /// A planned quota move lost its donor race: re-plan (with moves, then without).
+    MoveLost,
+    /// The pass's write lost to a concurrent change of what it pinned (a reset balance, a
+    /// shard count, the item's existence): read (or take the returned image) and plan again.
+    Reread,
+}
+
+impl Flow {
+    /// The public error a signal becomes once its caller stops re-planning: the writes kept
+    /// losing to concurrent writers (a conflict; the slow path reports it as `Contended`).
+    pub(crate) fn into_error(self) -> Error {
+        match self {
+            Flow::Fail(e) => e,
+            Flow::MoveLost | Flow::Reread => Error::Unavailable(StoreError::TransactionConflict),
+        }
+    }
+}
+
+impl From<Error> for Flow {
+    fn from(e: Error) -> Self {
+        Flow::Fail(e)
+    }
+}
+
+impl From<StoreError> for Flow {
+    fn from(e: StoreError) -> Self {
+        Flow::Fail(e.into())
+    }
+}
+
+impl From<RuleError> for Flow {
+    fn from(e: RuleError) -> Self {
+        Flow::Fail(e.into())
+    }
+}
+
+/// Result of one pass of a write path.
+pub(crate) type Pass<T> = std::result::Result<T, Flow>;

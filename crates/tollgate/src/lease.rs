@@ -31,7 +31,7 @@ use tollgate_core::{Limit, LimitStatus, RuleError};
 use tollgate_store::{CancelReason, StoreError, TransactOp, UpdateRequest};
 
 use crate::acquire::Request;
-use crate::error::{Error, Result};
+use crate::error::{Error, Flow, Result};
 use crate::limiter::Inner;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -927,9 +927,9 @@ impl Inner {
                         Err(StoreError::ConditionFailed { old })
                     }
                     // Shard 0's count moved (a doubling): plan again.
-                    Err(Error::Reread) | Err(Error::MoveLost) => continue,
-                    Err(Error::Unavailable(e)) => Err(e),
-                    Err(e) => return Err(e),
+                    Err(Flow::Reread) | Err(Flow::MoveLost) => continue,
+                    Err(Flow::Fail(Error::Unavailable(e))) => Err(e),
+                    Err(Flow::Fail(e)) => return Err(e),
                 }
             } else {
                 self.store.update(write).await
