@@ -594,6 +594,19 @@ fn dynamodb_missing_table_and_end_to_end() {
         "{}",
         stderr(&o)
     );
+    // `serve` refuses to start on it (it never says "listening"), exit 4 naming the table.
+    let o = tollgate(&[
+        "serve",
+        "--store",
+        &st,
+        "--endpoint",
+        &ep,
+        "--listen",
+        "127.0.0.1:0",
+    ]);
+    assert_eq!(code(&o), 4, "{}{}", stdout(&o), stderr(&o));
+    assert!(!stdout(&o).contains("listening"), "{}", stdout(&o));
+    assert!(stderr(&o).contains(&table), "{}", stderr(&o));
     let o = tollgate(&["table", "create", "--table", &table, "--endpoint", &ep]);
     assert_eq!(code(&o), 0, "{}", stderr(&o));
     let o = tollgate(&[
