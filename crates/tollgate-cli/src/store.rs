@@ -208,11 +208,16 @@ async fn open_dynamodb(
 /// `tollgate table create`.
 #[cfg(feature = "dynamodb")]
 pub async fn create_table(table: &str, endpoint: Option<&str>) -> Result<(), Failure> {
+    const TABLE_CREATE_DEADLINE: std::time::Duration = std::time::Duration::from_secs(30);
     validate_table_name(table).map_err(Failure::BadInput)?;
     check_aws(&format!("table {table}"), endpoint).await?;
-    let store = tollgate_dynamodb::DynamoDbStore::connect(table, endpoint)
-        .await
-        .map_err(|e| Failure::BadInput(e.to_string()))?;
+    // An administrative call, not an acquire path: a patient deadline (a table's creation,
+    // or a DynamoDB Local's first requests, take seconds).
+    let mut b = tollgate_dynamodb::DynamoDbStore::builder(table).deadline(TABLE_CREATE_DEADLINE);
+    if let Some(e) = endpoint {
+        b = b.endpoint(e);
+    }
+    let store = b.build().await.map_err(|e| Failure::BadInput(e.to_string()))?;
     store
         .create_table()
         .await

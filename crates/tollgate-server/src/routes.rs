@@ -380,7 +380,13 @@ async fn acquire_inner(
         Ok(mut lease) => {
             let statuses = lease.statuses().to_vec();
             let degraded = lease.is_degraded();
-            let limits = limits_for_headers().await;
+            // A degraded lease has no statuses for the headers, and the store just failed to
+            // answer: do not wait for it again.
+            let limits = if degraded {
+                Vec::new()
+            } else {
+                limits_for_headers().await
+            };
             let now = lim.now_ms();
             let (lease_id, lease_expires_at_ms) = if body.commit {
                 lease.commit().await?;

@@ -149,6 +149,10 @@ impl Limiter {
                     (res.limits, res.source)
                 }
             };
+            if let Some(m) = res.unreachable {
+                // The config read just waited out the store: answer by the policy now.
+                return Err(Error::Unavailable(StoreError::Unavailable(m)));
+            }
             let req = Request {
                 cascade: res.cascade,
                 ..inner.request(entity, resource, amounts, limits, source, now)?

@@ -19,7 +19,7 @@ use tollgate_core::keys;
 use tollgate_core::schedule::Schedule;
 use tollgate_core::value::{Item, Key, Value};
 use tollgate_core::Limit;
-use tollgate_store::Store;
+use tollgate_store::{Store, StoreError};
 
 use crate::error::{Error, Result};
 
@@ -258,6 +258,10 @@ pub struct Resolved {
     /// The effective cascade policy for (entity, resource) (ADR-146, see
     /// [`crate::cascade::effective_policy`]).
     pub cascade: bool,
+    /// Served stale because the store could not be reached (not merely throttled): the
+    /// error's message. An acquire then answers by the policy at once rather than spend
+    /// another deadline on a write to the same unreachable store.
+    pub unreachable: Option<String>,
 }
 
 /// A TTL cache of config items (negative entries included), keyed by item key.
@@ -354,6 +358,7 @@ impl ConfigCache {
             .filter(|(_, f)| f.is_none())
             .map(|(k, _)| (*k).clone())
             .collect();
+        let mut unreachable = None;
         let read = if missing.is_empty() {
             None
         } else {
@@ -368,6 +373,9 @@ impl ConfigCache {
                         return Err(e);
                     }
                     tracing::warn!(error = %e, entity, resource, "store unavailable: serving cached limits past their TTL (stale-while-error)");
+                    if let Error::Unavailable(StoreError::Unavailable(m)) = &e {
+                        unreachable = Some(m.clone());
+                    }
                     for (f, s) in found.iter_mut().zip(stale) {
                         if f.is_none() {
                             *f = s;
@@ -437,6 +445,7 @@ impl ConfigCache {
                         on_unavailable,
                         parent_id,
                         cascade,
+                        unreachable,
                     });
                 }
             }
@@ -447,6 +456,7 @@ impl ConfigCache {
             on_unavailable,
             parent_id,
             cascade,
+            unreachable,
         })
     }
 }
