@@ -35,7 +35,7 @@ use crate::error::{Error, Result};
 use crate::limiter::Inner;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum State {
+pub(crate) enum State {
     Open,
     Closed,
 }
@@ -70,7 +70,10 @@ pub struct Lease {
     /// The parent's lease of a cascade acquire (ADR-146): adjust, commit and rollback apply
     /// to it too. A parent lease never has a parent of its own (C4).
     pub(crate) parent: Option<Box<Lease>>,
-    state: State,
+    pub(crate) state: State,
+    /// Set once the lease was exported as a token (`crate::lease_token`): its id, version
+    /// and expiry, and whether its closure is claimed in the store.
+    pub(crate) shared: Option<crate::lease_token::Shared>,
 }
 
 impl std::fmt::Debug for Lease {
@@ -86,6 +89,7 @@ impl std::fmt::Debug for Lease {
             .field("statuses", &self.statuses)
             .field("parent", &self.parent)
             .field("closed", &(self.state == State::Closed))
+            .field("shared", &self.shared)
             .finish()
     }
 }
@@ -111,6 +115,7 @@ impl Lease {
             statuses,
             parent: None,
             state: State::Open,
+            shared: None,
         }
     }
 
@@ -126,6 +131,7 @@ impl Lease {
             statuses: Vec::new(),
             parent: None,
             state: State::Open,
+            shared: None,
         }
     }
 
@@ -248,6 +254,10 @@ impl Lease {
         if *e == 0 {
             self.pending.remove(limit);
         }
+        // A shared lease's token changes with every adjustment (see `crate::lease_token`).
+        if let Some(s) = self.shared.as_mut() {
+            s.version += 1;
+        }
         Ok(())
     }
 
@@ -270,6 +280,9 @@ impl Lease {
         if self.state == State::Closed && !parent_open {
             return Err(Error::LeaseClosed);
         }
+        // A lease exported as a token closes once, wherever it is finished: its closure is
+        // recorded in the store before anything is written (see `crate::lease_token`).
+        self.claim_closure(rollback).await?;
         let mut r = Ok(());
         if self.state == State::Open {
             r = if rollback {
@@ -974,7 +987,7 @@ impl Inner {
 /// A lease write retried, with back-off, while the store says nothing was applied and the
 /// same request may be resent (throttled, conflicting): a commit that stopped half-way would
 /// leave a lease half-reconciled. Three retries, then the error.
-async fn retrying<T, F, Fut>(mut f: F) -> std::result::Result<T, StoreError>
+pub(crate) async fn retrying<T, F, Fut>(mut f: F) -> std::result::Result<T, StoreError>
 where
     F: FnMut() -> Fut,
     Fut: std::future::Future<Output = std::result::Result<T, StoreError>>,

@@ -8,6 +8,7 @@ pub mod exactness;
 pub mod gaps;
 pub mod schedules;
 pub mod sharded;
+pub mod shared_leases;
 
 /// Generate one `#[tokio::test]` per limiter behaviour scenario, on `$backend`: an
 /// expression of type `Option<`[`Backend`](crate::testing::Backend)`>` (`None` skips, for a
@@ -649,6 +650,78 @@ macro_rules! scenario_tests {
         async fn s85_schedule_change_syncs() {
             if let Some(b) = $backend {
                 $crate::testing::scenarios::schedules::s85_schedule_change_syncs(&b).await
+            }
+        }
+        #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+        async fn shared_lease_commits_on_a_second_limiter() {
+            if let Some(b) = $backend {
+                $crate::testing::scenarios::shared_leases::shared_lease_commits_on_a_second_limiter(&b).await
+            }
+        }
+        #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+        async fn shared_rollback_refunds_once() {
+            if let Some(b) = $backend {
+                $crate::testing::scenarios::shared_leases::shared_rollback_refunds_once(&b).await
+            }
+        }
+        #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+        async fn resumed_leases_write_what_the_granting_limiter_would() {
+            if let Some(b) = $backend {
+                $crate::testing::scenarios::shared_leases::resumed_leases_write_what_the_granting_limiter_would(&b).await
+            }
+        }
+        #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+        async fn shared_cascade_lease_closes_both_once() {
+            if let Some(b) = $backend {
+                $crate::testing::scenarios::shared_leases::shared_cascade_lease_closes_both_once(&b).await
+            }
+        }
+        #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+        async fn shared_lease_over_several_shards_rolls_back() {
+            if let Some(b) = $backend {
+                $crate::testing::scenarios::shared_leases::shared_lease_over_several_shards_rolls_back(&b).await
+            }
+        }
+        #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+        async fn bad_lease_tokens_are_typed_errors() {
+            if let Some(b) = $backend {
+                $crate::testing::scenarios::shared_leases::bad_lease_tokens_are_typed_errors(&b).await
+            }
+        }
+        #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+        async fn a_close_that_fails_after_its_record() {
+            if let Some(b) = $backend {
+                $crate::testing::scenarios::shared_leases::a_close_that_fails_after_its_record(&b).await
+            }
+        }
+        #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+        async fn an_ambiguous_record_is_recognised_as_its_own() {
+            if let Some(b) = $backend {
+                $crate::testing::scenarios::shared_leases::an_ambiguous_record_is_recognised_as_its_own(&b).await
+            }
+        }
+        #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+        async fn late_closes_of_shared_leases() {
+            if let Some(b) = $backend {
+                $crate::testing::scenarios::shared_leases::late_closes_of_shared_leases(&b).await
+            }
+        }
+        #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+        async fn closure_records_are_purged_after_their_ttl() {
+            if let Some(b) = $backend {
+                $crate::testing::scenarios::shared_leases::closure_records_are_purged_after_their_ttl(&b).await
+            }
+        }
+        #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+        async fn resumed_sharded_leases_write_what_the_granting_limiter_would() {
+            if let Some(b) = $backend {
+                $crate::testing::scenarios::shared_leases::resumed_sharded_leases_write_what_the_granting_limiter_would(&b).await
+            }
+        }
+        #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+        async fn resumed_refund_to_a_shard_in_debt_repays_the_entity() {
+            if let Some(b) = $backend {
+                $crate::testing::scenarios::shared_leases::resumed_refund_to_a_shard_in_debt_repays_the_entity(&b).await
             }
         }
     };
