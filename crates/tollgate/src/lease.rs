@@ -1006,7 +1006,8 @@ where
 
 impl Drop for Lease {
     fn drop(&mut self) {
-        if self.state == State::Open && !self.pending.is_empty() {
+        // A copy of a shared lease is not the lease: its token can still finish it.
+        if self.state == State::Open && !self.pending.is_empty() && self.shared.is_none() {
             tracing::warn!(
                 entity = %self.entity,
                 resource = %self.resource,
