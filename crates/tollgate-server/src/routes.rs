@@ -469,7 +469,8 @@ async fn hold(app: &AppState, mut lease: tollgate::Lease) -> ApiResult<(String, 
 /// The lease a request names by its token, locked: the copy this server holds, else the
 /// token's lease (adopted, held until its expiry). `400 invalid_lease` for a token that
 /// does not verify, `404 lease_not_found` for one past its expiry that this server does
-/// not hold, `409 lease_stale` for a version older than the one held here. A newer version
+/// not hold, `409 lease_stale` for a version older than the one held here (while it is
+/// open). A newer version
 /// replaces the copy held here, unless that copy already began to close.
 async fn lease_for(
     app: &AppState,
@@ -486,7 +487,8 @@ async fn lease_for(
     };
     let mut h = slot.lock_owned().await;
     let held = h.lease.version();
-    if version < held {
+    // A closed lease answers `lease_closed` whatever version names it.
+    if version < held && !h.lease.is_closed() {
         return Err(ApiError::new(
             StatusCode::CONFLICT,
             "lease_stale",
