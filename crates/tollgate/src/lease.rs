@@ -3,7 +3,12 @@
 //! Rule for a lease dropped without `commit` or `rollback`: the debit made by the acquire
 //! stands (admission was decided and written when the lease was granted), adjustments that
 //! were never committed are discarded, and a warning is logged. Dropping a lease therefore
-//! never refunds and never charges more than the estimate.
+//! never refunds and never charges more than the estimate. (A copy of a lease exported as a
+//! token is dropped without the warning: the token can still finish it.)
+//!
+//! A lease exported as a token (`crate::lease_token`) can be resumed by any limiter over
+//! the same store; its first commit or rollback, wherever it runs, records the closure
+//! before anything else is written, so it closes once. Nothing below changes for it.
 //!
 //! Rule "a lease's net never goes below zero": per limit, what the lease consumed (the
 //! acquire's debit plus every adjustment) never drops below zero — a refund returns at most

@@ -835,3 +835,62 @@ impl Lease {
         Ok(())
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+    use std::time::Duration;
+
+    use tollgate_store::{Counting, MemoryStore, Store};
+
+    use super::*;
+    use crate::ManualClock;
+
+    fn limiter(store: Arc<dyn Store>) -> Limiter {
+        Limiter::builder(store)
+            .clock(Arc::new(ManualClock::new(1_757_000_000_000)))
+            .build()
+            .unwrap()
+    }
+
+    /// A degraded lease (granted without the store) travels too, and its close writes
+    /// nothing — not even a closure record.
+    #[tokio::test]
+    async fn a_degraded_lease_resumes_degraded_and_writes_nothing() {
+        let store = Arc::new(Counting::new(MemoryStore::new()));
+        let lim = limiter(store.clone());
+        let key = LeaseKey::random();
+        let mut l = Lease::degraded("e", "r");
+        let t = lim
+            .lease_token(&mut l, &key, Duration::from_secs(60))
+            .unwrap();
+        let mut r = lim.resume_lease(&t, &key).unwrap();
+        assert!(r.is_degraded());
+        assert_eq!((r.entity(), r.resource()), ("e", "r"));
+        r.adjust("anything", 5).unwrap();
+        r.commit().await.unwrap();
+        assert_eq!(store.stats().total(), 0);
+        assert!(matches!(
+            lim.lease_token(&mut r, &key, Duration::from_secs(60)),
+            Err(Error::LeaseClosed)
+        ));
+    }
+
+    #[test]
+    fn keys_show_nothing_and_need_32_bytes() {
+        let k = LeaseKey::from_bytes(b"0123456789abcdef0123456789abcdef").unwrap();
+        assert_eq!(format!("{k:?}"), "LeaseKey(..)");
+        assert_eq!(
+            LeaseKey::from_bytes(b"short").unwrap_err(),
+            LeaseKeyError { len: 5 }
+        );
+    }
+
+    #[test]
+    fn closure_records_outlive_the_late_close_window() {
+        let exp_ms = 1_757_000_300_000;
+        let ttl_s = closure_ttl_s(exp_ms);
+        assert_eq!(ttl_s, 1_757_000_300 + 1 + CLOSURE_MARGIN_S);
+        assert!(ttl_s * 1000 > exp_ms + LATE_CLOSE_MS + 500_000);
+    }
+}
