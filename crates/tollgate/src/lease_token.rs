@@ -43,7 +43,7 @@
 //!   cost. Stores without a native TTL (memory, SQLite) do not: the limiter that wrote a
 //!   record remembers it and [`Limiter::purge_lease_closures`] deletes it once its `ttl`
 //!   has passed (one delete per record; the HTTP server's sweeper calls it). A process that
-//!   stops before then leaves those records (about 150 bytes each) in the store.
+//!   stops before then leaves those records (about 300 bytes each in SQLite) in the store.
 //! - Leases never exported keep their cost: no record, no extra request.
 
 use std::cmp::Reverse;
