@@ -106,7 +106,8 @@ pub async fn run(json_out: bool) -> Result<(), Failure> {
         }
         let id = body["lease_id"].as_str().unwrap_or_default().to_string();
         say(format!(
-            "POST /v1/acquire #{i}: {status}  RateLimit: {rl}  lease {id}"
+            "POST /v1/acquire #{i}: {status}  RateLimit: {rl}  lease {}",
+            short(&id)
         ));
         log.push(json!({ "step": "acquire", "n": i, "status": status.as_u16(), "ratelimit": rl, "body": body }));
         if first_lease.is_none() {
@@ -117,16 +118,18 @@ pub async fn run(json_out: bool) -> Result<(), Failure> {
         return Err(other("the demo never saw a 429"));
     };
 
-    // 3. The first request really used 250 tokens, not 100: adjust and commit its lease.
-    if let Some(id) = &first_lease {
-        for (what, url, body) in [
+    // 3. The first request really used 250 tokens, not 100: adjust and commit its lease
+    // (each adjust answers the lease's next token: the one to pass on).
+    if let Some(mut id) = first_lease {
+        for (what, op, body) in [
             (
                 "adjust tpm +150",
-                format!("{base}/v1/leases/{id}/adjust"),
+                "adjust",
                 Some(json!({ "limit": "tpm", "delta": 150 })),
             ),
-            ("commit", format!("{base}/v1/leases/{id}/commit"), None),
+            ("commit", "commit", None),
         ] {
+            let url = format!("{base}/v1/leases/{id}/{op}");
             let mut req = http.post(&url);
             if let Some(b) = &body {
                 req = req.json(b);
@@ -138,9 +141,13 @@ pub async fn run(json_out: bool) -> Result<(), Failure> {
                 return Err(other(format!("{what} failed: {status} {b}")));
             }
             say(format!(
-                "lease {id}: {what} -> {status} consumed {}",
+                "lease {}: {what} -> {status} consumed {}",
+                short(&id),
                 b["consumed"]
             ));
+            if let Some(next) = b["lease_id"].as_str() {
+                id = next.to_string();
+            }
             log.push(json!({ "step": what, "status": status.as_u16(), "body": b }));
         }
     }
@@ -188,4 +195,13 @@ pub async fn run(json_out: bool) -> Result<(), Failure> {
         );
     }
     Ok(())
+}
+
+/// A lease token, abbreviated for the terminal (tokens are a kilobyte or two): its version
+/// tag and the end of its signature.
+fn short(token: &str) -> String {
+    match token.get(token.len().saturating_sub(12)..) {
+        Some(tail) if token.len() > 24 => format!("v1.…{tail} ({} bytes)", token.len()),
+        _ => token.to_string(),
+    }
 }

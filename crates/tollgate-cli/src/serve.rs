@@ -3,6 +3,10 @@
 //! - Tokens come from `--auth-file` (re-read on SIGHUP) and/or `TOLLGATE_AUTH_TOKENS`.
 //! - Without tokens the server listens only on loopback addresses; any other `--listen` is
 //!   refused unless `--insecure-no-auth` is given.
+//! - Lease tokens are signed with the secret of `--lease-secret-file` or
+//!   `TOLLGATE_LEASE_SECRET` (at least 32 bytes; the same on every server that should finish
+//!   the others' leases). Without one the process signs with a random key and says so: its
+//!   leases finish only on this server.
 //! - SIGINT / SIGTERM: graceful shutdown (open connections finish, open leases are
 //!   committed). SIGHUP: re-read the auth file; the server keeps running, with its
 //!   connections and leases.
@@ -25,6 +29,8 @@ use crate::StoreArgs;
 
 /// The environment variable holding inline token entries.
 pub const TOKENS_ENV: &str = "TOLLGATE_AUTH_TOKENS";
+/// The environment variable holding the lease secret itself.
+pub const LEASE_SECRET_ENV: &str = "TOLLGATE_LEASE_SECRET";
 
 /// Arguments of `serve`.
 #[derive(Debug, Args)]
@@ -39,6 +45,13 @@ pub struct ServeArgs {
     /// adjustments written).
     #[arg(long, default_value = "300s", value_parser = spec::parse_duration)]
     lease_ttl: Duration,
+    /// The secret lease tokens are signed with (a file of at least 32 bytes; a trailing
+    /// newline is ignored): give every server sharing the store the same one, and any of
+    /// them can adjust, commit or roll back a lease another granted. The secret itself may
+    /// come from TOLLGATE_LEASE_SECRET instead. Without either, a random per-process key:
+    /// leases finish only on the server that granted them.
+    #[arg(long, value_name = "PATH")]
+    lease_secret_file: Option<PathBuf>,
     /// Bearer tokens, one `name:token:role` per line (role `client` or `admin`); re-read
     /// on SIGHUP. More entries may come from TOLLGATE_AUTH_TOKENS.
     #[arg(long, env = "TOLLGATE_AUTH_FILE", value_name = "PATH")]
@@ -98,6 +111,42 @@ fn auth_of(a: &ServeArgs) -> Result<Option<Arc<Auth>>, Failure> {
     Auth::new(a.auth_file.clone(), env)
         .map(|auth| Some(Arc::new(auth)))
         .map_err(|e| Failure::BadInput(e.to_string()))
+}
+
+/// The lease key of the secret file or the environment (`None`: neither is given).
+fn lease_key_of(a: &ServeArgs) -> Result<Option<tollgate::LeaseKey>, Failure> {
+    let env = std::env::var(LEASE_SECRET_ENV)
+        .ok()
+        .filter(|v| !v.trim().is_empty());
+    let (secret, from) = match (&a.lease_secret_file, env) {
+        (Some(_), Some(_)) => {
+            return Err(Failure::BadInput(format!(
+                "--lease-secret-file and {LEASE_SECRET_ENV} are both given: give one"
+            )))
+        }
+        (Some(p), None) => {
+            let bytes = std::fs::read(p).map_err(|e| {
+                Failure::BadInput(format!(
+                    "cannot read --lease-secret-file {}: {e}",
+                    p.display()
+                ))
+            })?;
+            #[cfg(unix)]
+            {
+                use std::os::unix::fs::PermissionsExt;
+                if std::fs::metadata(p).is_ok_and(|m| m.permissions().mode() & 0o077 != 0) {
+                    tracing::warn!(path = %p.display(), "the lease secret file can be read by other users (chmod 600 it)");
+                }
+            }
+            (bytes, format!("--lease-secret-file {}", p.display()))
+        }
+        (None, Some(v)) => (v.into_bytes(), LEASE_SECRET_ENV.to_string()),
+        (None, None) => return Ok(None),
+    };
+    let trimmed = secret.trim_ascii_end();
+    tollgate::LeaseKey::from_bytes(trimmed)
+        .map(Some)
+        .map_err(|e| Failure::BadInput(format!("{from}: {e}")))
 }
 
 /// Refuse a non-loopback address without authentication (unless told otherwise).
@@ -196,6 +245,7 @@ pub async fn run(a: ServeArgs, json_out: bool) -> Result<(), Failure> {
         ));
     }
     let auth = auth_of(&a)?;
+    let lease_key = lease_key_of(&a)?;
     check_listen(&a, auth.is_some()).await?;
     #[cfg(unix)]
     if let Some(p) = a.auth_file.as_deref() {
@@ -231,6 +281,7 @@ pub async fn run(a: ServeArgs, json_out: bool) -> Result<(), Failure> {
         max_connections: a.max_connections,
         body_limit: a.body_limit,
         max_header_bytes: a.max_header_size,
+        lease_key: lease_key.clone(),
         ..Default::default()
     };
     let mut builder = Server::builder(limiter)
@@ -250,13 +301,21 @@ pub async fn run(a: ServeArgs, json_out: bool) -> Result<(), Failure> {
             "store": store_name,
             "auth": tokens.is_some(),
             "tokens": tokens,
+            "shared_leases": lease_key.is_some(),
         }));
     } else {
         let auth_note = match tokens {
             Some(n) => format!("{n} bearer token(s)"),
             None => "no authentication".into(),
         };
-        println!("tollgate listening on http://{addr} (store {store_name}, {auth_note})");
+        let lease_note = if lease_key.is_some() {
+            "leases signed with the shared secret"
+        } else {
+            "leases finish only on this server: no lease secret"
+        };
+        println!(
+            "tollgate listening on http://{addr} (store {store_name}, {auth_note}, {lease_note})"
+        );
     }
     let _ = std::io::stdout().flush();
     tracing::info!(%addr, store = %store_name, auth = tokens.is_some(), "listening");

@@ -364,6 +364,8 @@ async fn sighup_reloads_tokens_and_keeps_an_open_lease() {
     )
     .await;
     assert_eq!(r.body["consumed"]["tokens"], 350);
+    // The adjust answers the lease's next token: the one to pass from now on.
+    let lease = r.body["lease_id"].as_str().unwrap().to_string();
 
     // A new client token, then SIGHUP.
     assert_eq!(

@@ -39,6 +39,15 @@ pub fn system_config(ns: &str) -> Key {
     Key::new(format!("{ns}/SYSTEM#"), "#CONFIG")
 }
 
+/// Sort key of a lease's closure record.
+pub const CLOSED: &str = "#CLOSED";
+
+/// The closure record of a shared lease (its id is 32 hex digits): written once, by the
+/// commit or rollback that closes the lease, wherever it runs.
+pub fn lease_closure(ns: &str, lease_id: &str) -> Key {
+    Key::new(format!("{ns}/LEASE#{lease_id}"), CLOSED)
+}
+
 /// GSI3 partition of an entity's buckets (`BUCKET#{resource}#{shard}` sort keys).
 pub fn gsi3_entity(ns: &str, entity: &str) -> String {
     format!("{ns}/ENTITY#{entity}")

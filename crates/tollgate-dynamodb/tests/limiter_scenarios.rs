@@ -12,7 +12,7 @@ use tollgate_store::{DeleteRequest, PutRequest, Store};
 
 /// Raw item access for staging states: strongly consistent reads and unconditional writes,
 /// run to completion on the test's runtime.
-struct Raw(DynamoDbStore);
+struct Raw(DynamoDbStore, String);
 
 fn block<F: std::future::Future>(f: F) -> F::Output {
     tokio::task::block_in_place(|| tokio::runtime::Handle::current().block_on(f))
@@ -79,6 +79,15 @@ impl TestStore for Raw {
         }))
         .expect("raw delete");
     }
+    /// A second client of the same table, as another process would open it.
+    fn twin(&self) -> Option<tollgate::testing::StoreFuture> {
+        let endpoint = self.1.clone();
+        let table = self.0.table().to_string();
+        Some(Box::pin(async move {
+            let s = common::store_for(&endpoint, &table).await;
+            Arc::new(Raw(s, endpoint)) as Arc<dyn TestStore>
+        }))
+    }
 }
 
 fn dynamodb() -> Option<Backend> {
@@ -87,7 +96,7 @@ fn dynamodb() -> Option<Backend> {
         let endpoint = endpoint.clone();
         Box::pin(async move {
             let s = common::fresh_store(&endpoint, "scn").await;
-            Arc::new(Raw(s)) as Arc<dyn TestStore>
+            Arc::new(Raw(s, endpoint)) as Arc<dyn TestStore>
         })
     }))
 }

@@ -21,6 +21,7 @@ pub const CODES: &[(&str, u16, &str)] = &[
     ("invalid_limit", 400, "an invalid limit definition"),
     ("unknown_limit", 400, "an amount names a limit the resource does not have"),
     ("invalid_adjustment", 400, "a lease adjustment would refund more than the lease consumed of the limit"),
+    ("invalid_lease", 400, "a lease token that does not verify: malformed, truncated, altered, or signed under another lease key"),
     ("bad_request", 400, "the request could not be parsed as HTTP/1.1"),
     ("unauthorized", 401, "no bearer token, or one the server does not know"),
     ("forbidden", 403, "the token's role may not use this route"),
@@ -29,11 +30,12 @@ pub const CODES: &[(&str, u16, &str)] = &[
     ("not_found", 404, "no route has this path"),
     ("no_limits", 404, "no limits are configured for the entity and resource"),
     ("entity_not_found", 404, "no such entity"),
-    ("lease_not_found", 404, "no such lease (unknown, or expired and swept)"),
+    ("lease_not_found", 404, "the lease has expired (its token is no longer accepted)"),
     ("method_not_allowed", 405, "the route does not take this method"),
     ("body_timeout", 408, "the request body did not arrive within the body timeout"),
     ("entity_exists", 409, "an entity with this id exists"),
-    ("lease_closed", 409, "the lease was committed or rolled back"),
+    ("lease_closed", 409, "the lease was committed or rolled back (on any server)"),
+    ("lease_stale", 409, "a lease token older than the version this server holds: pass the latest token"),
     ("payload_too_large", 413, "the body is larger than the body limit"),
     ("uri_too_long", 414, "the request URI is longer than the server accepts"),
     ("headers_too_large", 431, "the request head is larger than the server accepts, or has too many headers"),
@@ -155,12 +157,12 @@ impl ApiError {
         )
     }
 
-    /// `404 lease_not_found`.
+    /// `404 lease_not_found`: the lease has expired.
     pub fn lease_not_found(id: &str) -> Self {
         Self::new(
             StatusCode::NOT_FOUND,
             "lease_not_found",
-            format!("no lease {id:?} (unknown, or expired and swept)"),
+            format!("lease {id:?} has expired"),
         )
     }
 }
@@ -177,7 +179,9 @@ impl ApiError {
 /// | amount names a limit the resource lacks | 400 | `unknown_limit` |
 /// | no limits configured | 404 | `no_limits` |
 /// | entity exists / not found | 409 / 404 | `entity_exists` / `entity_not_found` |
-/// | lease committed or rolled back | 409 | `lease_closed` |
+/// | lease committed or rolled back (on any server) | 409 | `lease_closed` |
+/// | lease token malformed, altered or of another key | 400 | `invalid_lease` |
+/// | lease expired | 404 | `lease_not_found` |
 /// | adjustment refunds more than the lease consumed | 400 | `invalid_adjustment` |
 /// | buckets contended through every retry (nothing charged) | 429 | `contended` |
 /// | resource disabled for the entity | 403 | `resource_disabled` |
@@ -199,6 +203,8 @@ pub fn classify(e: &Error) -> (StatusCode, &'static str) {
         Error::EntityExists(_) => (StatusCode::CONFLICT, "entity_exists"),
         Error::EntityNotFound(_) => (StatusCode::NOT_FOUND, "entity_not_found"),
         Error::LeaseClosed => (StatusCode::CONFLICT, "lease_closed"),
+        Error::InvalidLease(_) => (StatusCode::BAD_REQUEST, "invalid_lease"),
+        Error::LeaseExpired => (StatusCode::NOT_FOUND, "lease_not_found"),
         Error::InvalidAdjustment { .. } => (StatusCode::BAD_REQUEST, "invalid_adjustment"),
         Error::Contended { .. } => (StatusCode::TOO_MANY_REQUESTS, "contended"),
         Error::ResourceDisabled { .. } => (StatusCode::FORBIDDEN, "resource_disabled"),

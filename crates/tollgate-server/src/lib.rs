@@ -30,11 +30,23 @@
 //!
 //! # Leases
 //!
-//! Leases live in the server's memory for [`ServerConfig::lease_ttl`] (**300 s** by
-//! default). **A lease that expires open is committed**: the acquire's debit stands and
-//! pending adjustments are written; see [`leases`]. Graceful shutdown applies the same rule
-//! to every open lease. A server crash loses only uncommitted adjustments (the debit was
-//! written by the acquire).
+//! **Any server sharing the store can finish a lease.** The acquire's `lease_id` is the
+//! lease's signed, self-contained token (its whole state, HMAC-SHA256 under
+//! [`ServerConfig::lease_key`]): adjust, commit and rollback work on every server over the
+//! same store with the same key, and no lease item is written at acquire (a warm admitted
+//! acquire stays one store write). Each adjust answers the token of the next version:
+//! **always pass the latest token** (an older one than a server holds is `409
+//! lease_stale`). A lease closes once, wherever it is closed: its first commit or
+//! rollback records the closure in the store (one conditional put) before it writes; a
+//! second close anywhere is `409 lease_closed`. Without a configured key each process signs
+//! with a random one (logged at start): its leases then finish only on the server that
+//! granted them.
+//!
+//! A lease is held for [`ServerConfig::lease_ttl`] (**300 s** by default). **A lease that
+//! expires open is committed**: the acquire's debit stands and the adjustments the holding
+//! server saw are written; see [`leases`]. Graceful shutdown applies the same rule to every
+//! open lease. A server crash loses only the adjustments sent to it and not committed (the
+//! debit was written by the acquire); another server finishes the lease from its token.
 
 pub mod access;
 pub mod auth;
@@ -103,6 +115,10 @@ pub struct ServerConfig {
     pub max_uri_bytes: usize,
     /// How long a graceful shutdown waits for open connections to finish (default 30 s).
     pub shutdown_timeout: Duration,
+    /// The key lease tokens are signed with: the same on every server that should finish
+    /// the others' leases (see [`leases`]). `None` (the default): a random key for this
+    /// process, so its leases finish only here.
+    pub lease_key: Option<tollgate::LeaseKey>,
 }
 
 impl Default for ServerConfig {
@@ -120,6 +136,7 @@ impl Default for ServerConfig {
             max_header_bytes: 16 * 1024,
             max_uri_bytes: 8 * 1024,
             shutdown_timeout: Duration::from_secs(30),
+            lease_key: None,
         }
     }
 }
@@ -137,6 +154,8 @@ pub struct AppState {
     pub config: ServerConfig,
     /// Authentication; `None`: every route is open to anyone.
     pub auth: Option<Arc<Auth>>,
+    /// The key lease tokens are signed with (the configured one, or this process's own).
+    pub lease_key: tollgate::LeaseKey,
 }
 
 /// A server: state plus its router. Cheap to clone.
@@ -176,6 +195,13 @@ impl ServerBuilder {
 
     /// The server.
     pub fn build(self) -> Server {
+        let lease_key = match &self.config.lease_key {
+            Some(k) => k.clone(),
+            None => {
+                tracing::warn!("no lease key configured: this process signs leases with a random key, so they can be finished only on this server (give every server the same --lease-secret-file or TOLLGATE_LEASE_SECRET)");
+                tollgate::LeaseKey::random()
+            }
+        };
         let leases = Arc::new(LeaseTable::default());
         let metrics = Metrics::new(self.limiter.clone(), leases.clone(), self.store_metrics);
         Server {
@@ -185,6 +211,7 @@ impl ServerBuilder {
                 metrics,
                 config: self.config,
                 auth: self.auth,
+                lease_key,
             }),
         }
     }
@@ -217,14 +244,17 @@ impl Server {
         routes::router(self.state.clone())
     }
 
-    /// Apply the expiry rule to leases expired by now; returns how many open leases were
-    /// committed.
+    /// Apply the expiry rule to leases expired by now (the limiter's clock); returns how
+    /// many open leases were committed. Then delete the closure records this server wrote
+    /// that are past their `ttl`, on a store without native TTL (see [`leases`]).
     pub async fn sweep(&self) -> usize {
-        let taken = self
-            .state
-            .leases
-            .take_expired(Some(std::time::Instant::now()));
-        leases::expire(taken).await
+        let lim = &self.state.limiter;
+        let taken = self.state.leases.take_expired(Some(lim.now_ms()));
+        let n = leases::expire(taken).await;
+        if let Err(e) = lim.purge_lease_closures().await {
+            tracing::warn!(error = %e, "lease closure records not purged; retried next sweep");
+        }
+        n
     }
 
     /// Apply the expiry rule to every held lease (graceful shutdown).

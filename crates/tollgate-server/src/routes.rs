@@ -196,26 +196,33 @@ pub(crate) fn router(state: Arc<AppState>) -> Router {
         .with_state(state)
 }
 
-/// `414 uri_too_long` for a URI (path and query) over [`crate::ServerConfig::max_uri_bytes`].
+/// `414 uri_too_long` for a URI (path and query) over [`crate::ServerConfig::max_uri_bytes`];
+/// a lease route's (its path carries the lease token) may be as long as the request head
+/// allows ([`crate::ServerConfig::max_header_bytes`], when that is larger).
 async fn uri_guard(State(app): St, req: Request, next: Next) -> Response {
     let len = req
         .uri()
         .path_and_query()
         .map(|pq| pq.as_str().len())
         .unwrap_or(0);
-    if len > app.config.max_uri_bytes {
+    let max = if req.uri().path().starts_with(LEASE_PATHS) {
+        app.config.max_uri_bytes.max(app.config.max_header_bytes)
+    } else {
+        app.config.max_uri_bytes
+    };
+    if len > max {
         return ApiError::new(
             StatusCode::URI_TOO_LONG,
             "uri_too_long",
-            format!(
-                "the request URI is {len} bytes; this server accepts at most {}",
-                app.config.max_uri_bytes
-            ),
+            format!("the request URI is {len} bytes; this server accepts at most {max}"),
         )
         .into_response();
     }
     next.run(req).await
 }
+
+/// The prefix of the routes whose path carries a lease token.
+const LEASE_PATHS: &str = "/v1/leases/";
 
 async fn not_found() -> ApiError {
     ApiError::new(StatusCode::NOT_FOUND, "not_found", "no such route")
@@ -392,10 +399,8 @@ async fn acquire_inner(
                 lease.commit().await?;
                 (None, None)
             } else {
-                let id = crate::leases::LeaseTable::new_id();
-                app.leases.insert(id.clone(), lease, app.config.lease_ttl);
-                let ttl_ms = i64::try_from(app.config.lease_ttl.as_millis()).unwrap_or(i64::MAX);
-                (Some(id), Some(now.saturating_add(ttl_ms)))
+                let (token, expires) = hold(app, lease).await?;
+                (Some(token), Some(expires))
             };
             let mut headers = HeaderMap::new();
             add_ratelimit_headers(&mut headers, &statuses, &limits, now);
@@ -435,6 +440,76 @@ async fn acquire_inner(
 // ---------------------------------------------------------------------------------------
 // Leases
 
+/// Export a granted lease as its token and hold it until its expiry: the token and the
+/// expiry. A token too long for this server's request head to carry back would be a lease
+/// nobody can finish: it is rolled back instead (`500`), so nothing stays charged.
+async fn hold(app: &AppState, mut lease: tollgate::Lease) -> ApiResult<(String, i64)> {
+    let token = app
+        .limiter
+        .lease_token(&mut lease, &app.lease_key, app.config.lease_ttl)?;
+    let room = app.config.max_header_bytes.saturating_sub(1024);
+    if token.len() > room {
+        let undo = lease.rollback().await;
+        tracing::warn!(bytes = token.len(), room, undo = ?undo.err(), "lease token too long for the request head: rolled back");
+        return Err(ApiError::new(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            "internal_error",
+            format!(
+                "the lease's token would be {} bytes, more than this server's request head carries ({room}); the acquire was rolled back (raise --max-header-size)",
+                token.len()
+            ),
+        ));
+    }
+    let (Some(id), Some(expires)) = (lease.token_id().map(str::to_string), lease.expires_at_ms())
+    else {
+        return Err(ApiError::new(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            "internal_error",
+            "an exported lease has no id",
+        ));
+    };
+    app.leases.insert(id, lease, expires);
+    Ok((token, expires))
+}
+
+/// The lease a request names by its token, locked: the copy this server holds, else the
+/// token's lease (adopted, held until its expiry). `400 invalid_lease` for a token that
+/// does not verify, `404 lease_not_found` for one past its expiry that this server does
+/// not hold, `409 lease_stale` for a version older than the one held here (while it is
+/// open). A newer version
+/// replaces the copy held here, unless that copy already began to close.
+async fn lease_for(
+    app: &AppState,
+    token: &str,
+) -> ApiResult<tokio::sync::OwnedMutexGuard<crate::leases::Held>> {
+    let t = tollgate::LeaseToken::verify(token, &app.lease_key)?;
+    let (id, version, expires) = (t.id().to_string(), t.version(), t.expires_at_ms());
+    let slot = match app.leases.get(&id) {
+        Some(slot) => slot,
+        None => {
+            let lease = app.limiter.resume_verified(t)?;
+            app.leases.adopt(&id, lease, expires)
+        }
+    };
+    let mut h = slot.lock_owned().await;
+    let held = h.lease.version();
+    // A closed lease answers `lease_closed` whatever version names it.
+    if version < held && !h.lease.is_closed() {
+        return Err(ApiError::new(
+            StatusCode::CONFLICT,
+            "lease_stale",
+            format!(
+                "this token is version {version} of lease {id}; this server holds version {held}: pass the latest token (the one the last adjust answered)"
+            ),
+        ));
+    }
+    if version > held && !h.lease.is_closed() && !h.lease.is_closing() {
+        h.lease = app.limiter.resume_lease(token, &app.lease_key)?;
+        h.expires_at_ms = expires;
+    }
+    Ok(h)
+}
+
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 struct AdjustBody {
@@ -452,12 +527,6 @@ struct LeaseState {
     rolled_back: Option<bool>,
 }
 
-fn slot(app: &AppState, id: &str) -> ApiResult<crate::leases::Slot> {
-    app.leases
-        .get(id)
-        .ok_or_else(|| ApiError::lease_not_found(id))
-}
-
 async fn adjust(
     State(app): St,
     PathParams(id): PathParams<String>,
@@ -473,11 +542,14 @@ async fn adjust(
                 body.limit, body.delta
             ))
         })?;
-    let slot = slot(&app, &id)?;
-    let mut h = slot.lock().await;
+    let mut h = lease_for(&app, &id).await?;
     h.lease.adjust(&body.limit, delta)?;
+    // The next version's token: the one to pass from now on.
+    let next = app
+        .limiter
+        .lease_token(&mut h.lease, &app.lease_key, app.config.lease_ttl)?;
     Ok(Json(LeaseState {
-        lease_id: id,
+        lease_id: next,
         consumed: h.lease.consumed(),
         committed: None,
         rolled_back: None,
@@ -485,8 +557,7 @@ async fn adjust(
 }
 
 async fn commit(State(app): St, PathParams(id): PathParams<String>) -> ApiResult<Json<LeaseState>> {
-    let slot = slot(&app, &id)?;
-    let mut h = slot.lock().await;
+    let mut h = lease_for(&app, &id).await?;
     // What the lease consumed, adjustments included (commit clears them once written).
     let consumed = h.lease.consumed();
     h.lease.commit().await?;
@@ -502,8 +573,7 @@ async fn rollback(
     State(app): St,
     PathParams(id): PathParams<String>,
 ) -> ApiResult<Json<LeaseState>> {
-    let slot = slot(&app, &id)?;
-    let mut h = slot.lock().await;
+    let mut h = lease_for(&app, &id).await?;
     h.lease.rollback().await?;
     Ok(Json(LeaseState {
         lease_id: id,

@@ -96,7 +96,11 @@ async fn acquire_until_429_with_exact_headers() {
     let r = acquire(&app, "u1", 1, 100).await;
     assert_eq!(r.status, StatusCode::OK, "{}", r.text);
     assert_eq!(r.body["degraded"], false);
-    assert_eq!(r.body["lease_id"].as_str().unwrap().len(), 32);
+    assert!(
+        r.body["lease_id"].as_str().unwrap().starts_with("v1."),
+        "a lease token: {}",
+        r.text
+    );
     assert_eq!(r.body["lease_expires_at_ms"].as_i64(), Some(T0 + 300_000));
     assert_eq!(
         r.h("ratelimit-policy"),
@@ -273,8 +277,11 @@ async fn malformed_requests_are_4xx_with_codes() {
         ("GET", "/v1/availability?entity=u%20v&resource=gpt-4".into(), None, 400, "invalid_identifier"),
         ("POST", "/v1/availability".into(),
             Some(r#"{"entity":"u","resource":"gpt-4","amounts":{"rpm":-3}}"#.into()), 400, "invalid_amount"),
-        ("POST", "/v1/leases/nope/commit".into(), None, 404, "lease_not_found"),
-        ("POST", "/v1/leases/nope/adjust".into(), Some(r#"{"limit":"rpm","delta":1}"#.into()), 404, "lease_not_found"),
+        ("POST", "/v1/leases/nope/commit".into(), None, 400, "invalid_lease"),
+        ("POST", "/v1/leases/nope/rollback".into(), None, 400, "invalid_lease"),
+        ("POST", "/v1/leases/v1.e30.AAAA/commit".into(), None, 400, "invalid_lease"),
+        ("POST", "/v1/leases/f5eed268d22164766d8495aa98b39317/commit".into(), None, 400, "invalid_lease"),
+        ("POST", "/v1/leases/nope/adjust".into(), Some(r#"{"limit":"rpm","delta":1}"#.into()), 400, "invalid_lease"),
         ("POST", "/v1/leases/nope/adjust".into(),
             Some(r#"{"limit":"rpm","delta":-9223372036854775808}"#.into()), 400, "invalid_amount"),
         ("GET", "/v1/nothing".into(), None, 404, "not_found"),
@@ -316,18 +323,36 @@ async fn lease_adjust_commit_rollback() {
         )
     };
     let r = acquire(&app, "u", 1, 500).await;
-    let id = r.body["lease_id"].as_str().unwrap().to_string();
+    let v0 = r.body["lease_id"].as_str().unwrap().to_string();
     assert_eq!(avail(app.clone()).await, (9, 9500));
 
     let r = call(
         &app,
         "POST",
-        &format!("/v1/leases/{id}/adjust"),
+        &format!("/v1/leases/{v0}/adjust"),
         Some(r#"{"limit":"tpm","delta":230}"#),
     )
     .await;
     assert_eq!(r.status, StatusCode::OK, "{}", r.text);
     assert_eq!(r.body["consumed"]["tpm"], 730);
+    // Every adjust answers the next version's token; the older one is now stale.
+    let id = r.body["lease_id"].as_str().unwrap().to_string();
+    assert_ne!(id, v0);
+    for path in ["adjust", "commit", "rollback"] {
+        let r = call(
+            &app,
+            "POST",
+            &format!("/v1/leases/{v0}/{path}"),
+            Some(r#"{"limit":"tpm","delta":1}"#).filter(|_| path == "adjust"),
+        )
+        .await;
+        assert_eq!(
+            (r.status.as_u16(), r.body["error"].as_str()),
+            (409, Some("lease_stale")),
+            "{path}: {}",
+            r.text
+        );
+    }
     let r = call(
         &app,
         "POST",
@@ -344,6 +369,7 @@ async fn lease_adjust_commit_rollback() {
     let r = call(&app, "POST", &format!("/v1/leases/{id}/commit"), None).await;
     assert_eq!(r.status, StatusCode::OK, "{}", r.text);
     assert_eq!(r.body["committed"], true);
+    assert_eq!(r.body["lease_id"], id.as_str());
     assert_eq!(r.body["consumed"]["tpm"], 730);
     assert_eq!(avail(app.clone()).await, (9, 9270));
     let r = call(&app, "POST", &format!("/v1/leases/{id}/commit"), None).await;
@@ -399,7 +425,7 @@ async fn lease_adjust_commit_rollback() {
 
 #[tokio::test]
 async fn expired_leases_are_committed_with_their_adjustments() {
-    let (s, _) = server_with(ServerConfig {
+    let (s, clock) = server_with(ServerConfig {
         lease_ttl: Duration::from_millis(50),
         ..Default::default()
     });
@@ -415,8 +441,10 @@ async fn expired_leases_are_committed_with_their_adjustments() {
     )
     .await;
     assert_eq!(r.status, StatusCode::OK);
+    let id = r.body["lease_id"].as_str().unwrap().to_string();
+    clock.set(T0 + 49);
     assert_eq!(s.sweep().await, 0, "not expired yet");
-    tokio::time::sleep(Duration::from_millis(80)).await;
+    clock.set(T0 + 50);
     assert_eq!(s.sweep().await, 1);
     let r = call(
         &app,
@@ -425,7 +453,8 @@ async fn expired_leases_are_committed_with_their_adjustments() {
         None,
     )
     .await;
-    assert_eq!(r.body["limits"][1]["available"], 10_000 - 500);
+    // 100 debited, 400 reported, 8 dripped back in 50 ms (10,000 per minute).
+    assert_eq!(r.body["limits"][1]["available"], 10_000 - 500 + 8);
     let r = call(&app, "POST", &format!("/v1/leases/{id}/commit"), None).await;
     assert_eq!(
         (r.status.as_u16(), r.body["error"].as_str()),

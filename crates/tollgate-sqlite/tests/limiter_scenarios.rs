@@ -14,7 +14,9 @@ use tollgate_store::{
 /// writes through the store itself, run to completion on the test's runtime).
 struct Raw {
     store: SqliteStore,
-    _dir: tempfile::TempDir,
+    path: std::path::PathBuf,
+    /// The temporary directory (owned by the first store on the file; a twin borrows it).
+    _dir: Arc<tempfile::TempDir>,
 }
 
 fn block<F: std::future::Future>(f: F) -> F::Output {
@@ -72,14 +74,32 @@ impl TestStore for Raw {
         }))
         .expect("raw delete");
     }
+    /// A second connection to the same file, as another process would open it.
+    fn twin(&self) -> Option<tollgate::testing::StoreFuture> {
+        let path = self.path.clone();
+        let dir = self._dir.clone();
+        Some(Box::pin(async move {
+            let store = SqliteStore::open(&path).expect("reopen sqlite");
+            Arc::new(Raw {
+                store,
+                path,
+                _dir: dir,
+            }) as Arc<dyn TestStore>
+        }))
+    }
 }
 
 fn sqlite() -> Option<Backend> {
     Some(Backend::new(|| {
         Box::pin(async {
             let dir = tempfile::tempdir().expect("temp dir");
-            let store = SqliteStore::open(dir.path().join("tollgate.db")).expect("open sqlite");
-            Arc::new(Raw { store, _dir: dir }) as Arc<dyn TestStore>
+            let path = dir.path().join("tollgate.db");
+            let store = SqliteStore::open(&path).expect("open sqlite");
+            Arc::new(Raw {
+                store,
+                path,
+                _dir: Arc::new(dir),
+            }) as Arc<dyn TestStore>
         })
     }))
 }

@@ -152,6 +152,14 @@ pub enum Error {
     /// (only for these: [`StoreError::is_unavailable`]).
     #[error("rate limiter unavailable: {0}")]
     Unavailable(StoreError),
+    /// A lease token that is not one: malformed, truncated, altered, signed under another
+    /// lease key, or of another namespace (see [`crate::LeaseToken`]).
+    #[error("invalid lease token: {0}")]
+    InvalidLease(String),
+    /// A shared lease past its expiry: its token is no longer accepted, or it was closed
+    /// too long after it (nothing written; the acquire's debit stands).
+    #[error("the lease has expired")]
+    LeaseExpired,
 }
 
 impl Error {

@@ -3,7 +3,12 @@
 //! Rule for a lease dropped without `commit` or `rollback`: the debit made by the acquire
 //! stands (admission was decided and written when the lease was granted), adjustments that
 //! were never committed are discarded, and a warning is logged. Dropping a lease therefore
-//! never refunds and never charges more than the estimate.
+//! never refunds and never charges more than the estimate. (A copy of a lease exported as a
+//! token is dropped without the warning: the token can still finish it.)
+//!
+//! A lease exported as a token (`crate::lease_token`) can be resumed by any limiter over
+//! the same store; its first commit or rollback, wherever it runs, records the closure
+//! before anything else is written, so it closes once. Nothing below changes for it.
 //!
 //! Rule "a lease's net never goes below zero": per limit, what the lease consumed (the
 //! acquire's debit plus every adjustment) never drops below zero — a refund returns at most
@@ -35,7 +40,7 @@ use crate::error::{Error, Flow, Result};
 use crate::limiter::Inner;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum State {
+pub(crate) enum State {
     Open,
     Closed,
 }
@@ -70,7 +75,10 @@ pub struct Lease {
     /// The parent's lease of a cascade acquire (ADR-146): adjust, commit and rollback apply
     /// to it too. A parent lease never has a parent of its own (C4).
     pub(crate) parent: Option<Box<Lease>>,
-    state: State,
+    pub(crate) state: State,
+    /// Set once the lease was exported as a token (`crate::lease_token`): its id, version
+    /// and expiry, and whether its closure is claimed in the store.
+    pub(crate) shared: Option<crate::lease_token::Shared>,
 }
 
 impl std::fmt::Debug for Lease {
@@ -86,6 +94,7 @@ impl std::fmt::Debug for Lease {
             .field("statuses", &self.statuses)
             .field("parent", &self.parent)
             .field("closed", &(self.state == State::Closed))
+            .field("shared", &self.shared)
             .finish()
     }
 }
@@ -111,6 +120,7 @@ impl Lease {
             statuses,
             parent: None,
             state: State::Open,
+            shared: None,
         }
     }
 
@@ -126,6 +136,7 @@ impl Lease {
             statuses: Vec::new(),
             parent: None,
             state: State::Open,
+            shared: None,
         }
     }
 
@@ -248,6 +259,10 @@ impl Lease {
         if *e == 0 {
             self.pending.remove(limit);
         }
+        // A shared lease's token changes with every adjustment (see `crate::lease_token`).
+        if let Some(s) = self.shared.as_mut() {
+            s.version += 1;
+        }
         Ok(())
     }
 
@@ -270,6 +285,9 @@ impl Lease {
         if self.state == State::Closed && !parent_open {
             return Err(Error::LeaseClosed);
         }
+        // A lease exported as a token closes once, wherever it is finished: its closure is
+        // recorded in the store before anything is written (see `crate::lease_token`).
+        self.claim_closure(rollback).await?;
         let mut r = Ok(());
         if self.state == State::Open {
             r = if rollback {
@@ -974,7 +992,7 @@ impl Inner {
 /// A lease write retried, with back-off, while the store says nothing was applied and the
 /// same request may be resent (throttled, conflicting): a commit that stopped half-way would
 /// leave a lease half-reconciled. Three retries, then the error.
-async fn retrying<T, F, Fut>(mut f: F) -> std::result::Result<T, StoreError>
+pub(crate) async fn retrying<T, F, Fut>(mut f: F) -> std::result::Result<T, StoreError>
 where
     F: FnMut() -> Fut,
     Fut: std::future::Future<Output = std::result::Result<T, StoreError>>,
@@ -993,7 +1011,8 @@ where
 
 impl Drop for Lease {
     fn drop(&mut self) {
-        if self.state == State::Open && !self.pending.is_empty() {
+        // A copy of a shared lease is not the lease: its token can still finish it.
+        if self.state == State::Open && !self.pending.is_empty() && self.shared.is_none() {
             tracing::warn!(
                 entity = %self.entity,
                 resource = %self.resource,

@@ -24,6 +24,16 @@
 //! # Ok(()) }
 //! ```
 //!
+//! # Leases that any process can finish
+//!
+//! [`Limiter::lease_token`] turns a lease into a signed, self-contained token;
+//! [`Limiter::resume_lease`] rebuilds it on any limiter over the same store that holds the
+//! same [`LeaseKey`], where it adjusts, commits and rolls back exactly as where it was
+//! granted. A shared lease closes once, wherever it is closed: its first commit or rollback
+//! records the closure in the store (one conditional put) before it writes. The rules,
+//! the failure directions and the costs are in the `lease_token` module's documentation
+//! (repeated in `docs/http-api.md`, section Leases).
+//!
 //! # The aggregator
 //!
 //! An [`Aggregator`] built from a `Limiter` does the background work of the original's
@@ -51,6 +61,7 @@ pub mod config;
 mod entity;
 mod error;
 mod lease;
+mod lease_token;
 mod limiter;
 mod shards;
 #[cfg(feature = "testing")]
@@ -63,6 +74,10 @@ pub use clock::{Clock, ManualClock, PinnedRng, SeededRng, ShardRng, SystemClock}
 pub use config::{OnUnavailable, Scope};
 pub use error::{Error, Exceeded, Result};
 pub use lease::Lease;
+pub use lease_token::{
+    LeaseKey, LeaseKeyError, LeaseToken, CLOSURE_MARGIN_S, LATE_CLOSE_MS, MAX_TOKEN_BYTES,
+    MIN_KEY_BYTES,
+};
 pub use limiter::{Entity, Limiter, LimiterBuilder, NewEntity, Options, StatsSnapshot};
 pub use shards::should_double;
 pub use tollgate_core::{Limit, LimitSpec, LimitStatus};

@@ -120,6 +120,8 @@ pub struct Inner {
     pub(crate) rejections: RejectionCache,
     pub(crate) images: ImageCache,
     pub(crate) stats: Stats,
+    /// Closure records of shared leases to delete later (stores without native TTL).
+    pub(crate) closures: crate::lease_token::Closures,
 }
 
 impl std::fmt::Debug for Inner {
@@ -220,6 +222,7 @@ impl LimiterBuilder {
                 rejections: RejectionCache::new(rej_ms),
                 images: ImageCache::default(),
                 stats: Stats::default(),
+                closures: Default::default(),
                 opts: self.opts,
             }),
         })

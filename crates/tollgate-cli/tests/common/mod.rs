@@ -35,13 +35,21 @@ impl ServerProc {
 
     /// As [`ServerProc::start`], with options.
     pub fn start_with(db: &Path, extra: &[&str], o: Opts<'_>) -> ServerProc {
+        let store = format!("sqlite:{}", db.display());
+        let mut args = vec!["--store", store.as_str()];
+        args.extend_from_slice(extra);
+        Self::start_args(&args, o)
+    }
+
+    /// Start `tollgate serve --listen 127.0.0.1:0 ARGS` (ARGS name the store).
+    pub fn start_args(args: &[&str], o: Opts<'_>) -> ServerProc {
         let mut cmd = Command::new(BIN);
-        cmd.args(["serve", "--listen", "127.0.0.1:0", "--store"])
-            .arg(format!("sqlite:{}", db.display()))
-            .args(extra)
+        cmd.args(["serve", "--listen", "127.0.0.1:0"])
+            .args(args)
             .env("RUST_LOG", o.rust_log.unwrap_or("warn"))
             .env_remove("TOLLGATE_AUTH_TOKENS")
             .env_remove("TOLLGATE_AUTH_FILE")
+            .env_remove("TOLLGATE_LEASE_SECRET")
             .stdout(Stdio::piped());
         for (k, v) in &o.env {
             cmd.env(k, v);

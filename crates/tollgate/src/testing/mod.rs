@@ -28,6 +28,12 @@ pub trait TestStore: Store {
     fn raw_put(&self, key: &Key, item: Item);
     /// Delete an item.
     fn raw_delete(&self, key: &Key);
+    /// A second, independent client of the same stored data — what another process would
+    /// open: a second connection to the same SQLite file, a second DynamoDB client of the
+    /// same table. `None` where the backend has no such thing (memory: share the store).
+    fn twin(&self) -> Option<StoreFuture> {
+        None
+    }
 }
 
 impl TestStore for MemoryStore {

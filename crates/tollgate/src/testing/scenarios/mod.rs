@@ -9,6 +9,7 @@ pub mod gaps;
 pub mod outage;
 pub mod schedules;
 pub mod sharded;
+pub mod shared_leases;
 
 /// Generate one `#[tokio::test]` per limiter behaviour scenario, on `$backend`: an
 /// expression of type `Option<`[`Backend`](crate::testing::Backend)`>` (`None` skips, for a
@@ -17,6 +18,18 @@ pub mod sharded;
 macro_rules! scenario_tests {
     ($backend:expr) => {
         $crate::__scenario_tests!($backend;
+            shared_leases::shared_lease_commits_on_a_second_limiter,
+            shared_leases::shared_rollback_refunds_once,
+            shared_leases::resumed_leases_write_what_the_granting_limiter_would,
+            shared_leases::shared_cascade_lease_closes_both_once,
+            shared_leases::shared_lease_over_several_shards_rolls_back,
+            shared_leases::bad_lease_tokens_are_typed_errors,
+            shared_leases::a_close_that_fails_after_its_record,
+            shared_leases::an_ambiguous_record_is_recognised_as_its_own,
+            shared_leases::late_closes_of_shared_leases,
+            shared_leases::closure_records_are_purged_after_their_ttl,
+            shared_leases::resumed_sharded_leases_write_what_the_granting_limiter_would,
+            shared_leases::resumed_refund_to_a_shard_in_debt_repays_the_entity,
             outage::a_hung_store_fails_within_its_deadline,
             outage::a_misconfigured_store_never_fails_open,
             outage::limits_and_policy_outlive_the_config_ttl,
