@@ -217,7 +217,10 @@ pub async fn create_table(table: &str, endpoint: Option<&str>) -> Result<(), Fai
     if let Some(e) = endpoint {
         b = b.endpoint(e);
     }
-    let store = b.build().await.map_err(|e| Failure::BadInput(e.to_string()))?;
+    let store = b
+        .build()
+        .await
+        .map_err(|e| Failure::BadInput(e.to_string()))?;
     store
         .create_table()
         .await

@@ -44,10 +44,18 @@ pub fn plan_quota_grant(siblings: &[Sibling], slot: u32, share: i64) -> Grant {
             donor: None,
             tokens: share,
         },
-        Some(d) => Grant {
-            donor: Some((d.shard, d.gc)),
-            tokens: share.min(d.tk.max(0)),
-        },
+        Some(d) => {
+            let tokens = share.min(d.tk.max(0));
+            // A grant is within the share and within what the donor holds: moved, not minted.
+            debug_assert!(
+                tokens <= share && tokens <= d.tk.max(0),
+                "grant beyond share or donor"
+            );
+            Grant {
+                donor: Some((d.shard, d.gc)),
+                tokens,
+            }
+        }
     }
 }
 

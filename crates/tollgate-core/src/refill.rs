@@ -22,6 +22,33 @@ pub struct Refilled {
 /// no credit when the clock is at or behind `rf`, clamp to `cap` without lifting debt, and
 /// carry nothing while the bucket is full.
 pub fn refill(tk: i64, cap: i64, ra: i64, rp: i64, rf: i64, carry: i64, now: i64) -> Refilled {
+    let out = refill_unchecked(tk, cap, ra, rp, rf, carry, now);
+    // The rule's guarantees: a refill never lifts a balance above its ceiling, never takes
+    // tokens away below it, and carries less than one token's worth of remainder.
+    debug_assert!(
+        out.tk <= cap.max(0) || out.tk <= tk,
+        "refill above the ceiling: {out:?}, cap {cap}"
+    );
+    debug_assert!(
+        out.tk >= tk.min(cap),
+        "refill took tokens away: {tk} -> {out:?}"
+    );
+    debug_assert!(
+        out.carry >= 0 && (rp <= 0 || out.carry < rp),
+        "carry out of range: {out:?}"
+    );
+    out
+}
+
+fn refill_unchecked(
+    tk: i64,
+    cap: i64,
+    ra: i64,
+    rp: i64,
+    rf: i64,
+    carry: i64,
+    now: i64,
+) -> Refilled {
     let carry = carry.clamp(0, (rp - 1).max(0));
     let elapsed = now.saturating_sub(rf);
     if elapsed <= 0 || ra <= 0 || rp <= 0 {

@@ -259,7 +259,13 @@ pub fn next_rf(now_ms: i64, locked: Option<i64>, evals: &[Evaluated]) -> i64 {
         Some(rf) => now_ms.max(rf.saturating_add(1)),
         None => now_ms,
     };
-    evals.iter().filter_map(|e| e.ws).fold(floor, i64::max)
+    let next = evals.iter().filter_map(|e| e.ws).fold(floor, i64::max);
+    // Rule "monotonic rf": never backward, always past the locked value.
+    debug_assert!(
+        locked.is_none_or(|rf| next > rf || rf == i64::MAX),
+        "rf moved back: {locked:?} -> {next}"
+    );
+    next
 }
 
 /// How an rf-locked write charges its amounts.
