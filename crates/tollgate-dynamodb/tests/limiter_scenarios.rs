@@ -58,6 +58,17 @@ impl Store for Raw {
     fn backend(&self) -> &'static str {
         self.0.backend()
     }
+    async fn scan(
+        &self,
+        pk_prefix: &str,
+        after: Option<Key>,
+        limit: usize,
+    ) -> Result<tollgate_store::ScanPage, tollgate_store::StoreError> {
+        self.0.scan(pk_prefix, after, limit).await
+    }
+    async fn purge(&self, key: &Key) -> Result<(), tollgate_store::StoreError> {
+        self.0.purge(key).await
+    }
 }
 
 impl TestStore for Raw {

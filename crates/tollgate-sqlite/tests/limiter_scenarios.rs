@@ -51,6 +51,17 @@ impl Store for Raw {
     fn backend(&self) -> &'static str {
         self.store.backend()
     }
+    async fn scan(
+        &self,
+        pk_prefix: &str,
+        after: Option<Key>,
+        limit: usize,
+    ) -> Result<tollgate_store::ScanPage, tollgate_store::StoreError> {
+        self.store.scan(pk_prefix, after, limit).await
+    }
+    async fn purge(&self, key: &Key) -> Result<(), tollgate_store::StoreError> {
+        self.store.purge(key).await
+    }
 }
 
 impl TestStore for Raw {
