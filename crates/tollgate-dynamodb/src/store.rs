@@ -21,8 +21,8 @@ use tollgate_core::expr::{Action, Condition, ReturnValues};
 use tollgate_core::value::{Item, Key, PK, SK};
 use tollgate_store::eval::{eval_condition, validate_update};
 use tollgate_store::{
-    validate_transaction, CancelReason, DeleteRequest, PutRequest, Query, ScanPage, Scanned,
-    Store, StoreError, TransactOp, Undecodable, UpdateRequest,
+    validate_transaction, CancelReason, DeleteRequest, PutRequest, Query, ScanPage, Scanned, Store,
+    StoreError, TransactOp, Undecodable, UpdateRequest,
 };
 
 use crate::codec::{

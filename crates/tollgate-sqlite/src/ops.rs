@@ -17,8 +17,8 @@ use tollgate_core::expr::{Condition, Update};
 use tollgate_core::value::{Item, Key};
 use tollgate_store::eval::{apply_update_stored, eval_condition, key_item, plan_transact_op};
 use tollgate_store::{
-    validate_token, validate_transaction, CancelReason, DeleteRequest, PutRequest, Query,
-    ScanPage, StoreError, TransactOp, Undecodable, UpdateRequest,
+    validate_token, validate_transaction, CancelReason, DeleteRequest, PutRequest, Query, ScanPage,
+    StoreError, TransactOp, Undecodable, UpdateRequest,
 };
 
 use crate::error::from_sqlite;

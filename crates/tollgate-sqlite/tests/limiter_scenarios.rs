@@ -14,7 +14,7 @@ use tollgate_store::{
 /// writes through the store itself, run to completion on the test's runtime).
 struct Raw {
     store: SqliteStore,
-    _dir: tempfile::TempDir,
+    dir: tempfile::TempDir,
 }
 
 fn block<F: std::future::Future>(f: F) -> F::Output {
@@ -83,6 +83,22 @@ impl TestStore for Raw {
         }))
         .expect("raw delete");
     }
+    /// Written through the store (so its index columns are right), then the attribute
+    /// rewritten in the file to a JSON number with a fraction.
+    fn raw_put_undecodable(&self, key: &Key, item: Item, attribute: &str) -> bool {
+        self.raw_put(key, item);
+        let conn =
+            rusqlite::Connection::open(self.dir.path().join("tollgate.db")).expect("open the file");
+        let n = conn
+            .execute(
+                "UPDATE items SET item = json_set(item, '$.' || ?1, json('{\"n\":1.5}'))
+                 WHERE pk = ?2 AND sk = ?3",
+                rusqlite::params![attribute, key.pk, key.sk],
+            )
+            .expect("rewrite the item");
+        assert_eq!(n, 1, "{key}");
+        true
+    }
 }
 
 fn sqlite() -> Option<Backend> {
@@ -90,7 +106,7 @@ fn sqlite() -> Option<Backend> {
         Box::pin(async {
             let dir = tempfile::tempdir().expect("temp dir");
             let store = SqliteStore::open(dir.path().join("tollgate.db")).expect("open sqlite");
-            Arc::new(Raw { store, _dir: dir }) as Arc<dyn TestStore>
+            Arc::new(Raw { store, dir }) as Arc<dyn TestStore>
         })
     }))
 }

@@ -1162,7 +1162,10 @@ async fn scan_all(s: &dyn Store, prefix: &str, limit: usize) -> Result<Vec<Strin
     let mut after = None;
     for _ in 0..100 {
         let page = s.scan(prefix, after, limit).await.map_err(e2s)?;
-        ensure(page.items.len() <= limit, format!("page of {} > {limit}", page.items.len()))?;
+        ensure(
+            page.items.len() <= limit,
+            format!("page of {} > {limit}", page.items.len()),
+        )?;
         for e in page.items {
             let i = e.map_err(|u| format!("undecodable entry {u}"))?;
             let k = Key::of(&i).ok_or("scanned item without PK/SK")?;
@@ -1196,14 +1199,26 @@ pub async fn scan_prefix_in_pages_and_purge(s: &dyn Store) -> CheckResult {
     put(s, &Key::new("conf/scanx", "#STATE"), &[]).await?;
     put(s, &Key::new("conf/sca", "#STATE"), &[]).await?;
     want.sort();
-    ensure_eq(scan_all(s, "conf/scan/", 2).await?, want.clone(), "scan in pages of 2")?;
-    ensure_eq(scan_all(s, "conf/scan/", 100).await?, want.clone(), "scan in one page")?;
+    ensure_eq(
+        scan_all(s, "conf/scan/", 2).await?,
+        want.clone(),
+        "scan in pages of 2",
+    )?;
+    ensure_eq(
+        scan_all(s, "conf/scan/", 100).await?,
+        want.clone(),
+        "scan in one page",
+    )?;
     ensure_eq(
         scan_all(s, "conf/scan/a", 100).await?,
         want[..3].to_vec(),
         "scan of one partition",
     )?;
-    ensure_eq(scan_all(s, "conf/scan-nobody", 10).await?, vec![], "empty scan")?;
+    ensure_eq(
+        scan_all(s, "conf/scan-nobody", 10).await?,
+        vec![],
+        "empty scan",
+    )?;
     s.purge(&Key::new("conf/scan/a", "#CONFIG#x"))
         .await
         .map_err(e2s)?;
@@ -1216,7 +1231,11 @@ pub async fn scan_prefix_in_pages_and_purge(s: &dyn Store) -> CheckResult {
         "purged item",
     )?;
     want.retain(|k| k != "conf/scan/a|#CONFIG#x");
-    ensure_eq(scan_all(s, "conf/scan/", 3).await?, want, "scan after a purge")
+    ensure_eq(
+        scan_all(s, "conf/scan/", 3).await?,
+        want,
+        "scan after a purge",
+    )
 }
 
 /// An index query (`GSI1`: `GSI1PK` / `GSI1SK`) returns the items that carry both index

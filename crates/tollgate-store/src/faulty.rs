@@ -38,8 +38,8 @@ use tollgate_core::value::{Item, Key};
 
 use crate::eval::{validate_item, validate_update};
 use crate::{
-    validate_token, validate_transaction, CancelReason, DeleteRequest, PutRequest, Query,
-    ScanPage, Store, StoreError, TransactOp, UpdateRequest,
+    validate_token, validate_transaction, CancelReason, DeleteRequest, PutRequest, Query, ScanPage,
+    Store, StoreError, TransactOp, UpdateRequest,
 };
 
 /// How many earlier versions of an item a stale read may serve. DynamoDB's eventually

@@ -6,6 +6,7 @@ pub mod basics;
 pub mod cascade;
 pub mod exactness;
 pub mod gaps;
+pub mod repair;
 pub mod schedules;
 pub mod sharded;
 
@@ -217,6 +218,30 @@ macro_rules! scenario_tests {
         async fn corrupt_item_names_the_attribute() {
             if let Some(b) = $backend {
                 $crate::testing::scenarios::basics::corrupt_item_names_the_attribute(&b).await
+            }
+        }
+        #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+        async fn doctor_lists_and_limits_set_replaces() {
+            if let Some(b) = $backend {
+                $crate::testing::scenarios::repair::doctor_lists_and_limits_set_replaces(&b).await
+            }
+        }
+        #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+        async fn entity_delete_removes_a_corrupt_entity() {
+            if let Some(b) = $backend {
+                $crate::testing::scenarios::repair::entity_delete_removes_a_corrupt_entity(&b).await
+            }
+        }
+        #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+        async fn repairs_over_items_the_store_cannot_decode() {
+            if let Some(b) = $backend {
+                $crate::testing::scenarios::repair::repairs_over_items_the_store_cannot_decode(&b).await
+            }
+        }
+        #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+        async fn doctor_finds_nothing_in_sound_items() {
+            if let Some(b) = $backend {
+                $crate::testing::scenarios::repair::doctor_finds_nothing_in_sound_items(&b).await
             }
         }
         #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
