@@ -90,6 +90,26 @@ impl TestStore for Raw {
         }))
         .expect("raw delete");
     }
+    /// Written through the store, then the attribute set to `N "1.5"` with the SDK: a
+    /// number DynamoDB holds and the item model (`i64`) cannot.
+    fn raw_put_undecodable(&self, key: &Key, item: Item, attribute: &str) -> bool {
+        use aws_sdk_dynamodb::types::AttributeValue;
+        self.raw_put(key, item);
+        block(
+            self.0
+                .client()
+                .update_item()
+                .table_name(self.0.table())
+                .key("PK", AttributeValue::S(key.pk.clone()))
+                .key("SK", AttributeValue::S(key.sk.clone()))
+                .update_expression("SET #a = :v")
+                .expression_attribute_names("#a", attribute)
+                .expression_attribute_values(":v", AttributeValue::N("1.5".into()))
+                .send(),
+        )
+        .expect("raw update");
+        true
+    }
 }
 
 fn dynamodb() -> Option<Backend> {

@@ -257,13 +257,14 @@ impl std::fmt::Display for Repair {
 }
 
 impl Repair {
-    /// Record and log a repair.
+    /// Record and log a repair (a warning, target `tollgate::repair`).
     pub(crate) fn logged(corrupt: CorruptItem, action: impl Into<String>) -> Repair {
         let r = Repair {
             corrupt,
             action: action.into(),
         };
         tracing::warn!(
+            target: "tollgate::repair",
             key = %r.corrupt.key,
             attribute = r.corrupt.attribute.as_deref().unwrap_or("-"),
             reason = %r.corrupt.reason,
