@@ -394,11 +394,17 @@ impl Limiter {
         pairs.dedup();
         let mut repaired = Vec::new();
         for (entity, resource) in pairs {
-            let keys: Vec<Key> = scan_all(store, &bucket_prefix(ns, entity, resource))
-                .await?
-                .iter()
-                .filter_map(scanned_key)
-                .collect();
+            let mut keys = self.bucket_keys(entity, resource).await?;
+            // A corrupt item may be missing from the index (its index attributes are what is
+            // corrupt): its own key is known.
+            for c in corrupt {
+                if matches!(&c.item, ItemKind::Bucket { entity: e, resource: r, .. }
+                    if e == entity && r == resource)
+                    && !keys.contains(&c.key)
+                {
+                    keys.push(c.key.clone());
+                }
+            }
             for k in &keys {
                 store.purge(k).await?;
             }
@@ -419,6 +425,32 @@ impl Limiter {
             self.forget_cached();
         }
         Ok(repaired)
+    }
+}
+
+impl Limiter {
+    /// The keys of every bucket item of (entity, resource): from the buckets' index (keys
+    /// only on DynamoDB, so it never fails to decode there), or, when an item there cannot
+    /// be decoded, from a scan of the pair's key prefix.
+    async fn bucket_keys(&self, entity: &str, resource: &str) -> Result<Vec<Key>> {
+        let ns = self.inner.ns();
+        let store = self.inner.store.as_ref();
+        let q = tollgate_store::Query::index(
+            "GSI3",
+            keys::gsi3_entity(ns, entity),
+            Some(&format!("BUCKET#{resource}#")),
+        );
+        match store.query(q).await {
+            Ok(items) => Ok(items.iter().filter_map(Key::of).collect()),
+            Err(StoreError::Corrupt(_)) => {
+                Ok(scan_all(store, &bucket_prefix(ns, entity, resource))
+                    .await?
+                    .iter()
+                    .filter_map(scanned_key)
+                    .collect())
+            }
+            Err(e) => Err(e.into()),
+        }
     }
 }
 

@@ -245,6 +245,12 @@ macro_rules! scenario_tests {
             }
         }
         #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+        async fn doctor_repair_deletes_every_shard() {
+            if let Some(b) = $backend {
+                $crate::testing::scenarios::repair::doctor_repair_deletes_every_shard(&b).await
+            }
+        }
+        #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
         async fn limit_levels_and_param_sync() {
             if let Some(b) = $backend {
                 $crate::testing::scenarios::basics::limit_levels_and_param_sync(&b).await

@@ -483,3 +483,39 @@ pub async fn doctor_finds_nothing_in_sound_items(b: &Backend) {
     // x ×2, y.
     assert_eq!(r.scanned - r.unrecognised, 12);
 }
+
+/// `doctor --repair` over a corrupt second shard deletes both shards of that (entity,
+/// resource) and nothing else; the next acquire starts from one full bucket.
+pub async fn doctor_repair_deletes_every_shard(b: &Backend) {
+    let h = b.harness(T0).await;
+    h.lim
+        .set_limits(&Scope::Entity(E.into(), None), &[rate("rpm", 10)], None)
+        .await
+        .unwrap();
+    for r in [R, "api"] {
+        h.lim.acquire(E, r, &[("rpm", 2)]).await.unwrap();
+    }
+    h.lim.bump_shard_count(E, R, 1).await.unwrap();
+    h.rng.pin(1);
+    h.lim.acquire(E, R, &[("rpm", 1)]).await.unwrap();
+    assert!(h.raw.raw_get(&h.key(E, R, 1)).is_some());
+    set_attr(&h, &h.key(E, R, 1), "rf", Value::S("soon".into()));
+    let f = fresh(&h);
+    let r = f.lim.doctor(true).await.unwrap();
+    assert_eq!(
+        lines(&r.repaired),
+        [
+            "default/BUCKET#u1#llm#1 / #STATE: attribute \"rf\": expected a number, found S: \
+          deleted with every bucket item of u1 / llm (2 in all): the next acquire creates \
+          them afresh, at full capacity"
+        ]
+    );
+    for s in [0, 1] {
+        assert!(h.raw.raw_get(&h.key(E, R, s)).is_none(), "shard {s}");
+    }
+    assert_eq!(h.n(E, "api", 0, "b_rpm_tk"), Some(8000), "api untouched");
+    h.rng.pin(0);
+    let lease = f.lim.acquire(E, R, &[("rpm", 1)]).await.unwrap();
+    assert_eq!(status(&lease, "rpm"), (10, 9));
+    assert_eq!(h.n(E, R, 0, "shard_count"), Some(1));
+}
