@@ -379,7 +379,6 @@ impl Limiter {
     /// Delete every bucket item of each (entity, resource) with a corrupt one among
     /// `corrupt`.
     async fn repair_buckets(&self, corrupt: &[CorruptItem]) -> Result<Vec<Repair>> {
-        let ns = self.inner.ns();
         let store = self.inner.store.as_ref();
         let mut pairs: Vec<(&str, &str)> = corrupt
             .iter()
