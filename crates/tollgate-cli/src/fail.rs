@@ -7,6 +7,7 @@
 //! | 2 | bad input: a usage error, a malformed id, name, amount, limit or duration, an amount for a limit the resource lacks, no limits configured, an invalid table name, a non-loopback `--listen` without authentication |
 //! | 3 | refused: a limit rejected the acquire, or the resource is disabled for the entity |
 //! | 4 | the store: no such store (a read-only command on a missing file), the store cannot be opened or reached, no AWS credentials or region, corrupt data |
+//! | 5 | `tollgate doctor`: corrupt items found (and not all repaired) |
 
 use tollgate::{Error, Exceeded};
 
@@ -20,6 +21,8 @@ pub const BAD_INPUT: u8 = 2;
 pub const REJECTED: u8 = 3;
 /// Exit code: store unavailable or store error.
 pub const UNAVAILABLE: u8 = 4;
+/// Exit code: `tollgate doctor` found corrupt items that remain.
+pub const CORRUPT_FOUND: u8 = 5;
 
 /// Why a command failed.
 #[derive(Debug, thiserror::Error)]
@@ -41,6 +44,9 @@ pub enum Failure {
     #[cfg_attr(not(feature = "dynamodb"), allow(dead_code))]
     #[error("{0}")]
     Credentials(String),
+    /// `tollgate doctor` found corrupt items that remain (its report is already printed).
+    #[error("{0}")]
+    CorruptFound(String),
     /// A limiter error (classified by [`tollgate_server::classify`]).
     #[error("{0}")]
     Limiter(Error),
@@ -67,6 +73,7 @@ impl Failure {
             Failure::Unavailable(_) => "store_unavailable",
             Failure::NoSuchStore(_) => "no_such_store",
             Failure::Credentials(_) => "no_credentials",
+            Failure::CorruptFound(_) => "corrupt_items",
             Failure::Limiter(e) => tollgate_server::classify(e).1,
             Failure::Other(_) => "error",
         }
@@ -77,6 +84,7 @@ impl Failure {
         match self {
             Failure::Rejected(_) => REJECTED,
             Failure::BadInput(_) => BAD_INPUT,
+            Failure::CorruptFound(_) => CORRUPT_FOUND,
             Failure::Unavailable(_) | Failure::NoSuchStore(_) | Failure::Credentials(_) => {
                 UNAVAILABLE
             }

@@ -1,12 +1,14 @@
 //! The `tollgate` binary: run the HTTP server, and operate a limiter from the shell.
 //!
 //! Exit codes (see [`fail`]): 0 ok, 1 other failure, 2 bad input (usage errors too), 3
-//! rejected by a limit, 4 the store (no such store, unavailable, no credentials, corrupt).
+//! rejected by a limit, 4 the store (no such store, unavailable, no credentials, corrupt), 5
+//! `doctor` found corrupt items.
 //! With `--json` every outcome, failures and usage errors included, is one JSON document
 //! on stdout.
 
 mod bench;
 mod demo;
+mod doctor;
 mod fail;
 mod serve;
 mod spec;
@@ -49,6 +51,7 @@ EXIT CODES
   3  rejected (a limit refused the acquire, or the resource is disabled)
   4  store: no such store (read-only commands never create one), unavailable,
      no AWS credentials or region, corrupt data
+  5  doctor: corrupt items found (and not all repaired)
 With --json, failures (usage errors too) are one JSON document {\"error\", \"message\"} on stdout.";
 
 /// tollgate: a distributed rate limiter and quota engine.
@@ -84,7 +87,7 @@ pub(crate) struct StoreArgs {
 }
 
 impl StoreArgs {
-    async fn limiter(&self, access: Access) -> Result<Limiter, Failure> {
+    pub(crate) async fn limiter(&self, access: Access) -> Result<Limiter, Failure> {
         let store = store::open(
             &self.store,
             self.endpoint.as_deref(),
@@ -142,6 +145,10 @@ enum Cmd {
         #[command(subcommand)]
         cmd: EntityCmd,
     },
+    /// List every stored item tollgate cannot read (naming the attribute and the command
+    /// that repairs it); exit 5 when corrupt items remain. Read-only unless --repair. On
+    /// DynamoDB it reads the whole table. See docs/repair.md.
+    Doctor(doctor::DoctorArgs),
     /// DynamoDB table administration.
     Table {
         #[command(subcommand)]
@@ -191,7 +198,8 @@ impl ScopeArgs {
 
 #[derive(Debug, Subcommand)]
 enum LimitsCmd {
-    /// Store limits at a level (replacing what was there).
+    /// Store limits at a level (replacing what was there, also a corrupt item: a warning
+    /// names it).
     #[command(after_help = LIMIT_SYNTAX)]
     Set {
         #[command(flatten)]
@@ -212,7 +220,7 @@ enum LimitsCmd {
         #[command(flatten)]
         store: StoreArgs,
     },
-    /// Delete the limits stored at a level.
+    /// Delete the limits stored at a level (also a corrupt item: a warning names it).
     Delete {
         #[command(flatten)]
         scope: ScopeArgs,
@@ -246,7 +254,8 @@ enum EntityCmd {
         #[command(flatten)]
         store: StoreArgs,
     },
-    /// Delete an entity, its limits and its buckets (exit 1 if absent).
+    /// Delete an entity, its limits and its buckets, corrupt ones too (a warning names each;
+    /// exit 1 if absent).
     Delete {
         /// Entity id.
         id: String,
@@ -326,12 +335,14 @@ fn main() -> ExitCode {
         }
     };
     let is_serve = matches!(cli.cmd, Cmd::Serve(_));
-    // The AWS SDK warns on every failed credential source; our message says it once.
+    // The AWS SDK warns on every failed credential source; our message says it once. The
+    // commands print their own warning line for each repair of a corrupt item; `serve` logs
+    // them.
     init_tracing(
         if is_serve {
             "info,aws_config=error"
         } else {
-            "warn,aws_config=error"
+            "warn,aws_config=error,tollgate::repair=error"
         },
         cli.log_format == "json",
     );
@@ -384,12 +395,14 @@ fn report_failure(f: &Failure, json: bool) {
             );
             print_statuses(&x.statuses, now_ms());
         }
+        // The doctor printed its report, the one JSON document.
+        (Failure::CorruptFound(_), true) => {}
         (f, true) => print_json(&json!({ "error": f.code(), "message": f.to_string() })),
         (f, false) => eprintln!("tollgate: {f}"),
     }
 }
 
-fn print_json(v: &serde_json::Value) {
+pub(crate) fn print_json(v: &serde_json::Value) {
     let mut out = std::io::stdout().lock();
     let _ = serde_json::to_writer_pretty(&mut out, v);
     let _ = writeln!(out);
@@ -508,6 +521,7 @@ async fn run(cli: Cli) -> Result<(), Failure> {
             }
             Ok(())
         }
+        Cmd::Doctor(args) => doctor::run(args, json).await,
         Cmd::Demo => demo::run(json).await,
         Cmd::BenchHttp(args) => bench::run(args, json).await,
     }
@@ -547,23 +561,27 @@ async fn limits(cmd: LimitsCmd, json: bool) -> Result<(), Failure> {
                 .transpose()?;
             let scope = scope.scope();
             let limiter = store.limiter(Access::Create).await?;
-            limiter.set_limits(&scope, &limits, on).await?;
-            print_limits(&scope, &limits, on, json, "set");
+            let repairs = limiter.set_limits_with_repairs(&scope, &limits, on).await?;
+            warn(&repairs, json);
+            print_limits(&scope, &limits, on, json, "set", &repairs);
             Ok(())
         }
         LimitsCmd::Get { scope, store } => {
             let scope = scope.scope();
             let limiter = store.limiter(Access::ReadOnly).await?;
             let (limits, on) = limiter.get_limits(&scope).await?;
-            print_limits(&scope, &limits, on, json, "stored");
+            print_limits(&scope, &limits, on, json, "stored", &[]);
             Ok(())
         }
         LimitsCmd::Delete { scope, store } => {
             let scope = scope.scope();
             let limiter = store.limiter(Access::Existing).await?;
-            let deleted = limiter.delete_limits(&scope).await?;
+            let (deleted, repairs) = limiter.delete_limits_with_repairs(&scope).await?;
+            warn(&repairs, json);
             if json {
-                print_json(&json!({ "scope": scope_name(&scope), "deleted": deleted }));
+                let mut v = json!({ "scope": scope_name(&scope), "deleted": deleted });
+                with_warnings(&mut v, &repairs);
+                print_json(&v);
             } else if deleted {
                 println!("deleted the limits of {}", scope_name(&scope));
             } else {
@@ -574,20 +592,44 @@ async fn limits(cmd: LimitsCmd, json: bool) -> Result<(), Failure> {
     }
 }
 
+/// One warning line on stderr per corrupt item an administrative write repaired (with
+/// `--json` they are the document's `warnings`).
+fn warn(repairs: &[tollgate::Repair], json: bool) {
+    if !json {
+        for r in repairs {
+            eprintln!("tollgate: warning: corrupt item {r}");
+        }
+    }
+}
+
+/// Add `warnings` to a JSON answer when a corrupt item was repaired (absent otherwise, as
+/// in the HTTP API).
+fn with_warnings(v: &mut serde_json::Value, repairs: &[tollgate::Repair]) {
+    if let (Some(o), false) = (v.as_object_mut(), repairs.is_empty()) {
+        o.insert(
+            "warnings".into(),
+            serde_json::to_value(tollgate_server::warnings(repairs)).unwrap_or_default(),
+        );
+    }
+}
+
 fn print_limits(
     scope: &Scope,
     limits: &[Limit],
     on: Option<OnUnavailable>,
     json: bool,
     verb: &str,
+    repairs: &[tollgate::Repair],
 ) {
     if json {
-        print_json(&json!({
+        let mut v = json!({
             "scope": scope_name(scope),
             "limits": limits.iter().map(LimitSpec::from).collect::<Vec<_>>(),
             "syntax": limits.iter().map(spec::format_limit).collect::<Vec<_>>(),
             "on_unavailable": on,
-        }));
+        });
+        with_warnings(&mut v, repairs);
+        print_json(&v);
         return;
     }
     if limits.is_empty() {
@@ -654,12 +696,16 @@ async fn entity(cmd: EntityCmd, json: bool) -> Result<(), Failure> {
         }
         EntityCmd::Delete { id, store } => {
             let limiter = store.limiter(Access::Existing).await?;
-            let n = limiter.delete_entity(&id).await?;
+            let d = limiter.delete_entity_with_repairs(&id).await?;
+            let n = d.deleted_items;
             if n == 0 {
                 return Err(tollgate::Error::EntityNotFound(id).into());
             }
+            warn(&d.repairs, json);
             if json {
-                print_json(&json!({ "id": id, "deleted_items": n }));
+                let mut v = json!({ "id": id, "deleted_items": n });
+                with_warnings(&mut v, &d.repairs);
+                print_json(&v);
             } else {
                 println!("deleted entity {id} ({n} item(s))");
             }

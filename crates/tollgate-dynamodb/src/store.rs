@@ -21,12 +21,13 @@ use tollgate_core::expr::{Action, Condition, ReturnValues};
 use tollgate_core::value::{Item, Key, PK, SK};
 use tollgate_store::eval::{eval_condition, validate_update};
 use tollgate_store::{
-    validate_transaction, CancelReason, DeleteRequest, PutRequest, Query, Store, StoreError,
-    TransactOp, UpdateRequest,
+    validate_transaction, CancelReason, DeleteRequest, PutRequest, Query, ScanPage, Scanned, Store,
+    StoreError, TransactOp, Undecodable, UpdateRequest,
 };
 
 use crate::codec::{
-    item_from_av, item_from_av_owned, item_into_av, key_from_av, key_into_av, key_to_av, AvMap,
+    from_av_owned, item_from_av, item_from_av_owned, item_into_av, key_from_av, key_into_av,
+    key_to_av, AvMap,
 };
 use crate::error::{map_sdk, DynamoDbError, Effect};
 use crate::render::{write_condition, write_update, AliasTable, Aliases};
@@ -524,7 +525,10 @@ impl Store for DynamoDbStore {
             .send()
             .await
             .map_err(|e| map_sdk(e, Effect::Read, &self.table))?;
-        out.item.map(item_from_av_owned).transpose()
+        out.item
+            .map(item_from_av_owned)
+            .transpose()
+            .map_err(naming(key))
     }
 
     async fn batch_get(
@@ -582,7 +586,8 @@ impl Store for DynamoDbStore {
                     let key = key_from_av(&m).ok_or_else(|| {
                         StoreError::Corrupt("batch_get returned an item without PK/SK".into())
                     })?;
-                    found.insert(key, item_from_av_owned(m)?);
+                    let item = item_from_av_owned(m).map_err(naming(&key))?;
+                    found.insert(key, item);
                 }
                 if let Some(u) = out
                     .unprocessed_keys
@@ -809,7 +814,12 @@ impl Store for DynamoDbStore {
                 .map_err(|e| map_sdk(e, Effect::Read, &self.table))?;
             out.reserve(page.items.as_ref().map_or(0, Vec::len));
             for m in page.items.into_iter().flatten() {
-                out.push(item_from_av_owned(m)?);
+                // The key only to name an item that does not decode.
+                let key = key_from_av(&m);
+                out.push(item_from_av_owned(m).map_err(|e| match &key {
+                    Some(k) => naming(k)(e),
+                    None => e,
+                })?);
             }
             match page.last_evaluated_key {
                 Some(k) if !k.is_empty() => start = Some(k),
@@ -822,6 +832,99 @@ impl Store for DynamoDbStore {
     fn backend(&self) -> &'static str {
         "dynamodb"
     }
+
+    /// A `Scan` of the whole table filtered on `begins_with(PK, prefix)`, strongly
+    /// consistent; `limit` is DynamoDB's (items read before the filter), so a page may hold
+    /// fewer entries, even none, with more to come.
+    async fn scan(
+        &self,
+        pk_prefix: &str,
+        after: Option<Key>,
+        limit: usize,
+    ) -> Result<ScanPage, StoreError> {
+        let mut a = Aliases::new();
+        let mut filter = String::with_capacity(32);
+        filter.push_str("begins_with(");
+        a.push_name(&mut filter, PK);
+        filter.push_str(", ");
+        a.push_value(&mut filter, PK, &pk_prefix.into())?;
+        filter.push(')');
+        let (names, values) = a.into_maps();
+        let out = self
+            .client
+            .scan()
+            .table_name(self.table.clone())
+            .filter_expression(filter)
+            .set_expression_attribute_names(names)
+            .set_expression_attribute_values(values)
+            .consistent_read(true)
+            .limit(i32::try_from(limit.max(1)).unwrap_or(i32::MAX))
+            .set_exclusive_start_key(after.map(key_into_av))
+            .send()
+            .await
+            .map_err(|e| map_sdk(e, Effect::Read, &self.table))?;
+        Ok(ScanPage {
+            items: out.items.into_iter().flatten().map(scanned).collect(),
+            next: out
+                .last_evaluated_key
+                .filter(|k| !k.is_empty())
+                .and_then(|k| key_from_av(&k)),
+        })
+    }
+
+    /// `DeleteItem` returning nothing, so an item that does not decode is deleted too.
+    async fn purge(&self, key: &Key) -> Result<(), StoreError> {
+        self.write_client
+            .delete_item()
+            .table_name(self.table.clone())
+            .set_key(Some(key_to_av(key)))
+            .return_values(ReturnValue::None)
+            .send()
+            .await
+            .map(drop)
+            .map_err(|e| map_sdk(e, Effect::Write, &self.table))
+    }
+}
+
+/// Prefix a decoding failure with the item's key.
+fn naming(key: &Key) -> impl FnOnce(StoreError) -> StoreError + '_ {
+    move |e| match e {
+        StoreError::Corrupt(m) => StoreError::Corrupt(format!("item {key}: {m}")),
+        e => e,
+    }
+}
+
+/// One scanned item, decoded attribute by attribute so a failure names its attribute.
+fn scanned(m: AvMap) -> Scanned {
+    let key = key_from_av(&m).unwrap_or_else(|| Key::new("", ""));
+    let mut item = Item::new();
+    for (name, v) in m {
+        match from_av_owned(&name, v) {
+            Ok(v) => {
+                item.insert(name, v);
+            }
+            Err(e) => {
+                let msg = match e {
+                    StoreError::Corrupt(m) => m,
+                    other => other.to_string(),
+                };
+                // The codec says "attribute PATH: why"; keep the path (it may be nested).
+                let (attribute, reason) = match msg
+                    .strip_prefix("attribute ")
+                    .and_then(|r| r.split_once(": "))
+                {
+                    Some((path, why)) => (path.to_string(), why.to_string()),
+                    None => (name, msg),
+                };
+                return Err(Undecodable {
+                    key,
+                    attribute: Some(attribute),
+                    reason,
+                });
+            }
+        }
+    }
+    Ok(item)
 }
 
 #[cfg(test)]

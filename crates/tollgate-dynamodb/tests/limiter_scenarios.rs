@@ -58,6 +58,17 @@ impl Store for Raw {
     fn backend(&self) -> &'static str {
         self.0.backend()
     }
+    async fn scan(
+        &self,
+        pk_prefix: &str,
+        after: Option<Key>,
+        limit: usize,
+    ) -> Result<tollgate_store::ScanPage, tollgate_store::StoreError> {
+        self.0.scan(pk_prefix, after, limit).await
+    }
+    async fn purge(&self, key: &Key) -> Result<(), tollgate_store::StoreError> {
+        self.0.purge(key).await
+    }
 }
 
 impl TestStore for Raw {
@@ -87,6 +98,27 @@ impl TestStore for Raw {
             let s = common::store_for(&endpoint, &table).await;
             Arc::new(Raw(s, endpoint)) as Arc<dyn TestStore>
         }))
+    }
+
+    /// Written through the store, then the attribute set to `N "1.5"` with the SDK: a
+    /// number DynamoDB holds and the item model (`i64`) cannot.
+    fn raw_put_undecodable(&self, key: &Key, item: Item, attribute: &str) -> bool {
+        use aws_sdk_dynamodb::types::AttributeValue;
+        self.raw_put(key, item);
+        block(
+            self.0
+                .client()
+                .update_item()
+                .table_name(self.0.table())
+                .key("PK", AttributeValue::S(key.pk.clone()))
+                .key("SK", AttributeValue::S(key.sk.clone()))
+                .update_expression("SET #a = :v")
+                .expression_attribute_names("#a", attribute)
+                .expression_attribute_values(":v", AttributeValue::N("1.5".into()))
+                .send(),
+        )
+        .expect("raw update");
+        true
     }
 }
 

@@ -6,8 +6,9 @@
 //! - `tollgate_acquire_duration_seconds{outcome}`: acquire latency inside the server;
 //! - `tollgate_acquires_total{outcome}`: `admitted`, `rejected` (429) or `error`;
 //! - `tollgate_store_request_duration_seconds{op, outcome}`: every store request by operation
-//!   (`get`, `batch_get`, `put`, `update`, `delete`, `transact_write`, `query`) and outcome
-//!   (`ok`, `condition_failed`, `error`), when the store is wrapped in a [`MeteredStore`];
+//!   (`get`, `batch_get`, `put`, `update`, `delete`, `transact_write`, `query`, `scan`,
+//!   `purge`) and outcome (`ok`, `condition_failed`, `error`), when the store is wrapped in a
+//!   [`MeteredStore`];
 //! - `tollgate_store_errors_total{op, kind}`: store errors by operation and kind (the
 //!   [`StoreError`] variant: `condition_failed`, `transaction_canceled`, `throttled`,
 //!   `ambiguous`, `unavailable`, ...);
@@ -35,7 +36,7 @@ use prometheus_client::registry::Registry;
 use tollgate::Limiter;
 use tollgate_core::value::{Item, Key};
 use tollgate_store::{
-    DeleteRequest, PutRequest, Query, Store, StoreError, TransactOp, UpdateRequest,
+    DeleteRequest, PutRequest, Query, ScanPage, Store, StoreError, TransactOp, UpdateRequest,
 };
 
 use crate::leases::LeaseTable;
@@ -238,6 +239,23 @@ impl Store for MeteredStore {
         let t = Instant::now();
         let r = self.inner.query(q).await;
         self.metrics.record("query", t, &r);
+        r
+    }
+    async fn scan(
+        &self,
+        pk_prefix: &str,
+        after: Option<Key>,
+        limit: usize,
+    ) -> Result<ScanPage, StoreError> {
+        let t = Instant::now();
+        let r = self.inner.scan(pk_prefix, after, limit).await;
+        self.metrics.record("scan", t, &r);
+        r
+    }
+    async fn purge(&self, key: &Key) -> Result<(), StoreError> {
+        let t = Instant::now();
+        let r = self.inner.purge(key).await;
+        self.metrics.record("purge", t, &r);
         r
     }
     fn backend(&self) -> &'static str {

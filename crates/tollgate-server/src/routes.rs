@@ -17,7 +17,9 @@ use axum::routing::{delete, get, post, put, MethodRouter};
 use axum::{Extension, Json, Router};
 use serde::{Deserialize, Serialize};
 use serde_json::Value as Json_;
-use tollgate::{AcquireOptions, Error, Limit, LimitSpec, LimitStatus, OnUnavailable, Scope};
+use tollgate::{
+    AcquireOptions, Error, Limit, LimitSpec, LimitStatus, OnUnavailable, Repair, Scope,
+};
 use tollgate_core::limit::MAX_TOKENS;
 use tollgate_core::value::Key;
 use tower_http::timeout::{RequestBodyTimeoutLayer, TimeoutLayer};
@@ -704,12 +706,47 @@ async fn delete_entity(
     Extension(who): Extension<Principal>,
     PathParams(id): PathParams<String>,
 ) -> ApiResult<Response> {
-    let n = app.limiter.delete_entity(&id).await?;
+    let d = app.limiter.delete_entity_with_repairs(&id).await?;
+    let n = d.deleted_items;
     if n == 0 {
         return Err(Error::EntityNotFound(id).into());
     }
-    tracing::info!(target: "tollgate::admin", principal = %who.name, entity = %id, deleted_items = n, "entity deleted");
-    Ok(Json(serde_json::json!({ "deleted_items": n })).into_response())
+    tracing::info!(target: "tollgate::admin", principal = %who.name, entity = %id, deleted_items = n, corrupt = d.repairs.len(), "entity deleted");
+    let mut body = serde_json::json!({ "deleted_items": n });
+    add_warnings(&mut body, &d.repairs);
+    Ok(Json(body).into_response())
+}
+
+/// One repair of a corrupt item, as the API reports it: the item, the attribute at fault,
+/// what was done, and all of it in one sentence (`message`).
+#[derive(Debug, Serialize)]
+pub struct Warning<'a> {
+    /// The repair in one sentence.
+    pub message: String,
+    /// Its parts.
+    #[serde(flatten)]
+    pub repair: &'a Repair,
+}
+
+/// The warnings of an administrative write, for its JSON answer.
+pub fn warnings(repairs: &[Repair]) -> Vec<Warning<'_>> {
+    repairs
+        .iter()
+        .map(|r| Warning {
+            message: r.to_string(),
+            repair: r,
+        })
+        .collect()
+}
+
+/// Add `warnings` to an answer when a corrupt item was repaired (absent otherwise).
+fn add_warnings(body: &mut Json_, repairs: &[Repair]) {
+    if let (Some(o), false) = (body.as_object_mut(), repairs.is_empty()) {
+        o.insert(
+            "warnings".into(),
+            serde_json::to_value(warnings(repairs)).unwrap_or_default(),
+        );
+    }
 }
 
 // ---------------------------------------------------------------------------------------
@@ -749,16 +786,19 @@ async fn put_limits(
 ) -> ApiResult<Response> {
     scope.validate()?;
     let limits = specs_to_limits(&b.limits)?;
-    app.limiter
-        .set_limits(&scope, &limits, b.on_unavailable)
+    let repairs = app
+        .limiter
+        .set_limits_with_repairs(&scope, &limits, b.on_unavailable)
         .await?;
-    tracing::info!(target: "tollgate::admin", principal = %who.name, scope = %scope_name(&scope), limits = limits.len(), "limits set");
-    Ok(Json(LimitsOut {
+    tracing::info!(target: "tollgate::admin", principal = %who.name, scope = %scope_name(&scope), limits = limits.len(), corrupt = repairs.len(), "limits set");
+    let mut body = serde_json::to_value(LimitsOut {
         scope: scope_name(&scope),
         limits: limits.iter().map(LimitSpec::from).collect(),
         on_unavailable: b.on_unavailable,
     })
-    .into_response())
+    .unwrap_or_default();
+    add_warnings(&mut body, &repairs);
+    Ok(Json(body).into_response())
 }
 
 async fn get_limits(app: &AppState, scope: Scope) -> ApiResult<Response> {
@@ -772,12 +812,11 @@ async fn get_limits(app: &AppState, scope: Scope) -> ApiResult<Response> {
 }
 
 async fn delete_limits(app: &AppState, who: &Principal, scope: Scope) -> ApiResult<Response> {
-    let deleted = app.limiter.delete_limits(&scope).await?;
-    tracing::info!(target: "tollgate::admin", principal = %who.name, scope = %scope_name(&scope), deleted, "limits deleted");
-    Ok(
-        Json(serde_json::json!({ "scope": scope_name(&scope), "deleted": deleted }))
-            .into_response(),
-    )
+    let (deleted, repairs) = app.limiter.delete_limits_with_repairs(&scope).await?;
+    tracing::info!(target: "tollgate::admin", principal = %who.name, scope = %scope_name(&scope), deleted, corrupt = repairs.len(), "limits deleted");
+    let mut body = serde_json::json!({ "scope": scope_name(&scope), "deleted": deleted });
+    add_warnings(&mut body, &repairs);
+    Ok(Json(body).into_response())
 }
 
 async fn get_system(State(app): St) -> ApiResult<Response> {

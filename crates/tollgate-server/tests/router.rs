@@ -616,3 +616,89 @@ async fn health_and_metrics() {
         assert!(t.contains(want), "missing {want:?} in\n{t}");
     }
 }
+
+/// Corrupt items (docs/repair.md): the acquire is `500 corrupt_data` naming the attribute;
+/// `PUT` limits replaces the corrupt config item and `DELETE` the entity deletes its corrupt
+/// bucket, each answer carrying `warnings` that name the item, the attribute and what was
+/// done (and none when nothing was corrupt).
+#[tokio::test]
+async fn admin_writes_repair_corrupt_items_with_warnings() {
+    use tollgate_core::keys;
+    use tollgate_core::value::Value as V;
+    let store = Arc::new(MemoryStore::new());
+    let limiter = Limiter::builder(store.clone())
+        .clock(Arc::new(ManualClock::new(T0)))
+        .config_cache_ttl(Duration::ZERO)
+        .build()
+        .unwrap();
+    let app = Server::new(limiter, ServerConfig::default()).router();
+    let limits = |n: i64| {
+        json!({ "limits": [
+            { "name": "rpm", "capacity": n, "refill_amount": n, "refill_period_ms": 60000 }
+        ]})
+        .to_string()
+    };
+    let path = "/v1/limits/entities/u1/resources/llm";
+    let r = call(&app, "POST", "/v1/entities", Some(r#"{"id":"u1"}"#)).await;
+    assert_eq!(r.status, StatusCode::CREATED, "{}", r.text);
+    let r = call(&app, "PUT", path, Some(&limits(5))).await;
+    assert_eq!(r.status, StatusCode::OK, "{}", r.text);
+    assert!(r.body.get("warnings").is_none(), "{}", r.text);
+    let acquire = r#"{"entity":"u1","resource":"llm","amounts":{"rpm":1},"commit":true}"#;
+    let r = call(&app, "POST", "/v1/acquire", Some(acquire)).await;
+    assert_eq!(r.status, StatusCode::OK, "{}", r.text);
+
+    let stage = |key: tollgate_core::value::Key, attr: &str| {
+        let mut i = store.raw_get(&key).unwrap();
+        i.insert(attr.into(), V::S("x".into()));
+        store.raw_put(&key, i);
+    };
+    stage(keys::entity_config("default", "u1", "llm"), "cascade");
+    stage(keys::bucket("default", "u1", "llm", 0), "b_rpm_tk");
+    let r = call(&app, "POST", "/v1/acquire", Some(acquire)).await;
+    assert_eq!(r.status, StatusCode::INTERNAL_SERVER_ERROR, "{}", r.text);
+    assert_eq!(r.body["error"], "corrupt_data");
+    assert!(
+        r.body["message"]
+            .as_str()
+            .unwrap()
+            .contains("default/ENTITY#u1|#CONFIG#llm: attribute cascade"),
+        "{}",
+        r.text
+    );
+
+    let r = call(&app, "PUT", path, Some(&limits(7))).await;
+    assert_eq!(r.status, StatusCode::OK, "{}", r.text);
+    assert_eq!(r.body["limits"][0]["capacity"], 7);
+    let w = &r.body["warnings"];
+    assert_eq!(w.as_array().map(Vec::len), Some(1), "{}", r.text);
+    assert_eq!(w[0]["pk"], "default/ENTITY#u1");
+    assert_eq!(w[0]["sk"], "#CONFIG#llm");
+    assert_eq!(w[0]["item"]["kind"], "entity_limits");
+    assert_eq!(w[0]["attribute"], "cascade");
+    assert_eq!(w[0]["reason"], "expected a boolean");
+    assert_eq!(
+        w[0]["message"],
+        "default/ENTITY#u1 / #CONFIG#llm: attribute \"cascade\": expected a boolean: replaced \
+         by the new limits (its cascade policy could not be read and was not kept)"
+    );
+    let r = call(&app, "GET", path, None).await;
+    assert_eq!(r.body["limits"][0]["capacity"], 7, "{}", r.text);
+
+    let r = call(&app, "DELETE", "/v1/entities/u1", None).await;
+    assert_eq!(r.status, StatusCode::OK, "{}", r.text);
+    assert_eq!(
+        r.body["deleted_items"], 3,
+        "META, config, bucket: {}",
+        r.text
+    );
+    let w = &r.body["warnings"];
+    assert_eq!(w.as_array().map(Vec::len), Some(1), "{}", r.text);
+    assert_eq!(w[0]["item"]["kind"], "bucket");
+    assert_eq!(w[0]["item"]["shard"], 0);
+    assert_eq!(w[0]["attribute"], "b_rpm_tk");
+    assert_eq!(w[0]["action"], "deleted with entity u1");
+    let r = call(&app, "GET", "/v1/entities/u1", None).await;
+    assert_eq!(r.status, StatusCode::NOT_FOUND, "{}", r.text);
+    assert!(store.raw_items().is_empty(), "{:?}", store.raw_items());
+}

@@ -73,7 +73,7 @@ use tokio::sync::oneshot;
 use tollgate_core::value::{Item, Key};
 use tollgate_store::eval::{validate_item, validate_update};
 use tollgate_store::{
-    DeleteRequest, PutRequest, Query, Store, StoreError, TransactOp, UpdateRequest,
+    DeleteRequest, PutRequest, Query, ScanPage, Store, StoreError, TransactOp, UpdateRequest,
 };
 
 pub use config::{SqliteConfig, DEFAULT_BUSY_TIMEOUT, DEFAULT_DEADLINE, DEFAULT_MAX_BATCH_OPS};
@@ -446,5 +446,29 @@ impl Store for SqliteStore {
 
     fn backend(&self) -> &'static str {
         "sqlite"
+    }
+
+    async fn scan(
+        &self,
+        pk_prefix: &str,
+        after: Option<Key>,
+        limit: usize,
+    ) -> Result<ScanPage, StoreError> {
+        let r = Read::Scan {
+            prefix: pk_prefix.to_string(),
+            after,
+            limit,
+        };
+        match self.read(r).await? {
+            Outcome::Page(page) => Ok(page),
+            other => Err(mismatch("scan", &other)),
+        }
+    }
+
+    async fn purge(&self, key: &Key) -> Result<(), StoreError> {
+        match self.write(Write::Purge(key.clone())).await? {
+            Outcome::Done => Ok(()),
+            other => Err(mismatch("purge", &other)),
+        }
     }
 }

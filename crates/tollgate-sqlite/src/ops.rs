@@ -17,8 +17,8 @@ use tollgate_core::expr::{Condition, Update};
 use tollgate_core::value::{Item, Key};
 use tollgate_store::eval::{apply_update_stored, eval_condition, key_item, plan_transact_op};
 use tollgate_store::{
-    validate_token, validate_transaction, CancelReason, DeleteRequest, PutRequest, Query,
-    StoreError, TransactOp, UpdateRequest,
+    validate_token, validate_transaction, CancelReason, DeleteRequest, PutRequest, Query, ScanPage,
+    StoreError, TransactOp, Undecodable, UpdateRequest,
 };
 
 use crate::error::from_sqlite;
@@ -27,19 +27,42 @@ use crate::schema::INDEXES;
 /// Most keys in one `batch_get` (DynamoDB's limit, as `MemoryStore` enforces it).
 const MAX_BATCH_GET: usize = 100;
 
-/// Decode a stored item; anything but valid JSON of an item is [`StoreError::Corrupt`].
+/// Decode a stored item; anything but valid JSON of an item is [`StoreError::Corrupt`]
+/// (naming the attribute, when one is at fault: see [`decode_each`]).
 fn decode(key: &Key, raw: ValueRef<'_>) -> Result<Item, StoreError> {
+    decode_each(key, raw).map_err(|u| StoreError::Corrupt(u.to_string()))
+}
+
+/// Decode a stored item, or say why it cannot be: the item whole first (the common case,
+/// one pass), and only when that fails attribute by attribute, to name the one at fault.
+fn decode_each(key: &Key, raw: ValueRef<'_>) -> Result<Item, Undecodable> {
+    let bad = |attribute: Option<String>, reason: String| Undecodable {
+        key: key.clone(),
+        attribute,
+        reason,
+    };
     let bytes = match raw {
         ValueRef::Text(b) | ValueRef::Blob(b) => b,
         other => {
-            return Err(StoreError::Corrupt(format!(
-                "item {key}: stored value is {:?}, not JSON text",
-                other.data_type()
-            )))
+            return Err(bad(
+                None,
+                format!("stored value is {:?}, not JSON text", other.data_type()),
+            ))
         }
     };
-    serde_json::from_slice(bytes)
-        .map_err(|e| StoreError::Corrupt(format!("item {key}: undecodable JSON: {e}")))
+    serde_json::from_slice(bytes).map_err(|whole| {
+        let attrs: serde_json::Map<String, serde_json::Value> = match serde_json::from_slice(bytes)
+        {
+            Ok(m) => m,
+            Err(_) => return bad(None, format!("undecodable JSON: {whole}")),
+        };
+        for (name, v) in attrs {
+            if let Err(e) = serde_json::from_value::<tollgate_core::value::Value>(v) {
+                return bad(Some(name), format!("undecodable value: {e}"));
+            }
+        }
+        bad(None, format!("undecodable JSON: {whole}"))
+    })
 }
 
 fn encode(key: &Key, item: &Item) -> Result<String, StoreError> {
@@ -118,6 +141,15 @@ pub enum Read {
     BatchGet(Vec<Key>),
     /// `query`.
     Query(Query),
+    /// `scan`: a page of the items whose partition key begins with `prefix`, after `after`.
+    Scan {
+        /// The partition-key prefix.
+        prefix: String,
+        /// Start after this key (`None`: from the first).
+        after: Option<Key>,
+        /// At most this many entries.
+        limit: usize,
+    },
     /// `PRAGMA integrity_check`.
     IntegrityCheck,
 }
@@ -132,6 +164,8 @@ pub enum Write {
     Update(UpdateRequest),
     /// `delete`.
     Delete(DeleteRequest),
+    /// `purge`: delete without reading the old item.
+    Purge(Key),
     /// `transact_write`, checked by [`check_transaction`], which computed the fingerprint
     /// stored with the token.
     Transact {
@@ -149,7 +183,7 @@ impl Write {
     pub fn items(&self) -> usize {
         match self {
             Write::Transact { ops, .. } => ops.len(),
-            Write::Put(_) | Write::Update(_) | Write::Delete(_) => 1,
+            Write::Put(_) | Write::Update(_) | Write::Delete(_) | Write::Purge(_) => 1,
         }
     }
 }
@@ -165,6 +199,8 @@ pub enum Outcome {
     Items(Vec<Option<Item>>),
     /// `query`.
     List(Vec<Item>),
+    /// `scan`.
+    Page(ScanPage),
     /// `integrity_check`: SQLite's lines.
     Lines(Vec<String>),
 }
@@ -188,6 +224,11 @@ pub fn read(conn: &Connection, r: &Read) -> Result<Outcome, StoreError> {
             Ok(Outcome::Items(out))
         }
         Read::Query(q) => query(conn, q).map(Outcome::List),
+        Read::Scan {
+            prefix,
+            after,
+            limit,
+        } => scan(conn, prefix, after.as_ref(), *limit).map(Outcome::Page),
         Read::IntegrityCheck => integrity_check(conn).map(Outcome::Lines),
     }
 }
@@ -211,6 +252,7 @@ pub fn write(
         Write::Put(req) => put(tx, req).map(|()| Outcome::Done),
         Write::Update(req) => update(tx, req).map(Outcome::Item),
         Write::Delete(req) => delete(tx, req).map(Outcome::Item),
+        Write::Purge(key) => write_item(tx, &key, None).map(|()| Outcome::Done),
         Write::Transact {
             ops,
             token,
@@ -257,10 +299,11 @@ fn condition_failed(old: Option<Item>) -> StoreError {
     }
 }
 
-/// `put` (the item was checked by the caller).
+/// `put` (the item was checked by the caller). Without a condition the old item is not
+/// read: the put replaces it whatever it holds, also an item that cannot be decoded.
 fn put(conn: &Connection, req: PutRequest) -> Result<(), StoreError> {
-    let cur = read_item(conn, &req.key)?;
     if let Some(c) = &req.condition {
+        let cur = read_item(conn, &req.key)?;
         if !eval_condition(cur.as_ref(), c) {
             return Err(condition_failed(cur));
         }
@@ -496,6 +539,54 @@ fn query(conn: &Connection, q: &Query) -> Result<Vec<Item>, StoreError> {
         out.push(decode(&key, raw)?);
     }
     Ok(out)
+}
+
+/// `scan`: primary-key order from the first key with the prefix (or after `after`); the
+/// keys with a prefix are contiguous in that order, so the first without it ends the scan.
+fn scan(
+    conn: &Connection,
+    prefix: &str,
+    after: Option<&Key>,
+    limit: usize,
+) -> Result<ScanPage, StoreError> {
+    let limit = limit.max(1);
+    let (from_pk, from_sk) = match after {
+        Some(k) => (k.pk.as_str(), Some(k.sk.as_str())),
+        None => (prefix, None),
+    };
+    let mut stmt = conn
+        .prepare_cached(
+            "SELECT pk, sk, item FROM items
+             WHERE pk >= ?1 AND (?2 IS NULL OR pk > ?1 OR sk > ?2)
+             ORDER BY pk, sk LIMIT ?3",
+        )
+        .map_err(|e| from_sqlite("prepare scan", e))?;
+    // One more than the page: whether there is a next one.
+    let fetch = i64::try_from(limit).unwrap_or(i64::MAX).saturating_add(1);
+    let mut rows = stmt
+        .query(params![from_pk, from_sk, fetch])
+        .map_err(|e| from_sqlite("scan", e))?;
+    let mut page = ScanPage::default();
+    let mut last = None;
+    while let Some(row) = rows.next().map_err(|e| from_sqlite("scan", e))? {
+        let key = Key::new(
+            row.get::<_, String>(0)
+                .map_err(|e| from_sqlite("scan", e))?,
+            row.get::<_, String>(1)
+                .map_err(|e| from_sqlite("scan", e))?,
+        );
+        if !key.pk.starts_with(prefix) {
+            break;
+        }
+        if page.items.len() == limit {
+            page.next = last;
+            break;
+        }
+        let raw = row.get_ref(2).map_err(|e| from_sqlite("scan", e))?;
+        page.items.push(decode_each(&key, raw));
+        last = Some(key);
+    }
+    Ok(page)
 }
 
 /// An index without columns of its own: read every item and filter as `MemoryStore` does.

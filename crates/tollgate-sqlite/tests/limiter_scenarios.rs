@@ -53,6 +53,17 @@ impl Store for Raw {
     fn backend(&self) -> &'static str {
         self.store.backend()
     }
+    async fn scan(
+        &self,
+        pk_prefix: &str,
+        after: Option<Key>,
+        limit: usize,
+    ) -> Result<tollgate_store::ScanPage, tollgate_store::StoreError> {
+        self.store.scan(pk_prefix, after, limit).await
+    }
+    async fn purge(&self, key: &Key) -> Result<(), tollgate_store::StoreError> {
+        self.store.purge(key).await
+    }
 }
 
 impl TestStore for Raw {
@@ -86,6 +97,22 @@ impl TestStore for Raw {
                 _dir: dir,
             }) as Arc<dyn TestStore>
         }))
+    }
+
+    /// Written through the store (so its index columns are right), then the attribute
+    /// rewritten in the file to a JSON number with a fraction.
+    fn raw_put_undecodable(&self, key: &Key, item: Item, attribute: &str) -> bool {
+        self.raw_put(key, item);
+        let conn = rusqlite::Connection::open(&self.path).expect("open the file");
+        let n = conn
+            .execute(
+                "UPDATE items SET item = json_set(item, '$.' || ?1, json('{\"n\":1.5}'))
+                 WHERE pk = ?2 AND sk = ?3",
+                rusqlite::params![attribute, key.pk, key.sk],
+            )
+            .expect("rewrite the item");
+        assert_eq!(n, 1, "{key}");
+        true
     }
 }
 

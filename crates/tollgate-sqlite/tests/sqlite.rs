@@ -226,6 +226,90 @@ async fn a_corrupt_row_is_reported_with_its_key_never_a_panic() {
     assert!(is_corrupt(&e), "{e:?}");
 }
 
+/// An undecodable row names its attribute; `scan` lists it with its key (and the good rows
+/// beside it), an unconditional `put` replaces it and `purge` deletes it — the repairs
+/// `delete` and a conditional write cannot make, since they read the old item.
+#[tokio::test]
+async fn an_undecodable_row_is_scanned_replaced_and_purged() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("t.db");
+    let s = SqliteStore::open(&path).unwrap();
+    for sk in ["a", "b", "c"] {
+        put_n(&s, &Key::new("ns/p", sk), 1).await;
+    }
+    put_n(&s, &Key::new("ns/q", "a"), 2).await;
+    let raw = rusqlite::Connection::open(&path).unwrap();
+    // A number with a fraction: JSON, but not of the item model.
+    raw.execute(
+        "UPDATE items SET item = json_set(item, '$.n', json('{\"n\":1.5}')) WHERE pk = 'ns/p' AND sk = 'b'",
+        [],
+    )
+    .unwrap();
+    raw.execute(
+        "INSERT INTO items (pk, sk, item) VALUES ('ns/p', 'd', '{not json')",
+        [],
+    )
+    .unwrap();
+    let e = s.get(&Key::new("ns/p", "b"), true).await.unwrap_err();
+    match &e {
+        StoreError::Corrupt(m) => {
+            assert!(m.contains("ns/p|b") && m.contains("attribute n:"), "{m}")
+        }
+        other => panic!("{other:?}"),
+    }
+
+    // Pages of 2 over ns/p (4 rows) and ns/q (1): every row once, the bad ones as entries.
+    let mut seen = Vec::new();
+    let mut after = None;
+    loop {
+        let page = s.scan("ns/", after, 2).await.unwrap();
+        assert!(page.items.len() <= 2);
+        for e in page.items {
+            seen.push(match e {
+                Ok(i) => format!("ok {}", Key::of(&i).unwrap()),
+                Err(u) => format!(
+                    "bad {} {:?} {}",
+                    u.key,
+                    u.attribute,
+                    u.reason.split(':').next().unwrap_or("")
+                ),
+            });
+        }
+        match page.next {
+            Some(k) => after = Some(k),
+            None => break,
+        }
+    }
+    assert_eq!(
+        seen,
+        [
+            "ok ns/p|a",
+            "bad ns/p|b Some(\"n\") undecodable value",
+            "ok ns/p|c",
+            "bad ns/p|d None undecodable JSON",
+            "ok ns/q|a",
+        ]
+    );
+
+    // `delete` must return the old item, so it cannot remove an undecodable one ...
+    let e = s
+        .delete(DeleteRequest {
+            key: Key::new("ns/p", "d"),
+            condition: None,
+        })
+        .await
+        .unwrap_err();
+    assert!(matches!(e, StoreError::Corrupt(_)), "{e:?}");
+    // ... `purge` can, and an unconditional put replaces one.
+    s.purge(&Key::new("ns/p", "d")).await.unwrap();
+    put_n(&s, &Key::new("ns/p", "b"), 7).await;
+    assert_eq!(n_of(&s, &Key::new("ns/p", "b")).await, Some(7));
+    let page = s.scan("ns/p", None, 10).await.unwrap();
+    assert_eq!(page.items.len(), 3);
+    assert!(page.items.iter().all(Result::is_ok));
+    assert_eq!(page.next, None);
+}
+
 #[tokio::test]
 async fn a_write_blocked_beyond_the_busy_timeout_is_unavailable() {
     let dir = tempfile::tempdir().unwrap();

@@ -1155,6 +1155,89 @@ pub async fn query_table_prefix_in_order(s: &dyn Store) -> CheckResult {
     ensure_eq(s.query(q).await.map_err(e2s)?, vec![], "empty partition")
 }
 
+/// Every item under `prefix`, page by page (`limit` per page), as `pk|sk` strings, sorted;
+/// an undecodable entry or a page loop that does not end is an error.
+async fn scan_all(s: &dyn Store, prefix: &str, limit: usize) -> Result<Vec<String>, String> {
+    let mut out = Vec::new();
+    let mut after = None;
+    for _ in 0..100 {
+        let page = s.scan(prefix, after, limit).await.map_err(e2s)?;
+        ensure(
+            page.items.len() <= limit,
+            format!("page of {} > {limit}", page.items.len()),
+        )?;
+        for e in page.items {
+            let i = e.map_err(|u| format!("undecodable entry {u}"))?;
+            let k = Key::of(&i).ok_or("scanned item without PK/SK")?;
+            out.push(format!("{}|{}", k.pk, k.sk));
+        }
+        match page.next {
+            Some(k) => after = Some(k),
+            None => {
+                out.sort();
+                return Ok(out);
+            }
+        }
+    }
+    Err(format!("scan of {prefix:?} did not end in 100 pages"))
+}
+
+/// `scan` returns every item whose partition key begins with the prefix, each once, over
+/// pages of at most `limit`; `purge` deletes one unconditionally (an absent one is no error).
+pub async fn scan_prefix_in_pages_and_purge(s: &dyn Store) -> CheckResult {
+    let mut want = Vec::new();
+    for (pk, sk) in [
+        ("conf/scan/a", "#META"),
+        ("conf/scan/a", "#CONFIG#x"),
+        ("conf/scan/a", "#CONFIG#y"),
+        ("conf/scan/b", "#STATE"),
+        ("conf/scan/c", "#STATE"),
+    ] {
+        put(s, &Key::new(pk, sk), &[("v", Value::N(1))]).await?;
+        want.push(format!("{pk}|{sk}"));
+    }
+    put(s, &Key::new("conf/scanx", "#STATE"), &[]).await?;
+    put(s, &Key::new("conf/sca", "#STATE"), &[]).await?;
+    want.sort();
+    ensure_eq(
+        scan_all(s, "conf/scan/", 2).await?,
+        want.clone(),
+        "scan in pages of 2",
+    )?;
+    ensure_eq(
+        scan_all(s, "conf/scan/", 100).await?,
+        want.clone(),
+        "scan in one page",
+    )?;
+    ensure_eq(
+        scan_all(s, "conf/scan/a", 100).await?,
+        want[..3].to_vec(),
+        "scan of one partition",
+    )?;
+    ensure_eq(
+        scan_all(s, "conf/scan-nobody", 10).await?,
+        vec![],
+        "empty scan",
+    )?;
+    s.purge(&Key::new("conf/scan/a", "#CONFIG#x"))
+        .await
+        .map_err(e2s)?;
+    s.purge(&Key::new("conf/scan/z", "#STATE"))
+        .await
+        .map_err(|e| format!("purge of an absent item: {e:?}"))?;
+    ensure_eq(
+        get(s, &Key::new("conf/scan/a", "#CONFIG#x")).await?,
+        None,
+        "purged item",
+    )?;
+    want.retain(|k| k != "conf/scan/a|#CONFIG#x");
+    ensure_eq(
+        scan_all(s, "conf/scan/", 3).await?,
+        want,
+        "scan after a purge",
+    )
+}
+
 /// An index query (`GSI1`: `GSI1PK` / `GSI1SK`) returns the items that carry both index
 /// attributes, in index sort-key order; others are not in the index.
 pub async fn query_index(s: &dyn Store) -> CheckResult {
@@ -1523,6 +1606,7 @@ registry![
     batch_get_duplicate_keys_is_validation,
     query_table_prefix_in_order,
     query_index,
+    scan_prefix_in_pages_and_purge,
     consistent_get_sees_latest,
     large_numbers_round_trip,
     odd_attribute_names,

@@ -5,7 +5,9 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use async_trait::async_trait;
 use tollgate_core::value::{Item, Key};
 
-use crate::{DeleteRequest, PutRequest, Query, Store, StoreError, TransactOp, UpdateRequest};
+use crate::{
+    DeleteRequest, PutRequest, Query, ScanPage, Store, StoreError, TransactOp, UpdateRequest,
+};
 
 /// Request counts, by kind.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -130,6 +132,21 @@ impl<S: Store> Store for Counting<S> {
     async fn query(&self, q: Query) -> Result<Vec<Item>, StoreError> {
         self.bump(6);
         self.inner.query(q).await
+    }
+    /// Counted as a query (one request per page).
+    async fn scan(
+        &self,
+        pk_prefix: &str,
+        after: Option<Key>,
+        limit: usize,
+    ) -> Result<ScanPage, StoreError> {
+        self.bump(6);
+        self.inner.scan(pk_prefix, after, limit).await
+    }
+    /// Counted as a delete.
+    async fn purge(&self, key: &Key) -> Result<(), StoreError> {
+        self.bump(4);
+        self.inner.purge(key).await
     }
     fn backend(&self) -> &'static str {
         self.inner.backend()

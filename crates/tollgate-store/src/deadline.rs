@@ -16,7 +16,9 @@ use async_trait::async_trait;
 use tollgate_core::mutants::{self, Mutant};
 use tollgate_core::value::{Item, Key};
 
-use crate::{DeleteRequest, PutRequest, Query, Store, StoreError, TransactOp, UpdateRequest};
+use crate::{
+    DeleteRequest, PutRequest, Query, ScanPage, Store, StoreError, TransactOp, UpdateRequest,
+};
 
 /// A store whose every request is bounded by a deadline.
 #[derive(Debug)]
@@ -110,6 +112,18 @@ impl<S: Store> Store for Deadline<S> {
     }
     fn backend(&self) -> &'static str {
         self.inner.backend()
+    }
+    async fn scan(
+        &self,
+        pk_prefix: &str,
+        after: Option<Key>,
+        limit: usize,
+    ) -> Result<ScanPage, StoreError> {
+        self.bounded("scan", false, self.inner.scan(pk_prefix, after, limit))
+            .await
+    }
+    async fn purge(&self, key: &Key) -> Result<(), StoreError> {
+        self.bounded("purge", true, self.inner.purge(key)).await
     }
 }
 

@@ -38,8 +38,8 @@ use tollgate_core::value::{Item, Key};
 
 use crate::eval::{validate_item, validate_update};
 use crate::{
-    validate_token, validate_transaction, CancelReason, DeleteRequest, PutRequest, Query, Store,
-    StoreError, TransactOp, UpdateRequest,
+    validate_token, validate_transaction, CancelReason, DeleteRequest, PutRequest, Query, ScanPage,
+    Store, StoreError, TransactOp, UpdateRequest,
 };
 
 /// How many earlier versions of an item a stale read may serve. DynamoDB's eventually
@@ -551,5 +551,20 @@ impl<S: Store> Store for FaultyStore<S> {
 
     fn backend(&self) -> &'static str {
         self.inner.backend()
+    }
+
+    /// Administration: forwarded without faults.
+    async fn scan(
+        &self,
+        pk_prefix: &str,
+        after: Option<Key>,
+        limit: usize,
+    ) -> Result<ScanPage, StoreError> {
+        self.inner.scan(pk_prefix, after, limit).await
+    }
+
+    /// Administration: forwarded without faults (and not kept for stale reads).
+    async fn purge(&self, key: &Key) -> Result<(), StoreError> {
+        self.inner.purge(key).await
     }
 }

@@ -89,6 +89,39 @@ impl TransactOp {
 /// Most operations in one transaction (DynamoDB's limit).
 pub const MAX_TRANSACT_OPS: usize = 100;
 
+/// An item a backend holds but cannot decode into the item model (a number that is not an
+/// `i64`, a type the model does not know, stored text that is not an item).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Undecodable {
+    /// The item's key.
+    pub key: Key,
+    /// The attribute at fault, when the backend can tell.
+    pub attribute: Option<String>,
+    /// What is wrong.
+    pub reason: String,
+}
+
+impl std::fmt::Display for Undecodable {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match &self.attribute {
+            Some(a) => write!(f, "item {}: attribute {a}: {}", self.key, self.reason),
+            None => write!(f, "item {}: {}", self.key, self.reason),
+        }
+    }
+}
+
+/// One entry of a [`ScanPage`]: the item, or why the backend could not decode it.
+pub type Scanned = Result<Item, Undecodable>;
+
+/// One page of [`Store::scan`].
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct ScanPage {
+    /// The items, in the backend's order (key order on `MemoryStore` and SQLite).
+    pub items: Vec<Scanned>,
+    /// Where the next page starts (pass it as `after`); `None` when the scan is complete.
+    pub next: Option<Key>,
+}
+
 /// A query over a partition of the table or of a global secondary index.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Query {
@@ -152,6 +185,40 @@ pub trait Store: Send + Sync {
     async fn query(&self, q: Query) -> Result<Vec<Item>, StoreError>;
     /// A short name of the backend, for logs and metrics.
     fn backend(&self) -> &'static str;
+
+    /// One page of the items whose partition key begins with `pk_prefix`, after the key
+    /// `after` (exclusive; `None` starts at the beginning), strongly consistent, each
+    /// decoded on its own: an item the backend cannot decode is an `Err(`[`Undecodable`]`)`
+    /// entry, not a failure of the call. A page holds at most `limit` entries — possibly
+    /// fewer, even none, with a `next` still to read.
+    ///
+    /// For administration (`tollgate doctor`, the repair of corrupt items), never the
+    /// request path: on DynamoDB it is a `Scan` of the whole table, filtered. The default
+    /// (a backend without scans) refuses with [`StoreError::Validation`].
+    async fn scan(
+        &self,
+        pk_prefix: &str,
+        after: Option<Key>,
+        limit: usize,
+    ) -> Result<ScanPage, StoreError> {
+        let _ = (pk_prefix, after, limit);
+        Err(StoreError::Validation(format!(
+            "the {} store cannot scan",
+            self.backend()
+        )))
+    }
+
+    /// Delete one item without a condition and without returning it, whatever it holds:
+    /// also an item the backend cannot decode (which `delete`, returning the old item,
+    /// cannot). For repairs. The default is an unconditional [`Store::delete`].
+    async fn purge(&self, key: &Key) -> Result<(), StoreError> {
+        self.delete(DeleteRequest {
+            key: key.clone(),
+            condition: None,
+        })
+        .await
+        .map(drop)
+    }
 }
 
 /// Check the shape of a transaction every backend must refuse.
@@ -223,5 +290,16 @@ impl<S: Store + ?Sized> Store for std::sync::Arc<S> {
     }
     fn backend(&self) -> &'static str {
         (**self).backend()
+    }
+    async fn scan(
+        &self,
+        pk_prefix: &str,
+        after: Option<Key>,
+        limit: usize,
+    ) -> Result<ScanPage, StoreError> {
+        (**self).scan(pk_prefix, after, limit).await
+    }
+    async fn purge(&self, key: &Key) -> Result<(), StoreError> {
+        (**self).purge(key).await
     }
 }

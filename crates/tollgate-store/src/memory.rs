@@ -13,8 +13,8 @@ use crate::eval::{
     apply_update_stored, eval_condition, key_item, plan_transact_op, validate_item, validate_update,
 };
 use crate::{
-    validate_token, validate_transaction, DeleteRequest, PutRequest, Query, Store, TransactOp,
-    UpdateRequest,
+    validate_token, validate_transaction, DeleteRequest, PutRequest, Query, ScanPage, Store,
+    TransactOp, UpdateRequest,
 };
 
 #[derive(Debug, Clone, Default)]
@@ -374,5 +374,37 @@ impl Store for MemoryStore {
 
     fn backend(&self) -> &'static str {
         "memory"
+    }
+
+    /// Items are typed here, so every entry decodes.
+    async fn scan(
+        &self,
+        pk_prefix: &str,
+        after: Option<Key>,
+        limit: usize,
+    ) -> Result<ScanPage, StoreError> {
+        use std::ops::Bound;
+        let limit = limit.max(1);
+        let g = self.lock();
+        let from = match after {
+            Some(k) => Bound::Excluded(k),
+            None => Bound::Included(Key::new(pk_prefix, "")),
+        };
+        let mut live = g
+            .items
+            .range((from, Bound::Unbounded))
+            .take_while(|(k, _)| k.pk.starts_with(pk_prefix))
+            .filter_map(|(k, slot)| Some((k, slot.cur.as_ref()?)));
+        let items: Vec<_> = live
+            .by_ref()
+            .take(limit)
+            .map(|(_, i)| Ok(i.clone()))
+            .collect();
+        // More to read: the next page starts after the last key returned.
+        let next = match live.next() {
+            Some(_) => items.last().and_then(|i| i.as_ref().ok()).and_then(Key::of),
+            None => None,
+        };
+        Ok(ScanPage { items, next })
     }
 }

@@ -58,6 +58,7 @@ mod caches;
 mod cascade;
 pub mod clock;
 pub mod config;
+pub mod doctor;
 mod entity;
 mod error;
 mod lease;
@@ -72,12 +73,15 @@ pub use aggregator::{AggregateReport, Aggregator};
 pub use availability::Availability;
 pub use clock::{Clock, ManualClock, PinnedRng, SeededRng, ShardRng, SystemClock};
 pub use config::{OnUnavailable, Scope};
+pub use doctor::{CorruptItem, DoctorReport, ItemKind, Repair};
 pub use error::{Error, Exceeded, Result};
 pub use lease::Lease;
 pub use lease_token::{
     LeaseKey, LeaseKeyError, LeaseToken, CLOSURE_MARGIN_S, LATE_CLOSE_MS, MAX_TOKEN_BYTES,
     MIN_KEY_BYTES,
 };
-pub use limiter::{Entity, Limiter, LimiterBuilder, NewEntity, Options, StatsSnapshot};
+pub use limiter::{
+    Entity, EntityDeleted, Limiter, LimiterBuilder, NewEntity, Options, StatsSnapshot,
+};
 pub use shards::should_double;
 pub use tollgate_core::{Limit, LimitSpec, LimitStatus};

@@ -8,13 +8,14 @@ use std::time::Duration;
 use tollgate_core::expr::{Condition, ReturnValues, Update};
 use tollgate_core::ids::{validate_entity_id, validate_limit_name};
 use tollgate_core::keys;
-use tollgate_core::value::{Item, Value};
+use tollgate_core::value::{Item, Key, Value};
 use tollgate_core::{Limit, RuleError};
 use tollgate_store::{DeleteRequest, PutRequest, Query, Store, StoreError, UpdateRequest};
 
 use crate::caches::{ImageCache, RejectionCache, ShardCounts};
 use crate::clock::{Clock, SeededRng, ShardRng, SystemClock};
 use crate::config::{self, ConfigCache, OnUnavailable, Scope};
+use crate::doctor::{self, CorruptItem, Repair};
 use crate::error::{Error, Result};
 
 /// Limiter settings.
@@ -139,6 +140,15 @@ impl Inner {
     }
 }
 
+/// What [`Limiter::delete_entity_with_repairs`] did.
+#[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize)]
+pub struct EntityDeleted {
+    /// Items deleted (0 if the entity did not exist).
+    pub deleted_items: usize,
+    /// The corrupt items among them.
+    pub repairs: Vec<Repair>,
+}
+
 /// The rate limiter. Cheap to clone; every clone shares caches and the store.
 #[derive(Debug, Clone)]
 pub struct Limiter {
@@ -227,6 +237,22 @@ impl LimiterBuilder {
             }),
         })
     }
+}
+
+fn replaced_action(cascade_dropped: bool) -> String {
+    let mut a = String::from("replaced by the new limits");
+    if cascade_dropped {
+        a.push_str(" (its cascade policy could not be read and was not kept)");
+    }
+    a
+}
+
+fn deleted_action(cascade_lost: bool) -> String {
+    let mut a = String::from("deleted");
+    if cascade_lost {
+        a.push_str(" (its cascade policy could not be read and was not kept)");
+    }
+    a
 }
 
 /// An entity (a user, key or tenant).
@@ -433,57 +459,114 @@ impl Limiter {
     }
 
     /// Delete an entity: its META, its stored limits and every bucket. Returns how many
-    /// items were deleted (0 if it did not exist).
+    /// items were deleted (0 if it did not exist). Corrupt items are deleted too (see
+    /// [`Limiter::delete_entity_with_repairs`]).
     pub async fn delete_entity(&self, id: &str) -> Result<usize> {
+        Ok(self.delete_entity_with_repairs(id).await?.deleted_items)
+    }
+
+    /// [`Limiter::delete_entity`], reporting the corrupt items it deleted. The entity's
+    /// items are found by a query of its partition and of its buckets' index; when an item
+    /// there cannot be decoded, by a scan of the same keys (on DynamoDB a scan of the whole
+    /// table). An item the store cannot return is deleted with [`Store::purge`].
+    pub async fn delete_entity_with_repairs(&self, id: &str) -> Result<EntityDeleted> {
         validate_entity_id(id)?;
         let ns = self.inner.ns();
         let store = &self.inner.store;
-        let mut keys_to_delete = Vec::new();
-        for i in store
-            .query(Query::table(keys::entity_pk(ns, id), None))
-            .await?
-        {
-            if let Some(k) = tollgate_core::value::Key::of(&i) {
-                keys_to_delete.push(k);
-            }
-        }
-        for i in store
+        let entity_pk = keys::entity_pk(ns, id);
+        let mut keys_to_delete: Vec<Key> =
+            match store.query(Query::table(entity_pk.clone(), None)).await {
+                Ok(items) => items.iter().filter_map(Key::of).collect(),
+                Err(StoreError::Corrupt(_)) => doctor::scan_all(store.as_ref(), &entity_pk)
+                    .await?
+                    .iter()
+                    .filter_map(doctor::scanned_key)
+                    .filter(|k| k.pk == entity_pk)
+                    .collect(),
+                Err(e) => return Err(e.into()),
+            };
+        match store
             .query(Query::index(
                 "GSI3",
                 keys::gsi3_entity(ns, id),
                 Some("BUCKET#"),
             ))
-            .await?
+            .await
         {
-            if let Some(k) = tollgate_core::value::Key::of(&i) {
-                keys_to_delete.push(k);
+            Ok(items) => keys_to_delete.extend(items.iter().filter_map(Key::of)),
+            Err(StoreError::Corrupt(_)) => {
+                // `{ns}/BUCKET#{id}#`: ids hold no `#`, so this entity's buckets only.
+                let prefix = format!("{ns}/BUCKET#{id}#");
+                keys_to_delete.extend(
+                    doctor::scan_all(store.as_ref(), &prefix)
+                        .await?
+                        .iter()
+                        .filter_map(doctor::scanned_key),
+                );
+            }
+            Err(e) => return Err(e.into()),
+        }
+        let mut repairs = Vec::new();
+        for k in &keys_to_delete {
+            let req = DeleteRequest {
+                key: k.clone(),
+                condition: None,
+            };
+            let corrupt = match store.delete(req).await {
+                Ok(old) => old.and_then(|old| doctor::check_item(ns, k, &old)),
+                // The store cannot return the old item: delete it without.
+                Err(StoreError::Corrupt(m)) => {
+                    store.purge(k).await?;
+                    Some(CorruptItem::from_message(ns, k, &m))
+                }
+                Err(e) => return Err(e.into()),
+            };
+            if let Some(c) = corrupt {
+                repairs.push(Repair::logged(c, format!("deleted with entity {id}")));
             }
         }
-        for k in &keys_to_delete {
-            store
-                .delete(DeleteRequest {
-                    key: k.clone(),
-                    condition: None,
-                })
-                .await?;
-        }
         self.inner.shards.forget_entity(id);
+        self.forget_cached();
+        Ok(EntityDeleted {
+            deleted_items: keys_to_delete.len(),
+            repairs,
+        })
+    }
+
+    /// Forget every cached config item, refusal and bucket image.
+    pub(crate) fn forget_cached(&self) {
         self.inner.config.clear();
         self.inner.rejections.clear();
         self.inner.images.clear();
-        Ok(keys_to_delete.len())
     }
 
     /// Store limits at a scope (replacing what was there). Existing buckets pick the new
     /// parameters up on their next acquire (the parameter hash on each bucket sends the fast
     /// path to the slow path, which re-materialises): at once in this process, within the
-    /// config cache TTL elsewhere.
+    /// config cache TTL elsewhere. A corrupt item at the scope is replaced (see
+    /// [`Limiter::set_limits_with_repairs`]).
     pub async fn set_limits(
         &self,
         scope: &Scope,
         limits: &[Limit],
         on_unavailable: Option<OnUnavailable>,
     ) -> Result<()> {
+        self.set_limits_with_repairs(scope, limits, on_unavailable)
+            .await
+            .map(drop)
+    }
+
+    /// [`Limiter::set_limits`], reporting the corrupt item it replaced (empty when the
+    /// scope's item was sound or absent). The write replaces the scope's config item whole
+    /// and without a condition, as it always does; the level's cascade policy is kept when
+    /// it can be read, and dropped (reported) when it is the corrupt part or the store cannot
+    /// decode the item at all.
+    pub async fn set_limits_with_repairs(
+        &self,
+        scope: &Scope,
+        limits: &[Limit],
+        on_unavailable: Option<OnUnavailable>,
+    ) -> Result<Vec<Repair>> {
         scope.validate()?;
         let mut names = std::collections::BTreeSet::new();
         for l in limits {
@@ -501,13 +584,24 @@ impl Limiter {
                 reason: "on_unavailable is stored at the system level only".into(),
             }));
         }
-        let key = scope.key(self.inner.ns());
+        let ns = self.inner.ns();
+        let key = scope.key(ns);
         let mut item = config::encode(limits, on_unavailable);
-        // The level's cascade policy (ADR-146) is not a limit: replacing limits keeps it.
-        if let Some(old) = self.inner.store.get(&key, true).await? {
-            if let Some(c) = config::decode_cascade(&old)? {
-                item.insert(config::CASCADE.into(), Value::Bool(c));
+        let mut repairs = Vec::new();
+        match doctor::read_for_repair(self.inner.store.as_ref(), ns, &key).await? {
+            Ok(None) => {}
+            Ok(Some(old)) => {
+                // The level's cascade policy (ADR-146) is not a limit: replacing limits keeps it.
+                let cascade = config::decode_cascade(&old).ok().flatten();
+                if let Some(c) = cascade {
+                    item.insert(config::CASCADE.into(), Value::Bool(c));
+                }
+                if let Some(c) = doctor::check_item(ns, &key, &old) {
+                    let dropped = c.attribute.as_deref() == Some(config::CASCADE);
+                    repairs.push(Repair::logged(c, replaced_action(dropped)));
+                }
             }
+            Err(c) => repairs.push(Repair::logged(c, replaced_action(true))),
         }
         self.inner
             .store
@@ -517,10 +611,8 @@ impl Limiter {
                 condition: None,
             })
             .await?;
-        self.inner.config.clear();
-        self.inner.rejections.clear();
-        self.inner.images.clear();
-        Ok(())
+        self.forget_cached();
+        Ok(repairs)
     }
 
     /// Limits stored at a scope (empty if none).
@@ -538,30 +630,50 @@ impl Limiter {
     }
 
     /// Delete the limits stored at a scope; `true` if there were any. The level's cascade
-    /// policy, if set, stays (see [`Limiter::set_cascade`]).
+    /// policy, if set, stays (see [`Limiter::set_cascade`]). A corrupt item is deleted (see
+    /// [`Limiter::delete_limits_with_repairs`]).
     pub async fn delete_limits(&self, scope: &Scope) -> Result<bool> {
+        Ok(self.delete_limits_with_repairs(scope).await?.0)
+    }
+
+    /// [`Limiter::delete_limits`], reporting the corrupt item it deleted. The cascade policy
+    /// is kept when it can be read, and lost (reported) when it is the corrupt part or the
+    /// store cannot decode the item.
+    pub async fn delete_limits_with_repairs(&self, scope: &Scope) -> Result<(bool, Vec<Repair>)> {
         scope.validate()?;
-        let key = scope.key(self.inner.ns());
-        let old = self
-            .inner
-            .store
+        let ns = self.inner.ns();
+        let key = scope.key(ns);
+        let store = &self.inner.store;
+        let mut repairs = Vec::new();
+        let deleted = match store
             .delete(DeleteRequest {
                 key: key.clone(),
                 condition: None,
             })
-            .await?;
-        if let Some(c) = old
-            .as_ref()
-            .map(config::decode_cascade)
-            .transpose()?
-            .flatten()
+            .await
         {
-            self.set_cascade(scope, Some(c)).await?;
-        }
-        self.inner.config.clear();
-        self.inner.rejections.clear();
-        self.inner.images.clear();
-        Ok(old.is_some())
+            Ok(None) => false,
+            Ok(Some(old)) => {
+                if let Some(c) = config::decode_cascade(&old).ok().flatten() {
+                    self.set_cascade(scope, Some(c)).await?;
+                }
+                if let Some(c) = doctor::check_item(ns, &key, &old) {
+                    let lost = c.attribute.as_deref() == Some(config::CASCADE);
+                    repairs.push(Repair::logged(c, deleted_action(lost)));
+                }
+                true
+            }
+            // The store cannot return the old item: delete it without.
+            Err(StoreError::Corrupt(m)) => {
+                store.purge(&key).await?;
+                let c = CorruptItem::from_message(ns, &key, &m);
+                repairs.push(Repair::logged(c, deleted_action(true)));
+                true
+            }
+            Err(e) => return Err(e.into()),
+        };
+        self.forget_cached();
+        Ok((deleted, repairs))
     }
 
     /// Set (`Some`) or unset (`None`) the cascade policy at a resource or entity scope

@@ -141,4 +141,15 @@ impl Store for LazyTable {
     fn backend(&self) -> &'static str {
         "dynamodb"
     }
+    async fn scan(
+        &self,
+        pk_prefix: &str,
+        after: Option<Key>,
+        limit: usize,
+    ) -> Result<tollgate_store::ScanPage, StoreError> {
+        self.s().await.scan(pk_prefix, after, limit).await
+    }
+    async fn purge(&self, key: &Key) -> Result<(), StoreError> {
+        self.s().await.purge(key).await
+    }
 }

@@ -120,6 +120,19 @@ impl Store for Outage {
     fn backend(&self) -> &'static str {
         self.inner.backend()
     }
+    async fn scan(
+        &self,
+        pk_prefix: &str,
+        after: Option<Key>,
+        limit: usize,
+    ) -> Result<tollgate_store::ScanPage, StoreError> {
+        self.gate().await?;
+        self.inner.scan(pk_prefix, after, limit).await
+    }
+    async fn purge(&self, key: &Key) -> Result<(), StoreError> {
+        self.gate().await?;
+        self.inner.purge(key).await
+    }
 }
 
 impl TestStore for Outage {
@@ -131,5 +144,8 @@ impl TestStore for Outage {
     }
     fn raw_delete(&self, key: &Key) {
         self.inner.raw_delete(key)
+    }
+    fn raw_put_undecodable(&self, key: &Key, item: Item, attribute: &str) -> bool {
+        self.inner.raw_put_undecodable(key, item, attribute)
     }
 }

@@ -7,6 +7,7 @@ pub mod cascade;
 pub mod exactness;
 pub mod gaps;
 pub mod outage;
+pub mod repair;
 pub mod schedules;
 pub mod sharded;
 pub mod shared_leases;
@@ -18,6 +19,11 @@ pub mod shared_leases;
 macro_rules! scenario_tests {
     ($backend:expr) => {
         $crate::__scenario_tests!($backend;
+            repair::doctor_lists_and_limits_set_replaces,
+            repair::entity_delete_removes_a_corrupt_entity,
+            repair::repairs_over_items_the_store_cannot_decode,
+            repair::doctor_finds_nothing_in_sound_items,
+            repair::doctor_repair_deletes_every_shard,
             shared_leases::shared_lease_commits_on_a_second_limiter,
             shared_leases::shared_rollback_refunds_once,
             shared_leases::resumed_leases_write_what_the_granting_limiter_would,
