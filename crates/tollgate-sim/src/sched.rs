@@ -303,6 +303,24 @@ impl Shared {
         }
     }
 
+    /// A read by `client` that hangs: what the caller will see (an outage at its deadline)
+    /// is recorded now, as a failed request of its operation on those items.
+    pub fn hung_read(&self, client: usize, keys: &[Key]) {
+        self.after_read(
+            client,
+            "hung(read)",
+            keys,
+            Some(&StoreError::Unavailable("sim: hung".into())),
+        );
+        let mut g = self.lock();
+        let st = &mut *g;
+        let op = st.current_op.get(client).copied().flatten();
+        let step = st.step;
+        for k in keys {
+            st.ledger.record_failed_write(op, k, step);
+        }
+    }
+
     /// Start a ledger operation for `client`.
     pub fn begin_op(&self, client: usize, kind: crate::ledger::OpKind) -> usize {
         let t = self.now();
@@ -615,6 +633,7 @@ impl Store for SimStore {
     async fn get(&self, key: &Key, consistent: bool) -> Result<Option<Item>, StoreError> {
         self.sh.turn(self.client).await;
         if self.sh.hang().is_some() {
+            self.sh.hung_read(self.client, std::slice::from_ref(key));
             tokio::time::sleep(HANG).await;
         }
         let r = self.sh.faulty.get(key, consistent).await;
@@ -635,6 +654,7 @@ impl Store for SimStore {
     ) -> Result<Vec<Option<Item>>, StoreError> {
         self.sh.turn(self.client).await;
         if self.sh.hang().is_some() {
+            self.sh.hung_read(self.client, keys);
             tokio::time::sleep(HANG).await;
         }
         let r = self.sh.faulty.batch_get(keys, consistent).await;
@@ -845,6 +865,7 @@ impl Store for SimStore {
     async fn query(&self, q: Query) -> Result<Vec<Item>, StoreError> {
         self.sh.turn(self.client).await;
         if self.sh.hang().is_some() {
+            self.sh.hung_read(self.client, &[]);
             tokio::time::sleep(HANG).await;
         }
         let r = self.sh.faulty.query(q).await;

@@ -484,11 +484,16 @@ impl Lease {
         // Rule "a refund repays the entity's debt": on a sharded entity a dripping refund
         // lands on its shard only while that shard is not in debt; otherwise it is spread
         // over the entity from the bottom up (`tollgate_core::spread::plan_refund`).
-        let sharded = s > 1 && !mutants::off(Mutant::EntityDebit);
+        // The shard count this limiter knows may be stale (the lease may date from before
+        // a doubling), so every dripping refund carries the "not in debt" condition; a
+        // failure shows the item, whose shard count then decides: spread over the
+        // entity's shards, or — one shard — repay that shard's own debt (`debt_ok`).
+        let guarded = !mutants::off(Mutant::EntityDebit);
+        let mut debt_ok = false;
         let drip = |n: &str| req.limits.iter().any(|l| l.name() == n && !l.is_quota());
-        let build = |o: &One, parts: &[Part]| -> UpdateRequest {
+        let build = |o: &One, parts: &[Part], debt_ok: bool| -> UpdateRequest {
             let mut condition = Condition::exists("PK");
-            if sharded {
+            if guarded && !debt_ok {
                 for (n, _) in o.refunds.iter().filter(|(n, _)| drip(n)) {
                     condition =
                         condition.and(Condition::ge(tollgate_core::keys::battr(n, "tk"), 0));
@@ -520,7 +525,7 @@ impl Lease {
         let news: Vec<Option<tollgate_core::value::Item>> = loop {
             // Per part: the old item when its condition failed (`Some(None)`: gone).
             let failed: Vec<(usize, Option<tollgate_core::value::Item>)> = if ones.len() == 1 {
-                let u = build(&ones[0], &self.parts);
+                let u = build(&ones[0], &self.parts, debt_ok);
                 match retrying(|| lim.store.update(u.clone())).await {
                     Ok(n) => break vec![n],
                     Err(StoreError::ConditionFailed { old }) => vec![(0, old.map(|b| *b))],
@@ -529,7 +534,7 @@ impl Lease {
             } else {
                 let ops: Vec<TransactOp> = ones
                     .iter()
-                    .map(|o| TransactOp::Update(build(o, &self.parts)))
+                    .map(|o| TransactOp::Update(build(o, &self.parts, debt_ok)))
                     .collect();
                 match retrying(|| lim.store.transact_write(ops.clone(), None)).await {
                     Ok(()) => break ones.iter().map(|_| None).collect(),
@@ -554,7 +559,18 @@ impl Lease {
                 return Err(Error::Unavailable(StoreError::TransactionConflict));
             }
             attempt += 1;
-            let in_debt = sharded
+            let seen_s = failed
+                .iter()
+                .filter_map(|(_, old)| old.as_ref())
+                .filter_map(|old| {
+                    old.get(attr::SHARD_COUNT)
+                        .and_then(tollgate_core::value::Value::as_n)
+                })
+                .fold(s, i64::max);
+            if seen_s > s {
+                lim.shards.raise(&req.entity, &req.resource, seen_s);
+            }
+            let in_debt = guarded
                 && failed.iter().any(|(j, old)| {
                     old.as_ref().is_some_and(|old| {
                         ones[*j].refunds.iter().any(|(n, _)| {
@@ -566,6 +582,11 @@ impl Lease {
                         })
                     })
                 });
+            if in_debt && seen_s <= 1 {
+                // One shard: the refund repays its own debt.
+                debt_ok = true;
+                continue;
+            }
             if in_debt {
                 let ride: Vec<crate::entity::RideAlong<'_>> = ones
                     .iter()
@@ -577,7 +598,7 @@ impl Lease {
                     })
                     .collect();
                 let first = self.parts[ones[0].part].shard;
-                let landed = lim.entity_charge(&req, s, first, &[], &ride).await?;
+                let landed = lim.entity_charge(&req, seen_s, first, &[], &ride).await?;
                 drop(ride);
                 // The refunds were taken off what each part holds; where they landed is
                 // the entity's.

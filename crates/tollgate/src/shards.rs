@@ -324,12 +324,17 @@ fn plan_drip_split(
         Some(x) => Condition::eq(gc, x),
         None => Condition::not_exists(gc),
     };
+    // The donor is pinned on the balance it was read with, not only on `rf`: a fast-path
+    // debit leaves `rf` alone, and a split landing after one would move tokens already
+    // spent (a shard at 0 going to −half, the new shard's half minted; found by the
+    // simulator's drip workload in 3 of 100,000 seeds).
     DripSeed::Split {
         donor: a,
         g,
         half,
         condition: Condition::exists("PK")
             .and(Condition::eq(attr::RF, img.rf))
+            .and(Condition::eq(battr(n, "tk"), st.tk))
             .and(generation),
     }
 }
