@@ -628,6 +628,48 @@ fn is_fanout(u: &Update) -> bool {
         .any(|a| matches!(a, Action::Set(n, SetValue::IfNotExists(_, _)) if n.ends_with("_wtc")))
 }
 
+impl SimStore {
+    /// Send a write through the hang fault. Without a hang: the write's result, for the
+    /// caller to record. With one: the write never reaches the store (`Lost`) or is applied
+    /// and its answer never comes (`Applied`); either way the outcome the caller will see
+    /// at its deadline is recorded now, and this waits out [`HANG`] (the caller's deadline
+    /// drops it first). `Err` carries the hung outcome, already recorded.
+    async fn hanging<T>(
+        &self,
+        keys: &[Key],
+        before: &[Option<Item>],
+        t_call: i64,
+        write: impl std::future::Future<Output = Result<T, StoreError>>,
+    ) -> Result<Result<T, StoreError>, StoreError> {
+        let Some(hang) = self.sh.hang() else {
+            return Ok(write.await);
+        };
+        let (kind, seen, answer) = match hang {
+            Hang::Lost => {
+                let e = StoreError::Unavailable("sim: hung before reaching the store".into());
+                ("hung(LOST)", e.clone(), e)
+            }
+            Hang::Applied => {
+                let hung = StoreError::Ambiguous("sim: applied, the answer hung".into());
+                match write.await {
+                    Ok(_) => ("hung(APPLIED)", hung.clone(), hung),
+                    Err(e) => ("hung", e, hung),
+                }
+            }
+        };
+        self.sh.after_write(
+            self.client,
+            kind,
+            keys,
+            before.to_vec(),
+            Some(&seen),
+            t_call,
+        );
+        tokio::time::sleep(HANG).await;
+        Err(answer)
+    }
+}
+
 #[async_trait]
 impl Store for SimStore {
     async fn get(&self, key: &Key, consistent: bool) -> Result<Option<Item>, StoreError> {
@@ -673,37 +715,9 @@ impl Store for SimStore {
         self.sh.turn(self.client).await;
         let keys = vec![req.key.clone()];
         let before = self.sh.images(&keys);
-        let hang = self.sh.hang();
-        if hang == Some(Hang::Lost) {
-            let e = StoreError::Unavailable("sim: hung before reaching the store".into());
-            self.sh
-                .after_write(self.client, "hung(LOST)", &keys, before, Some(&e), t_call);
-            tokio::time::sleep(HANG).await;
-            return Err(e);
-        }
-        let r = self.sh.faulty.put(req).await;
-        let hung = StoreError::Ambiguous("sim: applied, the answer hung".into());
-        let r = match (hang, r) {
-            (Some(_), Ok(_)) => {
-                self.sh.after_write(
-                    self.client,
-                    "hung(APPLIED)",
-                    &keys,
-                    before,
-                    Some(&hung),
-                    t_call,
-                );
-                tokio::time::sleep(HANG).await;
-                return Err(hung);
-            }
-            (Some(_), Err(e)) => {
-                self.sh
-                    .after_write(self.client, "hung", &keys, before, Some(&e), t_call);
-                tokio::time::sleep(HANG).await;
-                return Err(hung);
-            }
-            (None, r) => r,
-        };
+        let r = self
+            .hanging(&keys, &before, t_call, self.sh.faulty.put(req))
+            .await?;
         self.sh
             .after_write(self.client, "put", &keys, before, r.as_ref().err(), t_call);
         r
@@ -723,37 +737,9 @@ impl Store for SimStore {
                 .after_write(self.client, "fanout(LOST)", &keys, before, Some(&e), t_call);
             return Err(e);
         }
-        let hang = self.sh.hang();
-        if hang == Some(Hang::Lost) {
-            let e = StoreError::Unavailable("sim: hung before reaching the store".into());
-            self.sh
-                .after_write(self.client, "hung(LOST)", &keys, before, Some(&e), t_call);
-            tokio::time::sleep(HANG).await;
-            return Err(e);
-        }
-        let r = self.sh.faulty.update(req).await;
-        let hung = StoreError::Ambiguous("sim: applied, the answer hung".into());
-        let r = match (hang, r) {
-            (Some(_), Ok(_)) => {
-                self.sh.after_write(
-                    self.client,
-                    "hung(APPLIED)",
-                    &keys,
-                    before,
-                    Some(&hung),
-                    t_call,
-                );
-                tokio::time::sleep(HANG).await;
-                return Err(hung);
-            }
-            (Some(_), Err(e)) => {
-                self.sh
-                    .after_write(self.client, "hung", &keys, before, Some(&e), t_call);
-                tokio::time::sleep(HANG).await;
-                return Err(hung);
-            }
-            (None, r) => r,
-        };
+        let r = self
+            .hanging(&keys, &before, t_call, self.sh.faulty.update(req))
+            .await?;
         let kind = if fanout { "fanout" } else { "update" };
         self.sh
             .after_write(self.client, kind, &keys, before, r.as_ref().err(), t_call);
@@ -765,37 +751,9 @@ impl Store for SimStore {
         self.sh.turn(self.client).await;
         let keys = vec![req.key.clone()];
         let before = self.sh.images(&keys);
-        let hang = self.sh.hang();
-        if hang == Some(Hang::Lost) {
-            let e = StoreError::Unavailable("sim: hung before reaching the store".into());
-            self.sh
-                .after_write(self.client, "hung(LOST)", &keys, before, Some(&e), t_call);
-            tokio::time::sleep(HANG).await;
-            return Err(e);
-        }
-        let r = self.sh.faulty.delete(req).await;
-        let hung = StoreError::Ambiguous("sim: applied, the answer hung".into());
-        let r = match (hang, r) {
-            (Some(_), Ok(_)) => {
-                self.sh.after_write(
-                    self.client,
-                    "hung(APPLIED)",
-                    &keys,
-                    before,
-                    Some(&hung),
-                    t_call,
-                );
-                tokio::time::sleep(HANG).await;
-                return Err(hung);
-            }
-            (Some(_), Err(e)) => {
-                self.sh
-                    .after_write(self.client, "hung", &keys, before, Some(&e), t_call);
-                tokio::time::sleep(HANG).await;
-                return Err(hung);
-            }
-            (None, r) => r,
-        };
+        let r = self
+            .hanging(&keys, &before, t_call, self.sh.faulty.delete(req))
+            .await?;
         self.sh.after_write(
             self.client,
             "delete",
@@ -820,37 +778,14 @@ impl Store for SimStore {
             .map(|o| o.key().clone())
             .collect();
         let before = self.sh.images(&keys);
-        let hang = self.sh.hang();
-        if hang == Some(Hang::Lost) {
-            let e = StoreError::Unavailable("sim: hung before reaching the store".into());
-            self.sh
-                .after_write(self.client, "hung(LOST)", &keys, before, Some(&e), t_call);
-            tokio::time::sleep(HANG).await;
-            return Err(e);
-        }
-        let r = self.sh.faulty.transact_write(ops, token).await;
-        let hung = StoreError::Ambiguous("sim: applied, the answer hung".into());
-        let r = match (hang, r) {
-            (Some(_), Ok(_)) => {
-                self.sh.after_write(
-                    self.client,
-                    "hung(APPLIED)",
-                    &keys,
-                    before,
-                    Some(&hung),
-                    t_call,
-                );
-                tokio::time::sleep(HANG).await;
-                return Err(hung);
-            }
-            (Some(_), Err(e)) => {
-                self.sh
-                    .after_write(self.client, "hung", &keys, before, Some(&e), t_call);
-                tokio::time::sleep(HANG).await;
-                return Err(hung);
-            }
-            (None, r) => r,
-        };
+        let r = self
+            .hanging(
+                &keys,
+                &before,
+                t_call,
+                self.sh.faulty.transact_write(ops, token),
+            )
+            .await?;
         self.sh.after_write(
             self.client,
             "transact",
