@@ -1,0 +1,228 @@
+//! Creating a shard's item (seeded by a move or a split), and doubling the shard count.
+
+use super::*;
+
+impl Inner {
+    /// Create a missing shard item (Put if absent, in one transaction with the moves that
+    /// fund its quotas and the split that funds its dripping limits). Losing the race
+    /// continues on the winner's item.
+    pub(super) async fn create(
+        self: &Arc<Self>,
+        req: &Request,
+        shard: u32,
+        key: &Key,
+        now: i64,
+        moves: bool,
+        known: &mut Option<BucketImage>,
+    ) -> Pass<Lease> {
+        let cached = self.shards.get(&req.entity, &req.resource).unwrap_or(1);
+        if shard != 0 {
+            // A disabled entity stays disabled on the shards it grows.
+            let k0 = self.bucket_key(req, 0);
+            if let Some(i) = self.store.get(&k0, true).await? {
+                if BucketImage::decode(&i)?.disabled {
+                    return Err(Flow::Fail(Error::ResourceDisabled {
+                        entity: req.entity.clone(),
+                        resource: req.resource.clone(),
+                    }));
+                }
+            }
+        }
+        let all: Vec<&Limit> = req.limits.iter().collect();
+        let plan = shards::plan_seeds_of(
+            self,
+            req,
+            &all,
+            shard,
+            cached.max(shard as i64 + 1),
+            now,
+            moves,
+            true,
+        )
+        .await?;
+        if let Some(first) = plan.split_first {
+            // The family splits one level at a time: create the covering sibling's buddy
+            // (nothing charged there), then plan this slot again.
+            Box::pin(self.create_empty(req, first, moves)).await?;
+            return Err(Flow::Reread);
+        }
+        let s = plan.shard_count;
+        let now = plan.now.max(self.clock.now_ms());
+        let evals: Vec<Evaluated> = req
+            .limits
+            .iter()
+            .map(|l| evaluate(l, None, now, s, now, plan.seed(l.name())))
+            .collect();
+        let refusal = self.refuse(req, &evals, s, now);
+        if let (Some(x), true) = (&refusal, plan.moves.is_empty() && plan.splits.is_empty()) {
+            if s > 1 {
+                return self
+                    .entity_acquire(req, s, shard, now)
+                    .await
+                    .map_err(Flow::from);
+            }
+            return Err(Flow::Fail(Error::RateLimitExceeded(x.clone())));
+        }
+        let amounts: Vec<(String, i64)> = if refusal.is_some() {
+            Vec::new()
+        } else {
+            req.amounts.clone()
+        };
+        let rf = next_rf(now, None, &evals);
+        let stamp = ItemStamp {
+            rf,
+            vu: valid_until(&req.limits, &evals, now),
+            ttl: req.ttl,
+            ph: &req.ph,
+        };
+        let id = BucketIdentity {
+            ns: self.ns(),
+            entity: &req.entity,
+            resource: &req.resource,
+            shard,
+            shard_count: s,
+        };
+        let mut item = create_item(&id, &stamp, &req.limits, &evals, &amounts);
+        // ADR-146: the effective cascade policy is stamped on every item the slow path writes.
+        item.insert(attr::CASCADE.into(), req.cascade.into());
+        let put = PutRequest {
+            key: key.clone(),
+            item: item.clone(),
+            condition: Some(Condition::not_exists("PK")),
+        };
+        // A create on shard 0 is pinned by its own `attribute_not_exists(PK)`; any other
+        // shard that grants a quota pins shard 0's count as read.
+        let pin = match plan.shard0 {
+            Some(s0) if evals.iter().any(|e| e.gc.is_some()) => {
+                Some(s0.map_or(CountPin::Absent, CountPin::Count))
+            }
+            _ => None,
+        };
+        let mut moves_ops = plan.moves.clone();
+        moves_ops.extend(plan.splits.iter().cloned());
+        let landed = self
+            .commit_slot(req, shard, TransactOp::Put(put), &moves_ops, pin)
+            .await?;
+        match (landed, refusal) {
+            (Ok(_), Some(x)) => {
+                self.shards.raise(&req.entity, &req.resource, s);
+                self.images.forget(&req.entity, &req.resource, shard);
+                if s > 1 {
+                    return self
+                        .entity_acquire(req, s, shard, now)
+                        .await
+                        .map_err(Flow::from);
+                }
+                Err(Flow::Fail(Error::RateLimitExceeded(x)))
+            }
+            (Ok(_), None) => {
+                Stats::bump(&self.stats.slow_admits);
+                self.shards.raise(&req.entity, &req.resource, s);
+                for m in &moves_ops {
+                    self.rejections.forget(&req.entity, &req.resource, m.shard);
+                    self.images.forget(&req.entity, &req.resource, m.shard);
+                }
+                let mut full = item;
+                full.insert("PK".into(), key.pk.clone().into());
+                full.insert("SK".into(), key.sk.clone().into());
+                let new = self.remember(req, shard, Some(&full))?;
+                self.after_materialise(req, shard, s, &evals).await;
+                Ok(self.lease(req, shard, key.clone(), &evals, None, new, s, now))
+            }
+            (Err(LostLock(old)), _) => {
+                let old = old.as_deref().map(BucketImage::decode).transpose()?;
+                self.after_lost_lock(req, shard, key, s, i64::MIN, &evals, old, now, known)
+                    .await
+            }
+        }
+    }
+
+    /// Create shard `shard` charging nothing (an intermediate level of a dripping split);
+    /// losing the race to another creator is fine.
+    pub(super) async fn create_empty(
+        self: &Arc<Self>,
+        req: &Request,
+        shard: u32,
+        moves: bool,
+    ) -> Result<()> {
+        let empty = Request {
+            amounts: Vec::new(),
+            ..req.clone()
+        };
+        let key = self.bucket_key(req, shard);
+        match self.slow_once(&empty, shard, &key, moves, None).await {
+            Ok(_) | Err(Error::RateLimitExceeded(_)) => Ok(()),
+            Err(e) => Err(e),
+        }
+    }
+
+    /// Work that follows a landed materialising write: propagate opened windows.
+    pub(super) async fn after_materialise(
+        &self,
+        req: &Request,
+        shard: u32,
+        s: i64,
+        evals: &[Evaluated],
+    ) {
+        shards::fan_out(self, req, shard, s, evals).await;
+    }
+
+    /// Rule "shard doubling": double the count on shard 0 by compare-and-set (never above
+    /// 32, never lowered; a loser adopts the winner's count), then propagate it to the
+    /// other shards (best effort, monotone). Every shard written is sent to the slow path
+    /// once (`vu = 0`) so its dripping limits shrink to the new share.
+    pub(crate) async fn bump(&self, req: &Request, old: i64) -> Result<i64> {
+        if old >= MAX_SHARD_COUNT.min(self.opts.max_shard_count) {
+            return Ok(old);
+        }
+        let new = old * 2;
+        let key = self.bucket_key(req, 0);
+        let cond = Condition::exists("PK").and(if old == 1 {
+            Condition::not_exists(attr::SHARD_COUNT).or(Condition::eq(attr::SHARD_COUNT, 1))
+        } else {
+            Condition::eq(attr::SHARD_COUNT, old)
+        });
+        let r = self
+            .store
+            .update(UpdateRequest {
+                key,
+                // vu = 0: the next write on this shard takes the slow path and re-materialises
+                // its dripping limits at the new share (a stale full balance would otherwise
+                // be spent on top of the new shards' shares).
+                update: Update::new().set(attr::SHARD_COUNT, new).set(attr::VU, 0),
+                condition: Some(cond),
+                returns: ReturnValues::None,
+            })
+            .await;
+        let got = match r {
+            Ok(_) => {
+                Stats::bump(&self.stats.doublings);
+                tracing::info!(old, new, "shard count doubled");
+                for s in 1..old as u32 {
+                    let r = self
+                        .store
+                        .update(UpdateRequest {
+                            key: self.bucket_key(req, s),
+                            update: Update::new().set(attr::SHARD_COUNT, new).set(attr::VU, 0),
+                            condition: Some(
+                                Condition::exists("PK").and(Condition::lt(attr::SHARD_COUNT, new)),
+                            ),
+                            returns: ReturnValues::None,
+                        })
+                        .await;
+                    if let Err(e) = r {
+                        tracing::debug!(error = %e, shard = s, "shard count propagation skipped");
+                    }
+                }
+                new
+            }
+            Err(StoreError::ConditionFailed { old: item }) => match item {
+                Some(i) => BucketImage::decode(&i)?.shard_count.max(old),
+                None => old,
+            },
+            Err(e) => return Err(e.into()),
+        };
+        self.shards.raise(&req.entity, &req.resource, got);
+        Ok(got)
+    }
+}

@@ -1,0 +1,170 @@
+//! The speculative fast path: one conditional write on the drawn shard, probes of the
+//! other open shards, doubling when they are all busy.
+
+use super::*;
+
+impl Inner {
+    /// The speculative write on one shard, then probes and doubling as §4.3 says.
+    pub(super) async fn fast(
+        self: &Arc<Self>,
+        req: &Request,
+        shard: u32,
+        s: i64,
+        now: i64,
+    ) -> Result<Fast> {
+        let mut tried = vec![shard];
+        let mut images: Vec<BucketImage> = Vec::new();
+        let mut cur = shard;
+        loop {
+            // Each speculative write carries a fresh clock reading: its trust check is only
+            // as good as the `now` it compares.
+            let now = self.clock.now_ms();
+            match self.fast_once(req, cur, now).await? {
+                Ok(lease) => return Ok(Fast::Granted(Box::new(lease))),
+                Err(None) => {
+                    // Throttled: the partition is hot. Spread out if we can.
+                    let new_s = self.bump(req, s).await?;
+                    if new_s > s {
+                        return Ok(Fast::Slow(self.rng.draw(s as u32, new_s as u32), None));
+                    }
+                    return Ok(Fast::Slow(cur, None));
+                }
+                Err(Some((failure, img))) => match failure {
+                    FastFailure::Disabled => {
+                        return Err(Error::ResourceDisabled {
+                            entity: req.entity.clone(),
+                            resource: req.resource.clone(),
+                        })
+                    }
+                    FastFailure::Missing => return Ok(Fast::Slow(cur, None)),
+                    FastFailure::Expired
+                    | FastFailure::Boundary
+                    | FastFailure::ParamsChanged
+                    | FastFailure::LimitMissing => return Ok(Fast::Slow(cur, img.map(Box::new))),
+                    FastFailure::WcuExhausted | FastFailure::Both => {
+                        let img = img.ok_or_else(|| Error::Corrupt("no image".into()))?;
+                        if would_refill_satisfy(&img, &req.limits, &req.amounts, now) {
+                            // Rule #480: only a write-capacity shortfall doubles, never an
+                            // app-limit rejection.
+                            let wcu = evaluate_wcu(img.wcu.as_ref(), img.rf, now);
+                            if !shards::should_double(wcu.balance, img.shard_count) {
+                                return Ok(Fast::Slow(cur, Some(Box::new(img))));
+                            }
+                            let new_s = self.bump(req, img.shard_count.max(s)).await?;
+                            if new_s > s {
+                                return Ok(Fast::Slow(self.rng.draw(s as u32, new_s as u32), None));
+                            }
+                            return Ok(Fast::Slow(cur, Some(Box::new(img))));
+                        }
+                        images.push(img);
+                    }
+                    FastFailure::AppLimit => {
+                        let img = img.ok_or_else(|| Error::Corrupt("no image".into()))?;
+                        if would_refill_satisfy(&img, &req.limits, &req.amounts, now) {
+                            return Ok(Fast::Slow(cur, Some(Box::new(img))));
+                        }
+                        self.rejections
+                            .record(&req.entity, &req.resource, cur, img.clone(), now);
+                        images.push(img);
+                    }
+                },
+            }
+            // Probe up to 2 untried shards before refusing (ADR-134).
+            let s_now = self
+                .shards
+                .get(&req.entity, &req.resource)
+                .unwrap_or(s)
+                .max(s);
+            if s_now <= 1 || tried.len() >= 3 || tried.len() as i64 >= s_now {
+                break;
+            }
+            let untried: Vec<u32> = (0..s_now as u32).filter(|x| !tried.contains(x)).collect();
+            cur = untried[self.rng.draw(0, untried.len() as u32) as usize];
+            tried.push(cur);
+        }
+        let s_now = self
+            .shards
+            .get(&req.entity, &req.resource)
+            .unwrap_or(s)
+            .max(s);
+        if s_now > 1 {
+            // Rule "a debit belongs to the entity": the shards probed cannot pay, the
+            // entity may (read them all; admit across several, or refuse honestly).
+            return match self.entity_acquire(req, s_now, shard, now).await {
+                Ok(lease) => Ok(Fast::Granted(Box::new(lease))),
+                Err(Error::RateLimitExceeded(x)) => Ok(Fast::Rejected(x)),
+                Err(e) => Err(e),
+            };
+        }
+        match self.exceeded(
+            req,
+            &images.iter().map(Some).collect::<Vec<_>>(),
+            s_now,
+            now,
+        ) {
+            Some(x) => Ok(Fast::Rejected(x)),
+            // The image shows enough (a refill the stored balance did not carry yet): the
+            // slow path materialises it.
+            None => Ok(Fast::Slow(cur, images.pop().map(Box::new))),
+        }
+    }
+
+    /// One speculative write. `Ok(Ok(lease))` admitted; `Ok(Err(Some(..)))` refused with the
+    /// classified old image; `Ok(Err(None))` throttled.
+    #[allow(clippy::type_complexity)]
+    pub(super) async fn fast_once(
+        self: &Arc<Self>,
+        req: &Request,
+        shard: u32,
+        now: i64,
+    ) -> Result<std::result::Result<Lease, Option<(FastFailure, Option<BucketImage>)>>> {
+        let key = self.bucket_key(req, shard);
+        let (update, condition) = fast_write(&req.amounts, &req.limits, &req.ph, now);
+        let r = self
+            .store
+            .update(UpdateRequest {
+                key: key.clone(),
+                update,
+                condition: Some(condition),
+                returns: ReturnValues::AllNew,
+            })
+            .await;
+        match r {
+            Ok(new) => {
+                let img = returned_image(new.as_ref(), &key)?;
+                self.shards
+                    .raise(&req.entity, &req.resource, img.shard_count);
+                self.images
+                    .put(&req.entity, &req.resource, shard, img.clone());
+                Stats::bump(&self.stats.fast_admits);
+                let evals = self.evaluate_all(req, &img, now);
+                Ok(Ok(self.lease(
+                    req,
+                    shard,
+                    key,
+                    &evals,
+                    Some(&img),
+                    Some(img.clone()),
+                    img.shard_count,
+                    now,
+                )))
+            }
+            Err(StoreError::ConditionFailed { old }) => {
+                let img = old.as_deref().map(BucketImage::decode).transpose()?;
+                match &img {
+                    Some(i) => {
+                        self.shards.raise(&req.entity, &req.resource, i.shard_count);
+                        self.images
+                            .put(&req.entity, &req.resource, shard, i.clone());
+                    }
+                    None => self.images.forget(&req.entity, &req.resource, shard),
+                }
+                let f =
+                    classify_fast_failure(img.as_ref(), &req.amounts, &req.limits, &req.ph, now);
+                Ok(Err(Some((f, img))))
+            }
+            Err(StoreError::Throttled(_)) => Ok(Err(None)),
+            Err(e) => Err(e.into()),
+        }
+    }
+}

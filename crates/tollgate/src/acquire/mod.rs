@@ -1,0 +1,351 @@
+//! Acquire: the speculative fast path, the rf-locked slow path, create, the
+//! consumption-only retry, shard probing and doubling.
+
+mod admin;
+mod commit;
+mod create;
+mod fast;
+mod slow;
+mod status;
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use tollgate_core::bucket::{attr, BucketImage, MAX_SHARD_COUNT};
+use tollgate_core::expr::{Condition, ReturnValues, Update};
+use tollgate_core::ids::{validate_entity_id, validate_limit_name, validate_resource};
+use tollgate_core::keys;
+use tollgate_core::limit::{Limit, MAX_TOKENS, MILLI};
+use tollgate_core::materialize::{evaluate, evaluate_wcu, valid_until, Evaluated};
+use tollgate_core::status::{limit_status, ShardView};
+use tollgate_core::value::Key;
+use tollgate_core::writes::{
+    classify_fast_failure, create_item, fast_write, image_trusted, next_rf, normal_write,
+    params_hash, refund_pin, retry_write, ttl_for, would_refill_satisfy, BucketIdentity, Charging,
+    FastFailure, ItemStamp, TtlWrite,
+};
+use tollgate_core::{LimitStatus, RuleError};
+use tollgate_store::{CancelReason, PutRequest, StoreError, TransactOp, UpdateRequest};
+
+use crate::config::{OnUnavailable, Source};
+use crate::error::{Error, Exceeded, Flow, Pass, Result};
+use crate::lease::{Lease, Part};
+use crate::limiter::{Inner, Limiter, Stats};
+use crate::shards;
+
+/// Per-call options of an acquire.
+#[derive(Debug, Clone, Default)]
+pub struct AcquireOptions {
+    /// Use these limits instead of the stored ones.
+    pub limits: Option<Vec<Limit>>,
+    /// Override the fail-open / fail-closed policy for this call.
+    pub on_unavailable: Option<OnUnavailable>,
+}
+
+/// A validated request.
+#[derive(Debug, Clone)]
+pub(crate) struct Request {
+    pub entity: String,
+    pub resource: String,
+    /// Named amounts in millitokens.
+    pub amounts: Vec<(String, i64)>,
+    pub limits: Vec<Limit>,
+    pub ph: String,
+    pub ttl: TtlWrite,
+    /// The effective cascade policy, stamped on the items the slow path writes (ADR-146);
+    /// `request` leaves it off, the caller sets it from the resolved config.
+    pub cascade: bool,
+}
+
+/// Validate names and amounts (tokens → millitokens): negative, huge or duplicate amounts
+/// and malformed names are refused before anything is read.
+pub(crate) fn validate_amounts(amounts: &[(&str, i64)]) -> Result<Vec<(String, i64)>> {
+    let mut out: Vec<(String, i64)> = Vec::with_capacity(amounts.len());
+    for (n, a) in amounts {
+        validate_limit_name(n)?;
+        if *a < 0 {
+            return Err(Error::Invalid(RuleError::InvalidAmount {
+                limit: n.to_string(),
+                reason: "amounts must not be negative (use a lease adjustment to refund)",
+            }));
+        }
+        if *a > MAX_TOKENS {
+            return Err(Error::Invalid(RuleError::InvalidAmount {
+                limit: n.to_string(),
+                reason: "amount too large",
+            }));
+        }
+        if out.iter().any(|(x, _)| x == n) {
+            return Err(Error::Invalid(RuleError::InvalidAmount {
+                limit: n.to_string(),
+                reason: "named twice",
+            }));
+        }
+        out.push((n.to_string(), a * MILLI));
+    }
+    Ok(out)
+}
+
+/// What a quota grant pins on shard 0: the count it was sized at, or its absence.
+#[derive(Debug, Clone, Copy)]
+pub(crate) enum CountPin {
+    Count(i64),
+    Absent,
+}
+
+/// The slot's own conditional write failed (rf lock lost, create race lost, or a pinned
+/// balance moved); the item as it was when it failed, if known.
+pub(crate) struct LostLock(pub(crate) Option<Box<tollgate_core::value::Item>>);
+
+enum Fast {
+    Granted(Box<Lease>),
+    /// Take the slow path on this shard, planning from this image when one is known (a
+    /// failed write's old item: no read needed).
+    Slow(u32, Option<Box<BucketImage>>),
+    Rejected(Box<Exceeded>),
+}
+
+/// Whether a speculative write on `img` would fail for a reason only the slow path handles
+/// (its trust horizon passed, its parameters or limits changed, its TTL passed): then the
+/// slow path plans from `img` at once instead of spending a write to learn it.
+fn needs_materialising(img: &BucketImage, req: &Request, now: i64) -> bool {
+    !image_trusted(img, &req.limits, &req.amounts, now)
+        || img.ph.as_deref() != Some(req.ph.as_str())
+        || img.ttl.is_some_and(|t| t <= now / 1000)
+        || req.amounts.iter().any(|(n, _)| !img.limits.contains_key(n))
+}
+
+impl Limiter {
+    /// Acquire `amounts` (tokens per limit) of `resource` for `entity` with the stored limits.
+    pub async fn acquire(
+        &self,
+        entity: &str,
+        resource: &str,
+        amounts: &[(&str, i64)],
+    ) -> Result<Lease> {
+        self.acquire_with(entity, resource, amounts, AcquireOptions::default())
+            .await
+    }
+
+    /// Acquire with per-call options.
+    pub async fn acquire_with(
+        &self,
+        entity: &str,
+        resource: &str,
+        amounts: &[(&str, i64)],
+        opts: AcquireOptions,
+    ) -> Result<Lease> {
+        validate_entity_id(entity)?;
+        validate_resource(resource)?;
+        let amounts = validate_amounts(amounts)?;
+        let inner = &self.inner;
+        let mut policy = opts.on_unavailable;
+        let r = async {
+            let now = inner.clock.now_ms();
+            let res = inner
+                .config
+                .resolve(inner.store.as_ref(), inner.ns(), entity, resource, now)
+                .await?;
+            let (limits, source) = match opts.limits {
+                Some(l) => (l, Source::Override),
+                None => {
+                    if policy.is_none() {
+                        policy = res.on_unavailable;
+                    }
+                    (res.limits, res.source)
+                }
+            };
+            if let Some(m) = res.unreachable {
+                // The config read just waited out the store: answer by the policy now.
+                return Err(Error::Unavailable(StoreError::Unavailable(m)));
+            }
+            let req = Request {
+                cascade: res.cascade,
+                ..inner.request(entity, resource, amounts, limits, source, now)?
+            };
+            // ADR-146: the parent is charged with its own resolved limits (resolved before
+            // any write, so a parent without limits fails without debiting the child).
+            let parent = match (&res.parent_id, res.cascade) {
+                (Some(p), true) => {
+                    let pres = inner
+                        .config
+                        .resolve(inner.store.as_ref(), inner.ns(), p, resource, now)
+                        .await?;
+                    Some(crate::cascade::parent_request(
+                        inner,
+                        &req,
+                        p,
+                        pres.limits,
+                        pres.source,
+                        pres.cascade,
+                        now,
+                    )?)
+                }
+                _ => None,
+            };
+            inner.acquire_cascade(&req, parent.as_ref()).await
+        }
+        .await;
+        // Rule "only an outage fails open": a misconfiguration, corrupt data or contention
+        // never admits, whatever the policy.
+        match r {
+            Err(e)
+                if e.is_outage()
+                    && policy
+                        .or_else(|| inner.config.last_policy(inner.clock.now_ms()))
+                        .unwrap_or(inner.opts.on_unavailable)
+                        == OnUnavailable::Allow =>
+            {
+                tracing::warn!(error = %e, entity, resource, "store unavailable: admitting (on_unavailable = allow)");
+                Stats::bump(&inner.stats.degraded);
+                Ok(Lease::degraded(entity, resource))
+            }
+            r => r,
+        }
+    }
+}
+
+/// The item a successful write returned (`ALL_NEW`), decoded.
+fn returned_image(new: Option<&tollgate_core::value::Item>, key: &Key) -> Result<BucketImage> {
+    new.map(BucketImage::decode)
+        .transpose()?
+        .ok_or_else(|| Error::Corrupt(format!("{key}: no item returned")))
+}
+
+pub(crate) fn backoff(attempt: u32) -> Duration {
+    Duration::from_millis(25u64 << attempt.min(3))
+}
+
+impl Inner {
+    pub(crate) fn request(
+        &self,
+        entity: &str,
+        resource: &str,
+        amounts: Vec<(String, i64)>,
+        limits: Vec<Limit>,
+        source: Source,
+        now: i64,
+    ) -> Result<Request> {
+        if limits.is_empty() {
+            return Err(Error::NoLimits {
+                entity: entity.into(),
+                resource: resource.into(),
+            });
+        }
+        for (n, _) in &amounts {
+            if !limits.iter().any(|l| l.name() == n) {
+                return Err(Error::UnknownLimit {
+                    limit: n.clone(),
+                    resource: resource.into(),
+                    known: limits
+                        .iter()
+                        .map(|l| l.name())
+                        .collect::<Vec<_>>()
+                        .join(", "),
+                });
+            }
+        }
+        let ttl = match source {
+            Source::Entity => TtlWrite::Remove,
+            _ => match ttl_for(&limits, now, self.opts.ttl_multiplier) {
+                Some(t) => TtlWrite::Set(t),
+                None => TtlWrite::Remove,
+            },
+        };
+        Ok(Request {
+            entity: entity.into(),
+            resource: resource.into(),
+            ph: params_hash(&limits),
+            amounts,
+            limits,
+            ttl,
+            cascade: false,
+        })
+    }
+
+    pub(crate) fn bucket_key(&self, req: &Request, shard: u32) -> Key {
+        keys::bucket(self.ns(), &req.entity, &req.resource, shard)
+    }
+
+    pub(crate) async fn acquire(self: &Arc<Self>, req: &Request) -> Result<Lease> {
+        let now = self.clock.now_ms();
+        let cached = self.shards.get(&req.entity, &req.resource);
+        let r = match cached {
+            Some(s) if self.opts.speculative => match self.local_decision(req, s, now) {
+                Err(x) => {
+                    Stats::bump(&self.stats.local_rejections);
+                    Err(Error::RateLimitExceeded(x))
+                }
+                Ok(shard) => {
+                    // Rule "plan from what the store last said": a shard this process last
+                    // saw past its trust horizon is materialised from that image, in one
+                    // write, rather than refused by a speculative write first.
+                    let known = self
+                        .images
+                        .get(&req.entity, &req.resource, shard)
+                        .filter(|img| needs_materialising(img, req, now) && !img.disabled);
+                    match known {
+                        Some(img) => self.slow(req, shard, Some(img)).await,
+                        None => match self.fast(req, shard, s, now).await? {
+                            Fast::Granted(l) => Ok(*l),
+                            Fast::Rejected(x) => Err(Error::RateLimitExceeded(x)),
+                            Fast::Slow(shard, img) => self.slow(req, shard, img.map(|b| *b)).await,
+                        },
+                    }
+                }
+            },
+            Some(s) => {
+                let shard = self.rng.draw(0, s as u32);
+                self.slow(req, shard, None).await
+            }
+            None => self.slow(req, 0, None).await,
+        };
+        if let Err(Error::RateLimitExceeded(_)) = &r {
+            Stats::bump(&self.stats.rejections);
+        }
+        r
+    }
+
+    /// ADR-147: refuse with no store request when every shard's trusted view is short;
+    /// otherwise draw a shard not known to be short.
+    fn local_decision(
+        &self,
+        req: &Request,
+        s: i64,
+        now: i64,
+    ) -> std::result::Result<u32, Box<Exceeded>> {
+        let open = self.open_shards(req, s, now)?;
+        Ok(open[self.rng.draw(0, open.len() as u32) as usize])
+    }
+
+    /// ADR-147: the shards not known (from this process's trusted rejection views) to be
+    /// short for `req`; the refusal when every one of the `s` shards is.
+    pub(crate) fn open_shards(
+        &self,
+        req: &Request,
+        s: i64,
+        now: i64,
+    ) -> std::result::Result<Vec<u32>, Box<Exceeded>> {
+        let mut open = Vec::new();
+        let mut views = Vec::new();
+        for shard in 0..s as u32 {
+            match self.rejections.view(&req.entity, &req.resource, shard, now) {
+                Some(img) if !would_refill_satisfy(&img, &req.limits, &req.amounts, now) => {
+                    views.push(img)
+                }
+                _ => open.push(shard),
+            }
+        }
+        if open.is_empty() {
+            if let Some(x) = self.exceeded(req, &views.iter().map(Some).collect::<Vec<_>>(), s, now)
+            {
+                return Err(x);
+            }
+            // Every shard is short on its own but together they cover it: draw any (the
+            // store decides, across shards if need be).
+            return Ok((0..s as u32).collect());
+        }
+        Ok(open)
+    }
+}

@@ -1,0 +1,389 @@
+//! The rf-locked slow path: read (or take a known image), plan, write; after a lost lock,
+//! the consumption-only retry or a re-plan. One bounded loop of passes.
+
+use super::*;
+
+impl Inner {
+    /// The slow path on one shard: a consistent read (unless the image is known: the last
+    /// one this process saw, or a failed write's old item), then create, the rf-locked
+    /// normal write, or — when the lock was lost to a writer that left the item trusted —
+    /// the consumption-only retry.
+    ///
+    /// Rule "contention is not an outage" (Q11): a transaction that keeps conflicting
+    /// (1 try + 3 retries) is retried once more with quota moves disabled (the slot then
+    /// gets no grant from a busy donor), and if that still conflicts the request fails with
+    /// [`Error::Contended`] — never `Unavailable`, so `on_unavailable = allow` does not
+    /// admit a contended entity without limit, and never a refusal that would claim the
+    /// entity cannot pay.
+    pub(crate) async fn slow(
+        self: &Arc<Self>,
+        req: &Request,
+        shard: u32,
+        known: Option<BucketImage>,
+    ) -> Result<Lease> {
+        let key = self.bucket_key(req, shard);
+        let mut attempt = 0;
+        let mut moves = true;
+        let mut known = known;
+        loop {
+            let r = self.slow_once(req, shard, &key, moves, known.take()).await;
+            match r {
+                Err(Error::Unavailable(e)) if e.is_retryable() && attempt < 3 => {
+                    tokio::time::sleep(backoff(attempt)).await;
+                    attempt += 1;
+                }
+                Err(Error::Unavailable(StoreError::TransactionConflict)) if moves => {
+                    tracing::debug!("transaction keeps conflicting: retrying without quota moves");
+                    moves = false;
+                    attempt = 0;
+                }
+                Err(Error::Unavailable(StoreError::TransactionConflict)) => {
+                    return Err(Error::Contended {
+                        entity: req.entity.clone(),
+                        resource: req.resource.clone(),
+                    });
+                }
+                r => return r,
+            }
+        }
+    }
+
+    pub(super) async fn slow_once(
+        self: &Arc<Self>,
+        req: &Request,
+        shard: u32,
+        key: &Key,
+        moves: bool,
+        known: Option<BucketImage>,
+    ) -> Result<Lease> {
+        // ADR-145: a lost move re-plans once, then seeds with moves disabled.
+        let mut moves = moves;
+        let mut replanned = false;
+        let mut rereads = 0;
+        let mut known = known;
+        loop {
+            match self.slow_attempt(req, shard, key, moves, &mut known).await {
+                Err(Flow::Reread) if rereads < 6 => rereads += 1,
+                Err(Flow::MoveLost) if !replanned => replanned = true,
+                Err(Flow::MoveLost) if moves => moves = false,
+                r => return r.map_err(Flow::into_error),
+            }
+        }
+    }
+
+    /// One slow-path pass. `known`: the image to plan from instead of reading (taken); a
+    /// pass that must be re-planned leaves the image its failed write returned there.
+    pub(super) async fn slow_attempt(
+        self: &Arc<Self>,
+        req: &Request,
+        shard: u32,
+        key: &Key,
+        moves: bool,
+        known: &mut Option<BucketImage>,
+    ) -> Pass<Lease> {
+        let img = match known.take() {
+            Some(img) => img,
+            None => match self.store.get(key, true).await? {
+                None => {
+                    let now = self.clock.now_ms();
+                    return self.create(req, shard, key, now, moves, known).await;
+                }
+                Some(item) => BucketImage::decode(&item)?,
+            },
+        };
+        // The clock is read after the item: a write is only as fresh as the `now` it
+        // carries (its refill, its trust horizon).
+        let now = self.clock.now_ms();
+        if img.disabled {
+            return Err(Flow::Fail(Error::ResourceDisabled {
+                entity: req.entity.clone(),
+                resource: req.resource.clone(),
+            }));
+        }
+        let img_rf = img.rf;
+        let cached = self.shards.get(&req.entity, &req.resource).unwrap_or(1);
+        let missing: Vec<&Limit> = req
+            .limits
+            .iter()
+            .filter(|l| !img.limits.contains_key(l.name()))
+            .collect();
+        let plan = if missing.is_empty() {
+            shards::SeedPlan::default()
+        } else {
+            shards::plan_seeds(
+                self,
+                req,
+                &missing,
+                shard,
+                cached.max(img.shard_count),
+                now,
+                moves,
+            )
+            .await?
+        };
+        let now = if missing.is_empty() {
+            now
+        } else {
+            // The seed plan read the siblings: the clock again, after that read.
+            plan.now.max(self.clock.now_ms())
+        };
+        let mut s = cached.max(img.shard_count).max(plan.shard_count);
+        let eval_all = |s: i64| -> Vec<Evaluated> {
+            req.limits
+                .iter()
+                .map(|l| {
+                    let st = img.limits.get(l.name());
+                    evaluate(l, st, img.rf, s, now, plan.seed(l.name()))
+                })
+                .collect()
+        };
+        let mut evals = eval_all(s);
+        // A quota granted, reset or rolled on this pass is sized at the entity's shard count,
+        // and shard 0 holds it: read it (consistently) on any other shard.
+        let grants = evals.iter().any(|e| e.gc.is_some());
+        let mut pin = grants.then_some(CountPin::Count(s));
+        if grants && shard != 0 {
+            let s0 = match plan.shard0 {
+                Some(s0) => s0,
+                None => self.shard0_count(req).await?,
+            };
+            pin = Some(s0.map_or(CountPin::Absent, CountPin::Count));
+            if s0.unwrap_or(1) > s {
+                s = s0.unwrap_or(1);
+                evals = eval_all(s);
+            }
+        }
+        self.shards.raise(&req.entity, &req.resource, s);
+        let refusal = self.refuse(req, &evals, s, now);
+        if let (Some(x), true) = (&refusal, plan.moves.is_empty()) {
+            self.rejections
+                .record(&req.entity, &req.resource, shard, img, now);
+            if s > 1 {
+                return self
+                    .entity_acquire(req, s, shard, now)
+                    .await
+                    .map_err(Flow::from);
+            }
+            return Err(Flow::Fail(Error::RateLimitExceeded(x.clone())));
+        }
+        // A refused request whose seed planned a move still commits the move, with nothing
+        // consumed (the grant is the slot's either way).
+        let amounts: Vec<(String, i64)> = if refusal.is_some() {
+            Vec::new()
+        } else {
+            req.amounts.clone()
+        };
+        let (write, rf_written) =
+            self.materialising_write(req, key, &img, &evals, &amounts, Charging::default(), now);
+        let landed = self
+            .commit_slot(req, shard, TransactOp::Update(write), &plan.moves, pin)
+            .await?;
+        match (landed, refusal) {
+            (Ok(_), Some(x)) => {
+                self.images.forget(&req.entity, &req.resource, shard);
+                if s > 1 {
+                    return self
+                        .entity_acquire(req, s, shard, now)
+                        .await
+                        .map_err(Flow::from);
+                }
+                Err(Flow::Fail(Error::RateLimitExceeded(x)))
+            }
+            (Ok(new), None) => {
+                Stats::bump(&self.stats.slow_admits);
+                self.rejections.forget(&req.entity, &req.resource, shard);
+                for m in &plan.moves {
+                    self.rejections.forget(&req.entity, &req.resource, m.shard);
+                }
+                let new = self.remember(req, shard, new.as_deref())?;
+                debug_assert!(new.as_ref().is_none_or(|n| n.rf == rf_written));
+                self.after_materialise(req, shard, s, &evals).await;
+                Ok(self.lease(req, shard, key.clone(), &evals, None, new, s, now))
+            }
+            (Err(LostLock(old)), _) => {
+                let old = old.as_deref().map(BucketImage::decode).transpose()?;
+                self.after_lost_lock(req, shard, key, s, img_rf, &evals, old, now, known)
+                    .await
+            }
+        }
+    }
+
+    /// The rf-locked write that materialises `evals` on the item `img` and charges
+    /// `amounts` (the normal write, §4.4), returning its new image; never onto a disabled
+    /// item. Also returns the `rf` it stamps.
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn materialising_write(
+        &self,
+        req: &Request,
+        key: &Key,
+        img: &BucketImage,
+        evals: &[Evaluated],
+        amounts: &[(String, i64)],
+        charging: Charging<'_>,
+        now: i64,
+    ) -> (UpdateRequest, i64) {
+        let wcu = evaluate_wcu(img.wcu.as_ref(), img.rf, now);
+        let rf = next_rf(now, Some(img.rf), evals);
+        let stamp = ItemStamp {
+            rf,
+            vu: valid_until(&req.limits, evals, now),
+            ttl: req.ttl,
+            ph: &req.ph,
+        };
+        let (update, condition) =
+            normal_write(img.rf, &stamp, &req.limits, evals, &wcu, amounts, charging);
+        (
+            UpdateRequest {
+                key: key.clone(),
+                update: update.set(attr::CASCADE, req.cascade),
+                condition: Some(condition.and(Condition::not_exists(attr::DISABLED))),
+                returns: ReturnValues::AllNew,
+            },
+            rf,
+        )
+    }
+
+    /// Remember the image a write returned (`ALL_NEW`) for the next plan; `None` when the
+    /// write returned nothing (a transaction): the shard's entry is dropped.
+    pub(crate) fn remember(
+        &self,
+        req: &Request,
+        shard: u32,
+        new: Option<&tollgate_core::value::Item>,
+    ) -> Result<Option<BucketImage>> {
+        match new {
+            Some(i) => {
+                let img = BucketImage::decode(i)?;
+                self.images
+                    .put(&req.entity, &req.resource, shard, img.clone());
+                Ok(Some(img))
+            }
+            None => {
+                self.images.forget(&req.entity, &req.resource, shard);
+                Ok(None)
+            }
+        }
+    }
+
+    /// The slot's own conditional write failed (the rf lock lost to another writer, a
+    /// pinned balance moved, a create race lost): decide from the item it returned. A
+    /// writer that left the item trusted (`vu` later than now) lets the consumption-only
+    /// retry compose with it; otherwise the pass is re-planned from that image (no read).
+    #[allow(clippy::too_many_arguments)]
+    pub(super) async fn after_lost_lock(
+        self: &Arc<Self>,
+        req: &Request,
+        shard: u32,
+        key: &Key,
+        s: i64,
+        read_rf: i64,
+        evals: &[Evaluated],
+        old: Option<BucketImage>,
+        now: i64,
+        known: &mut Option<BucketImage>,
+    ) -> Pass<Lease> {
+        let Some(old) = old else {
+            // The item is gone: read again (and create it).
+            return Err(Flow::Reread);
+        };
+        if old.disabled {
+            return Err(Flow::Fail(Error::ResourceDisabled {
+                entity: req.entity.clone(),
+                resource: req.resource.clone(),
+            }));
+        }
+        self.shards
+            .raise(&req.entity, &req.resource, old.shard_count);
+        self.images
+            .put(&req.entity, &req.resource, shard, old.clone());
+        // The lock is still ours (rf unchanged) but a pinned balance moved: re-plan rather
+        // than spend the pre-reset balance.
+        let lock_held = old.rf == read_rf;
+        let trusted = image_trusted(&old, &req.limits, &req.amounts, now);
+        if (lock_held
+            && evals
+                .iter()
+                .any(|e| e.transition.is_set() || e.gc.is_some()))
+            || !trusted
+            || needs_materialising(&old, req, now)
+        {
+            *known = Some(old);
+            return Err(Flow::Reread);
+        }
+        match self.retry(req, shard, key, s, now).await? {
+            Ok(lease) => Ok(lease),
+            Err(Some(img)) => {
+                *known = Some(img);
+                Err(Flow::Reread)
+            }
+            Err(None) => Err(Flow::Reread),
+        }
+    }
+
+    /// The consumption-only retry after a lost rf lock or create race, on an item whose
+    /// writer left it trusted. `Ok(Err(image))`: the item is no longer trusted (or changed
+    /// shape): re-plan from the image it returned.
+    pub(super) async fn retry(
+        self: &Arc<Self>,
+        req: &Request,
+        shard: u32,
+        key: &Key,
+        s: i64,
+        now: i64,
+    ) -> Result<std::result::Result<Lease, Option<BucketImage>>> {
+        let now = self.clock.now_ms().max(now);
+        let (update, condition) = retry_write(&req.amounts, &req.limits, now);
+        let r = self
+            .store
+            .update(UpdateRequest {
+                key: key.clone(),
+                update,
+                condition: Some(condition),
+                returns: ReturnValues::AllNew,
+            })
+            .await;
+        match r {
+            Ok(new) => {
+                let img = returned_image(new.as_ref(), key)?;
+                self.images
+                    .put(&req.entity, &req.resource, shard, img.clone());
+                Stats::bump(&self.stats.slow_admits);
+                let evals = self.evaluate_all(req, &img, now);
+                Ok(Ok(self.lease(
+                    req,
+                    shard,
+                    key.clone(),
+                    &evals,
+                    Some(&img),
+                    Some(img.clone()),
+                    s,
+                    now,
+                )))
+            }
+            Err(StoreError::ConditionFailed { old }) => {
+                let Some(img) = old.as_deref().map(BucketImage::decode).transpose()? else {
+                    return Ok(Err(None));
+                };
+                self.images
+                    .put(&req.entity, &req.resource, shard, img.clone());
+                if img.disabled {
+                    return Err(Error::ResourceDisabled {
+                        entity: req.entity.clone(),
+                        resource: req.resource.clone(),
+                    });
+                }
+                if needs_materialising(&img, req, now) {
+                    return Ok(Err(Some(img)));
+                }
+                if s > 1 {
+                    return self.entity_acquire(req, s, shard, now).await.map(Ok);
+                }
+                match self.exceeded(req, &[Some(&img)], s, now) {
+                    Some(x) => Err(Error::RateLimitExceeded(x)),
+                    None => Ok(Err(Some(img))),
+                }
+            }
+            Err(e) => Err(e.into()),
+        }
+    }
+}

@@ -1,0 +1,187 @@
+//! Statuses and refusals: every limit's view of the entity after (or instead of) a debit.
+
+use super::*;
+
+impl Inner {
+    pub(crate) fn evaluate_all(
+        &self,
+        req: &Request,
+        img: &BucketImage,
+        now: i64,
+    ) -> Vec<Evaluated> {
+        req.limits
+            .iter()
+            .map(|l| {
+                evaluate(
+                    l,
+                    img.limits.get(l.name()),
+                    img.rf,
+                    img.shard_count,
+                    now,
+                    None,
+                )
+            })
+            .collect()
+    }
+
+    /// A granted lease. `landed` is the item a write that applied no transition returned
+    /// (fast path, consumption-only retry): `evals` were materialised from it and already
+    /// reflect the debit, and the debit belongs to its stored period and window, whatever a
+    /// materialisation at `now` projects. `None`: `evals` are what the write stored, before
+    /// the debit (slow path, create). Statuses always report the balance after the debit.
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn lease(
+        self: &Arc<Self>,
+        req: &Request,
+        shard: u32,
+        key: Key,
+        evals: &[Evaluated],
+        landed: Option<&BucketImage>,
+        after: Option<BucketImage>,
+        s: i64,
+        now: i64,
+    ) -> Lease {
+        let debited = landed.is_some();
+        let mut pins = BTreeMap::new();
+        let mut statuses = Vec::new();
+        for (l, e) in req.limits.iter().zip(evals) {
+            let (ws, pe, rf) = match landed {
+                Some(img) => {
+                    let st = img.limits.get(l.name());
+                    (st.and_then(|st| st.ws), st.and_then(|st| st.pe), img.rf)
+                }
+                None => (e.ws, e.pe, now),
+            };
+            if let Some(p) = refund_pin(l, ws, pe, rf) {
+                pins.insert(l.name().to_string(), p);
+            }
+            if let Some((_, a)) = req.amounts.iter().find(|(n, _)| n == l.name()) {
+                // The write landed: a window this pass opened is in force now.
+                let after = Evaluated {
+                    balance: if debited { e.balance } else { e.balance - a },
+                    opened: false,
+                    ..e.clone()
+                };
+                let view = ShardView {
+                    eval: &after,
+                    shard_count: s,
+                    carry: e.carry.unwrap_or(0),
+                };
+                statuses.push(limit_status(l, &[view], *a, false, now));
+            }
+        }
+        let part = Part {
+            shard,
+            key,
+            held: req.amounts.iter().cloned().collect(),
+            pins,
+            image: after,
+        };
+        Lease::granted(self.clone(), req, vec![part], statuses)
+    }
+
+    /// The refusal the shard images at hand support: `None` when, by them, the entity
+    /// covers every named limit (a refill or refund the failed write did not see) — the
+    /// caller then materialises instead of refusing (rule "a refusal never says
+    /// available").
+    pub(crate) fn exceeded(
+        &self,
+        req: &Request,
+        images: &[Option<&BucketImage>],
+        s: i64,
+        now: i64,
+    ) -> Option<Box<Exceeded>> {
+        let statuses = self.statuses(req, images, s, now, Some(&req.amounts));
+        statuses
+            .iter()
+            .any(|s| s.exceeded)
+            .then(|| Box::new(Exceeded::new(&req.entity, &req.resource, statuses)))
+    }
+
+    /// Entity-wide statuses of the limits `req` names, summed over the shard images given
+    /// (index = shard). A missing shard counts for nothing while any shard exists (a new
+    /// shard is funded from its siblings: a move for quotas, a split for dripping limits),
+    /// and as a fresh one when none does. A limit is exceeded when `judged` names it and the
+    /// entity's balance (every shard's, debt counted) does not cover its amount.
+    pub(crate) fn statuses(
+        &self,
+        req: &Request,
+        images: &[Option<&BucketImage>],
+        s: i64,
+        now: i64,
+        judged: Option<&[(String, i64)]>,
+    ) -> Vec<LimitStatus> {
+        let none_exist = images.iter().all(|i| i.is_none());
+        let mut out = Vec::new();
+        for (l, a) in req.limits.iter().filter_map(|l| {
+            req.amounts
+                .iter()
+                .find(|(n, _)| n == l.name())
+                .map(|(_, a)| (l, *a))
+        }) {
+            let evals: Vec<Evaluated> = images
+                .iter()
+                .filter_map(|img| match img {
+                    Some(img) => Some(evaluate(
+                        l,
+                        img.limits.get(l.name()),
+                        img.rf,
+                        s.max(img.shard_count),
+                        now,
+                        None,
+                    )),
+                    None if none_exist => Some(evaluate(l, None, now, s, now, None)),
+                    None => None,
+                })
+                .collect();
+            let views: Vec<ShardView<'_>> = evals
+                .iter()
+                .map(|e| ShardView {
+                    eval: e,
+                    shard_count: s,
+                    carry: e.carry.unwrap_or(0),
+                })
+                .collect();
+            let total: i64 = evals.iter().map(|e| e.balance).sum();
+            let exceeded = judged
+                .and_then(|j| j.iter().find(|(n, _)| n == l.name()))
+                .is_some_and(|(_, want)| total < *want);
+            out.push(limit_status(l, &views, a, exceeded, now));
+        }
+        out
+    }
+
+    /// Refuse when a named limit's materialised balance does not cover its amount.
+    pub(super) fn refuse(
+        &self,
+        req: &Request,
+        evals: &[Evaluated],
+        s: i64,
+        now: i64,
+    ) -> Option<Box<Exceeded>> {
+        let short = req.limits.iter().zip(evals).any(|(l, e)| {
+            req.amounts
+                .iter()
+                .any(|(n, a)| n == l.name() && e.balance < *a)
+        });
+        if !short {
+            return None;
+        }
+        let mut statuses = Vec::new();
+        for (l, e) in req.limits.iter().zip(evals) {
+            if let Some((_, a)) = req.amounts.iter().find(|(n, _)| n == l.name()) {
+                let view = ShardView {
+                    eval: e,
+                    shard_count: s,
+                    carry: e.carry.unwrap_or(0),
+                };
+                statuses.push(limit_status(l, &[view], *a, e.balance < *a, now));
+            }
+        }
+        Some(Box::new(Exceeded::new(
+            &req.entity,
+            &req.resource,
+            statuses,
+        )))
+    }
+}
