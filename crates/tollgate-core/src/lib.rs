@@ -17,6 +17,7 @@ pub mod materialize;
 pub mod mutants;
 pub mod refill;
 pub mod schedule;
+pub mod seeding;
 pub mod spread;
 pub mod status;
 pub mod value;
