@@ -12,6 +12,7 @@ pub mod expr;
 pub mod grant;
 pub mod ids;
 pub mod keys;
+pub mod lease;
 pub mod limit;
 pub mod materialize;
 pub mod mutants;

@@ -29,7 +29,6 @@ use std::sync::Arc;
 use tollgate_core::bucket::BucketImage;
 use tollgate_core::expr::Condition;
 use tollgate_core::limit::{MAX_TOKENS, MILLI};
-use tollgate_core::mutants::{self, Mutant};
 use tollgate_core::value::Key;
 use tollgate_core::{Limit, LimitStatus, RuleError};
 use tollgate_store::StoreError;
@@ -239,16 +238,14 @@ impl Lease {
         }
         let held = self.held().get(limit).copied().unwrap_or(0);
         let pending = self.pending.get(limit).copied().unwrap_or(0);
-        let net = held
-            .saturating_add(pending)
-            .saturating_add(delta.saturating_mul(MILLI));
-        if net < 0 && !mutants::off(Mutant::LeaseNet) {
-            return Err(Error::InvalidAdjustment {
-                limit: limit.into(),
-                delta,
-                consumed: (held + pending) / MILLI,
-            });
-        }
+        let next =
+            tollgate_core::lease::adjust_pending(held, pending, delta).map_err(|consumed| {
+                Error::InvalidAdjustment {
+                    limit: limit.into(),
+                    delta,
+                    consumed,
+                }
+            })?;
         // ADR-146: a cascade lease adjusts the parent as well, on the limits it shares
         // (checked first, so a refusal there leaves both sides as they were).
         if let Some(p) = self.parent.as_deref_mut() {
@@ -256,10 +253,10 @@ impl Lease {
                 p.adjust(limit, delta)?;
             }
         }
-        let e = self.pending.entry(limit.to_string()).or_default();
-        *e = e.saturating_add(delta * MILLI);
-        if *e == 0 {
+        if next == 0 {
             self.pending.remove(limit);
+        } else {
+            self.pending.insert(limit.to_string(), next);
         }
         // A shared lease's token changes with every adjustment (see `crate::lease_token`).
         if let Some(s) = self.shared.as_mut() {

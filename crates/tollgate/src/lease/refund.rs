@@ -267,35 +267,22 @@ impl Lease {
             }
             // A refund that leaves a quota balance above its ceiling (e.g. after a reset)
             // forces the next acquire onto the slow path, which clamps it (scenario 8).
-            if let Some(img) = img.filter(|img| img.vu.is_none_or(|v| v > 0)) {
-                let above = img.limits.iter().any(|(n, st)| {
-                    req.limits.iter().find(|l| l.name() == n).is_some_and(|l| {
-                        let e = tollgate_core::materialize::evaluate(
-                            l,
-                            Some(st),
-                            img.rf,
-                            s,
-                            img.rf,
-                            None,
-                        );
-                        st.tk > e.ceiling
+            if img.as_ref().is_some_and(|img| {
+                tollgate_core::lease::refund_left_above_ceiling(img, &req.limits, s)
+            }) {
+                let r = lim
+                    .store
+                    .update(UpdateRequest {
+                        key: key.clone(),
+                        update: Update::new().set(attr::VU, 0),
+                        condition: Some(Condition::exists("PK")),
+                        returns: ReturnValues::None,
                     })
-                });
-                if above {
-                    let r = lim
-                        .store
-                        .update(UpdateRequest {
-                            key: key.clone(),
-                            update: Update::new().set(attr::VU, 0),
-                            condition: Some(Condition::exists("PK")),
-                            returns: ReturnValues::None,
-                        })
-                        .await;
-                    if let Err(e) = r {
-                        tracing::debug!(error = %e, "could not force the slow path after a refund");
-                    }
-                    lim.images.forget(&req.entity, &req.resource, shard);
+                    .await;
+                if let Err(e) = r {
+                    tracing::debug!(error = %e, "could not force the slow path after a refund");
                 }
+                lim.images.forget(&req.entity, &req.resource, shard);
             }
         }
         Ok(())
