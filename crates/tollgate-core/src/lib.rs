@@ -7,6 +7,7 @@
 pub mod aggregate;
 pub mod bucket;
 pub mod calendar;
+pub mod cascade;
 pub mod error;
 pub mod expr;
 pub mod grant;

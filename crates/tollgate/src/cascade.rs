@@ -23,16 +23,7 @@ use crate::lease::Lease;
 use crate::limiter::{Inner, Stats};
 use tollgate_store::StoreError;
 
-/// Rule ADR-146 / C3, the effective cascade policy of (entity, resource): the first
-/// explicit flag along the ADR-125 walk `[entity×resource config, entity _default_ config,
-/// resource config]`, else the entity META's `cascade`, else off. An entity without a parent
-/// never cascades, whatever the flags say.
-pub fn effective_policy(walk: [Option<bool>; 3], meta: Option<bool>, parent: Option<&str>) -> bool {
-    if parent.is_none() {
-        return false;
-    }
-    walk.into_iter().flatten().next().or(meta).unwrap_or(false)
-}
+pub use tollgate_core::cascade::effective_policy;
 
 /// What the parent is charged: the amounts the child's request names, restricted to the
 /// limits the parent has for the resource (its own resolved limits; a limit only the child
