@@ -19,7 +19,7 @@ pub(crate) struct AuditArgs {
     pub(crate) principal: Option<String>,
     /// How long audit records are kept (e.g. 90d, 12h).
     #[arg(long, env = "TOLLGATE_AUDIT_RETENTION", default_value = "90d", value_parser = spec::parse_duration)]
-    pub(crate) retention: Duration,
+    pub(crate) audit_retention: Duration,
 }
 
 /// The principal when none is given and the environment names no user.
@@ -37,7 +37,7 @@ impl AuditArgs {
 
     /// The builder with the principal and the retention set.
     pub(crate) fn apply(&self, b: LimiterBuilder) -> LimiterBuilder {
-        b.principal(&self.principal()).audit_retention(self.retention)
+        b.principal(&self.principal()).audit_retention(self.audit_retention)
     }
 }
 

@@ -1,5 +1,5 @@
 //! Audit records of administrative changes: what one record holds, its item layout, and
-//! the listing rule (ADR-900 in docs/decisions.md).
+//! the listing rule (ADR-008, ADR-106).
 //!
 //! A record is written in the same store transaction as the change it describes, so a
 //! change that lands always has its record and a change refused (a condition failure, a
@@ -292,7 +292,7 @@ pub struct Page {
 /// The most records one page holds.
 pub const MAX_PAGE: usize = 1000;
 
-/// Rule "audit page" (ADR-900): the records of one listing newest first (ULIDs order by
+/// Rule "audit page" (ADR-008): the records of one listing newest first (ULIDs order by
 /// time), without those past their retention at `now_ms`, only those concerning
 /// `resource` when given, strictly older than `cursor` (the last id of the previous page),
 /// at most `limit` (1 to [`MAX_PAGE`]); `next_cursor` is the page's last id when older
