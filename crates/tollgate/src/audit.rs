@@ -236,6 +236,7 @@ impl Limiter {
             Ok(o) => (o, None),
             Err(m) => (None, Some(m)),
         };
+        let mut purged = false;
         for _ in 0..ATTEMPTS {
             let Some(w) = change(old.as_ref()) else {
                 return Ok((old, None));
@@ -265,12 +266,11 @@ impl Limiter {
             };
             match self.audited(vec![op], record.clone()).await {
                 Ok(r) => return Ok((old, Some(r))),
-                // The store cannot delete the item in a transaction without decoding it:
-                // purge it, then record.
-                Err(StoreError::Corrupt(_)) if undecodable.is_some() => {
+                // The store cannot write over the item in a transaction without decoding
+                // it: purge it, and write again over nothing (the record with the write).
+                Err(StoreError::Corrupt(_)) if undecodable.is_some() && !purged => {
                     self.inner.store.purge(&key).await?;
-                    let r = self.audited(Vec::new(), record).await?;
-                    return Ok((old, Some(r)));
+                    purged = true;
                 }
                 Err(e) => match moved(&e, 0) {
                     Some(now) if undecodable.is_none() => old = now,
