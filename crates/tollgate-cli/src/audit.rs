@@ -37,7 +37,8 @@ impl AuditArgs {
 
     /// The builder with the principal and the retention set.
     pub(crate) fn apply(&self, b: LimiterBuilder) -> LimiterBuilder {
-        b.principal(&self.principal()).audit_retention(self.audit_retention)
+        b.principal(&self.principal())
+            .audit_retention(self.audit_retention)
     }
 }
 
@@ -142,7 +143,10 @@ fn render(page: &AuditPage) -> String {
             r.action.as_str(),
             target(r)
         ));
-        out.push_str(&format!("    before: {}\n    after:  {}\n", r.before, r.after));
+        out.push_str(&format!(
+            "    before: {}\n    after:  {}\n",
+            r.before, r.after
+        ));
     }
     if let Some(c) = &page.next_cursor {
         out.push_str(&format!("more: --cursor {c}\n"));

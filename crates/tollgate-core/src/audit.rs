@@ -39,11 +39,14 @@ pub enum Action {
     /// An entity's use of a resource enabled again.
     #[serde(rename = "resource.enable")]
     Enable,
+    /// Corrupt bucket items deleted by `doctor --repair` (every shard of the pair).
+    #[serde(rename = "buckets.repair")]
+    BucketsRepair,
 }
 
 impl Action {
     /// Every action, in declaration order.
-    pub const ALL: [Action; 7] = [
+    pub const ALL: [Action; 8] = [
         Action::LimitsSet,
         Action::LimitsDelete,
         Action::CascadeSet,
@@ -51,6 +54,7 @@ impl Action {
         Action::EntityDelete,
         Action::Disable,
         Action::Enable,
+        Action::BucketsRepair,
     ];
 
     /// The stored (and listed) name, e.g. `limits.set`.
@@ -63,6 +67,7 @@ impl Action {
             Action::EntityDelete => "entity.delete",
             Action::Disable => "resource.disable",
             Action::Enable => "resource.enable",
+            Action::BucketsRepair => "buckets.repair",
         }
     }
 
@@ -313,7 +318,10 @@ pub fn page(
     records.sort_by(|a, b| b.id.cmp(&a.id));
     let more = records.len() > limit;
     records.truncate(limit);
-    debug_assert!(records.windows(2).all(|w| w[0].id > w[1].id), "newest first");
+    debug_assert!(
+        records.windows(2).all(|w| w[0].id > w[1].id),
+        "newest first"
+    );
     let next_cursor = more.then(|| records.last().map(|r| r.id.clone())).flatten();
     Page {
         records,

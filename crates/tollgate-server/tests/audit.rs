@@ -22,7 +22,13 @@ use tower::ServiceExt;
 const ADMIN: &str = "0123456789abcdef0123456789abcdef";
 const CLIENT: &str = "fedcba9876543210fedcba9876543210";
 
-async fn call(app: &Router, method: &str, uri: &str, token: Option<&str>, body: Option<&Value>) -> (StatusCode, Value) {
+async fn call(
+    app: &Router,
+    method: &str,
+    uri: &str,
+    token: Option<&str>,
+    body: Option<&Value>,
+) -> (StatusCode, Value) {
     let mut req = Request::builder()
         .method(method)
         .uri(uri)
@@ -31,12 +37,18 @@ async fn call(app: &Router, method: &str, uri: &str, token: Option<&str>, body: 
         req = req.header("authorization", format!("Bearer {t}"));
     }
     let req = req
-        .body(body.map(|b| Body::from(b.to_string())).unwrap_or_else(Body::empty))
+        .body(
+            body.map(|b| Body::from(b.to_string()))
+                .unwrap_or_else(Body::empty),
+        )
         .unwrap();
     let r = app.clone().oneshot(req).await.unwrap();
     let status = r.status();
     let bytes = r.into_body().collect().await.unwrap().to_bytes();
-    (status, serde_json::from_slice(&bytes).unwrap_or(Value::Null))
+    (
+        status,
+        serde_json::from_slice(&bytes).unwrap_or(Value::Null),
+    )
 }
 
 fn app(store: Arc<dyn Store>, auth: bool) -> Router {
@@ -86,16 +98,119 @@ fn cases() -> Vec<Case> {
         after_rpm,
     };
     vec![
-        c(("PUT", "/v1/limits/system"), "/v1/limits/system", Some(limits(10)), "limits.set", "system", None, None, None, Some(10)),
-        c(("PUT", "/v1/limits/resources/{*resource}"), "/v1/limits/resources/openai/gpt-4", Some(limits(20)), "limits.set", "resource", None, Some("openai/gpt-4"), None, Some(20)),
-        c(("POST", "/v1/entities"), "/v1/entities", Some(json!({ "id": "u1", "name": "User one" })), "entity.create", "entity", Some("u1"), None, None, None),
-        c(("PUT", "/v1/limits/entities/{entity}"), "/v1/limits/entities/u1", Some(limits(30)), "limits.set", "entity", Some("u1"), None, None, Some(30)),
-        c(("PUT", "/v1/limits/entities/{entity}/resources/{*resource}"), "/v1/limits/entities/u1/resources/openai/gpt-4", Some(limits(40)), "limits.set", "entity", Some("u1"), Some("openai/gpt-4"), None, Some(40)),
-        c(("DELETE", "/v1/limits/entities/{entity}/resources/{*resource}"), "/v1/limits/entities/u1/resources/openai/gpt-4", None, "limits.delete", "entity", Some("u1"), Some("openai/gpt-4"), Some(40), None),
-        c(("DELETE", "/v1/limits/entities/{entity}"), "/v1/limits/entities/u1", None, "limits.delete", "entity", Some("u1"), None, Some(30), None),
-        c(("DELETE", "/v1/limits/resources/{*resource}"), "/v1/limits/resources/openai/gpt-4", None, "limits.delete", "resource", None, Some("openai/gpt-4"), Some(20), None),
-        c(("DELETE", "/v1/limits/system"), "/v1/limits/system", None, "limits.delete", "system", None, None, Some(10), None),
-        c(("DELETE", "/v1/entities/{id}"), "/v1/entities/u1", None, "entity.delete", "entity", Some("u1"), None, None, None),
+        c(
+            ("PUT", "/v1/limits/system"),
+            "/v1/limits/system",
+            Some(limits(10)),
+            "limits.set",
+            "system",
+            None,
+            None,
+            None,
+            Some(10),
+        ),
+        c(
+            ("PUT", "/v1/limits/resources/{*resource}"),
+            "/v1/limits/resources/openai/gpt-4",
+            Some(limits(20)),
+            "limits.set",
+            "resource",
+            None,
+            Some("openai/gpt-4"),
+            None,
+            Some(20),
+        ),
+        c(
+            ("POST", "/v1/entities"),
+            "/v1/entities",
+            Some(json!({ "id": "u1", "name": "User one" })),
+            "entity.create",
+            "entity",
+            Some("u1"),
+            None,
+            None,
+            None,
+        ),
+        c(
+            ("PUT", "/v1/limits/entities/{entity}"),
+            "/v1/limits/entities/u1",
+            Some(limits(30)),
+            "limits.set",
+            "entity",
+            Some("u1"),
+            None,
+            None,
+            Some(30),
+        ),
+        c(
+            ("PUT", "/v1/limits/entities/{entity}/resources/{*resource}"),
+            "/v1/limits/entities/u1/resources/openai/gpt-4",
+            Some(limits(40)),
+            "limits.set",
+            "entity",
+            Some("u1"),
+            Some("openai/gpt-4"),
+            None,
+            Some(40),
+        ),
+        c(
+            (
+                "DELETE",
+                "/v1/limits/entities/{entity}/resources/{*resource}",
+            ),
+            "/v1/limits/entities/u1/resources/openai/gpt-4",
+            None,
+            "limits.delete",
+            "entity",
+            Some("u1"),
+            Some("openai/gpt-4"),
+            Some(40),
+            None,
+        ),
+        c(
+            ("DELETE", "/v1/limits/entities/{entity}"),
+            "/v1/limits/entities/u1",
+            None,
+            "limits.delete",
+            "entity",
+            Some("u1"),
+            None,
+            Some(30),
+            None,
+        ),
+        c(
+            ("DELETE", "/v1/limits/resources/{*resource}"),
+            "/v1/limits/resources/openai/gpt-4",
+            None,
+            "limits.delete",
+            "resource",
+            None,
+            Some("openai/gpt-4"),
+            Some(20),
+            None,
+        ),
+        c(
+            ("DELETE", "/v1/limits/system"),
+            "/v1/limits/system",
+            None,
+            "limits.delete",
+            "system",
+            None,
+            None,
+            Some(10),
+            None,
+        ),
+        c(
+            ("DELETE", "/v1/entities/{id}"),
+            "/v1/entities/u1",
+            None,
+            "entity.delete",
+            "entity",
+            Some("u1"),
+            None,
+            None,
+            None,
+        ),
     ]
 }
 
@@ -132,7 +247,13 @@ async fn walk(store: Arc<dyn Store>) {
         assert!(s.is_success(), "{} {}: {s} {b}", c.route.0, c.uri);
         n += 1;
         let rs = records(&app, Some(ADMIN), "?limit=1000").await;
-        assert_eq!(rs.len(), n, "{} {}: one record per change", c.route.0, c.uri);
+        assert_eq!(
+            rs.len(),
+            n,
+            "{} {}: one record per change",
+            c.route.0,
+            c.uri
+        );
         let r = &rs[0];
         let what = format!("{} {}: {r}", c.route.0, c.uri);
         assert_eq!(r["action"], c.action, "{what}");
@@ -158,13 +279,34 @@ async fn walk(store: Arc<dyn Store>) {
         }
     }
     // Refused changes write nothing: an entity that exists, one that does not.
-    let (s, _) = call(&app, "POST", "/v1/entities", Some(ADMIN), Some(&json!({ "id": "u2" }))).await;
+    let (s, _) = call(
+        &app,
+        "POST",
+        "/v1/entities",
+        Some(ADMIN),
+        Some(&json!({ "id": "u2" })),
+    )
+    .await;
     assert_eq!(s, StatusCode::CREATED);
-    let (s, _) = call(&app, "POST", "/v1/entities", Some(ADMIN), Some(&json!({ "id": "u2" }))).await;
+    let (s, _) = call(
+        &app,
+        "POST",
+        "/v1/entities",
+        Some(ADMIN),
+        Some(&json!({ "id": "u2" })),
+    )
+    .await;
     assert_eq!(s, StatusCode::CONFLICT);
     let (s, _) = call(&app, "DELETE", "/v1/entities/nobody", Some(ADMIN), None).await;
     assert_eq!(s, StatusCode::NOT_FOUND);
-    let (s, _) = call(&app, "PUT", "/v1/limits/system", Some(ADMIN), Some(&json!({ "limits": [{ "name": "rpm" }] }))).await;
+    let (s, _) = call(
+        &app,
+        "PUT",
+        "/v1/limits/system",
+        Some(ADMIN),
+        Some(&json!({ "limits": [{ "name": "rpm" }] })),
+    )
+    .await;
     assert_eq!(s, StatusCode::BAD_REQUEST);
     assert_eq!(records(&app, Some(ADMIN), "").await.len(), n + 1);
 
@@ -174,15 +316,42 @@ async fn walk(store: Arc<dyn Store>) {
         .iter()
         .map(|r| r["action"].as_str().unwrap_or("?").to_string())
         .collect();
-    assert_eq!(u1, ["entity.delete", "limits.delete", "limits.delete", "limits.set", "limits.set", "entity.create"]);
+    assert_eq!(
+        u1,
+        [
+            "entity.delete",
+            "limits.delete",
+            "limits.delete",
+            "limits.set",
+            "limits.set",
+            "entity.create"
+        ]
+    );
     let gpt = records(&app, Some(ADMIN), "?resource=openai/gpt-4").await;
     assert_eq!(gpt.len(), 4);
     let (s, p1) = call(&app, "GET", "/v1/audit?limit=4", Some(ADMIN), None).await;
     assert_eq!(s, StatusCode::OK);
     assert_eq!(p1["records"].as_array().map(Vec::len), Some(4));
     let cursor = p1["next_cursor"].as_str().unwrap().to_string();
-    let (_, p2) = call(&app, "GET", &format!("/v1/audit?limit=4&cursor={cursor}"), Some(ADMIN), None).await;
-    let (_, p3) = call(&app, "GET", &format!("/v1/audit?limit=4&cursor={}", p2["next_cursor"].as_str().unwrap()), Some(ADMIN), None).await;
+    let (_, p2) = call(
+        &app,
+        "GET",
+        &format!("/v1/audit?limit=4&cursor={cursor}"),
+        Some(ADMIN),
+        None,
+    )
+    .await;
+    let (_, p3) = call(
+        &app,
+        "GET",
+        &format!(
+            "/v1/audit?limit=4&cursor={}",
+            p2["next_cursor"].as_str().unwrap()
+        ),
+        Some(ADMIN),
+        None,
+    )
+    .await;
     assert_eq!(p3["records"].as_array().map(Vec::len), Some(3));
     assert_eq!(p3["next_cursor"], Value::Null);
     let ids: BTreeSet<String> = [&p1, &p2, &p3]
@@ -202,7 +371,11 @@ async fn walk(store: Arc<dyn Store>) {
         ("?entity=a%23b", "invalid_identifier"),
     ] {
         let (s, b) = call(&app, "GET", &format!("/v1/audit{q}"), Some(ADMIN), None).await;
-        assert_eq!((s, b["error"].as_str()), (StatusCode::BAD_REQUEST, Some(code)), "{q}: {b}");
+        assert_eq!(
+            (s, b["error"].as_str()),
+            (StatusCode::BAD_REQUEST, Some(code)),
+            "{q}: {b}"
+        );
     }
     let (s, _) = call(&app, "GET", "/v1/audit", Some(CLIENT), None).await;
     assert_eq!(s, StatusCode::FORBIDDEN);

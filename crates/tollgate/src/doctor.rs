@@ -433,6 +433,28 @@ impl Limiter {
                     keys.push(c.key.clone());
                 }
             }
+            // The record first: the items are purged one by one (a store may be unable to
+            // delete an item it cannot decode in a transaction), so a repair that starts
+            // landing is already recorded.
+            let found: Vec<String> = corrupt
+                .iter()
+                .filter(|c| {
+                    matches!(&c.item, ItemKind::Bucket { entity: e, resource: r, .. }
+                        if e == entity && r == resource)
+                })
+                .map(ToString::to_string)
+                .collect();
+            let target = crate::audit::Target::Entity {
+                entity: entity.into(),
+                resource: Some(resource.into()),
+            };
+            let record = self.audit_record(
+                crate::audit::Action::BucketsRepair,
+                &target,
+                serde_json::json!({ "corrupt": found, "items": keys.len() }),
+                serde_json::Value::Null,
+            );
+            self.audited(Vec::new(), record).await?;
             for k in &keys {
                 store.purge(k).await?;
             }

@@ -5,17 +5,17 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
+use serde_json::Value as Json;
 use tollgate_core::expr::Condition;
 use tollgate_core::ids::{validate_entity_id, validate_limit_name};
 use tollgate_core::keys;
 use tollgate_core::value::{Item, Key, Value};
 use tollgate_core::{Limit, RuleError};
-use serde_json::Value as Json;
 use tollgate_store::{DeleteRequest, PutRequest, Query, Store, StoreError, TransactOp};
 
+use crate::audit::{self, Action, ConfigWrite, Target};
 use crate::caches::{ImageCache, RejectionCache, ShardCounts};
 use crate::clock::{Clock, SeededRng, ShardRng, SystemClock};
-use crate::audit::{self, Action, ConfigWrite, Target};
 use crate::config::{self, ConfigCache, OnUnavailable, Scope};
 use crate::doctor::{self, CorruptItem, Repair};
 use crate::error::{Error, Result};

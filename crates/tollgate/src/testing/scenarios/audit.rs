@@ -70,7 +70,10 @@ pub async fn every_admin_change_writes_one_record(b: &Backend) {
         .unwrap();
     h.at(T0 + 3);
     let ent = Scope::Entity(E.into(), Some(R.into()));
-    alice.set_limits(&ent, &[rate("rpm", 5)], None).await.unwrap();
+    alice
+        .set_limits(&ent, &[rate("rpm", 5)], None)
+        .await
+        .unwrap();
     h.at(T0 + 4);
     bob.set_limits(&ent, &[rate("rpm", 7), rate("tpm", 900)], None)
         .await
@@ -82,19 +85,31 @@ pub async fn every_admin_change_writes_one_record(b: &Backend) {
         .unwrap();
     h.at(T0 + 6);
     // A bucket to disable.
-    h.lim.acquire(E, R, &[("rpm", 1)]).await.unwrap().commit().await.unwrap();
+    h.lim
+        .acquire(E, R, &[("rpm", 1)])
+        .await
+        .unwrap()
+        .commit()
+        .await
+        .unwrap();
     assert_eq!(bob.set_disabled(E, R, true).await.unwrap(), 1);
     h.at(T0 + 7);
     assert_eq!(bob.set_disabled(E, R, false).await.unwrap(), 1);
     h.at(T0 + 8);
     assert!(alice.delete_limits(&ent).await.unwrap());
     h.at(T0 + 9);
-    assert!(alice.delete_limits(&Scope::Resource(R.into())).await.unwrap());
+    assert!(alice
+        .delete_limits(&Scope::Resource(R.into()))
+        .await
+        .unwrap());
     h.at(T0 + 10);
     assert!(bob.delete_limits(&Scope::System).await.unwrap());
     h.at(T0 + 11);
     let n = alice.delete_entity(E).await.unwrap();
-    assert_eq!(n, 3, "META, the _default_ config holding the cascade flag, one bucket");
+    assert_eq!(
+        n, 3,
+        "META, the _default_ config holding the cascade flag, one bucket"
+    );
 
     let rs = all(&h).await;
     let seen: Vec<(&str, &str, &str, Option<&str>, i64)> = rs
@@ -209,7 +224,9 @@ pub async fn a_refused_change_writes_no_record(b: &Backend) {
 
     // Another writer replaces the resource's limits between this change's read and write.
     let scope = Scope::Resource(R.into());
-    lim.set_limits(&scope, &[rate("rpm", 1)], None).await.unwrap();
+    lim.set_limits(&scope, &[rate("rpm", 1)], None)
+        .await
+        .unwrap();
     let (hooked, hook) = h.hooked(true);
     let hooked = hooked.acting_as("carol").unwrap();
     let key = keys::resource_config("default", R);
@@ -217,7 +234,10 @@ pub async fn a_refused_change_writes_no_record(b: &Backend) {
     let k = key.clone();
     hook.stage(On::Put, Some(key.clone()), move |raw| {
         let mut item = raced;
-        item.insert("audit_id".into(), Value::S("01J00000000000000000000000".into()));
+        item.insert(
+            "audit_id".into(),
+            Value::S("01J00000000000000000000000".into()),
+        );
         raw.raw_put(&k, item);
     });
     hooked
@@ -250,7 +270,11 @@ pub async fn pages_retention_and_purge(b: &Backend) {
     for i in 0..5 {
         h.at(T0 + i * 1000);
         short
-            .set_limits(&Scope::Resource(format!("r{i}")), &[rate("rpm", 1 + i)], None)
+            .set_limits(
+                &Scope::Resource(format!("r{i}")),
+                &[rate("rpm", 1 + i)],
+                None,
+            )
             .await
             .unwrap();
     }
@@ -318,4 +342,53 @@ pub async fn pages_retention_and_purge(b: &Backend) {
             "{bad:?}"
         );
     }
+}
+
+/// `doctor --repair` records what it deleted: one record per (entity, resource) repaired,
+/// naming the corrupt items and how many were deleted, before its deletes.
+pub async fn a_doctor_repair_is_recorded(b: &Backend) {
+    let h = b.harness(T0).await;
+    h.lim
+        .set_limits(&Scope::Resource(R.into()), &[rate("rpm", 10)], None)
+        .await
+        .unwrap();
+    h.lim
+        .acquire(E, R, &[("rpm", 1)])
+        .await
+        .unwrap()
+        .commit()
+        .await
+        .unwrap();
+    let k = h.key(E, R, 0);
+    let mut item = h.raw.raw_get(&k).unwrap();
+    item.insert("b_rpm_tk".into(), Value::S("x".into()));
+    h.raw.raw_put(&k, item);
+    let medic = h.lim.acting_as("medic").unwrap();
+    h.at(T0 + 5);
+    let r = medic.doctor(true).await.unwrap();
+    assert_eq!(r.repaired.len(), 1);
+    assert_eq!(
+        (r.scanned, r.audit_records),
+        (2, 1),
+        "config and bucket; one record"
+    );
+    let rs = all(&h).await;
+    assert_eq!(rs.len(), 2);
+    let rec = &rs[0];
+    assert_eq!(
+        (rec.action, rec.principal.as_str(), rec.at_ms),
+        (Action::BucketsRepair, "medic", T0 + 5)
+    );
+    assert_eq!(
+        (rec.entity.as_deref(), rec.resource.as_deref()),
+        (Some(E), Some(R))
+    );
+    assert_eq!(rec.before["items"], json!(1));
+    let found = rec.before["corrupt"][0].as_str().unwrap_or_default();
+    assert!(found.contains("b_rpm_tk"), "{found}");
+    assert_eq!(rec.after, serde_json::Value::Null);
+    assert!(h.raw.raw_get(&k).is_none());
+    // Nothing corrupt: no repair, no record.
+    medic.doctor(true).await.unwrap();
+    assert_eq!(all(&h).await.len(), 2);
 }

@@ -148,7 +148,8 @@ macro_rules! scenario_tests {
             schedules::s85_schedule_change_syncs,
             audit::every_admin_change_writes_one_record,
             audit::a_refused_change_writes_no_record,
-            audit::pages_retention_and_purge
+            audit::pages_retention_and_purge,
+            audit::a_doctor_repair_is_recorded
         );
     };
 }
