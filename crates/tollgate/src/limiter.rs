@@ -171,6 +171,7 @@ pub struct LimiterBuilder {
     rng: Arc<dyn ShardRng>,
     opts: Options,
     principal: String,
+    audit_seed: u64,
 }
 
 impl LimiterBuilder {
@@ -178,6 +179,12 @@ impl LimiterBuilder {
     /// [`crate::audit::DEFAULT_PRINCIPAL`]; per call, [`Limiter::acting_as`]).
     pub fn principal(mut self, p: &str) -> Self {
         self.principal = p.into();
+        self
+    }
+    /// Seed the random part of audit record ids (default: a random seed). A simulation
+    /// that replays a seed exactly sets it.
+    pub fn audit_seed(mut self, seed: u64) -> Self {
+        self.audit_seed = seed;
         self
     }
     /// How long audit records are kept (default 90 days).
@@ -255,7 +262,7 @@ impl LimiterBuilder {
                 images: ImageCache::default(),
                 stats: Stats::default(),
                 closures: Default::default(),
-                audit_ids: crate::audit::AuditIds::new(rand::random()),
+                audit_ids: crate::audit::AuditIds::new(self.audit_seed),
                 opts: self.opts,
             }),
             principal: Arc::from(self.principal.as_str()),
@@ -359,6 +366,7 @@ impl Limiter {
             rng: Arc::new(SeededRng::new(rand::random())),
             opts: Options::default(),
             principal: crate::audit::DEFAULT_PRINCIPAL.into(),
+            audit_seed: rand::random(),
         }
     }
 
@@ -657,10 +665,11 @@ impl Limiter {
     }
 
     /// [`Limiter::set_limits`], reporting the corrupt item it replaced (empty when the
-    /// scope's item was sound or absent). The write replaces the scope's config item whole
-    /// and without a condition, as it always does; the level's cascade policy is kept when
-    /// it can be read, and dropped (reported) when it is the corrupt part or the store cannot
-    /// decode the item at all.
+    /// scope's item was sound or absent). The write replaces the scope's config item whole,
+    /// in one transaction with its audit record, conditioned on the item being what was
+    /// read (retried over a concurrent change; see [`crate::audit`]); the level's cascade
+    /// policy is kept when it can be read, and dropped (reported) when it is the corrupt
+    /// part or the store cannot decode the item at all.
     pub async fn set_limits_with_repairs(
         &self,
         scope: &Scope,
