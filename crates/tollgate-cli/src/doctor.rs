@@ -48,6 +48,9 @@ pub(crate) fn repair_hint(kind: &ItemKind) -> String {
             "`tollgate doctor --repair` deletes the buckets of {entity} / {resource} (they \
              restart full); `tollgate entity delete {entity}` deletes the whole entity"
         ),
+        ItemKind::AuditRecord { .. } => "an audit record: `tollgate audit list` fails naming it \
+             until it is deleted; no command rewrites it (its ttl expires it on DynamoDB)"
+            .into(),
         ItemKind::Other => "not an item of tollgate's layout: nothing of tollgate reads it".into(),
     }
 }
@@ -75,6 +78,7 @@ pub(crate) async fn run(args: DoctorArgs, json: bool) -> Result<(), Failure> {
             "store": args.store.store.to_string(),
             "namespace": report.namespace,
             "scanned": report.scanned,
+            "audit_records": report.audit_records,
             "unrecognised": report.unrecognised,
             "corrupt": report.corrupt.iter().map(corrupt_json).collect::<Vec<_>>(),
             "repaired": tollgate_server::warnings(&report.repaired),

@@ -6,6 +6,7 @@
 //! With `--json` every outcome, failures and usage errors included, is one JSON document
 //! on stdout.
 
+mod audit;
 mod bench;
 mod demo;
 mod doctor;
@@ -84,6 +85,8 @@ pub(crate) struct StoreArgs {
     /// time is unavailable, and `on_unavailable` decides.
     #[arg(long, env = "TOLLGATE_STORE_TIMEOUT", default_value = "1s", value_parser = spec::parse_duration)]
     pub(crate) store_timeout: std::time::Duration,
+    #[command(flatten)]
+    pub(crate) audit: audit::AuditArgs,
 }
 
 impl StoreArgs {
@@ -95,7 +98,8 @@ impl StoreArgs {
             self.store_timeout,
         )
         .await?;
-        Ok(Limiter::builder(store).namespace(&self.namespace).build()?)
+        let b = Limiter::builder(store).namespace(&self.namespace);
+        Ok(self.audit.apply(b).build()?)
     }
 }
 
@@ -149,6 +153,12 @@ enum Cmd {
     /// that repairs it); exit 5 when corrupt items remain. Read-only unless --repair. On
     /// DynamoDB it reads the whole table. See docs/repair.md.
     Doctor(doctor::DoctorArgs),
+    /// List the audit log: one record per administrative change, newest first (or purge
+    /// the records past their retention).
+    Audit {
+        #[command(subcommand)]
+        cmd: audit::AuditCmd,
+    },
     /// DynamoDB table administration.
     Table {
         #[command(subcommand)]
@@ -522,6 +532,7 @@ async fn run(cli: Cli) -> Result<(), Failure> {
             Ok(())
         }
         Cmd::Doctor(args) => doctor::run(args, json).await,
+        Cmd::Audit { cmd } => audit::run(cmd, json).await,
         Cmd::Demo => demo::run(json).await,
         Cmd::BenchHttp(args) => bench::run(args, json).await,
     }

@@ -265,6 +265,7 @@ pub async fn run(a: ServeArgs, json_out: bool) -> Result<(), Failure> {
     .await?;
     let limiter = Limiter::builder(store_metrics.wrap(raw))
         .namespace(&a.store.namespace)
+        .audit_retention(a.store.audit.audit_retention)
         .build()?;
     let listener = tokio::net::TcpListener::bind(&a.listen)
         .await

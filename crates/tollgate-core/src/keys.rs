@@ -63,6 +63,39 @@ pub fn gsi1_parent(ns: &str, parent: &str) -> String {
     format!("{ns}/PARENT#{parent}")
 }
 
+/// Sort-key prefix of audit records (`#AUDIT#{ulid}`: newest last in key order).
+pub const AUDIT_SK_PREFIX: &str = "#AUDIT#";
+
+/// The audit partition of one entity's changes (its META, configs and buckets). Apart from
+/// the entity's own partition, so deleting an entity keeps its history.
+pub fn audit_entity_pk(ns: &str, entity: &str) -> String {
+    format!("{ns}/AUDIT#ENTITY#{entity}")
+}
+
+/// The audit partition of one resource's default limits.
+pub fn audit_resource_pk(ns: &str, resource: &str) -> String {
+    format!("{ns}/AUDIT#RESOURCE#{resource}")
+}
+
+/// The audit partition of the system defaults.
+pub fn audit_system_pk(ns: &str) -> String {
+    format!("{ns}/AUDIT#SYSTEM")
+}
+
+/// One audit record in its target's partition.
+pub fn audit_record(pk: String, id: &str) -> Key {
+    Key::new(pk, format!("{AUDIT_SK_PREFIX}{id}"))
+}
+
+/// GSI1 partition holding every audit record of a namespace (sort key `AUDIT#{ulid}`):
+/// one query lists them all. Administrative writes are rare, so one partition carries them.
+pub fn gsi1_audit(ns: &str) -> String {
+    format!("{ns}/AUDIT")
+}
+
+/// GSI1 sort-key prefix of audit records.
+pub const GSI1_AUDIT_PREFIX: &str = "AUDIT#";
+
 /// Per-limit bucket attribute `b_{limit}_{field}`.
 pub fn battr(limit: &str, field: &str) -> String {
     format!("b_{limit}_{field}")

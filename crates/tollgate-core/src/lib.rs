@@ -5,6 +5,7 @@
 //! and a write plan.
 
 pub mod aggregate;
+pub mod audit;
 pub mod bucket;
 pub mod calendar;
 pub mod cascade;

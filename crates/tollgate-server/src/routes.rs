@@ -127,6 +127,7 @@ fn table() -> Vec<(RouteInfo, Handler)> {
             ADMIN,
             delete(delete_entity_resource),
         ),
+        r("GET", "/v1/audit", ADMIN, get(audit_list)),
         r("GET", "/livez", None, get(livez)),
         r("GET", "/readyz", None, get(readyz)),
         r("GET", "/healthz", None, get(healthz)),
@@ -688,6 +689,7 @@ async fn create_entity(
     }
     let e = app
         .limiter
+        .acting_as(&who.name)?
         .create_entity(&b.id, b.name.as_deref(), b.parent_id.as_deref(), b.metadata)
         .await?;
     tracing::info!(target: "tollgate::admin", principal = %who.name, entity = %e.id, "entity created");
@@ -706,7 +708,11 @@ async fn delete_entity(
     Extension(who): Extension<Principal>,
     PathParams(id): PathParams<String>,
 ) -> ApiResult<Response> {
-    let d = app.limiter.delete_entity_with_repairs(&id).await?;
+    let d = app
+        .limiter
+        .acting_as(&who.name)?
+        .delete_entity_with_repairs(&id)
+        .await?;
     let n = d.deleted_items;
     if n == 0 {
         return Err(Error::EntityNotFound(id).into());
@@ -788,6 +794,7 @@ async fn put_limits(
     let limits = specs_to_limits(&b.limits)?;
     let repairs = app
         .limiter
+        .acting_as(&who.name)?
         .set_limits_with_repairs(&scope, &limits, b.on_unavailable)
         .await?;
     tracing::info!(target: "tollgate::admin", principal = %who.name, scope = %scope_name(&scope), limits = limits.len(), corrupt = repairs.len(), "limits set");
@@ -812,7 +819,11 @@ async fn get_limits(app: &AppState, scope: Scope) -> ApiResult<Response> {
 }
 
 async fn delete_limits(app: &AppState, who: &Principal, scope: Scope) -> ApiResult<Response> {
-    let (deleted, repairs) = app.limiter.delete_limits_with_repairs(&scope).await?;
+    let (deleted, repairs) = app
+        .limiter
+        .acting_as(&who.name)?
+        .delete_limits_with_repairs(&scope)
+        .await?;
     tracing::info!(target: "tollgate::admin", principal = %who.name, scope = %scope_name(&scope), deleted, corrupt = repairs.len(), "limits deleted");
     let mut body = serde_json::json!({ "scope": scope_name(&scope), "deleted": deleted });
     add_warnings(&mut body, &repairs);
@@ -897,6 +908,40 @@ async fn delete_entity_resource(
     PathParams((e, r)): PathParams<(String, String)>,
 ) -> ApiResult<Response> {
     delete_limits(&app, &who, Scope::Entity(e, Some(r))).await
+}
+
+// ---------------------------------------------------------------------------------------
+// Audit log
+
+/// `GET /v1/audit?entity=&resource=&limit=&cursor=`: one page of the audit log, newest
+/// first (`limit` 1 to 1000, default 100; `cursor` the previous page's `next_cursor`).
+async fn audit_list(State(app): St, QueryPairs(q): QueryPairs) -> ApiResult<Response> {
+    let mut query = tollgate::AuditQuery::default();
+    for (k, v) in q {
+        match k.as_str() {
+            "entity" => query.entity = Some(v),
+            "resource" => query.resource = Some(v),
+            "cursor" => query.cursor = Some(v),
+            "limit" => {
+                query.limit = v
+                    .parse::<usize>()
+                    .ok()
+                    .filter(|n| (1..=tollgate_core::audit::MAX_PAGE).contains(n))
+                    .ok_or_else(|| {
+                        ApiError::invalid_request(format!(
+                            "limit is a whole number from 1 to 1000, not {v:?}"
+                        ))
+                    })?
+            }
+            other => {
+                return Err(ApiError::invalid_request(format!(
+                    "unknown query parameter {other:?} (entity, resource, limit, cursor)"
+                )))
+            }
+        }
+    }
+    let page = app.limiter.audit_log(&query).await?;
+    Ok(Json(page).into_response())
 }
 
 // ---------------------------------------------------------------------------------------

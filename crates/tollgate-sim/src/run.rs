@@ -189,6 +189,7 @@ pub fn run_seed(cfg: &RunConfig) -> SeedReport {
         let mut builder = Limiter::builder(store)
             .clock(clock)
             .rng(Arc::new(SeededRng::new(rng.gen())))
+            .audit_seed(cfg.seed.wrapping_mul(1000).wrapping_add(c as u64))
             .options(opts);
         if hang_p > 0.0 {
             builder = builder.store_timeout(CLIENT_DEADLINE);

@@ -272,6 +272,7 @@ pub async fn setup(mem: Arc<tollgate_store::MemoryStore>, spec: &Spec) -> Result
         .namespace(NS)
         .clock(clock)
         .rng(Arc::new(PinnedRng::new(0)))
+        .audit_seed(0)
         .build()?;
     let scope = Scope::Resource(spec.resource.clone());
     lim.set_limits(&scope, &spec.limits, None).await?;
@@ -639,6 +640,7 @@ pub async fn quiesce(
             .namespace(NS)
             .clock(clock)
             .rng(pin.clone())
+            .audit_seed(id as u64)
             .speculative(false)
             .build() else {
                 continue;

@@ -61,6 +61,13 @@ pub enum ItemKind {
         /// The shard.
         shard: u32,
     },
+    /// A record of the audit log (see `crate::audit`).
+    AuditRecord {
+        /// Its partition after `{ns}/AUDIT#`: `SYSTEM`, `RESOURCE#{r}` or `ENTITY#{e}`.
+        target: String,
+        /// Its id (a ULID).
+        id: String,
+    },
     /// A key of no layout tollgate knows (not checked).
     Other,
 }
@@ -93,6 +100,14 @@ impl ItemKind {
                 },
                 None => return None,
             }
+        } else if let (Some(target), Some(id)) = (
+            rest.strip_prefix("AUDIT#"),
+            sk.strip_prefix(keys::AUDIT_SK_PREFIX),
+        ) {
+            ItemKind::AuditRecord {
+                target: target.into(),
+                id: id.into(),
+            }
         } else if let Some(b) = rest.strip_prefix("BUCKET#") {
             let (er, shard) = b.rsplit_once('#')?;
             let (entity, resource) = er.split_once('#')?;
@@ -121,6 +136,9 @@ impl ItemKind {
                 resource,
                 shard,
             } => keys::bucket(ns, entity, resource, *shard),
+            ItemKind::AuditRecord { target, id } => {
+                keys::audit_record(format!("{ns}/AUDIT#{target}"), id)
+            }
             ItemKind::Other => return None,
         })
     }
@@ -145,6 +163,7 @@ impl std::fmt::Display for ItemKind {
                 resource,
                 shard,
             } => write!(f, "the bucket of {entity} / {resource}, shard {shard}"),
+            ItemKind::AuditRecord { target, id } => write!(f, "audit record {id} of {target}"),
             ItemKind::Other => write!(f, "an item of unknown layout"),
         }
     }
@@ -235,6 +254,7 @@ pub fn check_item(ns: &str, key: &Key, item: &Item) -> Option<CorruptItem> {
             .and_then(|img| stored_limits(&img).map(drop))
             .err()
             .map(Error::from),
+        ItemKind::AuditRecord { .. } => tollgate_core::audit::decode(item).err().map(Error::from),
         ItemKind::Other => None,
     };
     failed.map(|e| CorruptItem::from_error(ns, key, &e))
@@ -280,8 +300,10 @@ impl Repair {
 pub struct DoctorReport {
     /// The namespace scanned.
     pub namespace: String,
-    /// Items read.
+    /// Items read (audit records not included).
     pub scanned: usize,
+    /// Audit records read (checked as the others are).
+    pub audit_records: usize,
     /// Items of a key layout tollgate does not know, not checked.
     pub unrecognised: usize,
     /// Every corrupt item, in scan order.
@@ -350,7 +372,14 @@ impl Limiter {
         loop {
             let page = store.scan(&format!("{ns}/"), after, SCAN_PAGE).await?;
             for entry in &page.items {
-                report.scanned += 1;
+                let key = match entry {
+                    Err(u) => Some(u.key.clone()),
+                    Ok(item) => Key::of(item),
+                };
+                match key.map(|k| ItemKind::of(ns, &k)) {
+                    Some(ItemKind::AuditRecord { .. }) => report.audit_records += 1,
+                    _ => report.scanned += 1,
+                }
                 let found = match entry {
                     Err(u) => Some(CorruptItem::undecodable(ns, u)),
                     Ok(item) => match Key::of(item) {
@@ -404,6 +433,28 @@ impl Limiter {
                     keys.push(c.key.clone());
                 }
             }
+            // The record first: the items are purged one by one (a store may be unable to
+            // delete an item it cannot decode in a transaction), so a repair that starts
+            // landing is already recorded.
+            let found: Vec<String> = corrupt
+                .iter()
+                .filter(|c| {
+                    matches!(&c.item, ItemKind::Bucket { entity: e, resource: r, .. }
+                        if e == entity && r == resource)
+                })
+                .map(ToString::to_string)
+                .collect();
+            let target = crate::audit::Target::Entity {
+                entity: entity.into(),
+                resource: Some(resource.into()),
+            };
+            let record = self.audit_record(
+                crate::audit::Action::BucketsRepair,
+                &target,
+                serde_json::json!({ "corrupt": found, "items": keys.len() }),
+                serde_json::Value::Null,
+            );
+            self.audited(Vec::new(), record).await?;
             for k in &keys {
                 store.purge(k).await?;
             }
@@ -495,6 +546,10 @@ mod tests {
                 entity: "u1@x.com".into(),
                 resource: "a/b".into(),
                 shard: 31,
+            },
+            ItemKind::AuditRecord {
+                target: "RESOURCE#a/b".into(),
+                id: "01KBDW0Q6N4J6Y3SXQ9V7T2C1M".into(),
             },
         ];
         for k in kinds {

@@ -53,6 +53,7 @@
 
 mod acquire;
 mod aggregator;
+pub mod audit;
 mod availability;
 mod caches;
 mod cascade;
@@ -70,6 +71,7 @@ pub mod testing;
 
 pub use acquire::AcquireOptions;
 pub use aggregator::{AggregateReport, Aggregator};
+pub use audit::{Action, AuditPage, AuditQuery, AuditRecord};
 pub use availability::Availability;
 pub use clock::{Clock, ManualClock, PinnedRng, SeededRng, ShardRng, SystemClock};
 pub use config::{OnUnavailable, Scope};

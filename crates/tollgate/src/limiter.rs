@@ -5,13 +5,15 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use tollgate_core::expr::{Condition, ReturnValues, Update};
+use serde_json::Value as Json;
+use tollgate_core::expr::Condition;
 use tollgate_core::ids::{validate_entity_id, validate_limit_name};
 use tollgate_core::keys;
 use tollgate_core::value::{Item, Key, Value};
 use tollgate_core::{Limit, RuleError};
-use tollgate_store::{DeleteRequest, PutRequest, Query, Store, StoreError, UpdateRequest};
+use tollgate_store::{DeleteRequest, PutRequest, Query, Store, StoreError, TransactOp};
 
+use crate::audit::{self, Action, ConfigWrite, Target};
 use crate::caches::{ImageCache, RejectionCache, ShardCounts};
 use crate::clock::{Clock, SeededRng, ShardRng, SystemClock};
 use crate::config::{self, ConfigCache, OnUnavailable, Scope};
@@ -40,6 +42,8 @@ pub struct Options {
     pub rejection_cache_ttl: Duration,
     /// The most shards this client doubles an entity's resource to (1 to 32).
     pub max_shard_count: i64,
+    /// How long audit records are kept (their `ttl`; see the `audit` module).
+    pub audit_retention: Duration,
 }
 
 impl Default for Options {
@@ -53,6 +57,7 @@ impl Default for Options {
             ttl_multiplier: 7,
             rejection_cache_ttl: Duration::from_secs(1),
             max_shard_count: tollgate_core::bucket::MAX_SHARD_COUNT,
+            audit_retention: crate::audit::DEFAULT_RETENTION,
         }
     }
 }
@@ -123,6 +128,8 @@ pub struct Inner {
     pub(crate) stats: Stats,
     /// Closure records of shared leases to delete later (stores without native TTL).
     pub(crate) closures: crate::lease_token::Closures,
+    /// Ids of audit records.
+    pub(crate) audit_ids: crate::audit::AuditIds,
 }
 
 impl std::fmt::Debug for Inner {
@@ -153,6 +160,8 @@ pub struct EntityDeleted {
 #[derive(Debug, Clone)]
 pub struct Limiter {
     pub(crate) inner: Arc<Inner>,
+    /// Whom administrative changes are recorded for (see [`Limiter::acting_as`]).
+    pub(crate) principal: Arc<str>,
 }
 
 /// Builds a [`Limiter`].
@@ -161,9 +170,28 @@ pub struct LimiterBuilder {
     clock: Arc<dyn Clock>,
     rng: Arc<dyn ShardRng>,
     opts: Options,
+    principal: String,
+    audit_seed: u64,
 }
 
 impl LimiterBuilder {
+    /// Whom administrative changes are recorded for (default
+    /// [`crate::audit::DEFAULT_PRINCIPAL`]; per call, [`Limiter::acting_as`]).
+    pub fn principal(mut self, p: &str) -> Self {
+        self.principal = p.into();
+        self
+    }
+    /// Seed the random part of audit record ids (default: a random seed). A simulation
+    /// that replays a seed exactly sets it.
+    pub fn audit_seed(mut self, seed: u64) -> Self {
+        self.audit_seed = seed;
+        self
+    }
+    /// How long audit records are kept (default 90 days).
+    pub fn audit_retention(mut self, d: Duration) -> Self {
+        self.opts.audit_retention = d;
+        self
+    }
     /// Inject a clock.
     pub fn clock(mut self, c: Arc<dyn Clock>) -> Self {
         self.clock = c;
@@ -219,6 +247,7 @@ impl LimiterBuilder {
     /// Build.
     pub fn build(self) -> Result<Limiter> {
         validate_entity_id(&self.opts.namespace)?;
+        crate::audit::validate_principal(&self.principal)?;
         let ttl_ms = i64::try_from(self.opts.config_cache_ttl.as_millis()).unwrap_or(i64::MAX);
         let rej_ms = i64::try_from(self.opts.rejection_cache_ttl.as_millis()).unwrap_or(i64::MAX);
         let stale_ms = i64::try_from(self.opts.config_stale_max.as_millis()).unwrap_or(i64::MAX);
@@ -233,10 +262,51 @@ impl LimiterBuilder {
                 images: ImageCache::default(),
                 stats: Stats::default(),
                 closures: Default::default(),
+                audit_ids: crate::audit::AuditIds::new(self.audit_seed),
                 opts: self.opts,
             }),
+            principal: Arc::from(self.principal.as_str()),
         })
     }
+}
+
+/// An entity from its META item.
+fn entity_of(id: &str, i: &Item) -> Result<Entity> {
+    let s = |a: &str| i.get(a).and_then(Value::as_s).map(str::to_string);
+    let metadata = match i.get("metadata") {
+        Some(Value::M(m)) => m
+            .iter()
+            .filter_map(|(k, v)| v.as_s().map(|v| (k.clone(), v.to_string())))
+            .collect(),
+        _ => BTreeMap::new(),
+    };
+    Ok(Entity {
+        id: id.into(),
+        name: s("name").unwrap_or_else(|| id.into()),
+        parent_id: s("parent_id"),
+        cascade: config::decode_cascade(i)?.unwrap_or(false),
+        metadata,
+        created_at_ms: i.get("created_at").and_then(Value::as_n).unwrap_or(0),
+    })
+}
+
+/// The "before" of an entity's deletion: its META (as the entity, `null` without one), the
+/// limits stored for it per resource, and how many items were deleted.
+fn entity_image(id: &str, images: &[(Key, Option<Item>)]) -> Json {
+    let mut entity = Json::Null;
+    let mut limits = serde_json::Map::new();
+    for (k, item) in images {
+        let Some(item) = item else { continue };
+        if k.sk == keys::META {
+            entity = match entity_of(id, item) {
+                Ok(e) => serde_json::to_value(e).unwrap_or_default(),
+                Err(err) => serde_json::json!({ "corrupt": err.to_string() }),
+            };
+        } else if let Some(r) = k.sk.strip_prefix("#CONFIG#") {
+            limits.insert(r.into(), audit::config_image(Some(item)));
+        }
+    }
+    serde_json::json!({ "entity": entity, "limits": limits, "items": images.len() })
 }
 
 fn replaced_action(cascade_dropped: bool) -> String {
@@ -295,6 +365,8 @@ impl Limiter {
             clock: Arc::new(SystemClock),
             rng: Arc::new(SeededRng::new(rand::random())),
             opts: Options::default(),
+            principal: crate::audit::DEFAULT_PRINCIPAL.into(),
+            audit_seed: rand::random(),
         }
     }
 
@@ -395,22 +467,25 @@ impl Limiter {
                 item.insert("parent_id".into(), Value::Null);
             }
         }
-        match self
-            .inner
-            .store
-            .put(PutRequest {
-                key: keys::entity_meta(ns, id),
-                item,
-                condition: Some(Condition::not_exists("PK")),
-            })
-            .await
-        {
-            Ok(()) => {
+        let target = Target::Entity {
+            entity: id.into(),
+            resource: None,
+        };
+        let after = serde_json::to_value(&e).unwrap_or_default();
+        let record = self.audit_record(Action::EntityCreate, &target, Json::Null, after);
+        item.insert(audit::AUDIT_ID.into(), Value::S(record.id.clone()));
+        let put = TransactOp::Put(PutRequest {
+            key: keys::entity_meta(ns, id),
+            item,
+            condition: Some(Condition::not_exists("PK")),
+        });
+        match self.audited(vec![put], record).await {
+            Ok(_) => {
                 // The META is cached with the config (parent and cascade policy).
                 self.inner.config.evict(&keys::entity_meta(ns, id));
                 Ok(e)
             }
-            Err(StoreError::ConditionFailed { .. }) => Err(Error::EntityExists(id.into())),
+            Err(err) if audit::moved(&err, 0).is_some() => Err(Error::EntityExists(id.into())),
             Err(err) => Err(err.into()),
         }
     }
@@ -422,22 +497,7 @@ impl Limiter {
         let Some(i) = self.inner.store.get(&key, true).await? else {
             return Ok(None);
         };
-        let s = |a: &str| i.get(a).and_then(Value::as_s).map(str::to_string);
-        let metadata = match i.get("metadata") {
-            Some(Value::M(m)) => m
-                .iter()
-                .filter_map(|(k, v)| v.as_s().map(|v| (k.clone(), v.to_string())))
-                .collect(),
-            _ => BTreeMap::new(),
-        };
-        Ok(Some(Entity {
-            id: id.into(),
-            name: s("name").unwrap_or_else(|| id.into()),
-            parent_id: s("parent_id"),
-            cascade: config::decode_cascade(&i)?.unwrap_or(false),
-            metadata,
-            created_at_ms: i.get("created_at").and_then(Value::as_n).unwrap_or(0),
-        }))
+        entity_of(id, &i).map(Some)
     }
 
     /// Children of an entity.
@@ -474,14 +534,19 @@ impl Limiter {
         let ns = self.inner.ns();
         let store = &self.inner.store;
         let entity_pk = keys::entity_pk(ns, id);
-        let mut keys_to_delete: Vec<Key> =
+        // Each key with its item when the query returned one (an index query returns keys).
+        let mut images: Vec<(Key, Option<Item>)> =
             match store.query(Query::table(entity_pk.clone(), None)).await {
-                Ok(items) => items.iter().filter_map(Key::of).collect(),
+                Ok(items) => items
+                    .into_iter()
+                    .filter_map(|i| Some((Key::of(&i)?, Some(i))))
+                    .collect(),
                 Err(StoreError::Corrupt(_)) => doctor::scan_all(store.as_ref(), &entity_pk)
                     .await?
                     .iter()
                     .filter_map(doctor::scanned_key)
                     .filter(|k| k.pk == entity_pk)
+                    .map(|k| (k, None))
                     .collect(),
                 Err(e) => return Err(e.into()),
             };
@@ -493,21 +558,64 @@ impl Limiter {
             ))
             .await
         {
-            Ok(items) => keys_to_delete.extend(items.iter().filter_map(Key::of)),
+            Ok(items) => images.extend(items.iter().filter_map(Key::of).map(|k| (k, None))),
             Err(StoreError::Corrupt(_)) => {
                 // `{ns}/BUCKET#{id}#`: ids hold no `#`, so this entity's buckets only.
                 let prefix = format!("{ns}/BUCKET#{id}#");
-                keys_to_delete.extend(
+                images.extend(
                     doctor::scan_all(store.as_ref(), &prefix)
                         .await?
                         .iter()
-                        .filter_map(doctor::scanned_key),
+                        .filter_map(doctor::scanned_key)
+                        .map(|k| (k, None)),
                 );
             }
             Err(e) => return Err(e.into()),
         }
+        if images.is_empty() {
+            return Ok(EntityDeleted::default());
+        }
+        // The record lands with the first delete — the META's, or another item the query
+        // returned — so a deletion that starts landing is recorded even if a later delete
+        // fails. Without any item image (keys from the index, or a scan after a corrupt
+        // item), the record is written first, on its own: never a deletion without one.
+        let anchor = images
+            .iter()
+            .position(|(k, i)| k.sk == keys::META && i.is_some())
+            .or_else(|| images.iter().position(|(_, i)| i.is_some()));
+        let target = Target::Entity {
+            entity: id.into(),
+            resource: None,
+        };
+        let record = self.audit_record(
+            Action::EntityDelete,
+            &target,
+            entity_image(id, &images),
+            Json::Null,
+        );
         let mut repairs = Vec::new();
-        for k in &keys_to_delete {
+        let mut anchor_key = None;
+        match anchor.map(|a| images[a].clone()) {
+            Some((k, old)) => {
+                let delete = TransactOp::Delete(DeleteRequest {
+                    key: k.clone(),
+                    condition: None,
+                });
+                self.audited(vec![delete], record).await?;
+                if let Some(c) = old.and_then(|old| doctor::check_item(ns, &k, &old)) {
+                    repairs.push(Repair::logged(c, format!("deleted with entity {id}")));
+                }
+                anchor_key = Some(k);
+            }
+            None => {
+                self.audited(Vec::new(), record).await?;
+            }
+        }
+        let keys_to_delete: Vec<Key> = images.into_iter().map(|(k, _)| k).collect();
+        for k in keys_to_delete
+            .iter()
+            .filter(|k| Some(*k) != anchor_key.as_ref())
+        {
             let req = DeleteRequest {
                 key: k.clone(),
                 condition: None,
@@ -557,10 +665,11 @@ impl Limiter {
     }
 
     /// [`Limiter::set_limits`], reporting the corrupt item it replaced (empty when the
-    /// scope's item was sound or absent). The write replaces the scope's config item whole
-    /// and without a condition, as it always does; the level's cascade policy is kept when
-    /// it can be read, and dropped (reported) when it is the corrupt part or the store cannot
-    /// decode the item at all.
+    /// scope's item was sound or absent). The write replaces the scope's config item whole,
+    /// in one transaction with its audit record, conditioned on the item being what was
+    /// read (retried over a concurrent change; see [`crate::audit`]); the level's cascade
+    /// policy is kept when it can be read, and dropped (reported) when it is the corrupt
+    /// part or the store cannot decode the item at all.
     pub async fn set_limits_with_repairs(
         &self,
         scope: &Scope,
@@ -586,31 +695,31 @@ impl Limiter {
         }
         let ns = self.inner.ns();
         let key = scope.key(ns);
-        let mut item = config::encode(limits, on_unavailable);
-        let mut repairs = Vec::new();
-        match doctor::read_for_repair(self.inner.store.as_ref(), ns, &key).await? {
-            Ok(None) => {}
-            Ok(Some(old)) => {
+        let read = doctor::read_for_repair(self.inner.store.as_ref(), ns, &key).await?;
+        let first = match &read {
+            Ok(old) => Ok(old.clone()),
+            Err(c) => Err(c.to_string()),
+        };
+        let (old, _) = self
+            .audited_config_change(scope, Action::LimitsSet, first, |old| {
+                let mut item = config::encode(limits, on_unavailable);
                 // The level's cascade policy (ADR-146) is not a limit: replacing limits keeps it.
-                let cascade = config::decode_cascade(&old).ok().flatten();
-                if let Some(c) = cascade {
+                if let Some(c) = old.and_then(|o| config::decode_cascade(o).ok().flatten()) {
                     item.insert(config::CASCADE.into(), Value::Bool(c));
                 }
-                if let Some(c) = doctor::check_item(ns, &key, &old) {
+                Some(ConfigWrite::Put(item))
+            })
+            .await?;
+        let mut repairs = Vec::new();
+        match read {
+            Err(c) => repairs.push(Repair::logged(c, replaced_action(true))),
+            Ok(_) => {
+                if let Some(c) = old.and_then(|old| doctor::check_item(ns, &key, &old)) {
                     let dropped = c.attribute.as_deref() == Some(config::CASCADE);
                     repairs.push(Repair::logged(c, replaced_action(dropped)));
                 }
             }
-            Err(c) => repairs.push(Repair::logged(c, replaced_action(true))),
         }
-        self.inner
-            .store
-            .put(PutRequest {
-                key,
-                item,
-                condition: None,
-            })
-            .await?;
         self.forget_cached();
         Ok(repairs)
     }
@@ -643,37 +752,38 @@ impl Limiter {
         scope.validate()?;
         let ns = self.inner.ns();
         let key = scope.key(ns);
-        let store = &self.inner.store;
-        let mut repairs = Vec::new();
-        let deleted = match store
-            .delete(DeleteRequest {
-                key: key.clone(),
-                condition: None,
-            })
-            .await
-        {
-            Ok(None) => false,
-            Ok(Some(old)) => {
-                if let Some(c) = config::decode_cascade(&old).ok().flatten() {
-                    self.set_cascade(scope, Some(c)).await?;
+        let read = doctor::read_for_repair(self.inner.store.as_ref(), ns, &key).await?;
+        let first = match &read {
+            Ok(old) => Ok(old.clone()),
+            Err(c) => Err(c.to_string()),
+        };
+        let undecodable = read.is_err();
+        let (old, record) = self
+            .audited_config_change(scope, Action::LimitsDelete, first, |old| {
+                // The level's cascade policy, if set, stays (the item keeps only it).
+                match old.map(|o| config::decode_cascade(o).ok().flatten()) {
+                    None if !undecodable => None,
+                    Some(Some(c)) => {
+                        let mut item = Item::new();
+                        item.insert(config::CASCADE.into(), Value::Bool(c));
+                        Some(ConfigWrite::Put(item))
+                    }
+                    _ => Some(ConfigWrite::Delete),
                 }
-                if let Some(c) = doctor::check_item(ns, &key, &old) {
+            })
+            .await?;
+        let mut repairs = Vec::new();
+        match read {
+            Err(c) => repairs.push(Repair::logged(c, deleted_action(true))),
+            Ok(_) => {
+                if let Some(c) = old.and_then(|old| doctor::check_item(ns, &key, &old)) {
                     let lost = c.attribute.as_deref() == Some(config::CASCADE);
                     repairs.push(Repair::logged(c, deleted_action(lost)));
                 }
-                true
             }
-            // The store cannot return the old item: delete it without.
-            Err(StoreError::Corrupt(m)) => {
-                store.purge(&key).await?;
-                let c = CorruptItem::from_message(ns, &key, &m);
-                repairs.push(Repair::logged(c, deleted_action(true)));
-                true
-            }
-            Err(e) => return Err(e.into()),
-        };
+        }
         self.forget_cached();
-        Ok((deleted, repairs))
+        Ok((record.is_some(), repairs))
     }
 
     /// Set (`Some`) or unset (`None`) the cascade policy at a resource or entity scope
@@ -689,19 +799,19 @@ impl Limiter {
                 reason: "cascade is set on resource and entity scopes only".into(),
             }));
         }
-        let update = match cascade {
-            Some(c) => Update::new().set(config::CASCADE, c),
-            None => Update::new().remove(config::CASCADE),
-        };
-        self.inner
-            .store
-            .update(UpdateRequest {
-                key: scope.key(self.inner.ns()),
-                update,
-                condition: None,
-                returns: ReturnValues::None,
-            })
-            .await?;
+        let key = scope.key(self.inner.ns());
+        let first = self.inner.store.get(&key, true).await?;
+        self.audited_config_change(scope, Action::CascadeSet, Ok(first), |old| {
+            let mut item = old.cloned().unwrap_or_default();
+            item.remove("PK");
+            item.remove("SK");
+            match cascade {
+                Some(c) => item.insert(config::CASCADE.into(), Value::Bool(c)),
+                None => item.remove(config::CASCADE),
+            };
+            Some(ConfigWrite::Put(item))
+        })
+        .await?;
         self.inner.config.clear();
         self.inner.rejections.clear();
         self.inner.images.clear();

@@ -1,12 +1,15 @@
 //! Administrative calls on the buckets: disable an entity's resource, double its shards.
 
 use super::*;
+use crate::audit::{Action, Target};
 
 impl Limiter {
     /// Disable (or re-enable) an entity's use of a resource: every shard of its bucket is
     /// stamped `disabled`, which the fast path's condition and the slow path both refuse
     /// with [`Error::ResourceDisabled`]. Shards created later are disabled too (they read
-    /// the stamp off shard 0). Returns how many shard items were written.
+    /// the stamp off shard 0). Returns how many shard items were written: every shard and
+    /// the audit record in one transaction (a shard deleted meanwhile is left out); 0, and
+    /// no record, when the entity has no bucket for the resource.
     pub async fn set_disabled(
         &self,
         entity: &str,
@@ -17,35 +20,79 @@ impl Limiter {
         validate_resource(resource)?;
         let inner = &self.inner;
         let k0 = keys::bucket(inner.ns(), entity, resource, 0);
-        let s = match inner.store.get(&k0, true).await? {
-            Some(i) => BucketImage::decode(&i)?.shard_count,
-            None => 0,
+        let (s, was) = match inner.store.get(&k0, true).await? {
+            Some(i) => {
+                let img = BucketImage::decode(&i)?;
+                (img.shard_count, img.disabled)
+            }
+            None => (0, false),
         };
-        let mut written = 0;
-        for shard in 0..s as u32 {
-            let update = if disabled {
-                Update::new().set(attr::DISABLED, true)
-            } else {
-                Update::new().remove(attr::DISABLED)
-            };
-            let r = inner
-                .store
-                .update(UpdateRequest {
-                    key: keys::bucket(inner.ns(), entity, resource, shard),
-                    update,
-                    condition: Some(Condition::exists("PK")),
-                    returns: ReturnValues::None,
+        let mut shards: Vec<u32> = (0..s.max(0) as u32).collect();
+        let target = Target::Entity {
+            entity: entity.into(),
+            resource: Some(resource.into()),
+        };
+        let action = if disabled {
+            Action::Disable
+        } else {
+            Action::Enable
+        };
+        for _ in 0..5 {
+            if shards.is_empty() {
+                return Ok(0);
+            }
+            let ops = shards
+                .iter()
+                .map(|shard| {
+                    TransactOp::Update(UpdateRequest {
+                        key: keys::bucket(inner.ns(), entity, resource, *shard),
+                        update: if disabled {
+                            Update::new().set(attr::DISABLED, true)
+                        } else {
+                            Update::new().remove(attr::DISABLED)
+                        },
+                        condition: Some(Condition::exists("PK")),
+                        returns: ReturnValues::None,
+                    })
                 })
-                .await;
-            match r {
-                Ok(_) => written += 1,
-                Err(StoreError::ConditionFailed { .. }) => {}
+                .collect();
+            let record = self.audit_record(
+                action,
+                &target,
+                serde_json::json!({ "disabled": was, "shards": s }),
+                serde_json::json!({ "disabled": disabled, "shards": shards.len() }),
+            );
+            match self.audited(ops, record).await {
+                Ok(_) => {
+                    inner.rejections.clear();
+                    inner.images.clear();
+                    return Ok(shards.len());
+                }
+                Err(StoreError::TransactionCanceled { reasons }) => {
+                    // Leave out the shards that are gone; anything else is a failure.
+                    let gone: Vec<usize> = reasons
+                        .iter()
+                        .enumerate()
+                        .filter(|(_, r)| matches!(r, CancelReason::ConditionFailed { old: None }))
+                        .map(|(i, _)| i)
+                        .collect();
+                    if gone.is_empty() || gone.iter().any(|i| *i >= shards.len()) {
+                        return Err(StoreError::TransactionCanceled { reasons }.into());
+                    }
+                    shards = shards
+                        .into_iter()
+                        .enumerate()
+                        .filter(|(i, _)| !gone.contains(i))
+                        .map(|(_, s)| s)
+                        .collect();
+                }
                 Err(e) => return Err(e.into()),
             }
         }
-        inner.rejections.clear();
-        inner.images.clear();
-        Ok(written)
+        Err(Error::Contended {
+            entity: entity.into(),
+            resource: resource.into(),
+        })
     }
 
     /// Double the shard count of (entity, resource) from `old` by compare-and-set on shard

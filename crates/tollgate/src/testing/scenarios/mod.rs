@@ -2,6 +2,7 @@
 //! §5.2), as functions over a [`Backend`](super::Backend).
 
 pub mod aggregator;
+pub mod audit;
 pub mod basics;
 pub mod cascade;
 pub mod exactness;
@@ -144,7 +145,11 @@ macro_rules! scenario_tests {
             cascade::cascade_child_undo_survives_a_throttle,
             schedules::s85_scheduled_capacity_at_a_boundary,
             schedules::s85_boundary_divides_after_the_schedule,
-            schedules::s85_schedule_change_syncs
+            schedules::s85_schedule_change_syncs,
+            audit::every_admin_change_writes_one_record,
+            audit::a_refused_change_writes_no_record,
+            audit::pages_retention_and_purge,
+            audit::a_doctor_repair_is_recorded
         );
     };
 }
