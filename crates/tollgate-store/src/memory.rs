@@ -10,7 +10,8 @@ use tollgate_core::value::{Item, Key};
 
 use crate::error::{CancelReason, StoreError};
 use crate::eval::{
-    apply_update_stored, eval_condition, key_item, plan_transact_op, validate_item, validate_update,
+    apply_actions, apply_update_stored, eval_condition, key_item, plan_transact_op, validate_item,
+    validate_update,
 };
 use crate::{
     validate_token, validate_transaction, DeleteRequest, PutRequest, Query, ScanPage, Store,
@@ -187,6 +188,17 @@ impl MemoryStore {
     }
 }
 
+/// `UPDATED_NEW`: the attributes the update wrote, as they are after it; `None` when none
+/// of them remains (DynamoDB then omits `Attributes`).
+fn updated_new(new: &Item, update: &tollgate_core::expr::Update) -> Option<Item> {
+    let names: Vec<String> = update
+        .actions
+        .iter()
+        .map(|a| a.target().to_string())
+        .collect();
+    Some(project(new, &names)).filter(|p| !p.is_empty())
+}
+
 fn write(g: &mut Inner, key: &Key, new: Option<Item>) {
     let slot = g.items.entry(key.clone()).or_default();
     slot.prev = slot.cur.take();
@@ -243,36 +255,50 @@ impl Store for MemoryStore {
         validate_update(&req.update)?;
         let mut g = self.lock();
         self.charge(&mut g, &[&req.key])?;
-        // Evaluate against a borrow of the current item: the only copies made are the new
-        // item and what the request asks to have returned.
-        let (new, out, existed) = {
-            let cur = g.items.get(&req.key).and_then(|s| s.cur.as_ref());
+        // An existing item is updated in place: one copy of it is kept as the previous
+        // version (what a stale read sees, and what every right-hand side reads), and the
+        // only other copy is what the request asks to have returned.
+        if let Some(Slot {
+            cur: Some(cur),
+            prev,
+        }) = g.items.get_mut(&req.key)
+        {
             if let Some(c) = &req.condition {
-                if !eval_condition(cur, c) {
+                if !eval_condition(Some(cur), c) {
                     return Err(StoreError::ConditionFailed {
-                        old: cur.cloned().map(Box::new),
+                        old: Some(Box::new(cur.clone())),
                     });
                 }
             }
-            let new = apply_update_stored(cur, &key_item(&req.key), &req.update)?;
+            let old = cur.clone();
+            if let Err(e) = apply_actions(cur, &old, &req.update) {
+                *cur = old;
+                return Err(e);
+            }
             let out = match req.returns {
                 ReturnValues::None => None,
-                ReturnValues::AllNew => new.clone(),
-                ReturnValues::AllOld => cur.cloned(),
-                ReturnValues::UpdatedNew => new.as_ref().and_then(|new| {
-                    let names: Vec<String> = req
-                        .update
-                        .actions
-                        .iter()
-                        .map(|a| a.target().to_string())
-                        .collect();
-                    // DynamoDB omits `Attributes` when nothing it wrote remains.
-                    Some(project(new, &names)).filter(|p| !p.is_empty())
-                }),
+                ReturnValues::AllNew => Some(cur.clone()),
+                ReturnValues::AllOld => Some(old.clone()),
+                ReturnValues::UpdatedNew => updated_new(cur, &req.update),
             };
-            (new, out, cur.is_some())
+            *prev = Some(old);
+            return Ok(out);
+        }
+        // Absent (never written, or deleted): the update creates it, unless it only removes.
+        let cur = g.items.get(&req.key).and_then(|s| s.cur.as_ref());
+        debug_assert!(cur.is_none(), "an existing item is updated in place above");
+        if let Some(c) = &req.condition {
+            if !eval_condition(None, c) {
+                return Err(StoreError::ConditionFailed { old: None });
+            }
+        }
+        let new = apply_update_stored(None, &key_item(&req.key), &req.update)?;
+        let out = match req.returns {
+            ReturnValues::None | ReturnValues::AllOld => None,
+            ReturnValues::AllNew => new.clone(),
+            ReturnValues::UpdatedNew => new.as_ref().and_then(|n| updated_new(n, &req.update)),
         };
-        if new.is_some() || existed {
+        if new.is_some() {
             write(&mut g, &req.key, new);
         }
         Ok(out)

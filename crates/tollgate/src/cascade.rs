@@ -42,7 +42,8 @@ pub(crate) fn parent_request(
     inner: &Inner,
     child: &Request,
     parent: &str,
-    limits: Vec<tollgate_core::Limit>,
+    limits: std::sync::Arc<[tollgate_core::Limit]>,
+    ph: Option<std::sync::Arc<str>>,
     source: Source,
     cascade: bool,
     now: i64,
@@ -53,7 +54,7 @@ pub(crate) fn parent_request(
         .filter(|(n, _)| limits.iter().any(|l| l.name() == n))
         .cloned()
         .collect();
-    let req = inner.request(parent, &child.resource, amounts, limits, source, now)?;
+    let req = inner.request_hashed(parent, &child.resource, amounts, limits, ph, source, now)?;
     Ok(Request { cascade, ..req })
 }
 

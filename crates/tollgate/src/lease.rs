@@ -59,7 +59,7 @@ pub(crate) struct Part {
     pub pins: BTreeMap<String, Condition>,
     /// The item right after the debit, when the write returned it (a refund's trust check
     /// is computed from it).
-    pub image: Option<BucketImage>,
+    pub image: Option<Arc<BucketImage>>,
 }
 
 /// A granted request. Amounts are in tokens.
@@ -177,7 +177,7 @@ impl Lease {
     }
 
     fn limits(&self) -> &[Limit] {
-        self.req.as_ref().map_or(&[], |r| r.limits.as_slice())
+        self.req.as_ref().map_or(&[], |r| &r.limits[..])
     }
 
     /// Milli held per limit over every shard (debit and landed adjustments).

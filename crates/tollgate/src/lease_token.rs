@@ -451,7 +451,7 @@ fn doc_of(inner: &Inner, l: &Lease) -> Doc {
         req: l.req.as_ref().map(|r| ReqDoc {
             amounts: r.amounts.clone(),
             limits: r.limits.iter().map(LimitSpec::from).collect(),
-            ph: r.ph.clone(),
+            ph: r.ph.to_string(),
             ttl: match r.ttl {
                 TtlWrite::Set(t) => Some(t),
                 TtlWrite::Remove => None,
@@ -466,7 +466,7 @@ fn doc_of(inner: &Inner, l: &Lease) -> Doc {
                 key: p.key.clone(),
                 held: p.held.clone(),
                 pins: p.pins.clone(),
-                image: p.image.as_ref().map(ImageDoc::from),
+                image: p.image.as_deref().map(ImageDoc::from),
             })
             .collect(),
         pending: l.pending.clone(),
@@ -500,8 +500,8 @@ fn lease_of(inner: &Arc<Inner>, d: Doc, depth: u32) -> Result<Lease> {
                 entity: d.entity.clone(),
                 resource: d.resource.clone(),
                 amounts: r.amounts,
-                limits,
-                ph: r.ph,
+                limits: limits.into(),
+                ph: r.ph.into(),
                 ttl: r.ttl.map_or(TtlWrite::Remove, TtlWrite::Set),
                 cascade: r.cascade,
             })
@@ -532,7 +532,7 @@ fn lease_of(inner: &Arc<Inner>, d: Doc, depth: u32) -> Result<Lease> {
             .into_iter()
             .map(|p| Part {
                 shard: p.shard,
-                image: p.image.map(|i| i.image(&p.key)),
+                image: p.image.map(|i| Arc::new(i.image(&p.key))),
                 key: p.key,
                 held: p.held,
                 pins: p.pins,

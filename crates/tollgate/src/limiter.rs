@@ -724,6 +724,7 @@ impl Limiter {
                 now,
             )
             .await?
-            .limits)
+            .limits
+            .to_vec())
     }
 }

@@ -13,7 +13,7 @@ impl Inner {
         key: &Key,
         now: i64,
         moves: bool,
-        known: &mut Option<BucketImage>,
+        known: &mut Option<Arc<BucketImage>>,
     ) -> Pass<Lease> {
         let cached = self.shards.get(&req.entity, &req.resource).unwrap_or(1);
         if shard != 0 {
