@@ -6,7 +6,7 @@ use std::sync::{Arc, Mutex};
 
 use async_trait::async_trait;
 use tollgate_core::expr::{project, ReturnValues};
-use tollgate_core::value::{Item, Key};
+use tollgate_core::value::{Item, Key, Value};
 
 use crate::error::{CancelReason, StoreError};
 use crate::eval::{
@@ -188,6 +188,26 @@ impl MemoryStore {
     }
 }
 
+/// Make `dst` equal to `src`. When both hold the same attribute names (an item updated
+/// again and again: its previous version and its current one), values are overwritten in
+/// place and nothing is allocated; otherwise `dst` becomes a fresh copy.
+fn copy_into(dst: &mut Item, src: &Item) {
+    let same_names = dst.len() == src.len() && dst.keys().zip(src.keys()).all(|(a, b)| a == b);
+    if !same_names {
+        *dst = src.clone();
+        return;
+    }
+    for (d, s) in dst.values_mut().zip(src.values()) {
+        match (d, s) {
+            (Value::N(d), Value::N(s)) => *d = *s,
+            (Value::S(d), Value::S(s)) => d.clone_from(s),
+            (Value::Bool(d), Value::Bool(s)) => *d = *s,
+            (d, s) => *d = s.clone(),
+        }
+    }
+    debug_assert!(dst == src, "a copy equals its source");
+}
+
 /// `UPDATED_NEW`: the attributes the update wrote, as they are after it; `None` when none
 /// of them remains (DynamoDB then omits `Attributes`).
 fn updated_new(new: &Item, update: &tollgate_core::expr::Update) -> Option<Item> {
@@ -270,7 +290,10 @@ impl Store for MemoryStore {
                     });
                 }
             }
-            let old = cur.clone();
+            // The copy of the item as it is goes where the previous version was, reusing
+            // that version's memory (it is about to be dropped) when it has the same shape.
+            let mut old = prev.take().unwrap_or_default();
+            copy_into(&mut old, cur);
             if let Err(e) = apply_actions(cur, &old, &req.update) {
                 *cur = old;
                 return Err(e);
