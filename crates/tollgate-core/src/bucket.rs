@@ -280,6 +280,7 @@ impl BucketImage {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::value::Key;
 
     fn item(pairs: &[(&str, Value)]) -> Item {
         let mut i: Item = pairs

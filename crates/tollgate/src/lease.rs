@@ -66,8 +66,8 @@ pub(crate) struct Part {
 pub struct Lease {
     pub(crate) lim: Option<Arc<Inner>>,
     pub(crate) req: Option<Request>,
-    pub(crate) entity: String,
-    pub(crate) resource: String,
+    pub(crate) entity: Arc<str>,
+    pub(crate) resource: Arc<str>,
     /// The shards debited; the first is the one the acquire aimed at.
     pub(crate) parts: Vec<Part>,
     pub(crate) pending: BTreeMap<String, i64>,
@@ -226,7 +226,7 @@ impl Lease {
         if !self.limits().iter().any(|l| l.name() == limit) {
             return Err(Error::UnknownLimit {
                 limit: limit.into(),
-                resource: self.resource.clone(),
+                resource: self.resource.to_string(),
                 known: self
                     .limits()
                     .iter()

@@ -446,8 +446,8 @@ fn doc_of(inner: &Inner, l: &Lease) -> Doc {
         .chain(seen)
         .max();
     Doc {
-        entity: l.entity.clone(),
-        resource: l.resource.clone(),
+        entity: l.entity.to_string(),
+        resource: l.resource.to_string(),
         req: l.req.as_ref().map(|r| ReqDoc {
             amounts: r.amounts.clone(),
             limits: r.limits.iter().map(LimitSpec::from).collect(),
@@ -497,8 +497,8 @@ fn lease_of(inner: &Arc<Inner>, d: Doc, depth: u32) -> Result<Lease> {
                 return Err(invalid("its limits do not match their parameter hash"));
             }
             Some(Request {
-                entity: d.entity.clone(),
-                resource: d.resource.clone(),
+                entity: d.entity.as_str().into(),
+                resource: d.resource.as_str().into(),
                 amounts: r.amounts,
                 limits: limits.into(),
                 ph: r.ph.into(),
@@ -525,8 +525,8 @@ fn lease_of(inner: &Arc<Inner>, d: Doc, depth: u32) -> Result<Lease> {
     Ok(Lease {
         lim: req.as_ref().map(|_| inner.clone()),
         req,
-        entity: d.entity,
-        resource: d.resource,
+        entity: d.entity.into(),
+        resource: d.resource.into(),
         parts: d
             .parts
             .into_iter()

@@ -32,8 +32,8 @@ impl Inner {
                 Err(Some((failure, img))) => match failure {
                     FastFailure::Disabled => {
                         return Err(Error::ResourceDisabled {
-                            entity: req.entity.clone(),
-                            resource: req.resource.clone(),
+                            entity: req.entity.to_string(),
+                            resource: req.resource.to_string(),
                         })
                     }
                     FastFailure::Missing => return Ok(Fast::Slow(cur, None)),

@@ -46,8 +46,9 @@ pub struct AcquireOptions {
 /// A validated request.
 #[derive(Debug, Clone)]
 pub(crate) struct Request {
-    pub entity: String,
-    pub resource: String,
+    /// Shared with the lease granted for it.
+    pub entity: Arc<str>,
+    pub resource: Arc<str>,
     /// Named amounts in millitokens.
     pub amounts: Vec<(String, i64)>,
     /// Shared with the config cache (and with the lease): cloning a request copies no limit.

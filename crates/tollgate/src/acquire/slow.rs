@@ -39,8 +39,8 @@ impl Inner {
                 }
                 Err(Error::Unavailable(StoreError::TransactionConflict)) => {
                     return Err(Error::Contended {
-                        entity: req.entity.clone(),
-                        resource: req.resource.clone(),
+                        entity: req.entity.to_string(),
+                        resource: req.resource.to_string(),
                     });
                 }
                 r => return r,
@@ -96,8 +96,8 @@ impl Inner {
         let now = self.clock.now_ms();
         if img.disabled {
             return Err(Flow::Fail(Error::ResourceDisabled {
-                entity: req.entity.clone(),
-                resource: req.resource.clone(),
+                entity: req.entity.to_string(),
+                resource: req.resource.to_string(),
             }));
         }
         let img_rf = img.rf;
@@ -288,8 +288,8 @@ impl Inner {
         };
         if old.disabled {
             return Err(Flow::Fail(Error::ResourceDisabled {
-                entity: req.entity.clone(),
-                resource: req.resource.clone(),
+                entity: req.entity.to_string(),
+                resource: req.resource.to_string(),
             }));
         }
         self.shards
@@ -369,8 +369,8 @@ impl Inner {
                     .put(&req.entity, &req.resource, shard, img.clone());
                 if img.disabled {
                     return Err(Error::ResourceDisabled {
-                        entity: req.entity.clone(),
-                        resource: req.resource.clone(),
+                        entity: req.entity.to_string(),
+                        resource: req.resource.to_string(),
                     });
                 }
                 if needs_materialising(&img, req, now) {
