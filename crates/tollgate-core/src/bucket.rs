@@ -6,7 +6,7 @@ use std::collections::BTreeMap;
 use crate::error::RuleError;
 use crate::ids::WCU;
 use crate::keys::battr;
-use crate::value::{Item, Key, Value};
+use crate::value::{Item, Value};
 
 /// The write-capacity guard: capacity 1000 tokens, refilled 1000 per second, never divided.
 pub const WCU_CAPACITY: i64 = 1_000_000;
@@ -117,6 +117,9 @@ const FIELDS: [&str; 18] = [
     "sched", "bcp", "bra", "fu",
 ];
 
+/// One limit's stored fields, by their index in `FIELDS`: (attribute name, value).
+type FieldSlots<'a> = [Option<(&'a str, &'a Value)>; FIELDS.len()];
+
 fn corrupt(key: &str, attribute: &str, reason: impl Into<String>) -> RuleError {
     RuleError::Corrupt {
         key: key.into(),
@@ -153,7 +156,14 @@ impl BucketImage {
     /// Decode a stored bucket item. A wrong type or a missing half of a pair is an error
     /// naming the attribute.
     pub fn decode(item: &Item) -> Result<Self, RuleError> {
-        let key = Key::of(item).map(|k| k.to_string()).unwrap_or_default();
+        // `Key`'s display form, built straight from the key attributes.
+        let key = match (
+            item.get(crate::value::PK).and_then(Value::as_s),
+            item.get(crate::value::SK).and_then(Value::as_s),
+        ) {
+            (Some(pk), Some(sk)) => format!("{pk}|{sk}"),
+            _ => String::new(),
+        };
         let k = key.as_str();
         let rf = num(item, k, attr::RF)?.ok_or_else(|| corrupt(k, attr::RF, "missing"))?;
         let shard_count = num(item, k, attr::SHARD_COUNT)?.unwrap_or(1);
@@ -165,24 +175,31 @@ impl BucketImage {
             ));
         }
         // One pass over the attributes: group `b_{limit}_{field}` by limit.
-        let mut fields: BTreeMap<&str, Vec<(&str, &str, &Value)>> = BTreeMap::new();
+        // Each limit's fields by their index in `FIELDS` (an attribute name determines its
+        // limit and field, so a slot is filled at most once), limits in name order.
+        let mut fields: Vec<(&str, FieldSlots<'_>)> = Vec::new();
         for (a, v) in item {
             if let Some(rest) = a.strip_prefix("b_") {
                 if let Some((n, f)) = rest.rsplit_once('_') {
-                    if FIELDS.contains(&f) {
-                        fields.entry(n).or_default().push((f, a.as_str(), v));
+                    if let Some(fi) = FIELDS.iter().position(|x| *x == f) {
+                        let at = match fields.iter().position(|(x, _)| *x == n) {
+                            Some(at) => at,
+                            None => {
+                                fields.push((n, [None; FIELDS.len()]));
+                                fields.len() - 1
+                            }
+                        };
+                        debug_assert!(fields[at].1[fi].is_none(), "one attribute per field");
+                        fields[at].1[fi] = Some((a.as_str(), v));
                     }
                 }
             }
         }
+        fields.sort_unstable_by(|a, b| a.0.cmp(b.0));
         let mut limits = BTreeMap::new();
         let mut wcu = None;
         for (n, fs) in fields {
-            let get = |f: &str| {
-                fs.iter()
-                    .find(|(x, _, _)| *x == f)
-                    .map(|(_, a, v)| (*a, *v))
-            };
+            let get = |f: &str| FIELDS.iter().position(|x| *x == f).and_then(|fi| fs[fi]);
             let g = |f: &str| -> Result<Option<i64>, RuleError> {
                 match get(f) {
                     None => Ok(None),
@@ -266,6 +283,7 @@ impl BucketImage {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::value::Key;
 
     fn item(pairs: &[(&str, Value)]) -> Item {
         let mut i: Item = pairs

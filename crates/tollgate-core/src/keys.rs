@@ -11,7 +11,35 @@ pub const DEFAULT_RESOURCE: &str = "_default_";
 
 /// The bucket item of (entity, resource, shard).
 pub fn bucket(ns: &str, entity: &str, resource: &str, shard: u32) -> Key {
-    Key::new(format!("{ns}/BUCKET#{entity}#{resource}#{shard}"), STATE)
+    // Built by appending (this runs on every acquire): the same text as
+    // `format!("{ns}/BUCKET#{entity}#{resource}#{shard}")`.
+    let mut pk = String::with_capacity(ns.len() + entity.len() + resource.len() + 20);
+    pk.push_str(ns);
+    pk.push_str("/BUCKET#");
+    pk.push_str(entity);
+    pk.push('#');
+    pk.push_str(resource);
+    pk.push('#');
+    push_decimal(&mut pk, shard);
+    Key::new(pk, STATE)
+}
+
+/// Append `n` in decimal.
+fn push_decimal(out: &mut String, n: u32) {
+    let mut digits = [0u8; 10];
+    let mut i = digits.len();
+    let mut n = n;
+    loop {
+        i -= 1;
+        digits[i] = b'0' + (n % 10) as u8;
+        n /= 10;
+        if n == 0 {
+            break;
+        }
+    }
+    for d in &digits[i..] {
+        out.push(char::from(*d));
+    }
 }
 
 /// The META item of an entity.
@@ -98,7 +126,13 @@ pub const GSI1_AUDIT_PREFIX: &str = "AUDIT#";
 
 /// Per-limit bucket attribute `b_{limit}_{field}`.
 pub fn battr(limit: &str, field: &str) -> String {
-    format!("b_{limit}_{field}")
+    // Appended rather than formatted: this runs for every attribute of every write.
+    let mut a = String::with_capacity(limit.len() + field.len() + 3);
+    a.push_str("b_");
+    a.push_str(limit);
+    a.push('_');
+    a.push_str(field);
+    a
 }
 
 #[cfg(test)]
@@ -113,5 +147,8 @@ mod tests {
         assert_eq!(k.sk, "#STATE");
         assert_ne!(bucket("ns", "e", "gpt-4", 1).pk, k.pk);
         assert_eq!(battr("session", "tk"), "b_session_tk");
+        for s in [0, 7, 10, 99, 1234, u32::MAX] {
+            assert_eq!(bucket("n", "e", "r", s).pk, format!("n/BUCKET#e#r#{s}"));
+        }
     }
 }

@@ -85,12 +85,17 @@ fn validate_set_value(v: &SetValue) -> Result<(), StoreError> {
     }
 }
 
+/// Updates of at most this many actions are checked for repeated targets without a set.
+const SMALL_UPDATE: usize = 64;
+
 /// Check the update is well formed: no attribute targeted twice, keys never written, no
 /// empty set literal, `ADD` only with a number or a set. These are DynamoDB's static checks:
 /// they fail the request before its condition is evaluated.
 pub fn validate_update(update: &Update) -> Result<(), StoreError> {
-    let mut seen = BTreeSet::new();
-    for a in &update.actions {
+    // Small updates (every one the limiter writes) check for a repeated target by scanning
+    // the actions before it: no allocation. Large ones use a set.
+    let mut seen = (update.actions.len() > SMALL_UPDATE).then(BTreeSet::new);
+    for (i, a) in update.actions.iter().enumerate() {
         match a {
             Action::Set(_, v) => validate_set_value(v)?,
             Action::Add(_, v) => {
@@ -110,7 +115,11 @@ pub fn validate_update(update: &Update) -> Result<(), StoreError> {
                 "cannot update key attribute {t}"
             )));
         }
-        if !seen.insert(t) {
+        let repeated = match seen.as_mut() {
+            Some(seen) => !seen.insert(t),
+            None => update.actions[..i].iter().any(|b| b.target() == t),
+        };
+        if repeated {
             return Err(StoreError::Validation(format!(
                 "two document paths overlap: {t}"
             )));
@@ -181,17 +190,26 @@ pub fn apply_update(
     let empty = Item::new();
     let old_ref = old.unwrap_or(&empty);
     let mut new = old.cloned().unwrap_or_else(|| key_item.clone());
+    apply_actions(&mut new, old_ref, update)?;
+    Ok(new)
+}
+
+/// Apply a validated update's actions to `new`, every right-hand side reading `old` (the
+/// item before the write; `new` starts as a copy of it, or as the key attributes when it
+/// is absent). On an error `new` is partly written: the caller discards it or restores it.
+/// An attribute that already exists is overwritten in place (no new name allocated).
+pub fn apply_actions(new: &mut Item, old: &Item, update: &Update) -> Result<(), StoreError> {
     for a in &update.actions {
         match a {
             Action::Set(n, v) => {
-                let v = eval_set(old_ref, v)?;
-                new.insert(n.clone(), v);
+                let v = eval_set(old, v)?;
+                put_attr(new, n, v);
             }
             Action::Remove(n) => {
                 new.remove(n);
             }
             Action::Add(n, v) => {
-                let merged = match (old_ref.get(n), v) {
+                let merged = match (old.get(n), v) {
                     (None, Value::N(d)) => Value::N(*d),
                     (Some(Value::N(a)), Value::N(d)) => Value::N(
                         a.checked_add(*d)
@@ -215,11 +233,21 @@ pub fn apply_update(
                         )))
                     }
                 };
-                new.insert(n.clone(), merged);
+                put_attr(new, n, merged);
             }
         }
     }
-    Ok(new)
+    Ok(())
+}
+
+/// Write one attribute: in place when the name exists, else inserted under a new name.
+fn put_attr(item: &mut Item, name: &str, v: Value) {
+    match item.get_mut(name) {
+        Some(slot) => *slot = v,
+        None => {
+            item.insert(name.to_string(), v);
+        }
+    }
 }
 
 /// What one transaction operation writes: `None` = nothing (a check, or a remove-only

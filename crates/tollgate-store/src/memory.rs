@@ -6,11 +6,12 @@ use std::sync::{Arc, Mutex};
 
 use async_trait::async_trait;
 use tollgate_core::expr::{project, ReturnValues};
-use tollgate_core::value::{Item, Key};
+use tollgate_core::value::{Item, Key, Value};
 
 use crate::error::{CancelReason, StoreError};
 use crate::eval::{
-    apply_update_stored, eval_condition, key_item, plan_transact_op, validate_item, validate_update,
+    apply_actions, apply_update_stored, eval_condition, key_item, plan_transact_op, validate_item,
+    validate_update,
 };
 use crate::{
     validate_token, validate_transaction, DeleteRequest, PutRequest, Query, ScanPage, Store,
@@ -187,6 +188,37 @@ impl MemoryStore {
     }
 }
 
+/// Make `dst` equal to `src`. When both hold the same attribute names (an item updated
+/// again and again: its previous version and its current one), values are overwritten in
+/// place and nothing is allocated; otherwise `dst` becomes a fresh copy.
+fn copy_into(dst: &mut Item, src: &Item) {
+    let same_names = dst.len() == src.len() && dst.keys().zip(src.keys()).all(|(a, b)| a == b);
+    if !same_names {
+        *dst = src.clone();
+        return;
+    }
+    for (d, s) in dst.values_mut().zip(src.values()) {
+        match (d, s) {
+            (Value::N(d), Value::N(s)) => *d = *s,
+            (Value::S(d), Value::S(s)) => d.clone_from(s),
+            (Value::Bool(d), Value::Bool(s)) => *d = *s,
+            (d, s) => *d = s.clone(),
+        }
+    }
+    debug_assert!(dst == src, "a copy equals its source");
+}
+
+/// `UPDATED_NEW`: the attributes the update wrote, as they are after it; `None` when none
+/// of them remains (DynamoDB then omits `Attributes`).
+fn updated_new(new: &Item, update: &tollgate_core::expr::Update) -> Option<Item> {
+    let names: Vec<String> = update
+        .actions
+        .iter()
+        .map(|a| a.target().to_string())
+        .collect();
+    Some(project(new, &names)).filter(|p| !p.is_empty())
+}
+
 fn write(g: &mut Inner, key: &Key, new: Option<Item>) {
     let slot = g.items.entry(key.clone()).or_default();
     slot.prev = slot.cur.take();
@@ -243,36 +275,53 @@ impl Store for MemoryStore {
         validate_update(&req.update)?;
         let mut g = self.lock();
         self.charge(&mut g, &[&req.key])?;
-        // Evaluate against a borrow of the current item: the only copies made are the new
-        // item and what the request asks to have returned.
-        let (new, out, existed) = {
-            let cur = g.items.get(&req.key).and_then(|s| s.cur.as_ref());
+        // An existing item is updated in place: one copy of it is kept as the previous
+        // version (what a stale read sees, and what every right-hand side reads), and the
+        // only other copy is what the request asks to have returned.
+        if let Some(Slot {
+            cur: Some(cur),
+            prev,
+        }) = g.items.get_mut(&req.key)
+        {
             if let Some(c) = &req.condition {
-                if !eval_condition(cur, c) {
+                if !eval_condition(Some(cur), c) {
                     return Err(StoreError::ConditionFailed {
-                        old: cur.cloned().map(Box::new),
+                        old: Some(Box::new(cur.clone())),
                     });
                 }
             }
-            let new = apply_update_stored(cur, &key_item(&req.key), &req.update)?;
+            // The copy of the item as it is goes where the previous version was, reusing
+            // that version's memory (it is about to be dropped) when it has the same shape.
+            let mut old = prev.take().unwrap_or_default();
+            copy_into(&mut old, cur);
+            if let Err(e) = apply_actions(cur, &old, &req.update) {
+                *cur = old;
+                return Err(e);
+            }
             let out = match req.returns {
                 ReturnValues::None => None,
-                ReturnValues::AllNew => new.clone(),
-                ReturnValues::AllOld => cur.cloned(),
-                ReturnValues::UpdatedNew => new.as_ref().and_then(|new| {
-                    let names: Vec<String> = req
-                        .update
-                        .actions
-                        .iter()
-                        .map(|a| a.target().to_string())
-                        .collect();
-                    // DynamoDB omits `Attributes` when nothing it wrote remains.
-                    Some(project(new, &names)).filter(|p| !p.is_empty())
-                }),
+                ReturnValues::AllNew => Some(cur.clone()),
+                ReturnValues::AllOld => Some(old.clone()),
+                ReturnValues::UpdatedNew => updated_new(cur, &req.update),
             };
-            (new, out, cur.is_some())
+            *prev = Some(old);
+            return Ok(out);
+        }
+        // Absent (never written, or deleted): the update creates it, unless it only removes.
+        let cur = g.items.get(&req.key).and_then(|s| s.cur.as_ref());
+        debug_assert!(cur.is_none(), "an existing item is updated in place above");
+        if let Some(c) = &req.condition {
+            if !eval_condition(None, c) {
+                return Err(StoreError::ConditionFailed { old: None });
+            }
+        }
+        let new = apply_update_stored(None, &key_item(&req.key), &req.update)?;
+        let out = match req.returns {
+            ReturnValues::None | ReturnValues::AllOld => None,
+            ReturnValues::AllNew => new.clone(),
+            ReturnValues::UpdatedNew => new.as_ref().and_then(|n| updated_new(n, &req.update)),
         };
-        if new.is_some() || existed {
+        if new.is_some() {
             write(&mut g, &req.key, new);
         }
         Ok(out)

@@ -98,7 +98,7 @@ fn request(entity: &str, resource: &str, limits: Vec<Limit>, ph: &str) -> Result
         entity: entity.into(),
         resource: resource.into(),
         amounts: Vec::new(),
-        limits,
+        limits: limits.into(),
         ph: ph.into(),
         ttl: TtlWrite::Remove,
         // The aggregator never stamps the cascade policy (ADR-146): its writes do not carry
@@ -356,7 +356,7 @@ impl Aggregator {
         };
         let mut item = create_item(&id, &stamp, &req.limits, &evals, &[]);
         // ADR-140: the window state is shard 0's, verbatim; the snapshot restarts.
-        for l in &req.limits {
+        for l in req.limits.iter() {
             if !matches!(l.refill(), Refill::Window { .. }) {
                 continue;
             }

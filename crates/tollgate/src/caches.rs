@@ -2,40 +2,115 @@
 //! recently seen bucket images (ADR-147).
 
 use std::collections::HashMap;
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 
 use tollgate_core::bucket::BucketImage;
 
-type BucketId = (String, String);
-type ShardId = (String, String, u32);
-type Views = HashMap<ShardId, (i64, BucketImage)>;
+/// Values by entity, then resource: nested so a lookup by `&str` allocates nothing (a flat
+/// map keyed by `(String, String)` would build both strings on every lookup).
+type ByBucket<V> = HashMap<String, HashMap<String, V>>;
+
+/// Values by (entity, resource, shard), with the number held.
+#[derive(Debug)]
+struct ByShard<V> {
+    map: ByBucket<HashMap<u32, V>>,
+    len: usize,
+}
+
+impl<V> Default for ByShard<V> {
+    fn default() -> Self {
+        ByShard {
+            map: HashMap::new(),
+            len: 0,
+        }
+    }
+}
+
+impl<V> ByShard<V> {
+    fn get(&self, e: &str, r: &str, shard: u32) -> Option<&V> {
+        self.map.get(e)?.get(r)?.get(&shard)
+    }
+
+    /// Insert; the entity's and resource's names are copied only when first seen.
+    fn insert(&mut self, e: &str, r: &str, shard: u32, v: V) {
+        let by_resource = match self.map.get_mut(e) {
+            Some(m) => m,
+            None => self.map.entry(e.to_string()).or_default(),
+        };
+        let by_shard = match by_resource.get_mut(r) {
+            Some(m) => m,
+            None => by_resource.entry(r.to_string()).or_default(),
+        };
+        if by_shard.insert(shard, v).is_none() {
+            self.len += 1;
+        }
+    }
+
+    fn remove(&mut self, e: &str, r: &str, shard: u32) {
+        let removed = self
+            .map
+            .get_mut(e)
+            .and_then(|m| m.get_mut(r))
+            .and_then(|m| m.remove(&shard));
+        if removed.is_some() {
+            self.len -= 1;
+        }
+    }
+
+    fn retain(&mut self, mut keep: impl FnMut(&V) -> bool) {
+        let mut len = 0;
+        for by_resource in self.map.values_mut() {
+            for by_shard in by_resource.values_mut() {
+                by_shard.retain(|_, v| keep(v));
+                len += by_shard.len();
+            }
+            by_resource.retain(|_, m| !m.is_empty());
+        }
+        self.map.retain(|_, m| !m.is_empty());
+        self.len = len;
+    }
+
+    fn clear(&mut self) {
+        self.map.clear();
+        self.len = 0;
+    }
+}
 
 /// Most entries either cache keeps before it drops stale ones.
 const CAP: usize = 10_000;
 
 /// Cached shard counts, filled by every read or write that sees an item; never lowered.
 #[derive(Debug, Default)]
-pub struct ShardCounts(Mutex<HashMap<BucketId, i64>>);
+pub struct ShardCounts(Mutex<(ByBucket<i64>, usize)>);
 
 impl ShardCounts {
     /// The cached count.
     pub fn get(&self, e: &str, r: &str) -> Option<i64> {
         let g = self.0.lock().unwrap_or_else(|x| x.into_inner());
-        g.get(&(e.to_string(), r.to_string())).copied()
+        g.0.get(e)?.get(r).copied()
     }
     /// Raise the cached count (never lowers it).
     pub fn raise(&self, e: &str, r: &str, s: i64) {
         let mut g = self.0.lock().unwrap_or_else(|x| x.into_inner());
-        if g.len() >= CAP * 10 {
-            g.clear();
+        if let Some(v) = g.0.get_mut(e).and_then(|m| m.get_mut(r)) {
+            *v = (*v).max(s);
+            return;
         }
-        let v = g.entry((e.to_string(), r.to_string())).or_insert(s);
-        *v = (*v).max(s);
+        if g.1 >= CAP * 10 {
+            g.0.clear();
+            g.1 = 0;
+        }
+        g.0.entry(e.to_string())
+            .or_default()
+            .insert(r.to_string(), s);
+        g.1 += 1;
     }
     /// Forget an entity's counts (it was deleted).
     pub fn forget_entity(&self, e: &str) {
         let mut g = self.0.lock().unwrap_or_else(|x| x.into_inner());
-        g.retain(|(ge, _), _| ge != e);
+        if let Some(m) = g.0.remove(e) {
+            g.1 -= m.len();
+        }
     }
 }
 
@@ -45,7 +120,7 @@ impl ShardCounts {
 #[derive(Debug, Default)]
 pub struct RejectionCache {
     ttl_ms: i64,
-    map: Mutex<Views>,
+    map: Mutex<ByShard<(i64, Arc<BucketImage>)>>,
 }
 
 impl RejectionCache {
@@ -53,42 +128,42 @@ impl RejectionCache {
     pub fn new(ttl_ms: i64) -> Self {
         RejectionCache {
             ttl_ms,
-            map: Mutex::new(HashMap::new()),
+            map: Mutex::new(ByShard::default()),
         }
     }
 
-    fn lock(&self) -> std::sync::MutexGuard<'_, Views> {
+    fn lock(&self) -> std::sync::MutexGuard<'_, ByShard<(i64, Arc<BucketImage>)>> {
         self.map.lock().unwrap_or_else(|x| x.into_inner())
     }
 
     /// Remember what a shard looked like at `now`.
-    pub fn record(&self, e: &str, r: &str, shard: u32, img: BucketImage, now: i64) {
+    pub fn record(&self, e: &str, r: &str, shard: u32, img: impl Into<Arc<BucketImage>>, now: i64) {
         if self.ttl_ms <= 0 {
             return;
         }
         let mut g = self.lock();
-        if g.len() >= CAP {
+        if g.len >= CAP {
             let ttl = self.ttl_ms;
-            g.retain(|_, (at, _)| now - *at < ttl);
-            if g.len() >= CAP {
+            g.retain(|(at, _)| now - *at < ttl);
+            if g.len >= CAP {
                 g.clear();
             }
         }
-        g.insert((e.into(), r.into(), shard), (now, img));
+        g.insert(e, r, shard, (now, img.into()));
     }
 
     /// A trusted view: younger than the TTL, before its `vu`, not past its item TTL.
     pub fn view(&self, e: &str, r: &str, shard: u32, now: i64) -> Option<BucketImage> {
         let g = self.lock();
-        let (at, img) = g.get(&(e.to_string(), r.to_string(), shard))?;
+        let (at, img) = g.get(e, r, shard)?;
         let fresh = now - at < self.ttl_ms && now >= *at;
         let valid = img.vu.is_none_or(|v| v > now) && img.ttl.is_none_or(|t| t > now / 1000);
-        (fresh && valid).then(|| img.clone())
+        (fresh && valid).then(|| BucketImage::clone(img))
     }
 
     /// Forget one shard (a local credit changed it).
     pub fn forget(&self, e: &str, r: &str, shard: u32) {
-        self.lock().remove(&(e.to_string(), r.to_string(), shard));
+        self.lock().remove(e, r, shard);
     }
 
     /// Forget everything (admin writes).
@@ -101,31 +176,33 @@ impl RejectionCache {
 /// (`ALL_NEW` / `ALL_OLD`). Used only to plan the next write without reading first (rule
 /// "plan from what the store last said"): every write planned from it is conditioned on
 /// what it assumes (`rf`, the balances read), so a stale entry costs one failed write,
-/// whose returned image replaces it, never an over-admission.
+/// whose returned image replaces it, never an over-admission. Images are shared (`Arc`)
+/// with the leases and plans that use them, never copied.
 #[derive(Debug, Default)]
-pub struct ImageCache(Mutex<HashMap<ShardId, BucketImage>>);
+pub struct ImageCache(Mutex<ByShard<Arc<BucketImage>>>);
 
 impl ImageCache {
+    fn lock(&self) -> std::sync::MutexGuard<'_, ByShard<Arc<BucketImage>>> {
+        self.0.lock().unwrap_or_else(|x| x.into_inner())
+    }
     /// The last image of a shard.
-    pub fn get(&self, e: &str, r: &str, shard: u32) -> Option<BucketImage> {
-        let g = self.0.lock().unwrap_or_else(|x| x.into_inner());
-        g.get(&(e.to_string(), r.to_string(), shard)).cloned()
+    pub fn get(&self, e: &str, r: &str, shard: u32) -> Option<Arc<BucketImage>> {
+        self.lock().get(e, r, shard).cloned()
     }
     /// Remember a shard's image.
-    pub fn put(&self, e: &str, r: &str, shard: u32, img: BucketImage) {
-        let mut g = self.0.lock().unwrap_or_else(|x| x.into_inner());
-        if g.len() >= CAP {
+    pub fn put(&self, e: &str, r: &str, shard: u32, img: impl Into<Arc<BucketImage>>) {
+        let mut g = self.lock();
+        if g.len >= CAP && g.get(e, r, shard).is_none() {
             g.clear();
         }
-        g.insert((e.to_string(), r.to_string(), shard), img);
+        g.insert(e, r, shard, img.into());
     }
     /// Forget one shard.
     pub fn forget(&self, e: &str, r: &str, shard: u32) {
-        let mut g = self.0.lock().unwrap_or_else(|x| x.into_inner());
-        g.remove(&(e.to_string(), r.to_string(), shard));
+        self.lock().remove(e, r, shard);
     }
     /// Forget everything (administrative writes).
     pub fn clear(&self) {
-        self.0.lock().unwrap_or_else(|x| x.into_inner()).clear();
+        self.lock().clear();
     }
 }

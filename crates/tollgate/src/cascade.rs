@@ -29,11 +29,13 @@ pub use tollgate_core::cascade::effective_policy;
 /// limits the parent has for the resource (its own resolved limits; a limit only the child
 /// has is the child's alone). A parent with no limits at all for the resource is a
 /// configuration error ([`Error::NoLimits`] naming the parent).
+#[allow(clippy::too_many_arguments)]
 pub(crate) fn parent_request(
     inner: &Inner,
     child: &Request,
     parent: &str,
-    limits: Vec<tollgate_core::Limit>,
+    limits: std::sync::Arc<[tollgate_core::Limit]>,
+    ph: Option<std::sync::Arc<str>>,
     source: Source,
     cascade: bool,
     now: i64,
@@ -44,7 +46,7 @@ pub(crate) fn parent_request(
         .filter(|(n, _)| limits.iter().any(|l| l.name() == n))
         .cloned()
         .collect();
-    let req = inner.request(parent, &child.resource, amounts, limits, source, now)?;
+    let req = inner.request_hashed(parent, &child.resource, amounts, limits, ph, source, now)?;
     Ok(Request { cascade, ..req })
 }
 

@@ -11,7 +11,7 @@
 //! around: only an outage is.
 
 use std::collections::{BTreeMap, HashMap};
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 
 use tollgate_core::bucket::SCHED_NONE;
 use tollgate_core::error::RuleError;
@@ -244,11 +244,15 @@ struct Entry {
     parent_id: Option<String>,
 }
 
-/// Resolved limits for one call.
+/// Resolved limits for one call. Cheap to clone: the limits and their parameter hash are
+/// shared with the cache.
 #[derive(Debug, Clone)]
 pub struct Resolved {
     /// The limits.
-    pub limits: Vec<Limit>,
+    pub limits: Arc<[Limit]>,
+    /// Their parameter hash ([`tollgate_core::writes::params_hash`]), computed once per
+    /// resolution rather than per call.
+    pub ph: Arc<str>,
     /// Where they came from.
     pub source: Source,
     /// The system-level `on_unavailable`, if stored.
@@ -264,12 +268,31 @@ pub struct Resolved {
     pub unreachable: Option<String>,
 }
 
+/// A whole resolution kept for its (entity, resource): valid while every level it was
+/// made of is fresh, i.e. until the earliest of their expiries.
+#[derive(Debug)]
+struct Whole {
+    ns: String,
+    expires_at: i64,
+    resolved: Resolved,
+}
+
+/// Whole resolutions by entity, then resource: nested so a lookup by `&str` allocates
+/// nothing.
+type Wholes = HashMap<String, HashMap<String, Whole>>;
+
+/// Most entities the whole-resolution cache keeps before it is emptied.
+const WHOLE_CAP: usize = 100_000;
+
 /// A TTL cache of config items (negative entries included), keyed by item key.
 #[derive(Debug, Default)]
 pub struct ConfigCache {
     ttl_ms: i64,
     stale_max_ms: i64,
     entries: Mutex<HashMap<Key, Entry>>,
+    /// The hit path: a resolution whose levels are all fresh, served without building a
+    /// key or copying an entry. Emptied whenever an entry is evicted.
+    wholes: Mutex<Wholes>,
     /// The system level's `on_unavailable` as last read, and when (ms).
     last_policy: Mutex<Option<(Option<OnUnavailable>, i64)>>,
 }
@@ -282,6 +305,7 @@ impl ConfigCache {
             ttl_ms,
             stale_max_ms: 0,
             entries: Mutex::new(HashMap::new()),
+            wholes: Mutex::new(HashMap::new()),
             last_policy: Mutex::new(None),
         }
     }
@@ -308,14 +332,20 @@ impl ConfigCache {
         self.entries.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    /// Forget one config item.
+    fn wholes(&self) -> std::sync::MutexGuard<'_, Wholes> {
+        self.wholes.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Forget one config item (and every whole resolution, which may have used it).
     pub fn evict(&self, key: &Key) {
         self.lock().remove(key);
+        self.wholes().clear();
     }
 
     /// Forget everything (the last-read system policy included).
     pub fn clear(&self) {
         self.lock().clear();
+        self.wholes().clear();
         *self.last_policy.lock().unwrap_or_else(|e| e.into_inner()) = None;
     }
 
@@ -329,6 +359,14 @@ impl ConfigCache {
         resource: &str,
         now: i64,
     ) -> Result<Resolved> {
+        {
+            let g = self.wholes();
+            if let Some(w) = g.get(entity).and_then(|m| m.get(resource)) {
+                if w.expires_at > now && w.ns == ns {
+                    return Ok(w.resolved.clone());
+                }
+            }
+        }
         let levels = [
             (keys::entity_config(ns, entity, resource), Source::Entity),
             (
@@ -436,28 +474,45 @@ impl ConfigCache {
             meta.as_ref().and_then(|e| e.cascade),
             parent_id.as_deref(),
         );
-        for ((_, src), f) in levels.iter().zip(found) {
-            if let Some(e) = f {
-                if !e.limits.is_empty() {
-                    return Ok(Resolved {
-                        limits: e.limits,
-                        source: *src,
-                        on_unavailable,
-                        parent_id,
-                        cascade,
-                        unreachable,
-                    });
-                }
-            }
-        }
-        Ok(Resolved {
-            limits: Vec::new(),
-            source: Source::System,
+        // The earliest expiry of the levels used: the whole resolution is valid until then.
+        // Served stale, it is not kept.
+        let expires_at = found
+            .iter()
+            .flatten()
+            .map(|e| e.expires_at)
+            .chain(meta.as_ref().map(|e| e.expires_at))
+            .min()
+            .unwrap_or(now);
+        let fresh = unreachable.is_none() && expires_at > now && self.ttl_ms > 0;
+        let (limits, source) = levels
+            .iter()
+            .zip(found)
+            .find_map(|((_, src), f)| f.filter(|e| !e.limits.is_empty()).map(|e| (e.limits, *src)))
+            .unwrap_or((Vec::new(), Source::System));
+        let resolved = Resolved {
+            ph: tollgate_core::writes::params_hash(&limits).into(),
+            limits: limits.into(),
+            source,
             on_unavailable,
             parent_id,
             cascade,
             unreachable,
-        })
+        };
+        if fresh {
+            let mut g = self.wholes();
+            if g.len() >= WHOLE_CAP {
+                g.clear();
+            }
+            g.entry(entity.to_string()).or_default().insert(
+                resource.to_string(),
+                Whole {
+                    ns: ns.to_string(),
+                    expires_at,
+                    resolved: resolved.clone(),
+                },
+            );
+        }
+        Ok(resolved)
     }
 }
 

@@ -259,8 +259,8 @@ impl Inner {
                     .any(|x| x.img.as_ref().is_some_and(|i| i.disabled))
             {
                 return Err(Error::ResourceDisabled {
-                    entity: req.entity.clone(),
-                    resource: req.resource.clone(),
+                    entity: req.entity.to_string(),
+                    resource: req.resource.to_string(),
                 });
             }
             // Per limit: the takes per shard.
@@ -448,8 +448,8 @@ impl Inner {
             }
         }
         Err(Error::Contended {
-            entity: req.entity.clone(),
-            resource: req.resource.clone(),
+            entity: req.entity.to_string(),
+            resource: req.resource.to_string(),
         })
     }
 

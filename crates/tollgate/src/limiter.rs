@@ -834,6 +834,7 @@ impl Limiter {
                 now,
             )
             .await?
-            .limits)
+            .limits
+            .to_vec())
     }
 }

@@ -106,8 +106,8 @@ impl Limiter {
             entity: entity.into(),
             resource: resource.into(),
             amounts: Vec::new(),
-            limits: Vec::new(),
-            ph: String::new(),
+            limits: Vec::new().into(),
+            ph: "".into(),
             ttl: TtlWrite::Remove,
             cascade: false,
         };

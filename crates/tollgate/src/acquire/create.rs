@@ -13,7 +13,7 @@ impl Inner {
         key: &Key,
         now: i64,
         moves: bool,
-        known: &mut Option<BucketImage>,
+        known: &mut Option<Arc<BucketImage>>,
     ) -> Pass<Lease> {
         let cached = self.shards.get(&req.entity, &req.resource).unwrap_or(1);
         if shard != 0 {
@@ -22,8 +22,8 @@ impl Inner {
             if let Some(i) = self.store.get(&k0, true).await? {
                 if BucketImage::decode(&i)?.disabled {
                     return Err(Flow::Fail(Error::ResourceDisabled {
-                        entity: req.entity.clone(),
-                        resource: req.resource.clone(),
+                        entity: req.entity.to_string(),
+                        resource: req.resource.to_string(),
                     }));
                 }
             }

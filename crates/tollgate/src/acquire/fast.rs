@@ -32,15 +32,15 @@ impl Inner {
                 Err(Some((failure, img))) => match failure {
                     FastFailure::Disabled => {
                         return Err(Error::ResourceDisabled {
-                            entity: req.entity.clone(),
-                            resource: req.resource.clone(),
+                            entity: req.entity.to_string(),
+                            resource: req.resource.to_string(),
                         })
                     }
                     FastFailure::Missing => return Ok(Fast::Slow(cur, None)),
                     FastFailure::Expired
                     | FastFailure::Boundary
                     | FastFailure::ParamsChanged
-                    | FastFailure::LimitMissing => return Ok(Fast::Slow(cur, img.map(Box::new))),
+                    | FastFailure::LimitMissing => return Ok(Fast::Slow(cur, img.map(Arc::new))),
                     FastFailure::WcuExhausted | FastFailure::Both => {
                         let img = img.ok_or_else(|| Error::Corrupt("no image".into()))?;
                         if would_refill_satisfy(&img, &req.limits, &req.amounts, now) {
@@ -48,20 +48,20 @@ impl Inner {
                             // app-limit rejection.
                             let wcu = evaluate_wcu(img.wcu.as_ref(), img.rf, now);
                             if !shards::should_double(wcu.balance, img.shard_count) {
-                                return Ok(Fast::Slow(cur, Some(Box::new(img))));
+                                return Ok(Fast::Slow(cur, Some(Arc::new(img))));
                             }
                             let new_s = self.bump(req, img.shard_count.max(s)).await?;
                             if new_s > s {
                                 return Ok(Fast::Slow(self.rng.draw(s as u32, new_s as u32), None));
                             }
-                            return Ok(Fast::Slow(cur, Some(Box::new(img))));
+                            return Ok(Fast::Slow(cur, Some(Arc::new(img))));
                         }
                         images.push(img);
                     }
                     FastFailure::AppLimit => {
                         let img = img.ok_or_else(|| Error::Corrupt("no image".into()))?;
                         if would_refill_satisfy(&img, &req.limits, &req.amounts, now) {
-                            return Ok(Fast::Slow(cur, Some(Box::new(img))));
+                            return Ok(Fast::Slow(cur, Some(Arc::new(img))));
                         }
                         self.rejections
                             .record(&req.entity, &req.resource, cur, img.clone(), now);
@@ -105,7 +105,7 @@ impl Inner {
             Some(x) => Ok(Fast::Rejected(x)),
             // The image shows enough (a refill the stored balance did not carry yet): the
             // slow path materialises it.
-            None => Ok(Fast::Slow(cur, images.pop().map(Box::new))),
+            None => Ok(Fast::Slow(cur, images.pop().map(Arc::new))),
         }
     }
 
@@ -131,11 +131,11 @@ impl Inner {
             .await;
         match r {
             Ok(new) => {
-                let img = returned_image(new.as_ref(), &key)?;
+                let img = Arc::new(returned_image(new.as_ref(), &key)?);
                 self.shards
                     .raise(&req.entity, &req.resource, img.shard_count);
                 self.images
-                    .put(&req.entity, &req.resource, shard, img.clone());
+                    .put(&req.entity, &req.resource, shard, Arc::clone(&img));
                 Stats::bump(&self.stats.fast_admits);
                 let evals = self.evaluate_all(req, &img, now);
                 Ok(Ok(self.lease(
@@ -144,7 +144,7 @@ impl Inner {
                     key,
                     &evals,
                     Some(&img),
-                    Some(img.clone()),
+                    Some(Arc::clone(&img)),
                     img.shard_count,
                     now,
                 )))

@@ -46,12 +46,14 @@ pub struct AcquireOptions {
 /// A validated request.
 #[derive(Debug, Clone)]
 pub(crate) struct Request {
-    pub entity: String,
-    pub resource: String,
+    /// Shared with the lease granted for it.
+    pub entity: Arc<str>,
+    pub resource: Arc<str>,
     /// Named amounts in millitokens.
     pub amounts: Vec<(String, i64)>,
-    pub limits: Vec<Limit>,
-    pub ph: String,
+    /// Shared with the config cache (and with the lease): cloning a request copies no limit.
+    pub limits: Arc<[Limit]>,
+    pub ph: Arc<str>,
     pub ttl: TtlWrite,
     /// The effective cascade policy, stamped on the items the slow path writes (ADR-146);
     /// `request` leaves it off, the caller sets it from the resolved config.
@@ -102,7 +104,7 @@ enum Fast {
     Granted(Box<Lease>),
     /// Take the slow path on this shard, planning from this image when one is known (a
     /// failed write's old item: no read needed).
-    Slow(u32, Option<Box<BucketImage>>),
+    Slow(u32, Option<Arc<BucketImage>>),
     Rejected(Box<Exceeded>),
 }
 
@@ -111,7 +113,7 @@ enum Fast {
 /// slow path plans from `img` at once instead of spending a write to learn it.
 fn needs_materialising(img: &BucketImage, req: &Request, now: i64) -> bool {
     !image_trusted(img, &req.limits, &req.amounts, now)
-        || img.ph.as_deref() != Some(req.ph.as_str())
+        || img.ph.as_deref() != Some(&*req.ph)
         || img.ttl.is_some_and(|t| t <= now / 1000)
         || req.amounts.iter().any(|(n, _)| !img.limits.contains_key(n))
 }
@@ -147,13 +149,13 @@ impl Limiter {
                 .config
                 .resolve(inner.store.as_ref(), inner.ns(), entity, resource, now)
                 .await?;
-            let (limits, source) = match opts.limits {
-                Some(l) => (l, Source::Override),
+            let (limits, ph, source) = match opts.limits {
+                Some(l) => (Arc::<[Limit]>::from(l), None, Source::Override),
                 None => {
                     if policy.is_none() {
                         policy = res.on_unavailable;
                     }
-                    (res.limits, res.source)
+                    (res.limits, Some(res.ph), res.source)
                 }
             };
             if let Some(m) = res.unreachable {
@@ -162,7 +164,7 @@ impl Limiter {
             }
             let req = Request {
                 cascade: res.cascade,
-                ..inner.request(entity, resource, amounts, limits, source, now)?
+                ..inner.request_hashed(entity, resource, amounts, limits, ph, source, now)?
             };
             // ADR-146: the parent is charged with its own resolved limits (resolved before
             // any write, so a parent without limits fails without debiting the child).
@@ -177,6 +179,7 @@ impl Limiter {
                         &req,
                         p,
                         pres.limits,
+                        Some(pres.ph),
                         pres.source,
                         pres.cascade,
                         now,
@@ -223,7 +226,23 @@ impl Inner {
         entity: &str,
         resource: &str,
         amounts: Vec<(String, i64)>,
-        limits: Vec<Limit>,
+        limits: impl Into<Arc<[Limit]>>,
+        source: Source,
+        now: i64,
+    ) -> Result<Request> {
+        self.request_hashed(entity, resource, amounts, limits.into(), None, source, now)
+    }
+
+    /// [`Inner::request`] with the limits' parameter hash when it is already known (the
+    /// config cache computes it once per resolution).
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn request_hashed(
+        &self,
+        entity: &str,
+        resource: &str,
+        amounts: Vec<(String, i64)>,
+        limits: Arc<[Limit]>,
+        ph: Option<Arc<str>>,
         source: Source,
         now: i64,
     ) -> Result<Request> {
@@ -256,7 +275,7 @@ impl Inner {
         Ok(Request {
             entity: entity.into(),
             resource: resource.into(),
-            ph: params_hash(&limits),
+            ph: ph.unwrap_or_else(|| params_hash(&limits).into()),
             amounts,
             limits,
             ttl,
@@ -290,7 +309,7 @@ impl Inner {
                         None => match self.fast(req, shard, s, now).await? {
                             Fast::Granted(l) => Ok(*l),
                             Fast::Rejected(x) => Err(Error::RateLimitExceeded(x)),
-                            Fast::Slow(shard, img) => self.slow(req, shard, img.map(|b| *b)).await,
+                            Fast::Slow(shard, img) => self.slow(req, shard, img).await,
                         },
                     }
                 }

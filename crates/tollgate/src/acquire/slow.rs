@@ -19,7 +19,7 @@ impl Inner {
         self: &Arc<Self>,
         req: &Request,
         shard: u32,
-        known: Option<BucketImage>,
+        known: Option<Arc<BucketImage>>,
     ) -> Result<Lease> {
         let key = self.bucket_key(req, shard);
         let mut attempt = 0;
@@ -39,8 +39,8 @@ impl Inner {
                 }
                 Err(Error::Unavailable(StoreError::TransactionConflict)) => {
                     return Err(Error::Contended {
-                        entity: req.entity.clone(),
-                        resource: req.resource.clone(),
+                        entity: req.entity.to_string(),
+                        resource: req.resource.to_string(),
                     });
                 }
                 r => return r,
@@ -54,7 +54,7 @@ impl Inner {
         shard: u32,
         key: &Key,
         moves: bool,
-        known: Option<BucketImage>,
+        known: Option<Arc<BucketImage>>,
     ) -> Result<Lease> {
         // ADR-145: a lost move re-plans once, then seeds with moves disabled.
         let mut moves = moves;
@@ -79,7 +79,7 @@ impl Inner {
         shard: u32,
         key: &Key,
         moves: bool,
-        known: &mut Option<BucketImage>,
+        known: &mut Option<Arc<BucketImage>>,
     ) -> Pass<Lease> {
         let img = match known.take() {
             Some(img) => img,
@@ -88,7 +88,7 @@ impl Inner {
                     let now = self.clock.now_ms();
                     return self.create(req, shard, key, now, moves, known).await;
                 }
-                Some(item) => BucketImage::decode(&item)?,
+                Some(item) => Arc::new(BucketImage::decode(&item)?),
             },
         };
         // The clock is read after the item: a write is only as fresh as the `now` it
@@ -96,8 +96,8 @@ impl Inner {
         let now = self.clock.now_ms();
         if img.disabled {
             return Err(Flow::Fail(Error::ResourceDisabled {
-                entity: req.entity.clone(),
-                resource: req.resource.clone(),
+                entity: req.entity.to_string(),
+                resource: req.resource.to_string(),
             }));
         }
         let img_rf = img.rf;
@@ -250,12 +250,12 @@ impl Inner {
         req: &Request,
         shard: u32,
         new: Option<&tollgate_core::value::Item>,
-    ) -> Result<Option<BucketImage>> {
+    ) -> Result<Option<Arc<BucketImage>>> {
         match new {
             Some(i) => {
-                let img = BucketImage::decode(i)?;
+                let img = Arc::new(BucketImage::decode(i)?);
                 self.images
-                    .put(&req.entity, &req.resource, shard, img.clone());
+                    .put(&req.entity, &req.resource, shard, Arc::clone(&img));
                 Ok(Some(img))
             }
             None => {
@@ -280,7 +280,7 @@ impl Inner {
         evals: &[Evaluated],
         old: Option<BucketImage>,
         now: i64,
-        known: &mut Option<BucketImage>,
+        known: &mut Option<Arc<BucketImage>>,
     ) -> Pass<Lease> {
         let Some(old) = old else {
             // The item is gone: read again (and create it).
@@ -288,14 +288,15 @@ impl Inner {
         };
         if old.disabled {
             return Err(Flow::Fail(Error::ResourceDisabled {
-                entity: req.entity.clone(),
-                resource: req.resource.clone(),
+                entity: req.entity.to_string(),
+                resource: req.resource.to_string(),
             }));
         }
         self.shards
             .raise(&req.entity, &req.resource, old.shard_count);
+        let old = Arc::new(old);
         self.images
-            .put(&req.entity, &req.resource, shard, old.clone());
+            .put(&req.entity, &req.resource, shard, Arc::clone(&old));
         // The lock is still ours (rf unchanged) but a pinned balance moved: re-plan rather
         // than spend the pre-reset balance.
         let lock_held = old.rf == read_rf;
@@ -313,7 +314,7 @@ impl Inner {
         match self.retry(req, shard, key, s, now).await? {
             Ok(lease) => Ok(lease),
             Err(Some(img)) => {
-                *known = Some(img);
+                *known = Some(Arc::new(img));
                 Err(Flow::Reread)
             }
             Err(None) => Err(Flow::Reread),
@@ -344,9 +345,9 @@ impl Inner {
             .await;
         match r {
             Ok(new) => {
-                let img = returned_image(new.as_ref(), key)?;
+                let img = Arc::new(returned_image(new.as_ref(), key)?);
                 self.images
-                    .put(&req.entity, &req.resource, shard, img.clone());
+                    .put(&req.entity, &req.resource, shard, Arc::clone(&img));
                 Stats::bump(&self.stats.slow_admits);
                 let evals = self.evaluate_all(req, &img, now);
                 Ok(Ok(self.lease(
@@ -355,7 +356,7 @@ impl Inner {
                     key.clone(),
                     &evals,
                     Some(&img),
-                    Some(img.clone()),
+                    Some(Arc::clone(&img)),
                     s,
                     now,
                 )))
@@ -368,8 +369,8 @@ impl Inner {
                     .put(&req.entity, &req.resource, shard, img.clone());
                 if img.disabled {
                     return Err(Error::ResourceDisabled {
-                        entity: req.entity.clone(),
-                        resource: req.resource.clone(),
+                        entity: req.entity.to_string(),
+                        resource: req.resource.to_string(),
                     });
                 }
                 if needs_materialising(&img, req, now) {

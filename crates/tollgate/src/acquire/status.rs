@@ -37,7 +37,7 @@ impl Inner {
         key: Key,
         evals: &[Evaluated],
         landed: Option<&BucketImage>,
-        after: Option<BucketImage>,
+        after: Option<Arc<BucketImage>>,
         s: i64,
         now: i64,
     ) -> Lease {

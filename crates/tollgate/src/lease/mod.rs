@@ -60,15 +60,15 @@ pub(crate) struct Part {
     pub pins: BTreeMap<String, Condition>,
     /// The item right after the debit, when the write returned it (a refund's trust check
     /// is computed from it).
-    pub image: Option<BucketImage>,
+    pub image: Option<Arc<BucketImage>>,
 }
 
 /// A granted request. Amounts are in tokens.
 pub struct Lease {
     pub(crate) lim: Option<Arc<Inner>>,
     pub(crate) req: Option<Request>,
-    pub(crate) entity: String,
-    pub(crate) resource: String,
+    pub(crate) entity: Arc<str>,
+    pub(crate) resource: Arc<str>,
     /// The shards debited; the first is the one the acquire aimed at.
     pub(crate) parts: Vec<Part>,
     pub(crate) pending: BTreeMap<String, i64>,
@@ -178,7 +178,7 @@ impl Lease {
     }
 
     fn limits(&self) -> &[Limit] {
-        self.req.as_ref().map_or(&[], |r| r.limits.as_slice())
+        self.req.as_ref().map_or(&[], |r| &r.limits[..])
     }
 
     /// Milli held per limit over every shard (debit and landed adjustments).
@@ -227,7 +227,7 @@ impl Lease {
         if !self.limits().iter().any(|l| l.name() == limit) {
             return Err(Error::UnknownLimit {
                 limit: limit.into(),
-                resource: self.resource.clone(),
+                resource: self.resource.to_string(),
                 known: self
                     .limits()
                     .iter()

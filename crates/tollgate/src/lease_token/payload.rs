@@ -254,12 +254,12 @@ pub(super) fn doc_of(inner: &Inner, l: &Lease) -> Doc {
         .chain(seen)
         .max();
     Doc {
-        entity: l.entity.clone(),
-        resource: l.resource.clone(),
+        entity: l.entity.to_string(),
+        resource: l.resource.to_string(),
         req: l.req.as_ref().map(|r| ReqDoc {
             amounts: r.amounts.clone(),
             limits: r.limits.iter().map(LimitSpec::from).collect(),
-            ph: r.ph.clone(),
+            ph: r.ph.to_string(),
             ttl: match r.ttl {
                 TtlWrite::Set(t) => Some(t),
                 TtlWrite::Remove => None,
@@ -274,7 +274,7 @@ pub(super) fn doc_of(inner: &Inner, l: &Lease) -> Doc {
                 key: p.key.clone(),
                 held: p.held.clone(),
                 pins: p.pins.clone(),
-                image: p.image.as_ref().map(ImageDoc::from),
+                image: p.image.as_deref().map(ImageDoc::from),
             })
             .collect(),
         pending: l.pending.clone(),
@@ -305,11 +305,11 @@ pub(super) fn lease_of(inner: &Arc<Inner>, d: Doc, depth: u32) -> Result<Lease> 
                 return Err(invalid("its limits do not match their parameter hash"));
             }
             Some(Request {
-                entity: d.entity.clone(),
-                resource: d.resource.clone(),
+                entity: d.entity.as_str().into(),
+                resource: d.resource.as_str().into(),
                 amounts: r.amounts,
-                limits,
-                ph: r.ph,
+                limits: limits.into(),
+                ph: r.ph.into(),
                 ttl: r.ttl.map_or(TtlWrite::Remove, TtlWrite::Set),
                 cascade: r.cascade,
             })
@@ -333,14 +333,14 @@ pub(super) fn lease_of(inner: &Arc<Inner>, d: Doc, depth: u32) -> Result<Lease> 
     Ok(Lease {
         lim: req.as_ref().map(|_| inner.clone()),
         req,
-        entity: d.entity,
-        resource: d.resource,
+        entity: d.entity.into(),
+        resource: d.resource.into(),
         parts: d
             .parts
             .into_iter()
             .map(|p| Part {
                 shard: p.shard,
-                image: p.image.map(|i| i.image(&p.key)),
+                image: p.image.map(|i| Arc::new(i.image(&p.key))),
                 key: p.key,
                 held: p.held,
                 pins: p.pins,

@@ -1,0 +1,138 @@
+//! Issue 17: a warm acquire on `MemoryStore` allocates at most a fixed number of times.
+//!
+//! A counting global allocator counts the allocations made on the test's own thread while
+//! a switch is on. An allocation count is deterministic for a given build of the code (the
+//! same calls allocate the same blocks), so it may be asserted; timings may not.
+
+use std::alloc::{GlobalAlloc, Layout, System};
+use std::cell::Cell;
+use std::sync::Arc;
+
+use tollgate::{Limit, Limiter, ManualClock, Scope};
+use tollgate_store::MemoryStore;
+
+/// The system allocator, counting this thread's allocations while `ON` is set.
+struct Counting;
+
+thread_local! {
+    static ON: Cell<bool> = const { Cell::new(false) };
+    static COUNT: Cell<u64> = const { Cell::new(0) };
+}
+
+fn note() {
+    // `try_with`: the thread-locals may be gone while a thread shuts down.
+    let _ = ON.try_with(|on| {
+        if on.get() {
+            let _ = COUNT.try_with(|c| c.set(c.get() + 1));
+        }
+    });
+}
+
+// SAFETY: every call is forwarded unchanged to `System`; counting has no effect on it.
+unsafe impl GlobalAlloc for Counting {
+    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
+        note();
+        System.alloc(layout)
+    }
+    unsafe fn alloc_zeroed(&self, layout: Layout) -> *mut u8 {
+        note();
+        System.alloc_zeroed(layout)
+    }
+    unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
+        note();
+        System.realloc(ptr, layout, new_size)
+    }
+    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
+        System.dealloc(ptr, layout)
+    }
+}
+
+#[global_allocator]
+static GLOBAL: Counting = Counting;
+
+/// Acquires before counting: the first creates the bucket, the next ones leave the item,
+/// its previous version and the caches in their steady shape.
+const WARM_UP: usize = 4;
+
+/// Allocations of each of `n` warm acquires (the lease dropped included) of `names` on one
+/// entity, after [`WARM_UP`] acquires, the clock moving `step_ms` before each.
+fn allocations_per_acquire(names: &[&str], n: usize, step_ms: i64) -> Vec<u64> {
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("a current-thread runtime");
+    let clock = Arc::new(ManualClock::new(1_767_225_600_000));
+    let lim = Limiter::builder(Arc::new(MemoryStore::new()))
+        .clock(clock.clone())
+        .build()
+        .expect("limiter");
+    let limits: Vec<Limit> = names
+        .iter()
+        .map(|x| Limit::per_second(x, 1_000_000_000).expect("a valid limit"))
+        .collect();
+    let amounts: Vec<(&str, i64)> = names.iter().map(|x| (*x, 1)).collect();
+    rt.block_on(async {
+        lim.set_limits(&Scope::Resource("api".into()), &limits, None)
+            .await
+            .expect("set limits");
+        for _ in 0..WARM_UP {
+            clock.advance(step_ms);
+            lim.acquire("user-1", "api", &amounts)
+                .await
+                .expect("warm-up acquire admitted");
+        }
+        let mut per = Vec::with_capacity(n);
+        for _ in 0..n {
+            clock.advance(step_ms);
+            COUNT.with(|c| c.set(0));
+            ON.with(|on| on.set(true));
+            let lease = lim
+                .acquire("user-1", "api", &amounts)
+                .await
+                .expect("admitted");
+            drop(lease);
+            ON.with(|on| on.set(false));
+            per.push(COUNT.with(Cell::get));
+        }
+        per
+    })
+}
+
+/// The largest count, and that every acquire allocated the same number of times.
+fn steady(what: &str, v: &[u64]) -> u64 {
+    let max = v.iter().copied().max().unwrap_or(u64::MAX);
+    assert!(
+        v.iter().all(|x| *x == max),
+        "{what}: every warm acquire allocates alike: {v:?}"
+    );
+    max
+}
+
+#[test]
+fn warm_acquire_allocation_count_is_bounded() {
+    let one = ["rpm"];
+    let three = ["rpm", "tpm", "rpd"];
+    // 1 ms between acquires: each one materialises the refill (the rf-locked write planned
+    // from the image the last write returned). The same instant: the speculative write.
+    let slow_1 = steady("1 limit, 1 ms apart", &allocations_per_acquire(&one, 50, 1));
+    let slow_3 = steady(
+        "3 limits, 1 ms apart",
+        &allocations_per_acquire(&three, 50, 1),
+    );
+    let fast_1 = steady(
+        "1 limit, same instant",
+        &allocations_per_acquire(&one, 50, 0),
+    );
+    let fast_3 = steady(
+        "3 limits, same instant",
+        &allocations_per_acquire(&three, 50, 0),
+    );
+    eprintln!(
+        "allocations per warm acquire: 1 ms apart {slow_1} (1 limit) {slow_3} (3 limits); \
+         same instant {fast_1} (1 limit) {fast_3} (3 limits)"
+    );
+    assert!(slow_1 <= 1_000, "{slow_1}");
+    assert!(slow_3 <= 1_000, "{slow_3}");
+    assert!(fast_1 <= 1_000, "{fast_1}");
+    assert!(fast_3 <= 1_000, "{fast_3}");
+}
