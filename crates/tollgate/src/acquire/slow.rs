@@ -59,7 +59,7 @@ impl Inner {
         let mut known = known;
         loop {
             let r = self
-                .slow_attempt(req, shard, key, budget.moves, &mut known)
+                .slow_attempt(req, shard, key, budget.pass_moves, &mut known)
                 .await;
             match budget.next(r) {
                 Step::Done(r) => return *r,
@@ -413,7 +413,10 @@ struct Budget {
     /// Whether failed passes are retried (off: one pass with its re-plans).
     across_passes: bool,
     attempt: u32,
+    /// Moves allowed across passes (off once a transaction kept conflicting).
     moves: bool,
+    /// Moves allowed in this pass (off after a second lost move; a fresh pass resets it).
+    pass_moves: bool,
     replanned: bool,
     rereads: u32,
 }
@@ -424,6 +427,7 @@ impl Default for Budget {
             across_passes: true,
             attempt: 0,
             moves: true,
+            pass_moves: true,
             replanned: false,
             rereads: 0,
         }
@@ -435,6 +439,7 @@ impl Budget {
         Budget {
             across_passes: false,
             moves,
+            pass_moves: moves,
             ..Budget::default()
         }
     }
@@ -449,8 +454,8 @@ impl Budget {
                 self.replanned = true;
                 return Step::Replan;
             }
-            Err(Flow::MoveLost) if self.moves => {
-                self.moves = false;
+            Err(Flow::MoveLost) if self.pass_moves => {
+                self.pass_moves = false;
                 return Step::Replan;
             }
             _ => {}
@@ -478,6 +483,7 @@ impl Budget {
     }
 
     fn fresh_pass(&mut self) {
+        self.pass_moves = self.moves;
         self.replanned = false;
         self.rereads = 0;
     }
