@@ -127,6 +127,23 @@ impl<S: Store> Store for Deadline<S> {
     }
 }
 
+/// Feed reads and trims are bounded like reads (a trim changes nothing a reader relies on).
+#[async_trait]
+impl<S: crate::ChangeFeed> crate::ChangeFeed for Deadline<S> {
+    async fn read_feed(
+        &self,
+        cursor: &crate::FeedCursor,
+        limit: usize,
+    ) -> Result<crate::FeedBatch, StoreError> {
+        self.bounded("read_feed", false, self.inner.read_feed(cursor, limit))
+            .await
+    }
+    async fn trim_feed(&self, cursor: &crate::FeedCursor) -> Result<(), StoreError> {
+        self.bounded("trim_feed", false, self.inner.trim_feed(cursor))
+            .await
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -202,3 +219,4 @@ mod tests {
         assert!(s.get(&k, true).await.unwrap().is_some());
     }
 }
+

@@ -1,6 +1,6 @@
 //! `MemoryStore`: the reference semantics (DynamoDB's), in one process's memory.
 
-use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 
@@ -9,6 +9,7 @@ use tollgate_core::expr::{project, ReturnValues};
 use tollgate_core::value::{Item, Key};
 
 use crate::error::{CancelReason, StoreError};
+use crate::feed::{Change, ChangeFeed, FeedBatch, FeedCursor, FeedPosition};
 use crate::eval::{
     apply_update_stored, eval_condition, key_item, plan_transact_op, validate_item, validate_update,
 };
@@ -38,6 +39,33 @@ struct Inner {
     /// Idempotency tokens of applied transactions, with the operations they carried.
     tokens: HashMap<String, Vec<TransactOp>>,
     buckets: HashMap<Key, Bucket>,
+    /// The change feed: applied writes after `trimmed_through`, oldest first.
+    log: VecDeque<Change>,
+    /// The sequence number of the last change appended (0: none yet).
+    last_seq: i64,
+    /// Changes up to this sequence number were forgotten (trimmed or over the bound).
+    trimmed_through: i64,
+}
+
+/// Most changes the in-process feed keeps; older ones are dropped (a consumer that falls
+/// further behind gets a clear error, not a silent gap).
+pub const FEED_CAPACITY: usize = 1_000_000;
+
+/// The time source of the feed's write times.
+#[derive(Clone, Default)]
+struct FeedClock(Option<MillisClock>);
+
+impl std::fmt::Debug for FeedClock {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(if self.0.is_some() { "FeedClock(set)" } else { "FeedClock(system)" })
+    }
+}
+
+fn system_ms() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX))
+        .unwrap_or(0)
 }
 
 /// The time source of a write ceiling: epoch milliseconds.
@@ -69,6 +97,7 @@ pub struct MemoryStore {
     inner: Mutex<Inner>,
     stale_reads: AtomicBool,
     ceiling: Option<Ceiling>,
+    feed_clock: Mutex<FeedClock>,
 }
 
 impl MemoryStore {
@@ -135,6 +164,16 @@ impl MemoryStore {
         Ok(())
     }
 
+    /// Date the feed's changes by `clock` (epoch ms) instead of the system clock.
+    pub fn set_feed_clock(&self, clock: MillisClock) {
+        *self.feed_clock.lock().unwrap_or_else(|e| e.into_inner()) = FeedClock(Some(clock));
+    }
+
+    fn feed_now(&self) -> i64 {
+        let c = self.feed_clock.lock().unwrap_or_else(|e| e.into_inner()).clone();
+        c.0.map_or_else(system_ms, |c| c())
+    }
+
     /// Make eventually consistent reads return the previous version of each item.
     pub fn set_stale_reads(&self, on: bool) {
         self.stale_reads.store(on, Ordering::SeqCst);
@@ -187,10 +226,31 @@ impl MemoryStore {
     }
 }
 
-fn write(g: &mut Inner, key: &Key, new: Option<Item>) {
+/// Apply one write and append it to the feed (a write that changes nothing is not a change).
+fn write(g: &mut Inner, key: &Key, new: Option<Item>, at_ms: i64) {
     let slot = g.items.entry(key.clone()).or_default();
-    slot.prev = slot.cur.take();
-    slot.cur = new;
+    let old = slot.cur.take();
+    let changed = old != new;
+    slot.prev = old.clone();
+    slot.cur = new.clone();
+    if changed {
+        g.last_seq += 1;
+        let seq = g.last_seq;
+        g.log.push_back(Change {
+            position: FeedPosition {
+                stream: String::new(),
+                seq: seq.to_string(),
+            },
+            key: key.clone(),
+            old,
+            new,
+            at_ms,
+        });
+        while g.log.len() > FEED_CAPACITY {
+            g.log.pop_front();
+            g.trimmed_through += 1;
+        }
+    }
 }
 
 #[async_trait]
@@ -234,7 +294,7 @@ impl Store for MemoryStore {
         }
         let mut item = req.item;
         req.key.stamp(&mut item);
-        write(&mut g, &req.key, Some(item));
+        write(&mut g, &req.key, Some(item), self.feed_now());
         Ok(())
     }
 
@@ -273,7 +333,7 @@ impl Store for MemoryStore {
             (new, out, cur.is_some())
         };
         if new.is_some() || existed {
-            write(&mut g, &req.key, new);
+            write(&mut g, &req.key, new, self.feed_now());
         }
         Ok(out)
     }
@@ -290,7 +350,7 @@ impl Store for MemoryStore {
             }
         }
         if cur.is_some() {
-            write(&mut g, &req.key, None);
+            write(&mut g, &req.key, None, self.feed_now());
         }
         Ok(cur)
     }
@@ -337,9 +397,10 @@ impl Store for MemoryStore {
         if failed {
             return Err(StoreError::TransactionCanceled { reasons });
         }
+        let at = self.feed_now();
         for (op, p) in ops.iter().zip(planned) {
             if let Some(new) = p {
-                write(&mut g, op.key(), new);
+                write(&mut g, op.key(), new, at);
             }
         }
         if let Some(t) = token {
@@ -406,5 +467,42 @@ impl Store for MemoryStore {
             None => None,
         };
         Ok(ScanPage { items, next })
+    }
+}
+
+/// The in-process feed: one stream, sequence numbers 1, 2, … in apply order. Raw writes
+/// (`raw_put`, `raw_delete`: test staging) bypass it.
+#[async_trait]
+impl ChangeFeed for MemoryStore {
+    async fn read_feed(&self, cursor: &FeedCursor, limit: usize) -> Result<FeedBatch, StoreError> {
+        let after = cursor.single_seq()?;
+        let g = self.lock();
+        if after < g.trimmed_through {
+            return Err(StoreError::Validation(format!(
+                "the feed no longer holds changes {}..={} (cursor at {after})",
+                after + 1,
+                g.trimmed_through
+            )));
+        }
+        let skip = usize::try_from(after - g.trimmed_through).unwrap_or(usize::MAX);
+        let changes: Vec<Change> = g.log.iter().skip(skip).take(limit.max(1)).cloned().collect();
+        let mut next = cursor.clone();
+        if let Some(c) = changes.last() {
+            next.advance(&c.position);
+        }
+        Ok(FeedBatch {
+            changes,
+            cursor: next,
+        })
+    }
+
+    async fn trim_feed(&self, cursor: &FeedCursor) -> Result<(), StoreError> {
+        let through = cursor.single_seq()?;
+        let mut g = self.lock();
+        while g.trimmed_through < through && !g.log.is_empty() {
+            g.log.pop_front();
+            g.trimmed_through += 1;
+        }
+        Ok(())
     }
 }
