@@ -19,6 +19,7 @@ pub mod refill;
 pub mod schedule;
 pub mod spread;
 pub mod status;
+pub mod usage;
 pub mod value;
 pub mod window;
 pub mod writes;

@@ -207,6 +207,7 @@ pub fn classify(e: &Error) -> (StatusCode, &'static str) {
         Error::LeaseExpired => (StatusCode::NOT_FOUND, "lease_not_found"),
         Error::InvalidAdjustment { .. } => (StatusCode::BAD_REQUEST, "invalid_adjustment"),
         Error::Contended { .. } => (StatusCode::TOO_MANY_REQUESTS, "contended"),
+        Error::InvalidUsage(_) => (StatusCode::BAD_REQUEST, "invalid_usage_query"),
         Error::ResourceDisabled { .. } => (StatusCode::FORBIDDEN, "resource_disabled"),
         Error::Corrupt(_) => (StatusCode::INTERNAL_SERVER_ERROR, "corrupt_data"),
         Error::Misconfigured(_) => (StatusCode::INTERNAL_SERVER_ERROR, "store_misconfigured"),

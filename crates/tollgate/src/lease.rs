@@ -506,7 +506,7 @@ impl Lease {
                     }
                 }
             }
-            let mut update = adjust_write(&o.deltas, &o.tc_only);
+            let mut update = adjust_write(&o.deltas, &o.tc_only, lim.clock.now_ms());
             match (&o.trust, o.drips) {
                 (Some(t), _) => condition = condition.and(t.clone()),
                 // Nothing known to keep: pull the trust horizon in (the next acquire
@@ -747,7 +747,7 @@ impl Lease {
                 condition = condition.and(p.clone());
             }
         }
-        let mut update = adjust_write(deltas, &[]);
+        let mut update = adjust_write(deltas, &[], lim.clock.now_ms());
         if drip_refund {
             match self.parts[0]
                 .image

@@ -65,6 +65,7 @@ mod lease;
 mod lease_token;
 mod limiter;
 mod shards;
+mod usage;
 #[cfg(feature = "testing")]
 pub mod testing;
 
@@ -84,4 +85,6 @@ pub use limiter::{
     Entity, EntityDeleted, Limiter, LimiterBuilder, NewEntity, Options, StatsSnapshot,
 };
 pub use shards::should_double;
+pub use usage::{checkpoint_key, FeedAggregator, PassReport, UsageOptions, UsagePage, UsageQuery};
+pub use tollgate_core::usage::{Snapshot, Window};
 pub use tollgate_core::{Limit, LimitSpec, LimitStatus};

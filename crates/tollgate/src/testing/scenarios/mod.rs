@@ -11,6 +11,7 @@ pub mod repair;
 pub mod schedules;
 pub mod sharded;
 pub mod shared_leases;
+pub mod usage;
 
 /// Generate one `#[tokio::test]` per limiter behaviour scenario, on `$backend`: an
 /// expression of type `Option<`[`Backend`](crate::testing::Backend)`>` (`None` skips, for a
@@ -144,7 +145,10 @@ macro_rules! scenario_tests {
             cascade::cascade_child_undo_survives_a_throttle,
             schedules::s85_scheduled_capacity_at_a_boundary,
             schedules::s85_boundary_divides_after_the_schedule,
-            schedules::s85_schedule_change_syncs
+            schedules::s85_schedule_change_syncs,
+            usage::usage_equals_admitted_net_consumption,
+            usage::usage_survives_restart_and_duplicate_aggregators,
+            usage::usage_commit_with_a_lost_response_counts_once
         );
     };
 }
