@@ -166,7 +166,9 @@ impl UsageDelta {
 }
 
 fn num(i: Option<&Item>, name: &str) -> i64 {
-    i.and_then(|i| i.get(name)).and_then(Value::as_n).unwrap_or(0)
+    i.and_then(|i| i.get(name))
+        .and_then(Value::as_n)
+        .unwrap_or(0)
 }
 
 /// The namespace of a bucket key (`{ns}/BUCKET#…`, `#STATE`), or `None` for other items.
@@ -184,17 +186,19 @@ pub fn bucket_ns(key: &Key) -> Option<&str> {
 /// acquires (one per acquire, not per limit), dated by the new image's `wt` (the writer's
 /// clock at this write; `at_ms`, the store's time of the write, for a writer that does not
 /// stamp it). `None` for an item that is not a bucket or a write that carries no usage.
-pub fn usage_of(key: &Key, old: Option<&Item>, new: Option<&Item>, at_ms: i64) -> Option<UsageDelta> {
+pub fn usage_of(
+    key: &Key,
+    old: Option<&Item>,
+    new: Option<&Item>,
+    at_ms: i64,
+) -> Option<UsageDelta> {
     let ns = bucket_ns(key)?;
     let new = new?;
     let text = |a: &str| new.get(a).and_then(Value::as_s).map(str::to_string);
     let (entity, resource) = (text(bucket_attr::ENTITY)?, text(bucket_attr::RESOURCE)?);
     let mut milli = BTreeMap::new();
     for name in new.keys() {
-        let Some(limit) = name
-            .strip_prefix("b_")
-            .and_then(|r| r.strip_suffix("_tc"))
-        else {
+        let Some(limit) = name.strip_prefix("b_").and_then(|r| r.strip_suffix("_tc")) else {
             continue;
         };
         if limit == WCU || limit.is_empty() {
@@ -231,7 +235,10 @@ pub fn snapshot_sk(resource: &str, window: Window, start_ms: i64) -> String {
 
 /// The key of the snapshot of (entity, resource, window, start).
 pub fn snapshot_key(ns: &str, entity: &str, resource: &str, window: Window, start_ms: i64) -> Key {
-    Key::new(snapshot_pk(ns, entity), snapshot_sk(resource, window, start_ms))
+    Key::new(
+        snapshot_pk(ns, entity),
+        snapshot_sk(resource, window, start_ms),
+    )
 }
 
 /// The snapshot attribute of limit `limit`'s consumption (millitokens).
@@ -271,7 +278,10 @@ pub fn snapshot_update(
         .set(snap::WINDOW, window.name())
         .set(snap::START, start_ms)
         .set(snap::START_ISO, iso_utc(start_ms).as_str())
-        .set(bucket_attr::TTL, window.end_ms(start_ms) / 1000 + retention_s)
+        .set(
+            bucket_attr::TTL,
+            window.end_ms(start_ms) / 1000 + retention_s,
+        )
         .set("GSI2PK", crate::keys::gsi2_resource(ns, resource).as_str())
         .set(
             "GSI2SK",
@@ -360,9 +370,15 @@ mod tests {
         let d = usage_of(&key(), None, Some(&new), 9_999).expect("usage");
         assert_eq!(d.ns, "ns");
         assert_eq!((d.entity.as_str(), d.resource.as_str()), ("e1", "gpt"));
-        assert_eq!(d.milli, [("rpm".into(), 1000), ("tpm".into(), 250_500)].into());
+        assert_eq!(
+            d.milli,
+            [("rpm".into(), 1000), ("tpm".into(), 250_500)].into()
+        );
         assert_eq!(d.requests, 1, "one acquire, two limits: one request");
-        assert_eq!(d.at_ms, 5_000, "dated by the write's wt, not the store time");
+        assert_eq!(
+            d.at_ms, 5_000,
+            "dated by the write's wt, not the store time"
+        );
     }
 
     /// A fast-path write leaves `rf` alone; its usage is dated by its `wt`, and `wcu` is not
@@ -386,7 +402,10 @@ mod tests {
         let old = bucket(&[("tpm", 5000)], 2, None);
         let new = bucket(&[("tpm", 3500), ("rpm", 1000)], 2, Some(42));
         let d = usage_of(&key(), Some(&old), Some(&new), 0).expect("usage");
-        assert_eq!(d.milli, [("rpm".into(), 1000), ("tpm".into(), -1500)].into());
+        assert_eq!(
+            d.milli,
+            [("rpm".into(), 1000), ("tpm".into(), -1500)].into()
+        );
         assert_eq!(d.requests, 0);
     }
 
@@ -438,7 +457,14 @@ mod tests {
             86_400,
         );
         let targets: Vec<&str> = u.actions.iter().map(|a| a.target()).collect();
-        for t in ["u_tpm", "requests", "ttl", "GSI2PK", "GSI2SK", "window_start"] {
+        for t in [
+            "u_tpm",
+            "requests",
+            "ttl",
+            "GSI2PK",
+            "GSI2SK",
+            "window_start",
+        ] {
             assert!(targets.contains(&t), "{t} in {targets:?}");
         }
         let stored = item(&[

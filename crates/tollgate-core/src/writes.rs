@@ -430,7 +430,10 @@ pub fn retry_write(amounts: &Amounts, limits: &[Limit], now_ms: i64) -> (Update,
         }
         c = c.and(Condition::ge(battr(n, "tk"), *a));
     }
-    (crate::usage::stamp_write_time(crate::usage::count_request(u), now_ms), c)
+    (
+        crate::usage::stamp_write_time(crate::usage::count_request(u), now_ms),
+        c,
+    )
 }
 
 /// Rule "a refund keeps the trust horizon": the largest balance (as of `rf`) a dripping

@@ -75,7 +75,10 @@ fn change(shard: &str, r: &Record) -> Result<Change, StoreError> {
         .sequence_number()
         .ok_or_else(|| StoreError::Corrupt("stream record without a sequence number".into()))?;
     let keys = image(d.keys())?.unwrap_or_default();
-    let key = match (keys.get("PK").and_then(Value::as_s), keys.get("SK").and_then(Value::as_s)) {
+    let key = match (
+        keys.get("PK").and_then(Value::as_s),
+        keys.get("SK").and_then(Value::as_s),
+    ) {
         (Some(pk), Some(sk)) => Key::new(pk, sk),
         _ => {
             return Err(StoreError::Corrupt(format!(
@@ -177,7 +180,10 @@ pub async fn read(
             }
             visited.insert(id.clone());
             let (kind, after) = match next.last(id) {
-                Some(seq) => (ShardIteratorType::AfterSequenceNumber, Some(seq.to_string())),
+                Some(seq) => (
+                    ShardIteratorType::AfterSequenceNumber,
+                    Some(seq.to_string()),
+                ),
                 None => (ShardIteratorType::TrimHorizon, None),
             };
             let it = client
@@ -192,7 +198,9 @@ pub async fn read(
             let mut iter = it.shard_iterator().map(str::to_string);
             let mut empty = 0;
             while let Some(i) = iter.take() {
-                let want = i32::try_from(limit - changes.len()).unwrap_or(1000).clamp(1, 1000);
+                let want = i32::try_from(limit - changes.len())
+                    .unwrap_or(1000)
+                    .clamp(1, 1000);
                 let page = client
                     .get_records()
                     .shard_iterator(i)

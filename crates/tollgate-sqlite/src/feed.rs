@@ -101,7 +101,14 @@ pub fn read_in(
         )
         .and_then(|mut s| {
             s.query_map(params![after, limit], |r| {
-                Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?, r.get(4)?, r.get(5)?))
+                Ok((
+                    r.get(0)?,
+                    r.get(1)?,
+                    r.get(2)?,
+                    r.get(3)?,
+                    r.get(4)?,
+                    r.get(5)?,
+                ))
             })
             .and_then(|rows| rows.collect::<Result<Vec<_>, _>>())
         })

@@ -158,7 +158,12 @@ fn check_v1_tables(conn: &Connection, path: &str) -> Result<(), StoreError> {
 }
 
 /// Table `table` must exist with exactly the columns `want`.
-fn check_columns(conn: &Connection, path: &str, table: &str, want: &[&str]) -> Result<(), StoreError> {
+fn check_columns(
+    conn: &Connection,
+    path: &str,
+    table: &str,
+    want: &[&str],
+) -> Result<(), StoreError> {
     {
         let mut stmt = conn
             .prepare("SELECT name FROM pragma_table_info(?1) ORDER BY cid")

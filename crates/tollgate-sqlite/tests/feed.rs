@@ -67,12 +67,21 @@ async fn two_stores_on_one_file_share_one_feed_and_trim_is_refused_past_it() {
     let ns: Vec<Option<i64>> = from_b
         .changes
         .iter()
-        .map(|c| c.new.as_ref().and_then(|i| i.get("n")).and_then(Value::as_n))
+        .map(|c| {
+            c.new
+                .as_ref()
+                .and_then(|i| i.get("n"))
+                .and_then(Value::as_n)
+        })
         .collect();
     assert_eq!(ns, vec![Some(1), Some(2), Some(3)]);
     // Old images chain across the two writers.
     assert_eq!(
-        from_b.changes[2].old.as_ref().and_then(|i| i.get("n")).and_then(Value::as_n),
+        from_b.changes[2]
+            .old
+            .as_ref()
+            .and_then(|i| i.get("n"))
+            .and_then(Value::as_n),
         Some(2)
     );
     let first_two = a.read_feed(&FeedCursor::start(), 2).await.unwrap();

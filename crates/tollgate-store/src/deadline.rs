@@ -219,4 +219,3 @@ mod tests {
         assert!(s.get(&k, true).await.unwrap().is_some());
     }
 }
-

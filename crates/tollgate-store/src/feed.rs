@@ -100,7 +100,8 @@ impl FeedCursor {
 
     /// Record `stream` as read to its end.
     pub fn finish(&mut self, stream: &str) {
-        self.streams.insert(stream.to_string(), STREAM_DONE.to_string());
+        self.streams
+            .insert(stream.to_string(), STREAM_DONE.to_string());
     }
 
     /// Forget streams the feed no longer has (trimmed DynamoDB shards).
@@ -148,8 +149,7 @@ pub struct FeedBatch {
 pub trait ChangeFeed: Store {
     /// Up to `limit` changes after `cursor` (possibly fewer, even none, with more to come),
     /// and the cursor after them.
-    async fn read_feed(&self, cursor: &FeedCursor, limit: usize)
-        -> Result<FeedBatch, StoreError>;
+    async fn read_feed(&self, cursor: &FeedCursor, limit: usize) -> Result<FeedBatch, StoreError>;
 
     /// Let the backend forget the changes at or before `cursor` (every consumer has them).
     /// A hint: a backend that trims on its own (DynamoDB Streams keeps 24 hours) ignores it.
@@ -161,11 +161,7 @@ pub trait ChangeFeed: Store {
 
 #[async_trait]
 impl<S: ChangeFeed + ?Sized> ChangeFeed for std::sync::Arc<S> {
-    async fn read_feed(
-        &self,
-        cursor: &FeedCursor,
-        limit: usize,
-    ) -> Result<FeedBatch, StoreError> {
+    async fn read_feed(&self, cursor: &FeedCursor, limit: usize) -> Result<FeedBatch, StoreError> {
         (**self).read_feed(cursor, limit).await
     }
     async fn trim_feed(&self, cursor: &FeedCursor) -> Result<(), StoreError> {

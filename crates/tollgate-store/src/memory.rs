@@ -9,10 +9,10 @@ use tollgate_core::expr::{project, ReturnValues};
 use tollgate_core::value::{Item, Key};
 
 use crate::error::{CancelReason, StoreError};
-use crate::feed::{Change, ChangeFeed, FeedBatch, FeedCursor, FeedPosition};
 use crate::eval::{
     apply_update_stored, eval_condition, key_item, plan_transact_op, validate_item, validate_update,
 };
+use crate::feed::{Change, ChangeFeed, FeedBatch, FeedCursor, FeedPosition};
 use crate::{
     validate_token, validate_transaction, DeleteRequest, PutRequest, Query, ScanPage, Store,
     TransactOp, UpdateRequest,
@@ -57,7 +57,11 @@ struct FeedClock(Option<MillisClock>);
 
 impl std::fmt::Debug for FeedClock {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(if self.0.is_some() { "FeedClock(set)" } else { "FeedClock(system)" })
+        f.write_str(if self.0.is_some() {
+            "FeedClock(set)"
+        } else {
+            "FeedClock(system)"
+        })
     }
 }
 
@@ -170,7 +174,11 @@ impl MemoryStore {
     }
 
     fn feed_now(&self) -> i64 {
-        let c = self.feed_clock.lock().unwrap_or_else(|e| e.into_inner()).clone();
+        let c = self
+            .feed_clock
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone();
         c.0.map_or_else(system_ms, |c| c())
     }
 
@@ -485,7 +493,13 @@ impl ChangeFeed for MemoryStore {
             )));
         }
         let skip = usize::try_from(after - g.trimmed_through).unwrap_or(usize::MAX);
-        let changes: Vec<Change> = g.log.iter().skip(skip).take(limit.max(1)).cloned().collect();
+        let changes: Vec<Change> = g
+            .log
+            .iter()
+            .skip(skip)
+            .take(limit.max(1))
+            .cloned()
+            .collect();
         let mut next = cursor.clone();
         if let Some(c) = changes.last() {
             next.advance(&c.position);

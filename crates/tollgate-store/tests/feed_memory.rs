@@ -5,12 +5,12 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
+use tollgate_core::value::{Item, Key};
 use tollgate_store::conformance::feed::{feed_checks, run_feed_all};
 use tollgate_store::conformance::report;
-use tollgate_core::value::{Item, Key};
 use tollgate_store::{
-    ChangeFeed, Counting, Deadline, DeleteRequest, FaultConfig, FaultyStore, FeedBatch,
-    FeedCursor, MemoryStore, PutRequest, Query, Store, StoreError, TransactOp, UpdateRequest,
+    ChangeFeed, Counting, Deadline, DeleteRequest, FaultConfig, FaultyStore, FeedBatch, FeedCursor,
+    MemoryStore, PutRequest, Query, Store, StoreError, TransactOp, UpdateRequest,
 };
 
 async fn memory() -> Box<dyn ChangeFeed> {
@@ -98,20 +98,21 @@ async fn a_feed_without_old_images_fails_named_checks() {
         .map(|(n, _)| *n)
         .collect();
     assert!(failed.contains(&"feed_records_each_write"), "{failed:?}");
-    assert!(failed.contains(&"feed_cursor_resumes_in_order"), "{failed:?}");
+    assert!(
+        failed.contains(&"feed_cursor_resumes_in_order"),
+        "{failed:?}"
+    );
 }
 
 #[tokio::test]
 async fn trimmed_changes_are_refused_not_skipped() {
     let s = MemoryStore::new();
     for i in 0..3 {
-        s.put(
-            PutRequest {
-                key: Key::new("t", format!("{i}")),
-                item: Default::default(),
-                condition: None,
-            },
-        )
+        s.put(PutRequest {
+            key: Key::new("t", format!("{i}")),
+            item: Default::default(),
+            condition: None,
+        })
         .await
         .expect("put");
     }

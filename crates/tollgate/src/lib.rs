@@ -65,9 +65,9 @@ mod lease;
 mod lease_token;
 mod limiter;
 mod shards;
-mod usage;
 #[cfg(feature = "testing")]
 pub mod testing;
+mod usage;
 
 pub use acquire::AcquireOptions;
 pub use aggregator::{AggregateReport, Aggregator};
@@ -85,6 +85,6 @@ pub use limiter::{
     Entity, EntityDeleted, Limiter, LimiterBuilder, NewEntity, Options, StatsSnapshot,
 };
 pub use shards::should_double;
-pub use usage::{checkpoint_key, FeedAggregator, PassReport, UsageOptions, UsagePage, UsageQuery};
 pub use tollgate_core::usage::{Snapshot, Window};
 pub use tollgate_core::{Limit, LimitSpec, LimitStatus};
+pub use usage::{checkpoint_key, FeedAggregator, PassReport, UsageOptions, UsagePage, UsageQuery};

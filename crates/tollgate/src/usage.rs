@@ -18,7 +18,9 @@ use std::sync::Arc;
 
 use tollgate_core::expr::{Condition, ReturnValues, Update};
 use tollgate_core::ids::{validate_entity_id, validate_resource};
-use tollgate_core::usage::{snapshot_key, snapshot_pk, snapshot_update, usage_of, Snapshot, Window};
+use tollgate_core::usage::{
+    snapshot_key, snapshot_pk, snapshot_update, usage_of, Snapshot, Window,
+};
 use tollgate_core::value::{Key, Value};
 use tollgate_store::{
     ChangeFeed, FeedCursor, Query, StoreError, TransactOp, UpdateRequest, MAX_TRANSACT_OPS,
@@ -149,7 +151,11 @@ impl FeedAggregator {
     async fn checkpoint(&self) -> Result<(Option<String>, FeedCursor)> {
         let k = checkpoint_key(self.ns(), &self.opts.consumer);
         let item = self.limiter.inner.store.get(&k, true).await?;
-        match item.as_ref().and_then(|i| i.get(CURSOR)).and_then(Value::as_s) {
+        match item
+            .as_ref()
+            .and_then(|i| i.get(CURSOR))
+            .and_then(Value::as_s)
+        {
             None => Ok((None, FeedCursor::start())),
             Some(t) => Ok((Some(t.to_string()), FeedCursor::decode(t)?)),
         }
@@ -177,7 +183,14 @@ impl FeedAggregator {
             let start = w.start_ms(d.at_ms);
             let k = snapshot_key(&d.ns, &d.entity, &d.resource, *w, start);
             let e = p.snaps.entry(k).or_insert_with(|| {
-                (d.entity.clone(), d.resource.clone(), *w, start, BTreeMap::new(), 0)
+                (
+                    d.entity.clone(),
+                    d.resource.clone(),
+                    *w,
+                    start,
+                    BTreeMap::new(),
+                    0,
+                )
             });
             for (l, m) in &d.milli {
                 *e.4.entry(l.clone()).or_default() += m;
@@ -283,7 +296,13 @@ impl FeedAggregator {
                         .windows
                         .iter()
                         .filter(|w| {
-                            let k = snapshot_key(&d.ns, &d.entity, &d.resource, **w, w.start_ms(d.at_ms));
+                            let k = snapshot_key(
+                                &d.ns,
+                                &d.entity,
+                                &d.resource,
+                                **w,
+                                w.start_ms(d.at_ms),
+                            );
                             !p.snaps.contains_key(&k)
                         })
                         .count();
@@ -340,11 +359,15 @@ impl FeedAggregator {
             for (e, r) in &touched {
                 match self.background.refill_entity(e, r).await {
                     Ok(x) => rep.background.merge(x),
-                    Err(err) => tracing::warn!(entity = %e, resource = %r, error = %err, "aggregator: refill pass failed"),
+                    Err(err) => {
+                        tracing::warn!(entity = %e, resource = %r, error = %err, "aggregator: refill pass failed")
+                    }
                 }
                 match self.background.maybe_double(e, r).await {
                     Ok(x) => rep.background.merge(x),
-                    Err(err) => tracing::warn!(entity = %e, resource = %r, error = %err, "aggregator: doubling check failed"),
+                    Err(err) => {
+                        tracing::warn!(entity = %e, resource = %r, error = %err, "aggregator: doubling check failed")
+                    }
                 }
             }
         }
@@ -428,7 +451,11 @@ impl Limiter {
                     ))
                     .await?
             }
-            (None, None) => return Err(invalid("a usage query names an entity or a resource".into())),
+            (None, None) => {
+                return Err(invalid(
+                    "a usage query names an entity or a resource".into(),
+                ))
+            }
         };
         let mut snaps: Vec<Snapshot> = items
             .iter()

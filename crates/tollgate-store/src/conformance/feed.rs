@@ -30,7 +30,9 @@ pub struct FeedCheck {
 
 impl std::fmt::Debug for FeedCheck {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("FeedCheck").field("name", &self.name).finish()
+        f.debug_struct("FeedCheck")
+            .field("name", &self.name)
+            .finish()
     }
 }
 
@@ -61,7 +63,13 @@ async fn read_until(
         let b = s.read_feed(&cursor, page).await.map_err(e2s)?;
         let empty = b.changes.is_empty();
         for c in b.changes {
-            ensure(cursor.is_after(&c.position), format!("change {:?} at or before the cursor it was read after", c.position))?;
+            ensure(
+                cursor.is_after(&c.position),
+                format!(
+                    "change {:?} at or before the cursor it was read after",
+                    c.position
+                ),
+            )?;
             let is_marker = &c.key == marker;
             if keys.contains(&c.key) {
                 got.push(c.clone());
@@ -236,7 +244,11 @@ pub async fn feed_skips_what_was_not_applied(s: &dyn ChangeFeed) -> CheckResult 
     let m = marker(s, "skip").await?;
     let (got, _) = read_until(s, cursor, &[&k, &other, &absent], &m, 100).await?;
     let shapes: Vec<_> = got.iter().filter(|c| c.key != m).map(shape).collect();
-    ensure_eq(shapes, Vec::new(), "changes of writes that were not applied")
+    ensure_eq(
+        shapes,
+        Vec::new(),
+        "changes of writes that were not applied",
+    )
 }
 
 /// Each operation of a transaction appears once (a condition check does not); a resent
@@ -381,4 +393,3 @@ where
     }
     out
 }
-

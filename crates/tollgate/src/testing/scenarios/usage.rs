@@ -46,7 +46,10 @@ async fn aggregator(h: &H, opts: UsageOptions) -> Option<FeedAggregator> {
 }
 
 /// Every stored snapshot of `entities`, as the ledger holds them (zero counters dropped).
-async fn stored(h: &H, entities: &[&str]) -> BTreeMap<(String, Window, i64), (BTreeMap<String, i64>, i64)> {
+async fn stored(
+    h: &H,
+    entities: &[&str],
+) -> BTreeMap<(String, Window, i64), (BTreeMap<String, i64>, i64)> {
     let mut out = BTreeMap::new();
     for e in entities {
         let mut after = None;
@@ -81,7 +84,13 @@ fn clean(l: &Ledger) -> BTreeMap<(String, Window, i64), (BTreeMap<String, i64>, 
         .map(|(k, (m, r))| {
             (
                 k.clone(),
-                (m.iter().filter(|(_, v)| **v != 0).map(|(a, b)| (a.clone(), *b)).collect(), *r),
+                (
+                    m.iter()
+                        .filter(|(_, v)| **v != 0)
+                        .map(|(a, b)| (a.clone(), *b))
+                        .collect(),
+                    *r,
+                ),
             )
         })
         .collect()
@@ -105,58 +114,118 @@ async fn setup(h: &H) {
 async fn workload(h: &H, led: &mut Ledger) {
     // A new bucket: its first consumption (a create) counts.
     h.at(T0);
-    h.lim.acquire("alice", R, &[("rpm", 1), ("tpm", 500)]).await.unwrap().commit().await.unwrap();
+    h.lim
+        .acquire("alice", R, &[("rpm", 1), ("tpm", 500)])
+        .await
+        .unwrap()
+        .commit()
+        .await
+        .unwrap();
     led.add("alice", T0, &[("rpm", 1), ("tpm", 500)], 1);
     // Fast path (the bucket is warm; `rf` does not move).
     h.at(T0 + 1000);
-    h.lim.acquire("alice", R, &[("rpm", 1), ("tpm", 300)]).await.unwrap().commit().await.unwrap();
+    h.lim
+        .acquire("alice", R, &[("rpm", 1), ("tpm", 300)])
+        .await
+        .unwrap()
+        .commit()
+        .await
+        .unwrap();
     led.add("alice", T0 + 1000, &[("rpm", 1), ("tpm", 300)], 1);
     // Slow path.
     h.at(T0 + 2000);
-    h.slow().acquire("alice", R, &[("rpm", 1), ("tpm", 200)]).await.unwrap().commit().await.unwrap();
+    h.slow()
+        .acquire("alice", R, &[("rpm", 1), ("tpm", 200)])
+        .await
+        .unwrap()
+        .commit()
+        .await
+        .unwrap();
     led.add("alice", T0 + 2000, &[("rpm", 1), ("tpm", 200)], 1);
     // Adjusted up, then down; and a rollback (its request still counted, its tokens not).
     h.at(T0 + 3000);
-    let mut l = h.lim.acquire("alice", R, &[("rpm", 1), ("tpm", 1000)]).await.unwrap();
+    let mut l = h
+        .lim
+        .acquire("alice", R, &[("rpm", 1), ("tpm", 1000)])
+        .await
+        .unwrap();
     led.add("alice", T0 + 3000, &[("rpm", 1), ("tpm", 1000)], 1);
     h.at(T0 + 4000);
     l.adjust("tpm", 500).unwrap();
     l.commit().await.unwrap();
     led.add("alice", T0 + 4000, &[("tpm", 500)], 0);
-    let mut l = h.lim.acquire("alice", R, &[("rpm", 1), ("tpm", 1000)]).await.unwrap();
+    let mut l = h
+        .lim
+        .acquire("alice", R, &[("rpm", 1), ("tpm", 1000)])
+        .await
+        .unwrap();
     led.add("alice", T0 + 4000, &[("rpm", 1), ("tpm", 1000)], 1);
     l.adjust("tpm", -400).unwrap();
     l.commit().await.unwrap();
     led.add("alice", T0 + 4000, &[("tpm", -400)], 0);
     h.at(T0 + 5000);
-    let mut l = h.lim.acquire("alice", R, &[("rpm", 1), ("tpm", 2000)]).await.unwrap();
+    let mut l = h
+        .lim
+        .acquire("alice", R, &[("rpm", 1), ("tpm", 2000)])
+        .await
+        .unwrap();
     led.add("alice", T0 + 5000, &[("rpm", 1), ("tpm", 2000)], 1);
     l.rollback().await.unwrap();
     led.add("alice", T0 + 5000, &[("rpm", -1), ("tpm", -2000)], 0);
     // Several shards: bob doubles twice; shards 1 and 3 are new buckets.
     h.at(T0 + 6000);
     h.rng.pin(0);
-    h.lim.acquire("bob", R, &[("rpm", 1), ("tpm", 100)]).await.unwrap().commit().await.unwrap();
+    h.lim
+        .acquire("bob", R, &[("rpm", 1), ("tpm", 100)])
+        .await
+        .unwrap()
+        .commit()
+        .await
+        .unwrap();
     led.add("bob", T0 + 6000, &[("rpm", 1), ("tpm", 100)], 1);
     assert_eq!(h.lim.bump_shard_count("bob", R, 1).await.unwrap(), 2);
     h.rng.pin(1);
-    h.lim.acquire("bob", R, &[("rpm", 1), ("tpm", 110)]).await.unwrap().commit().await.unwrap();
+    h.lim
+        .acquire("bob", R, &[("rpm", 1), ("tpm", 110)])
+        .await
+        .unwrap()
+        .commit()
+        .await
+        .unwrap();
     led.add("bob", T0 + 6000, &[("rpm", 1), ("tpm", 110)], 1);
     assert_eq!(h.lim.bump_shard_count("bob", R, 2).await.unwrap(), 4);
     h.at(T0 + 7000);
     for (shard, tpm) in [(3, 120), (0, 130), (1, 140)] {
         h.rng.pin(shard);
-        h.lim.acquire("bob", R, &[("rpm", 1), ("tpm", tpm)]).await.unwrap().commit().await.unwrap();
+        h.lim
+            .acquire("bob", R, &[("rpm", 1), ("tpm", tpm)])
+            .await
+            .unwrap()
+            .commit()
+            .await
+            .unwrap();
         led.add("bob", T0 + 7000, &[("rpm", 1), ("tpm", tpm)], 1);
     }
     // The next hour: a fast-path write is dated by its own time, not the item's stale `rf`.
     let next = HOUR0 + HOUR_MS + 60_000;
     h.at(next);
     h.rng.pin(0);
-    h.lim.acquire("alice", R, &[("rpm", 1), ("tpm", 700)]).await.unwrap().commit().await.unwrap();
+    h.lim
+        .acquire("alice", R, &[("rpm", 1), ("tpm", 700)])
+        .await
+        .unwrap()
+        .commit()
+        .await
+        .unwrap();
     led.add("alice", next, &[("rpm", 1), ("tpm", 700)], 1);
     h.rng.pin(3);
-    h.lim.acquire("bob", R, &[("rpm", 1), ("tpm", 150)]).await.unwrap().commit().await.unwrap();
+    h.lim
+        .acquire("bob", R, &[("rpm", 1), ("tpm", 150)])
+        .await
+        .unwrap()
+        .commit()
+        .await
+        .unwrap();
     led.add("bob", next, &[("rpm", 1), ("tpm", 150)], 1);
 }
 
@@ -180,7 +249,10 @@ pub async fn usage_equals_admitted_net_consumption(b: &Backend) {
     let a0 = &got[&("alice".to_string(), Window::Hourly, HOUR0)];
     assert_eq!(a0.0["tpm"], (500 + 300 + 200 + 1500 + 600) * 1000);
     assert_eq!(a0.0["rpm"], 5000);
-    assert_eq!(a0.1, 6, "six acquires (the rolled-back one included), two limits each");
+    assert_eq!(
+        a0.1, 6,
+        "six acquires (the rolled-back one included), two limits each"
+    );
     let a1 = &got[&("alice".to_string(), Window::Hourly, HOUR0 + HOUR_MS)];
     assert_eq!((a1.0["tpm"], a1.1), (700_000, 1));
     let bob_day = &got[&("bob".to_string(), Window::Daily, Window::Daily.start_ms(T0))];
@@ -200,7 +272,11 @@ pub async fn usage_equals_admitted_net_consumption(b: &Backend) {
         })
         .await
         .expect("resource query");
-    let mut who: Vec<String> = by_resource.snapshots.iter().map(|s| s.entity.clone()).collect();
+    let mut who: Vec<String> = by_resource
+        .snapshots
+        .iter()
+        .map(|s| s.entity.clone())
+        .collect();
     who.sort();
     // An index may lag: poll briefly.
     let mut tries = 0;
@@ -242,8 +318,12 @@ pub async fn usage_survives_restart_and_duplicate_aggregators(b: &Backend) {
     // Killed: its in-memory read position is gone with it.
     drop(first);
     // A duplicate reads the same changes as the restarted one, concurrently.
-    let restarted = aggregator(&h, options(&[Window::Hourly])).await.expect("feed");
-    let duplicate = aggregator(&h, options(&[Window::Hourly])).await.expect("feed");
+    let restarted = aggregator(&h, options(&[Window::Hourly]))
+        .await
+        .expect("feed");
+    let duplicate = aggregator(&h, options(&[Window::Hourly]))
+        .await
+        .expect("feed");
     let (a, b2) = tokio::join!(restarted.pass(), duplicate.pass());
     let (a, b2) = (a.expect("restarted pass"), b2.expect("duplicate pass"));
     // Whatever the interleaving, the stored totals are the ledger's, counted once.
@@ -255,8 +335,19 @@ pub async fn usage_survives_restart_and_duplicate_aggregators(b: &Backend) {
     // More traffic, then the restarted one alone: still exact.
     h.at(HOUR0 + HOUR_MS + 120_000);
     h.rng.pin(0);
-    h.lim.acquire("alice", R, &[("rpm", 2), ("tpm", 9)]).await.unwrap().commit().await.unwrap();
-    led.add("alice", HOUR0 + HOUR_MS + 120_000, &[("rpm", 2), ("tpm", 9)], 1);
+    h.lim
+        .acquire("alice", R, &[("rpm", 2), ("tpm", 9)])
+        .await
+        .unwrap()
+        .commit()
+        .await
+        .unwrap();
+    led.add(
+        "alice",
+        HOUR0 + HOUR_MS + 120_000,
+        &[("rpm", 2), ("tpm", 9)],
+        1,
+    );
     restarted.pass().await.expect("pass");
     duplicate.pass().await.expect("pass");
     let want: BTreeMap<_, _> = clean(&led)
@@ -299,7 +390,10 @@ pub async fn usage_commit_with_a_lost_response_counts_once(b: &Backend) {
     )
     .expect("aggregator");
     let err = agg.pass().await;
-    assert!(err.is_err(), "the lost response surfaces as an error: {err:?}");
+    assert!(
+        err.is_err(),
+        "the lost response surfaces as an error: {err:?}"
+    );
     faulty.set_enabled(false);
     let rep = agg.pass().await.expect("pass after the outage");
     assert_eq!(rep.usage_changes, 0, "nothing left to count: {rep:?}");
