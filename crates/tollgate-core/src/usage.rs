@@ -141,6 +141,17 @@ pub fn iso_utc(t_ms: i64) -> String {
     )
 }
 
+/// An instant given as epoch milliseconds or an RFC 3339 timestamp
+/// (`2025-09-04T15:00:00Z`); `None` when it is neither.
+pub fn parse_instant(s: &str) -> Option<i64> {
+    if let Ok(ms) = s.parse::<i64>() {
+        return Some(ms);
+    }
+    s.parse::<jiff::Timestamp>()
+        .ok()
+        .map(|t| t.as_millisecond())
+}
+
 /// What one write of a bucket item consumed.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct UsageDelta {
@@ -423,6 +434,20 @@ mod tests {
         let old = bucket(&[("tpm", 5000)], 2, None);
         let d = usage_of(&key(), Some(&old), Some(&legacy), 77).expect("usage");
         assert_eq!(d.at_ms, 77);
+    }
+
+    #[test]
+    fn instants_parse_as_ms_or_rfc3339() {
+        assert_eq!(parse_instant("1756998000000"), Some(1_756_998_000_000));
+        assert_eq!(
+            parse_instant("2025-09-04T15:00:00Z"),
+            Some(1_756_998_000_000)
+        );
+        assert_eq!(
+            parse_instant("2025-09-04T17:00:00+02:00"),
+            Some(1_756_998_000_000)
+        );
+        assert_eq!(parse_instant("yesterday"), None);
     }
 
     #[test]

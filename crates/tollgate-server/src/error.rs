@@ -21,6 +21,7 @@ pub const CODES: &[(&str, u16, &str)] = &[
     ("invalid_limit", 400, "an invalid limit definition"),
     ("unknown_limit", 400, "an amount names a limit the resource does not have"),
     ("invalid_adjustment", 400, "a lease adjustment would refund more than the lease consumed of the limit"),
+    ("invalid_usage_query", 400, "a usage query without an entity or a resource, or with a bad limit or page token"),
     ("invalid_lease", 400, "a lease token that does not verify: malformed, truncated, altered, or signed under another lease key"),
     ("bad_request", 400, "the request could not be parsed as HTTP/1.1"),
     ("unauthorized", 401, "no bearer token, or one the server does not know"),
