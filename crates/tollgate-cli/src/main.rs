@@ -13,6 +13,7 @@ mod fail;
 mod serve;
 mod spec;
 mod store;
+mod usage;
 
 use std::collections::BTreeMap;
 use std::io::{IsTerminal, Write};
@@ -149,6 +150,14 @@ enum Cmd {
     /// that repairs it); exit 5 when corrupt items remain. Read-only unless --repair. On
     /// DynamoDB it reads the whole table. See docs/repair.md.
     Doctor(doctor::DoctorArgs),
+    /// Run the feed aggregator: usage snapshots from the store's change feed, and the
+    /// background refill / roll / reset / doubling of the buckets that consumed.
+    Aggregate(usage::AggregateArgs),
+    /// Usage snapshots: `list` them, or a `summary` (with `--plot`, a terminal chart).
+    Usage {
+        #[command(subcommand)]
+        cmd: usage::UsageCmd,
+    },
     /// DynamoDB table administration.
     Table {
         #[command(subcommand)]
@@ -522,6 +531,8 @@ async fn run(cli: Cli) -> Result<(), Failure> {
             Ok(())
         }
         Cmd::Doctor(args) => doctor::run(args, json).await,
+        Cmd::Aggregate(args) => usage::aggregate(args, json).await,
+        Cmd::Usage { cmd } => usage::usage(cmd, json).await,
         Cmd::Demo => demo::run(json).await,
         Cmd::BenchHttp(args) => bench::run(args, json).await,
     }

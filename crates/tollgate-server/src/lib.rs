@@ -75,7 +75,7 @@ pub use auth::{Auth, Principal, Role, TokenSet};
 pub use error::{classify, ApiError, ErrorBody};
 pub use leases::LeaseTable;
 pub use metrics::{Metrics, StoreMetrics};
-pub use routes::{routes, scope_name, warnings, RouteInfo, Warning};
+pub use routes::{routes, scope_name, snapshot_json, warnings, RouteInfo, Warning};
 
 /// Server settings.
 #[derive(Debug, Clone)]

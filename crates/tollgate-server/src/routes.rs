@@ -664,7 +664,7 @@ async fn availability_get(State(app): St, QueryPairs(q): QueryPairs) -> ApiResul
 // Usage
 
 /// One usage snapshot as the API shows it.
-pub(crate) fn snapshot_json(s: &tollgate::Snapshot) -> Json_ {
+pub fn snapshot_json(s: &tollgate::Snapshot) -> Json_ {
     let consumed: BTreeMap<&str, f64> = s
         .milli
         .iter()
