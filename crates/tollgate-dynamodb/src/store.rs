@@ -965,6 +965,19 @@ fn scanned(m: AvMap) -> Scanned {
     Ok(item)
 }
 
+/// The change feed: the table's DynamoDB stream (see `feed.rs`).
+#[async_trait]
+impl tollgate_store::ChangeFeed for DynamoDbStore {
+    async fn read_feed(
+        &self,
+        cursor: &tollgate_store::FeedCursor,
+        limit: usize,
+    ) -> Result<tollgate_store::FeedBatch, StoreError> {
+        let arn = self.stream_arn().await?;
+        crate::feed::read(&self.streams, &arn, &self.table, cursor, limit).await
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -979,18 +992,5 @@ mod tests {
         assert_ne!(d, request_token("y".repeat(80)));
         assert_eq!(request_token("with space".into()).len(), 32);
         assert_eq!(request_token(String::new()).len(), 32);
-    }
-}
-
-/// The change feed: the table's DynamoDB stream (see `feed.rs`).
-#[async_trait]
-impl tollgate_store::ChangeFeed for DynamoDbStore {
-    async fn read_feed(
-        &self,
-        cursor: &tollgate_store::FeedCursor,
-        limit: usize,
-    ) -> Result<tollgate_store::FeedBatch, StoreError> {
-        let arn = self.stream_arn().await?;
-        crate::feed::read(&self.streams, &arn, &self.table, cursor, limit).await
     }
 }

@@ -63,6 +63,9 @@ fn image(key: &Key, seq: i64, raw: Option<String>) -> Result<Option<Item>, Store
     .transpose()
 }
 
+/// One `changes` row: seq, pk, sk, old, new, at_ms.
+type Row = (i64, String, String, Option<String>, Option<String>, i64);
+
 /// The last sequence number ever given (0: none).
 fn last_seq(conn: &Connection) -> Result<i64, StoreError> {
     conn.prepare_cached("SELECT seq FROM sqlite_sequence WHERE name = 'changes'")
@@ -95,7 +98,7 @@ pub fn read_in(
         )));
     }
     let limit = i64::try_from(limit.max(1)).unwrap_or(i64::MAX);
-    let rows: Vec<(i64, String, String, Option<String>, Option<String>, i64)> = tx
+    let rows: Vec<Row> = tx
         .prepare_cached(
             "SELECT seq, pk, sk, old, new, at_ms FROM changes WHERE seq > ?1 ORDER BY seq LIMIT ?2",
         )

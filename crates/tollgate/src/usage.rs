@@ -107,10 +107,20 @@ impl std::fmt::Debug for FeedAggregator {
     }
 }
 
-/// Usage summed per snapshot item, in the order first touched.
+/// The usage summed for one snapshot item.
+struct Sum {
+    entity: String,
+    resource: String,
+    window: Window,
+    start_ms: i64,
+    milli: BTreeMap<String, i64>,
+    requests: i64,
+}
+
+/// Usage summed per snapshot item, and the (entity, resource) pairs that consumed.
 #[derive(Default)]
 struct Pending {
-    snaps: BTreeMap<Key, (String, String, Window, i64, BTreeMap<String, i64>, i64)>,
+    snaps: BTreeMap<Key, Sum>,
     touched: BTreeSet<(String, String)>,
 }
 
@@ -177,25 +187,23 @@ impl FeedAggregator {
             Some((stored.clone().unwrap_or_default(), ahead.clone()));
     }
 
-    /// Add one change's usage to `p`. Returns whether it carried usage.
+    /// Add one change's usage to `p`.
     fn add(&self, p: &mut Pending, d: tollgate_core::usage::UsageDelta) {
         for w in &self.opts.windows {
             let start = w.start_ms(d.at_ms);
             let k = snapshot_key(&d.ns, &d.entity, &d.resource, *w, start);
-            let e = p.snaps.entry(k).or_insert_with(|| {
-                (
-                    d.entity.clone(),
-                    d.resource.clone(),
-                    *w,
-                    start,
-                    BTreeMap::new(),
-                    0,
-                )
+            let e = p.snaps.entry(k).or_insert_with(|| Sum {
+                entity: d.entity.clone(),
+                resource: d.resource.clone(),
+                window: *w,
+                start_ms: start,
+                milli: BTreeMap::new(),
+                requests: 0,
             });
             for (l, m) in &d.milli {
-                *e.4.entry(l.clone()).or_default() += m;
+                *e.milli.entry(l.clone()).or_default() += m;
             }
-            e.5 += d.requests;
+            e.requests += d.requests;
         }
         if d.milli.values().any(|m| *m > 0) {
             p.touched.insert((d.entity, d.resource));
@@ -211,17 +219,17 @@ impl FeedAggregator {
         let mut ops: Vec<TransactOp> = p
             .snaps
             .iter()
-            .map(|(k, (entity, resource, w, start, milli, requests))| {
+            .map(|(k, x)| {
                 TransactOp::Update(UpdateRequest {
                     key: k.clone(),
                     update: snapshot_update(
                         &ns,
-                        entity,
-                        resource,
-                        *w,
-                        *start,
-                        milli,
-                        *requests,
+                        &x.entity,
+                        &x.resource,
+                        x.window,
+                        x.start_ms,
+                        &x.milli,
+                        x.requests,
                         retention_s,
                     ),
                     condition: None,

@@ -14,9 +14,12 @@ const R: &str = "llm";
 const HOUR0: i64 = 1_756_998_000_000;
 const HOUR_MS: i64 = 3_600_000;
 
-/// Expected usage: (entity, window, start) → (limit → millitokens, requests).
+/// Usage by (entity, window, start): (limit → millitokens, requests).
+type Usage = BTreeMap<(String, Window, i64), (BTreeMap<String, i64>, i64)>;
+
+/// Expected usage.
 #[derive(Default, Debug)]
-struct Ledger(BTreeMap<(String, Window, i64), (BTreeMap<String, i64>, i64)>);
+struct Ledger(Usage);
 
 impl Ledger {
     fn add(&mut self, entity: &str, at: i64, amounts: &[(&str, i64)], requests: i64) {
@@ -79,7 +82,7 @@ async fn stored(
     out
 }
 
-fn clean(l: &Ledger) -> BTreeMap<(String, Window, i64), (BTreeMap<String, i64>, i64)> {
+fn clean(l: &Ledger) -> Usage {
     l.0.iter()
         .map(|(k, (m, r))| {
             (
