@@ -239,6 +239,9 @@ impl FeedAggregator {
             .collect();
         let text = to.encode();
         let cond = match stored {
+            _ if tollgate_core::mutants::off(tollgate_core::mutants::Mutant::UsageCheckpoint) => {
+                Condition::exists("PK").or(Condition::not_exists("PK"))
+            }
             None => Condition::not_exists("PK"),
             Some(s) => Condition::eq(CURSOR, s.as_str()),
         };
