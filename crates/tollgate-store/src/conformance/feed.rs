@@ -2,8 +2,10 @@
 //! pass these, each on a fresh store ([`feed_checks`], [`run_feed_all`]).
 //!
 //! A feed may lag its writes a little (DynamoDB Streams): each check polls until what it
-//! waits for is there, for up to [`FEED_WAIT`], and every check ends on a marker write so
-//! "nothing else appeared" is checked after the marker arrived, not after a guess.
+//! waits for is there, for up to [`FEED_WAIT`]. Order is promised per item only, so every
+//! check ends with a marker write *on each item it looks at* (a put holding `m`): once an
+//! item's marker has been read, every earlier change of that item has been too, and "nothing
+//! else appeared" is checked against that, not a guess.
 
 use std::collections::BTreeSet;
 use std::future::Future;
@@ -47,19 +49,19 @@ fn now_ms() -> i64 {
         .unwrap_or(0)
 }
 
-/// Read the feed from `cursor` until the change that wrote `marker` has been read, keeping
-/// the changes of `keys` (the marker's included). Returns them and the cursor after.
+/// Read the feed from `cursor` until the marker of every key in `keys` has been read,
+/// keeping the changes of `keys` before their markers (markers left out). Returns them and
+/// the cursor after.
 async fn read_until(
     s: &dyn ChangeFeed,
     mut cursor: FeedCursor,
     keys: &[&Key],
-    marker: &Key,
     page: usize,
 ) -> Result<(Vec<Change>, FeedCursor), String> {
-    let keys: BTreeSet<&Key> = keys.iter().copied().chain([marker]).collect();
+    let mut waiting: BTreeSet<&Key> = keys.iter().copied().collect();
     let mut got = Vec::new();
     let until = Instant::now() + FEED_WAIT;
-    loop {
+    while !waiting.is_empty() {
         let b = s.read_feed(&cursor, page).await.map_err(e2s)?;
         let empty = b.changes.is_empty();
         for c in b.changes {
@@ -70,20 +72,24 @@ async fn read_until(
                     c.position
                 ),
             )?;
-            let is_marker = &c.key == marker;
-            if keys.contains(&c.key) {
-                got.push(c.clone());
-            }
             cursor.advance(&c.position);
-            if is_marker {
-                return Ok((got, cursor));
+            if !waiting.contains(&c.key) {
+                continue;
+            }
+            if is_marker(&c) {
+                waiting.remove(&c.key);
+            } else {
+                got.push(c);
             }
         }
         // The batch cursor may also hold finished streams.
         cursor = merge(cursor, b.cursor);
+        if waiting.is_empty() {
+            break;
+        }
         if Instant::now() > until {
             return Err(format!(
-                "the marker write {marker} did not appear on the feed within {} s ({} changes read)",
+                "the marker writes of {waiting:?} did not appear on the feed within {} s ({} changes read)",
                 FEED_WAIT.as_secs(),
                 got.len()
             ));
@@ -92,6 +98,7 @@ async fn read_until(
             tokio::time::sleep(Duration::from_millis(100)).await;
         }
     }
+    Ok((got, cursor))
 }
 
 /// The later of two cursors, stream by stream.
@@ -114,16 +121,24 @@ fn b_is_later(a: &FeedCursor, stream: &str, seq: &str) -> bool {
     })
 }
 
-async fn marker(s: &dyn ChangeFeed, name: &str) -> Result<Key, String> {
-    let k = Key::new(format!("feed#{name}"), "#MARKER");
-    s.put(PutRequest {
-        key: k.clone(),
-        item: attrs(&[("n", Value::N(now_ms()))]),
-        condition: None,
-    })
-    .await
-    .map_err(e2s)?;
-    Ok(k)
+const MARK: &str = "feed_marker";
+
+fn is_marker(c: &Change) -> bool {
+    c.new.as_ref().is_some_and(|n| n.contains_key(MARK))
+}
+
+/// Write a marker on each of `keys` (a put: the item is replaced).
+async fn markers(s: &dyn ChangeFeed, keys: &[&Key]) -> CheckResult {
+    for k in keys {
+        s.put(PutRequest {
+            key: (*k).clone(),
+            item: attrs(&[(MARK, Value::N(now_ms()))]),
+            condition: None,
+        })
+        .await
+        .map_err(e2s)?;
+    }
+    Ok(())
 }
 
 fn shape(c: &Change) -> (Key, Option<Item>, Option<Item>) {
@@ -156,8 +171,8 @@ pub async fn feed_records_each_write(s: &dyn ChangeFeed) -> CheckResult {
     })
     .await
     .map_err(e2s)?;
-    let m = marker(s, "each").await?;
-    let (got, _) = read_until(s, FeedCursor::start(), &[&k], &m, 100).await?;
+    markers(s, &[&k]).await?;
+    let (got, _) = read_until(s, FeedCursor::start(), &[&k], 100).await?;
     let v1 = stored(&k, &[("n", Value::N(1)), ("s", Value::S("a".into()))]);
     let v2 = stored(&k, &[("n", Value::N(5))]);
     let want = vec![
@@ -189,8 +204,6 @@ pub async fn feed_skips_what_was_not_applied(s: &dyn ChangeFeed) -> CheckResult 
     })
     .await
     .map_err(e2s)?;
-    let m0 = marker(s, "skip0").await?;
-    let (_, cursor) = read_until(s, FeedCursor::start(), &[], &m0, 100).await?;
     let r = s
         .put(PutRequest {
             key: k.clone(),
@@ -241,13 +254,13 @@ pub async fn feed_skips_what_was_not_applied(s: &dyn ChangeFeed) -> CheckResult 
     .await
     .map_err(e2s)?;
     let absent = Key::new("feed#skip", "#ABSENT");
-    let m = marker(s, "skip").await?;
-    let (got, _) = read_until(s, cursor, &[&k, &other, &absent], &m, 100).await?;
-    let shapes: Vec<_> = got.iter().filter(|c| c.key != m).map(shape).collect();
+    markers(s, &[&k, &other, &absent]).await?;
+    let (got, _) = read_until(s, FeedCursor::start(), &[&k, &other, &absent], 100).await?;
+    let shapes: Vec<_> = got.iter().map(shape).collect();
     ensure_eq(
         shapes,
-        Vec::new(),
-        "changes of writes that were not applied",
+        vec![(k.clone(), None, Some(stored(&k, &[("n", Value::N(1))])))],
+        "changes besides the one applied put",
     )
 }
 
@@ -267,8 +280,6 @@ pub async fn feed_records_transaction_ops(s: &dyn ChangeFeed) -> CheckResult {
         .await
         .map_err(e2s)?;
     }
-    let m0 = marker(s, "tx0").await?;
-    let (_, cursor) = read_until(s, FeedCursor::start(), &[], &m0, 100).await?;
     let ops = vec![
         TransactOp::Put(PutRequest {
             key: a.clone(),
@@ -290,25 +301,25 @@ pub async fn feed_records_transaction_ops(s: &dyn ChangeFeed) -> CheckResult {
             condition: Condition::exists("PK"),
         },
     ];
-    s.transact_write(ops.clone(), Some("feed-tx-token-1".into()))
+    // A fresh token: DynamoDB (Local too) remembers tokens across tables for minutes.
+    let token = format!("feed-tx-{}", now_ms());
+    s.transact_write(ops.clone(), Some(token.clone()))
         .await
         .map_err(e2s)?;
-    s.transact_write(ops, Some("feed-tx-token-1".into()))
-        .await
-        .map_err(e2s)?;
-    let m = marker(s, "tx").await?;
-    let (got, _) = read_until(s, cursor, &[&a, &b, &c, &d], &m, 100).await?;
-    let mut shapes: Vec<_> = got.iter().filter(|x| x.key != m).map(shape).collect();
+    s.transact_write(ops, Some(token)).await.map_err(e2s)?;
+    markers(s, &[&a, &b, &c, &d]).await?;
+    let (got, _) = read_until(s, FeedCursor::start(), &[&a, &b, &c, &d], 100).await?;
+    let mut shapes: Vec<_> = got.iter().map(shape).collect();
+    // Stable: each item's changes stay in their order.
     shapes.sort_by(|x, y| x.0.cmp(&y.0));
-    let one = stored(&b, &[("n", Value::N(1))]);
+    let one = |k: &Key| Some(stored(k, &[("n", Value::N(1))]));
     let want = vec![
         (a.clone(), None, Some(stored(&a, &[("n", Value::N(7))]))),
-        (
-            b.clone(),
-            Some(one),
-            Some(stored(&b, &[("n", Value::N(3))])),
-        ),
-        (c.clone(), Some(stored(&c, &[("n", Value::N(1))])), None),
+        (b.clone(), None, one(&b)),
+        (b.clone(), one(&b), Some(stored(&b, &[("n", Value::N(3))]))),
+        (c.clone(), None, one(&c)),
+        (c.clone(), one(&c), None),
+        (d.clone(), None, one(&d)),
     ];
     ensure_eq(shapes, want, "the transaction's operations on the feed")
 }
@@ -330,8 +341,8 @@ pub async fn feed_cursor_resumes_in_order(s: &dyn ChangeFeed) -> CheckResult {
         .await
         .map_err(e2s)?;
     }
-    let m = marker(s, "order").await?;
-    let (all, _) = read_until(s, FeedCursor::start(), &[&x, &y], &m, 1).await?;
+    markers(s, &[&x, &y]).await?;
+    let (all, _) = read_until(s, FeedCursor::start(), &[&x, &y], 1).await?;
     let n = |i: &Option<Item>| i.as_ref().and_then(|i| i.get("n")).and_then(Value::as_n);
     for k in [&x, &y] {
         let seq: Vec<(Option<i64>, Option<i64>)> = all
@@ -346,10 +357,15 @@ pub async fn feed_cursor_resumes_in_order(s: &dyn ChangeFeed) -> CheckResult {
         )?;
     }
     // Again from the start, in big pages: the same changes.
-    let (again, _) = read_until(s, FeedCursor::start(), &[&x, &y], &m, 100).await?;
+    let (again, _) = read_until(s, FeedCursor::start(), &[&x, &y], 100).await?;
+    let per_key = |v: &[Change]| {
+        let mut v: Vec<_> = v.iter().map(shape).collect();
+        v.sort_by(|p, q| p.0.cmp(&q.0));
+        v
+    };
     ensure_eq(
-        again.iter().map(shape).collect::<Vec<_>>(),
-        all.iter().map(shape).collect::<Vec<_>>(),
+        per_key(&again),
+        per_key(&all),
         "a second read from the start",
     )
 }
