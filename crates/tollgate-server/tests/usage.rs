@@ -144,3 +144,48 @@ fn urlencode(s: &str) -> String {
         })
         .collect()
 }
+
+mod common;
+
+/// `Server::serve` runs the aggregator on its timer: usage shows up without a manual pass.
+#[tokio::test]
+async fn serve_runs_the_aggregator_in_process() {
+    let store = Arc::new(MemoryStore::new());
+    let limiter = Limiter::new(store.clone()).unwrap();
+    limiter
+        .set_limits(
+            &Scope::Resource("gpt".into()),
+            &[Limit::per_minute("tpm", 100_000).unwrap()],
+            None,
+        )
+        .await
+        .unwrap();
+    let agg = FeedAggregator::new(&limiter, store, UsageOptions::default()).unwrap();
+    let run = AggregatorRun::new(agg, Duration::from_millis(20));
+    let stats = run.stats.clone();
+    let server = Server::builder(limiter).aggregator(run).build();
+    let running = common::Running::serve(server.clone()).await;
+    let (st, body) = call(
+        &server,
+        "POST",
+        "/v1/acquire",
+        Some(json!({"entity": "u9", "resource": "gpt", "amounts": {"tpm": 77}, "commit": true})),
+    )
+    .await;
+    assert_eq!(st, StatusCode::OK, "{body}");
+    let mut seen = Value::Null;
+    for _ in 0..200 {
+        let (_, body) = call(&server, "GET", "/v1/usage?entity=u9&window=daily", None).await;
+        seen = serde_json::from_str(&body).unwrap();
+        if seen["snapshots"].as_array().is_some_and(|a| !a.is_empty()) {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert_eq!(
+        seen["snapshots"][0]["consumed_milli"]["tpm"], 77_000,
+        "{seen}"
+    );
+    assert!(stats.passes.load(std::sync::atomic::Ordering::Relaxed) >= 1);
+    running.stop().await;
+}

@@ -145,10 +145,10 @@ pub fn read_in(
     })
 }
 
-/// Forget the changes at or before `cursor`.
-pub fn trim(conn: &Connection, cursor: &FeedCursor) -> Result<usize, StoreError> {
+/// Forget the changes at or before `cursor` written before `before_ms`.
+pub fn trim(conn: &Connection, cursor: &FeedCursor, before_ms: i64) -> Result<usize, StoreError> {
     let through = cursor.single_seq()?;
-    conn.prepare_cached("DELETE FROM changes WHERE seq <= ?1")
-        .and_then(|mut s| s.execute(params![through]))
+    conn.prepare_cached("DELETE FROM changes WHERE seq <= ?1 AND at_ms < ?2")
+        .and_then(|mut s| s.execute(params![through, before_ms]))
         .map_err(|e| from_sqlite("trim feed", e))
 }

@@ -494,9 +494,16 @@ impl tollgate_store::ChangeFeed for SqliteStore {
         }
     }
 
-    async fn trim_feed(&self, cursor: &tollgate_store::FeedCursor) -> Result<(), StoreError> {
+    async fn trim_feed(
+        &self,
+        cursor: &tollgate_store::FeedCursor,
+        before_ms: i64,
+    ) -> Result<(), StoreError> {
         cursor.single_seq()?;
-        match self.write(Write::TrimFeed(cursor.clone())).await? {
+        match self
+            .write(Write::TrimFeed(cursor.clone(), before_ms))
+            .await?
+        {
             Outcome::Done => Ok(()),
             other => Err(mismatch("trim_feed", &other)),
         }

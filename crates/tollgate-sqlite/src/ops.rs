@@ -189,8 +189,8 @@ pub enum Write {
     Delete(DeleteRequest),
     /// `purge`: delete without reading the old item.
     Purge(Key),
-    /// Forget the feed's changes at or before the cursor.
-    TrimFeed(tollgate_store::FeedCursor),
+    /// Forget the feed's changes at or before the cursor written before the instant (ms).
+    TrimFeed(tollgate_store::FeedCursor, i64),
     /// `transact_write`, checked by [`check_transaction`], which computed the fingerprint
     /// stored with the token.
     Transact {
@@ -209,7 +209,7 @@ impl Write {
         match self {
             Write::Transact { ops, .. } => ops.len(),
             Write::Put(_) | Write::Update(_) | Write::Delete(_) | Write::Purge(_) => 1,
-            Write::TrimFeed(_) => 1,
+            Write::TrimFeed(..) => 1,
         }
     }
 }
@@ -289,7 +289,9 @@ pub fn write(
         Write::Update(req) => update(tx, req).map(Outcome::Item),
         Write::Delete(req) => delete(tx, req).map(Outcome::Item),
         Write::Purge(key) => write_item(tx, &key, None).map(|()| Outcome::Done),
-        Write::TrimFeed(cursor) => crate::feed::trim(tx, &cursor).map(|_| Outcome::Done),
+        Write::TrimFeed(cursor, before) => {
+            crate::feed::trim(tx, &cursor, before).map(|_| Outcome::Done)
+        }
         Write::Transact {
             ops,
             token,

@@ -75,8 +75,12 @@ impl tollgate_store::ChangeFeed for Raw {
     ) -> Result<tollgate_store::FeedBatch, StoreError> {
         self.store.read_feed(cursor, limit).await
     }
-    async fn trim_feed(&self, cursor: &tollgate_store::FeedCursor) -> Result<(), StoreError> {
-        self.store.trim_feed(cursor).await
+    async fn trim_feed(
+        &self,
+        cursor: &tollgate_store::FeedCursor,
+        before_ms: i64,
+    ) -> Result<(), StoreError> {
+        self.store.trim_feed(cursor, before_ms).await
     }
 }
 

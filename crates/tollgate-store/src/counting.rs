@@ -163,7 +163,11 @@ impl<S: crate::ChangeFeed> crate::ChangeFeed for Counting<S> {
     ) -> Result<crate::FeedBatch, StoreError> {
         self.inner.read_feed(cursor, limit).await
     }
-    async fn trim_feed(&self, cursor: &crate::FeedCursor) -> Result<(), StoreError> {
-        self.inner.trim_feed(cursor).await
+    async fn trim_feed(
+        &self,
+        cursor: &crate::FeedCursor,
+        before_ms: i64,
+    ) -> Result<(), StoreError> {
+        self.inner.trim_feed(cursor, before_ms).await
     }
 }

@@ -138,8 +138,12 @@ impl<S: crate::ChangeFeed> crate::ChangeFeed for Deadline<S> {
         self.bounded("read_feed", false, self.inner.read_feed(cursor, limit))
             .await
     }
-    async fn trim_feed(&self, cursor: &crate::FeedCursor) -> Result<(), StoreError> {
-        self.bounded("trim_feed", false, self.inner.trim_feed(cursor))
+    async fn trim_feed(
+        &self,
+        cursor: &crate::FeedCursor,
+        before_ms: i64,
+    ) -> Result<(), StoreError> {
+        self.bounded("trim_feed", false, self.inner.trim_feed(cursor, before_ms))
             .await
     }
 }

@@ -151,10 +151,13 @@ pub trait ChangeFeed: Store {
     /// and the cursor after them.
     async fn read_feed(&self, cursor: &FeedCursor, limit: usize) -> Result<FeedBatch, StoreError>;
 
-    /// Let the backend forget the changes at or before `cursor` (every consumer has them).
-    /// A hint: a backend that trims on its own (DynamoDB Streams keeps 24 hours) ignores it.
-    async fn trim_feed(&self, cursor: &FeedCursor) -> Result<(), StoreError> {
-        let _ = cursor;
+    /// Let the backend forget the changes at or before `cursor` that were written before
+    /// `before_ms` (epoch ms): a consumer trims what it has counted, past a retention that
+    /// leaves other consumers (another namespace's aggregator on the same file) time to
+    /// read. A hint: a backend that trims on its own (DynamoDB Streams keeps 24 hours)
+    /// ignores it.
+    async fn trim_feed(&self, cursor: &FeedCursor, before_ms: i64) -> Result<(), StoreError> {
+        let _ = (cursor, before_ms);
         Ok(())
     }
 }
@@ -164,8 +167,8 @@ impl<S: ChangeFeed + ?Sized> ChangeFeed for std::sync::Arc<S> {
     async fn read_feed(&self, cursor: &FeedCursor, limit: usize) -> Result<FeedBatch, StoreError> {
         (**self).read_feed(cursor, limit).await
     }
-    async fn trim_feed(&self, cursor: &FeedCursor) -> Result<(), StoreError> {
-        (**self).trim_feed(cursor).await
+    async fn trim_feed(&self, cursor: &FeedCursor, before_ms: i64) -> Result<(), StoreError> {
+        (**self).trim_feed(cursor, before_ms).await
     }
 }
 

@@ -510,10 +510,10 @@ impl ChangeFeed for MemoryStore {
         })
     }
 
-    async fn trim_feed(&self, cursor: &FeedCursor) -> Result<(), StoreError> {
+    async fn trim_feed(&self, cursor: &FeedCursor, before_ms: i64) -> Result<(), StoreError> {
         let through = cursor.single_seq()?;
         let mut g = self.lock();
-        while g.trimmed_through < through && !g.log.is_empty() {
+        while g.trimmed_through < through && g.log.front().is_some_and(|c| c.at_ms < before_ms) {
             g.log.pop_front();
             g.trimmed_through += 1;
         }

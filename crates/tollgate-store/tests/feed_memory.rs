@@ -118,7 +118,17 @@ async fn trimmed_changes_are_refused_not_skipped() {
     }
     let b = s.read_feed(&FeedCursor::start(), 2).await.expect("read");
     assert_eq!(b.changes.len(), 2);
-    s.trim_feed(&b.cursor).await.expect("trim");
+    // Nothing is older than the retention yet: nothing goes.
+    s.trim_feed(&b.cursor, 0).await.expect("trim");
+    assert_eq!(
+        s.read_feed(&FeedCursor::start(), 10)
+            .await
+            .expect("read")
+            .changes
+            .len(),
+        3
+    );
+    s.trim_feed(&b.cursor, i64::MAX).await.expect("trim");
     let rest = s.read_feed(&b.cursor, 10).await.expect("read rest");
     assert_eq!(rest.changes.len(), 1);
     assert_eq!(rest.changes[0].position.seq, "3");

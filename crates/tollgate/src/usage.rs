@@ -46,6 +46,11 @@ pub struct UsageOptions {
     pub background: bool,
     /// Most feed reads in one pass (`None`: until the feed has nothing more).
     pub max_batches: Option<usize>,
+    /// Changes counted are trimmed from the feed (where the backend keeps it: memory,
+    /// SQLite) once older than this (ms; default 24 hours, DynamoDB Streams' own), so
+    /// another consumer of the same feed — another namespace's aggregator on the same file
+    /// — has that long to read them.
+    pub feed_retention_ms: i64,
 }
 
 impl Default for UsageOptions {
@@ -57,6 +62,7 @@ impl Default for UsageOptions {
             consumer: "aggregator".into(),
             background: true,
             max_batches: None,
+            feed_retention_ms: 86_400_000,
         }
     }
 }
@@ -355,7 +361,8 @@ impl FeedAggregator {
                 stored = Some(end.encode());
                 cursor = end;
                 self.remember(&stored, &cursor);
-                if let Err(e) = self.feed.trim_feed(&cursor).await {
+                let before = self.limiter.inner.clock.now_ms() - self.opts.feed_retention_ms;
+                if let Err(e) = self.feed.trim_feed(&cursor, before).await {
                     tracing::warn!(error = %e, "aggregator: feed trim failed (kept)");
                 }
             } else {
