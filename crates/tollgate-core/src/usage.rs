@@ -33,6 +33,12 @@ pub fn count_request(u: Update) -> Update {
     u.add(attr::RQ, 1)
 }
 
+/// Take back a counted acquire (a cascade whose parent refused: the child's debit is rolled
+/// back and the acquire was not admitted).
+pub fn uncount_request(u: Update) -> Update {
+    u.add(attr::RQ, -1)
+}
+
 /// Date a consumption-moving write (an adjustment, a rollback, a refund) at `now_ms`.
 pub fn stamp_write_time(u: Update, now_ms: i64) -> Update {
     u.set(attr::WT, now_ms)

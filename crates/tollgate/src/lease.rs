@@ -321,6 +321,25 @@ impl Lease {
         }
     }
 
+    /// Take back the admitted request this lease's acquire counted on its first part
+    /// (`rq`, see `tollgate_core::usage`): for a cascade whose parent refused, after the
+    /// child's debit was rolled back. One write on that refusal path only; a failure leaves
+    /// the request counted and is logged (never resent: it is an ADD).
+    pub(crate) async fn uncount_request(&self) {
+        let (Some(lim), Some(p)) = (self.lim.as_ref(), self.parts.first()) else {
+            return;
+        };
+        let u = UpdateRequest {
+            key: p.key.clone(),
+            update: tollgate_core::usage::uncount_request(Update::new()),
+            condition: Some(Condition::exists("PK")),
+            returns: ReturnValues::None,
+        };
+        if let Err(e) = lim.store.update(u).await {
+            tracing::warn!(error = %e, "cascade: the refused request stays counted in usage");
+        }
+    }
+
     /// Rollback: every part refunds what it holds (one transaction when several do).
     async fn refund_all(&mut self) -> Result<()> {
         let plan: Vec<(usize, Vec<(String, i64)>)> = (0..self.parts.len())
