@@ -12,6 +12,7 @@ pub mod repair;
 pub mod schedules;
 pub mod sharded;
 pub mod shared_leases;
+pub mod usage;
 
 /// Generate one `#[tokio::test]` per limiter behaviour scenario, on `$backend`: an
 /// expression of type `Option<`[`Backend`](crate::testing::Backend)`>` (`None` skips, for a
@@ -149,7 +150,10 @@ macro_rules! scenario_tests {
             audit::every_admin_change_writes_one_record,
             audit::a_refused_change_writes_no_record,
             audit::pages_retention_and_purge,
-            audit::a_doctor_repair_is_recorded
+            audit::a_doctor_repair_is_recorded,
+            usage::usage_equals_admitted_net_consumption,
+            usage::usage_survives_restart_and_duplicate_aggregators,
+            usage::usage_commit_with_a_lost_response_counts_once
         );
     };
 }
