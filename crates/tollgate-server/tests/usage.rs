@@ -31,7 +31,7 @@ async fn call(s: &Server, method: &str, uri: &str, body: Option<Value>) -> (Stat
 
 #[tokio::test]
 async fn usage_route_pages_snapshots_and_metrics_show_the_passes() {
-    let store = Arc::new(MemoryStore::new());
+    let store = Arc::new(MemoryStore::with_change_feed());
     let limiter = Limiter::new(store.clone()).unwrap();
     limiter
         .set_limits(
@@ -150,7 +150,7 @@ mod common;
 /// `Server::serve` runs the aggregator on its timer: usage shows up without a manual pass.
 #[tokio::test]
 async fn serve_runs_the_aggregator_in_process() {
-    let store = Arc::new(MemoryStore::new());
+    let store = Arc::new(MemoryStore::with_change_feed());
     let limiter = Limiter::new(store.clone()).unwrap();
     limiter
         .set_limits(
