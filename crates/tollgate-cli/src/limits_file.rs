@@ -171,9 +171,14 @@ pub async fn run_plan(a: FileArgs, json_out: bool) -> Result<(), Failure> {
     let limiter = a.store.limiter(Access::ReadOnly).await?;
     let changes = plan(&limiter, &file).await?;
     if json_out {
-        crate::print_json(&json!({ "file": a.file.display().to_string(), "changes": plan_json(&changes) }));
+        crate::print_json(
+            &json!({ "file": a.file.display().to_string(), "changes": plan_json(&changes) }),
+        );
     } else if changes.is_empty() {
-        println!("no changes: the store holds what {} declares", a.file.display());
+        println!(
+            "no changes: the store holds what {} declares",
+            a.file.display()
+        );
     } else {
         for l in plan_lines(&changes) {
             println!("{l}");
@@ -196,7 +201,10 @@ pub async fn run_apply(a: FileArgs, json_out: bool) -> Result<(), Failure> {
             "applied": plan_json(&changes),
         }));
     } else if changes.is_empty() {
-        println!("no changes: the store holds what {} declares", a.file.display());
+        println!(
+            "no changes: the store holds what {} declares",
+            a.file.display()
+        );
     } else {
         for l in plan_lines(&changes) {
             println!("{l}");

@@ -307,10 +307,7 @@ pub async fn run(a: ServeArgs, json_out: bool) -> Result<(), Failure> {
         }
         None => None,
     };
-    let mapping = follower
-        .as_ref()
-        .map(|f| f.mapping())
-        .unwrap_or_default();
+    let mapping = follower.as_ref().map(|f| f.mapping()).unwrap_or_default();
     let listener = tokio::net::TcpListener::bind(&a.listen)
         .await
         .map_err(|e| Failure::BadInput(format!("cannot listen on {}: {e}", a.listen)))?;

@@ -79,7 +79,9 @@ impl crate::Server {
         let svc = RateLimiter::new(self.state().clone(), mapping);
         tonic::transport::Server::builder()
             .timeout(self.state().config.request_timeout)
-            .add_service(rls::rate_limit_service_server::RateLimitServiceServer::new(svc))
+            .add_service(rls::rate_limit_service_server::RateLimitServiceServer::new(
+                svc,
+            ))
             .serve_with_incoming_shutdown(
                 tonic::transport::server::TcpIncoming::from(listener),
                 shutdown,

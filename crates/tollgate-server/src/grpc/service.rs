@@ -5,9 +5,9 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Instant;
 
-use tonic::{Request, Response, Status};
 use tollgate::limits_file::{resolve, Charge, EnvoySettings};
 use tollgate::{Error, Lease, Limit, LimitStatus};
+use tonic::{Request, Response, Status};
 
 use super::answer::{descriptor_status, header, headers};
 use super::rls::rate_limit_response::Code;
@@ -169,7 +169,8 @@ impl RateLimiter {
         let mut outcomes: Vec<Outcome> = Vec::with_capacity(groups.len());
         let mut retry_after_ms = None;
         for g in &groups {
-            if retry_after_ms.is_some() || outcomes.iter().any(|o| matches!(o, Outcome::Refused(_))) {
+            if retry_after_ms.is_some() || outcomes.iter().any(|o| matches!(o, Outcome::Refused(_)))
+            {
                 let asked = borrow(&g.amounts);
                 let st = lim
                     .check_availability(&g.entity, &g.resource, Some(&asked))
@@ -179,7 +180,10 @@ impl RateLimiter {
                 outcomes.push(Outcome::Untried(st));
                 continue;
             }
-            match lim.acquire(&g.entity, &g.resource, &borrow(&g.amounts)).await {
+            match lim
+                .acquire(&g.entity, &g.resource, &borrow(&g.amounts))
+                .await
+            {
                 Ok(lease) => outcomes.push(Outcome::Admitted(lease)),
                 Err(Error::RateLimitExceeded(ex)) => {
                     // All or none: give back what the earlier groups took, exactly.
@@ -317,7 +321,11 @@ impl RateLimiter {
                     c.entity, c.resource
                 )));
             };
-            let e = by_token.entry(t).or_default().entry(c.limit.clone()).or_insert(0);
+            let e = by_token
+                .entry(t)
+                .or_default()
+                .entry(c.limit.clone())
+                .or_insert(0);
             *e = e.saturating_add(c.amount);
         }
         for (token, limits) in &by_token {
@@ -327,7 +335,9 @@ impl RateLimiter {
                     "lease_closed" | "lease_stale" | "lease_not_found" => {
                         Status::failed_precondition(format!("{}: {}", e.code, e.message))
                     }
-                    "invalid_lease" => Status::invalid_argument(format!("{}: {}", e.code, e.message)),
+                    "invalid_lease" => {
+                        Status::invalid_argument(format!("{}: {}", e.code, e.message))
+                    }
                     _ => status_of_api(e),
                 })?;
             let consumed = h.lease.consumed();
@@ -373,8 +383,15 @@ impl RateLimiter {
                 .map(|e| (e.key.clone(), e.value.clone()))
                 .collect();
             let hits = d.hits_addend.map(|h| h.value).unwrap_or(default_hits);
-            let c = resolve(&settings, &req.domain, i, &entries, hits, d.is_negative_hits)
-                .map_err(|e| Status::invalid_argument(e.to_string()))?;
+            let c = resolve(
+                &settings,
+                &req.domain,
+                i,
+                &entries,
+                hits,
+                d.is_negative_hits,
+            )
+            .map_err(|e| Status::invalid_argument(e.to_string()))?;
             charges.push(c);
         }
         let reports = charges.iter().filter(|c| c.report.is_some()).count();
@@ -419,8 +436,12 @@ impl RateLimitService for RateLimiter {
         self.app.metrics.acquire(outcome, took);
         self.app.metrics.request("POST", METHOD, status, took);
         match &r {
-            Ok(resp) => tracing::info!(principal = %principal.name, %domain, outcome, descriptors = resp.statuses.len(), took_ms = took.as_millis() as u64, "grpc ShouldRateLimit"),
-            Err(s) => tracing::info!(principal = %principal.name, %domain, code = ?s.code(), message = s.message(), took_ms = took.as_millis() as u64, "grpc ShouldRateLimit refused"),
+            Ok(resp) => {
+                tracing::info!(principal = %principal.name, %domain, outcome, descriptors = resp.statuses.len(), took_ms = took.as_millis() as u64, "grpc ShouldRateLimit")
+            }
+            Err(s) => {
+                tracing::info!(principal = %principal.name, %domain, code = ?s.code(), message = s.message(), took_ms = took.as_millis() as u64, "grpc ShouldRateLimit refused")
+            }
         }
         r.map(Response::new)
     }

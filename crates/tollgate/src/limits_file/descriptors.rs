@@ -31,7 +31,10 @@ impl Source {
         match self {
             Source::Value(v) => Some(v),
             Source::Domain => Some(domain),
-            Source::Entry(k) => entries.iter().find(|(ek, _)| ek == k).map(|(_, v)| v.as_str()),
+            Source::Entry(k) => entries
+                .iter()
+                .find(|(ek, _)| ek == k)
+                .map(|(_, v)| v.as_str()),
         }
     }
 }
@@ -128,7 +131,9 @@ pub enum DescriptorError {
         key: String,
     },
     /// No rule maps the descriptor.
-    #[error("descriptor {index} ({entries}) of domain {domain:?} matches no [[envoy.descriptors]] rule")]
+    #[error(
+        "descriptor {index} ({entries}) of domain {domain:?} matches no [[envoy.descriptors]] rule"
+    )]
     Unmapped {
         /// 0-based index.
         index: usize,
@@ -310,8 +315,7 @@ fn header_name(
 ) -> Result<String, LimitsFileError> {
     let h = v.clone().unwrap_or_else(|| default.to_string());
     let ok = !h.is_empty()
-        && h
-            .bytes()
+        && h.bytes()
             .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-' || b == b'_');
     if !ok {
         return Err(LimitsFileError {
@@ -331,9 +335,8 @@ impl RawEnvoy {
             let span = r.span();
             let r = r.get_ref();
             let field = |f: &str| format!("envoy.descriptors[{i}].{f}");
-            let src = |f: &str, s: &RawSource| {
-                s.source().map_err(|e| cx.err(span.clone(), field(f), e))
-            };
+            let src =
+                |f: &str, s: &RawSource| s.source().map_err(|e| cx.err(span.clone(), field(f), e));
             if r.domain.as_deref() == Some("") {
                 return Err(cx.err(span, field("domain"), "an empty domain matches nothing"));
             }
@@ -410,9 +413,24 @@ mod tests {
     #[test]
     fn first_matching_rule_maps() {
         let s = settings();
-        let c = resolve(&s, "llm", 0, &e(&[("user_id", "u1"), ("model", "gpt-4")]), 7, false)
-            .unwrap();
-        assert_eq!((c.entity.as_str(), c.resource.as_str(), c.limit.as_str(), c.amount), ("u1", "gpt-4", "tpm", 7));
+        let c = resolve(
+            &s,
+            "llm",
+            0,
+            &e(&[("user_id", "u1"), ("model", "gpt-4")]),
+            7,
+            false,
+        )
+        .unwrap();
+        assert_eq!(
+            (
+                c.entity.as_str(),
+                c.resource.as_str(),
+                c.limit.as_str(),
+                c.amount
+            ),
+            ("u1", "gpt-4", "tpm", 7)
+        );
         assert!(c.report.is_none() && c.report_usage);
         let c = resolve(&s, "api", 0, &e(&[("user_id", "u1")]), 1, false).unwrap();
         assert_eq!((c.resource.as_str(), c.limit.as_str()), ("api", "rpm"));
@@ -432,14 +450,32 @@ mod tests {
     fn refusals() {
         let s = settings();
         let ok = e(&[("user_id", "u1")]);
-        assert_eq!(resolve(&s, "", 0, &ok, 1, false), Err(DescriptorError::EmptyDomain));
-        assert_eq!(resolve(&s, "d", 2, &[], 1, false), Err(DescriptorError::EmptyDescriptor { index: 2 }));
-        assert!(matches!(resolve(&s, "d", 0, &e(&[("team", "x")]), 1, false), Err(DescriptorError::Unmapped { .. })));
-        assert_eq!(resolve(&s, "d", 0, &ok, 1, true), Err(DescriptorError::NegativeHits { index: 0 }));
+        assert_eq!(
+            resolve(&s, "", 0, &ok, 1, false),
+            Err(DescriptorError::EmptyDomain)
+        );
+        assert_eq!(
+            resolve(&s, "d", 2, &[], 1, false),
+            Err(DescriptorError::EmptyDescriptor { index: 2 })
+        );
+        assert!(matches!(
+            resolve(&s, "d", 0, &e(&[("team", "x")]), 1, false),
+            Err(DescriptorError::Unmapped { .. })
+        ));
+        assert_eq!(
+            resolve(&s, "d", 0, &ok, 1, true),
+            Err(DescriptorError::NegativeHits { index: 0 })
+        );
         assert_eq!(
             resolve(&s, "d", 0, &ok, MAX_TOKENS as u64 + 1, false),
-            Err(DescriptorError::TooLarge { index: 0, hits: MAX_TOKENS as u64 + 1 })
+            Err(DescriptorError::TooLarge {
+                index: 0,
+                hits: MAX_TOKENS as u64 + 1
+            })
         );
-        assert!(matches!(resolve(&s, "d", 0, &e(&[("user_id", "")]), 1, false), Err(DescriptorError::EmptyEntry { .. })));
+        assert!(matches!(
+            resolve(&s, "d", 0, &e(&[("user_id", "")]), 1, false),
+            Err(DescriptorError::EmptyEntry { .. })
+        ));
     }
 }

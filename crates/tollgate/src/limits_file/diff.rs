@@ -266,7 +266,10 @@ mod tests {
         let e = Scope::Entity("u".into(), None);
         let s = Scope::Resource("old".into());
         let declared: BTreeMap<_, _> = [
-            (scope_key(&r), lvl(r.clone(), vec![rpm2.clone(), tpm.clone()])),
+            (
+                scope_key(&r),
+                lvl(r.clone(), vec![rpm2.clone(), tpm.clone()]),
+            ),
             (scope_key(&e), lvl(e.clone(), vec![rpm.clone()])),
         ]
         .into_iter()

@@ -165,7 +165,12 @@ fn limits_of(
     Ok(out)
 }
 
-fn check_scope(cx: &Ctx<'_>, span: Range<usize>, path: &str, s: &Scope) -> Result<(), LimitsFileError> {
+fn check_scope(
+    cx: &Ctx<'_>,
+    span: Range<usize>,
+    path: &str,
+    s: &Scope,
+) -> Result<(), LimitsFileError> {
     s.validate()
         .map_err(|e| cx.err(span, path.to_string(), e.to_string()))
 }
@@ -271,7 +276,10 @@ fn field_of(e: &toml::de::Error, text: &str) -> String {
     };
     let start = span.start.min(text.len());
     let line_start = text[..start].rfind('\n').map(|i| i + 1).unwrap_or(0);
-    let line_end = text[start..].find('\n').map(|i| start + i).unwrap_or(text.len());
+    let line_end = text[start..]
+        .find('\n')
+        .map(|i| start + i)
+        .unwrap_or(text.len());
     let line = text[line_start..line_end].trim();
     let mut table = String::new();
     for l in text[..line_start].lines() {
