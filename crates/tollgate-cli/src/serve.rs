@@ -373,12 +373,13 @@ pub async fn run(a: ServeArgs, json_out: bool) -> Result<(), Failure> {
         } else {
             "leases finish only on this server: no lease secret"
         };
+        // One line (scripts read the addresses from it): the HTTP API, then the gRPC service.
+        let grpc_note = grpc_addr
+            .map(|g| format!(" and Envoy's rate limit service on grpc://{g}"))
+            .unwrap_or_default();
         println!(
-            "tollgate listening on http://{addr} (store {store_name}, {auth_note}, {lease_note})"
+            "tollgate listening on http://{addr}{grpc_note} (store {store_name}, {auth_note}, {lease_note})"
         );
-        if let Some(g) = grpc_addr {
-            println!("tollgate rate limit service (gRPC) on {g}");
-        }
     }
     let _ = std::io::stdout().flush();
     tracing::info!(%addr, grpc = ?grpc_addr, store = %store_name, auth = tokens.is_some(), "listening");
