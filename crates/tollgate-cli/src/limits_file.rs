@@ -2,7 +2,6 @@
 //! file (docs/limits-file.md), diffed against what the store holds now; and the loader
 //! `serve --limits FILE` uses at start, on SIGHUP and when the file changes.
 
-use std::io::IsTerminal;
 use std::path::{Path, PathBuf};
 use std::time::SystemTime;
 
@@ -48,17 +47,11 @@ pub async fn apply(
     changes: &[Change],
     progress: bool,
 ) -> Result<Vec<tollgate::Repair>, Failure> {
-    let bar = if progress && std::io::stderr().is_terminal() && changes.len() > 1 {
-        let b = indicatif::ProgressBar::new(changes.len() as u64);
-        if let Ok(style) = indicatif::ProgressStyle::with_template(
-            "{spinner} applying [{bar:30}] {pos}/{len} levels {msg}",
-        ) {
-            b.set_style(style.progress_chars("=> "));
-        }
-        b
-    } else {
-        indicatif::ProgressBar::hidden()
-    };
+    let bar = crate::progress::bar(
+        changes.len() as u64,
+        "applying levels",
+        progress && changes.len() > 1,
+    );
     let mut repairs = Vec::new();
     for c in changes {
         bar.set_message(scope_name(c.scope()));

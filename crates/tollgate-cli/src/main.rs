@@ -11,6 +11,7 @@ mod demo;
 mod doctor;
 mod fail;
 mod limits_file;
+mod progress;
 mod serve;
 mod spec;
 mod store;

@@ -174,6 +174,15 @@ fn plan_apply_on_sqlite() {
 const SERVED: &str = r#"
 [resources.gpt-4.limits]
 rpm = { capacity = CAP, refill_amount = CAP }
+tpd = { capacity = 1000, reset_after_s = 86400 }
+
+[[envoy.descriptors]]
+domain = "ai-gateway"
+when = { kind = "tokens" }
+entity = { entry = "user_id" }
+resource = { entry = "model" }
+limit = "tpd"
+report_usage = true
 
 [[envoy.descriptors]]
 domain = "ai-gateway"
@@ -205,6 +214,40 @@ async fn ask(c: &mut Client, user: &str) -> RateLimitResponse {
             ..Default::default()
         }],
         hits_addend: 1,
+    };
+    c.should_rate_limit(r).await.unwrap().into_inner()
+}
+
+/// A token descriptor: an estimate (request phase) or, with `lease`, the usage report.
+async fn tokens(c: &mut Client, user: &str, hits: u64, lease: Option<&str>) -> RateLimitResponse {
+    let mut entries = vec![
+        Entry {
+            key: "kind".into(),
+            value: "tokens".into(),
+        },
+        Entry {
+            key: "user_id".into(),
+            value: user.into(),
+        },
+        Entry {
+            key: "model".into(),
+            value: "gpt-4".into(),
+        },
+    ];
+    if let Some(l) = lease {
+        entries.push(Entry {
+            key: "tollgate_lease".into(),
+            value: l.into(),
+        });
+    }
+    let r = RateLimitRequest {
+        domain: "ai-gateway".into(),
+        descriptors: vec![RateLimitDescriptor {
+            entries,
+            hits_addend: Some(envoy_types::pb::google::protobuf::UInt64Value { value: hits }),
+            ..Default::default()
+        }],
+        hits_addend: 0,
     };
     c.should_rate_limit(r).await.unwrap().into_inner()
 }
@@ -301,6 +344,14 @@ fn serve_walk(store: &[&str], dir: &Path) {
         );
         let o = ask(&mut c, "u1").await;
         assert_eq!(o.overall_code, Code::OverLimit as i32);
+        // Token accounting: an estimate of 100, then the usage report of 730.
+        let a = tokens(&mut c, "acct", 100, None).await;
+        assert_eq!(a.statuses[0].limit_remaining, 900);
+        let lease = a.request_headers_to_add[0].value.clone();
+        let r = tokens(&mut c, "acct", 730, Some(&lease)).await;
+        assert_eq!(r.overall_code, Code::Ok as i32);
+        let a = tokens(&mut c, "acct", 0, None).await;
+        assert_eq!(a.statuses[0].limit_remaining, 270, "1000 - 730");
         // SIGHUP: the new file is applied.
         write(&f, &served(5));
         s.signal("HUP");
@@ -333,6 +384,16 @@ fn serve_walk(store: &[&str], dir: &Path) {
     });
     let o = run(&["limits", "get", "--resource", "gpt-4"], store);
     assert!(stdout(&o).contains("rpm:rate=7/min"), "{}", stdout(&o));
+    // The report's charge is in the store: read by another process.
+    let o = run(&["--json", "check", "acct", "gpt-4"], store);
+    let v: serde_json::Value = serde_json::from_str(&stdout(&o)).unwrap();
+    let tpd = v["limits"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|l| l["limit"] == "tpd")
+        .unwrap();
+    assert_eq!(tpd["available"], 270, "{v}");
     s.stop();
 }
 

@@ -19,7 +19,7 @@ use tollgate_server::{Auth, Server, ServerConfig, TokenSet};
 use tollgate_store::{FaultConfig, FaultyStore, MemoryStore, Store};
 
 /// 2027-01-15T08:00:00Z: a whole minute.
-const T0: i64 = 1_800_000_000_000 - 1_800_000_000_000 % 60_000;
+const T0: i64 = 1_800_000_000_000;
 
 const MAPPING: &str = r#"
 [[envoy.descriptors]]

@@ -140,7 +140,7 @@ fn borrow(a: &[(String, i64)]) -> Vec<(&str, i64)> {
 
 /// What each group ended as.
 enum Outcome {
-    Admitted(Lease),
+    Admitted(Box<Lease>),
     /// Admitted, then rolled back because a later group refused: its statuses as of the
     /// acquire with the debit given back.
     Undone(Vec<LimitStatus>),
@@ -166,11 +166,21 @@ impl RateLimiter {
     ) -> Result<RateLimitResponse, Status> {
         let lim = &self.app.limiter;
         let (groups, of) = groups_of(&charges)?;
+        // A lease kept for a usage report is held in the server's lease table: the same cap
+        // as the HTTP API's, checked before anything is debited.
+        if groups.iter().any(|g| g.report_usage)
+            && self.app.leases.is_full(self.app.config.max_leases)
+        {
+            return Err(Status::resource_exhausted(format!(
+                "too_many_leases: the server holds {} leases; usage reports close them",
+                self.app.leases.len()
+            )));
+        }
         let mut outcomes: Vec<Outcome> = Vec::with_capacity(groups.len());
-        let mut retry_after_ms = None;
+        // Set once a group is refused (to its retry-after; `None` inside: it never fits).
+        let mut retry_after_ms: Option<Option<i64>> = None;
         for g in &groups {
-            if retry_after_ms.is_some() || outcomes.iter().any(|o| matches!(o, Outcome::Refused(_)))
-            {
+            if retry_after_ms.is_some() {
                 let asked = borrow(&g.amounts);
                 let st = lim
                     .check_availability(&g.entity, &g.resource, Some(&asked))
@@ -184,7 +194,7 @@ impl RateLimiter {
                 .acquire(&g.entity, &g.resource, &borrow(&g.amounts))
                 .await
             {
-                Ok(lease) => outcomes.push(Outcome::Admitted(lease)),
+                Ok(lease) => outcomes.push(Outcome::Admitted(Box::new(lease))),
                 Err(Error::RateLimitExceeded(ex)) => {
                     // All or none: give back what the earlier groups took, exactly.
                     for o in outcomes.iter_mut() {
@@ -238,7 +248,7 @@ impl RateLimiter {
                         degraded = true;
                         lease.commit().await.map_err(|e| status_of(&e))?;
                     } else if g.report_usage {
-                        let (token, _) = crate::routes::hold(&self.app, lease)
+                        let (token, _) = crate::routes::hold(&self.app, *lease)
                             .await
                             .map_err(status_of_api)?;
                         tokens.push(token);

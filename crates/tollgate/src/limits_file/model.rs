@@ -189,10 +189,8 @@ pub fn parse(origin: &str, text: &str) -> Result<LimitsFile, LimitsFileError> {
     })?;
     let mut levels = BTreeMap::new();
     if let Some(sys) = &raw.system {
-        let span = sys.span();
         let sys = sys.get_ref();
         let limits = limits_of(&cx, "system", &sys.limits)?;
-        let _ = span;
         levels.insert(
             scope_key(&Scope::System),
             Level {
@@ -345,6 +343,17 @@ rpm = { capacity = 5, refill_amount = 5 }
         let r = &f.levels[&scope_key(&Scope::Resource("gpt-4".into()))];
         assert_eq!(r.cascade, Some(true));
         assert_eq!(r.limits.len(), 2);
+    }
+
+    #[test]
+    fn the_example_file_loads() {
+        let text = include_str!("../../../../examples/limits.toml");
+        let f = parse("examples/limits.toml", text).unwrap();
+        assert_eq!(f.levels.len(), 4);
+        assert_eq!(f.envoy.rules.len(), 3);
+        assert!(f.envoy.rules[1].report_usage);
+        let search = &f.levels[&scope_key(&Scope::Resource("search".into()))];
+        assert!(search.limits.iter().any(|l| l.schedule().is_some()));
     }
 
     #[test]
