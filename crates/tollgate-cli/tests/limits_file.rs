@@ -371,7 +371,7 @@ fn serve_walk(store: &[&str], dir: &Path) {
         };
         assert!(
             text.contains(&format!(
-                "{fs}:11: envoy.descriptors.bogus: unknown field `bogus`"
+                "{fs}:20: envoy.descriptors.bogus: unknown field `bogus`"
             )),
             "{text}"
         );
