@@ -190,8 +190,13 @@ async fn check_addr(a: &ServeArgs, flag: &str, listen: &str, authed: bool) -> Re
         tracing::warn!(%listen, "serving WITHOUT authentication on a non-loopback address (--insecure-no-auth)");
         return Ok(());
     }
+    let what = if flag == "--listen" {
+        listen.to_string()
+    } else {
+        format!("{listen} ({flag})")
+    };
     Err(Failure::BadInput(format!(
-        "refusing to listen on {listen} ({flag}) without authentication: anyone who can connect could change limits and delete entities. \
+        "refusing to listen on {what} without authentication: anyone who can connect could change limits and delete entities. \
          Give --auth-file (or {TOKENS_ENV}), listen on a loopback address (127.0.0.1), or pass --insecure-no-auth"
     )))
 }
