@@ -272,15 +272,17 @@ fn field_of(e: &toml::de::Error, text: &str) -> String {
     let Some(span) = e.span() else {
         return "(document)".into();
     };
+    // Byte offsets from the parser; `get` keeps a span that is not on a char boundary from
+    // panicking (the document is named instead).
     let start = span.start.min(text.len());
-    let line_start = text[..start].rfind('\n').map(|i| i + 1).unwrap_or(0);
-    let line_end = text[start..]
-        .find('\n')
-        .map(|i| start + i)
-        .unwrap_or(text.len());
-    let line = text[line_start..line_end].trim();
+    let (Some(before), Some(after)) = (text.get(..start), text.get(start..)) else {
+        return "(document)".into();
+    };
+    let line_start = before.rfind('\n').map(|i| i + 1).unwrap_or(0);
+    let line_end = after.find('\n').map(|i| start + i).unwrap_or(text.len());
+    let line = text.get(line_start..line_end).unwrap_or("").trim();
     let mut table = String::new();
-    for l in text[..line_start].lines() {
+    for l in text.get(..line_start).unwrap_or("").lines() {
         let l = l.trim();
         if let Some(h) = l.strip_prefix("[[").and_then(|h| h.strip_suffix("]]")) {
             table = h.trim().to_string();
@@ -354,6 +356,16 @@ rpm = { capacity = 5, refill_amount = 5 }
         assert!(f.envoy.rules[1].report_usage);
         let search = &f.levels[&scope_key(&Scope::Resource("search".into()))];
         assert!(search.limits.iter().any(|l| l.schedule().is_some()));
+    }
+
+    #[test]
+    fn every_truncation_of_the_example_is_an_error_or_a_file_never_a_panic() {
+        let text = include_str!("../../../../examples/limits.toml");
+        for (i, _) in text.char_indices() {
+            if let Err(e) = parse("cut.toml", &text[..i]) {
+                assert!(e.line <= text[..i].lines().count() + 1, "{e}");
+            }
+        }
     }
 
     #[test]
