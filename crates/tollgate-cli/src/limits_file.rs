@@ -161,8 +161,16 @@ fn summary(changes: &[Change]) -> String {
 /// `limits plan -f FILE` (read-only).
 pub async fn run_plan(a: FileArgs, json_out: bool) -> Result<(), Failure> {
     let file = load(&a.file)?;
-    let limiter = a.store.limiter(Access::ReadOnly).await?;
-    let changes = plan(&limiter, &file).await?;
+    // A store that does not exist yet holds nothing: everything the file declares is a
+    // create (plan never creates the store).
+    let changes = match a.store.limiter(Access::ReadOnly).await {
+        Ok(limiter) => plan(&limiter, &file).await?,
+        Err(Failure::NoSuchStore(m)) => {
+            eprintln!("tollgate: note: {m}; planned against an empty store");
+            limits_file::plan(&file.levels, &Default::default())
+        }
+        Err(e) => return Err(e),
+    };
     if json_out {
         crate::print_json(
             &json!({ "file": a.file.display().to_string(), "changes": plan_json(&changes) }),

@@ -168,6 +168,25 @@ fn plan_apply_walk(store: &[&str], dir: &Path) {
 fn plan_apply_on_sqlite() {
     let dir = tempfile::tempdir().unwrap();
     let db = format!("sqlite:{}", dir.path().join("t.db").display());
+    // Before the store exists: planned against an empty one, and not created.
+    let f = dir.path().join("first.toml");
+    write(&f, V1);
+    let o = run(
+        &["limits", "plan", "-f", f.to_str().unwrap()],
+        &["--store", &db],
+    );
+    assert_eq!(code(&o), 0, "{}", stderr(&o));
+    assert!(
+        stdout(&o).ends_with("3 level(s) to change: 3 create, 0 update, 0 delete\n"),
+        "{}",
+        stdout(&o)
+    );
+    assert!(
+        stderr(&o).contains("planned against an empty store"),
+        "{}",
+        stderr(&o)
+    );
+    assert!(!dir.path().join("t.db").exists());
     plan_apply_walk(&["--store", &db], dir.path());
 }
 
