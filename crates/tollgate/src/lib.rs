@@ -65,6 +65,7 @@ mod error;
 mod lease;
 mod lease_token;
 mod limiter;
+pub mod limits_file;
 mod shards;
 #[cfg(feature = "testing")]
 pub mod testing;
