@@ -138,5 +138,8 @@ fn warm_acquire_allocation_count_is_bounded() {
     assert!(slow_1 <= 107, "1 limit, 1 ms apart: {slow_1} allocations");
     assert!(slow_3 <= 167, "3 limits, 1 ms apart: {slow_3} allocations");
     assert!(fast_1 <= 100, "1 limit, same instant: {fast_1} allocations");
-    assert!(fast_3 <= 149, "3 limits, same instant: {fast_3} allocations");
+    assert!(
+        fast_3 <= 149,
+        "3 limits, same instant: {fast_3} allocations"
+    );
 }
