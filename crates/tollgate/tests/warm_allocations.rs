@@ -135,11 +135,14 @@ fn warm_acquire_allocation_count_is_bounded() {
     // rest is two copies of the item (the version kept, the `ALL_NEW` image returned), its
     // decoding, and the write's attribute names (see the note). Lower these bounds
     // when a change allocates less; never raise them without saying why.
-    assert!(slow_1 <= 107, "1 limit, 1 ms apart: {slow_1} allocations");
-    assert!(slow_3 <= 167, "3 limits, 1 ms apart: {slow_3} allocations");
-    assert!(fast_1 <= 100, "1 limit, same instant: {fast_1} allocations");
+    // Raised by 5 when the change feed landed: every bucket write also carries the usage
+    // counters `rq` (ADD 1) and `wt` (the write's time), two more attribute names in the
+    // write and two more attributes in each copy of the item (107/167/100/149 before).
+    assert!(slow_1 <= 112, "1 limit, 1 ms apart: {slow_1} allocations");
+    assert!(slow_3 <= 172, "3 limits, 1 ms apart: {slow_3} allocations");
+    assert!(fast_1 <= 105, "1 limit, same instant: {fast_1} allocations");
     assert!(
-        fast_3 <= 149,
+        fast_3 <= 154,
         "3 limits, same instant: {fast_3} allocations"
     );
 }
