@@ -40,11 +40,14 @@ pub enum Mutant {
     /// A store call is abandoned at its deadline (`tollgate_store::Deadline`; falls back to
     /// waiting for the answer however long it takes).
     StoreDeadline,
+    /// ADR-148: a refused multi-resource acquire refunds every resource it already debited
+    /// (falls back to leaving the first landed resource charged).
+    MultiRefund,
 }
 
 impl Mutant {
     /// Every mutant, in declaration order.
-    pub const ALL: [Mutant; 12] = [
+    pub const ALL: [Mutant; 13] = [
         Mutant::WindowFloor,
         Mutant::WaMarker,
         Mutant::WtcCharge,
@@ -57,6 +60,7 @@ impl Mutant {
         Mutant::EntityDebit,
         Mutant::DripSplit,
         Mutant::StoreDeadline,
+        Mutant::MultiRefund,
     ];
 
     /// The name used on the command line.
@@ -74,6 +78,7 @@ impl Mutant {
             Mutant::EntityDebit => "EntityDebit",
             Mutant::DripSplit => "DripSplit",
             Mutant::StoreDeadline => "StoreDeadline",
+            Mutant::MultiRefund => "MultiRefund",
         }
     }
 

@@ -7,6 +7,7 @@ pub mod basics;
 pub mod cascade;
 pub mod exactness;
 pub mod gaps;
+pub mod multi;
 pub mod outage;
 pub mod repair;
 pub mod schedules;
@@ -149,7 +150,11 @@ macro_rules! scenario_tests {
             audit::every_admin_change_writes_one_record,
             audit::a_refused_change_writes_no_record,
             audit::pages_retention_and_purge,
-            audit::a_doctor_repair_is_recorded
+            audit::a_doctor_repair_is_recorded,
+            multi::s92_exhausted_resource_refunds_the_others,
+            multi::s93_seventeen_resources_are_refused,
+            multi::s94_disabled_outranks_exceeded,
+            multi::s95_warm_multi_acquire_is_one_write_per_resource
         );
     };
 }
