@@ -22,6 +22,7 @@ pub mod mutants;
 pub mod refill;
 pub mod schedule;
 pub mod seeding;
+pub mod soft;
 pub mod spread;
 pub mod status;
 pub mod value;

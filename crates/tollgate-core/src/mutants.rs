@@ -43,11 +43,14 @@ pub enum Mutant {
     /// ADR-148: a refused multi-resource acquire refunds every resource it already debited
     /// (falls back to leaving the first landed resource charged).
     MultiRefund,
+    /// ADR-151: only the soft limit itself skips its balance check (falls back to one soft
+    /// limit exempting every limit of the request).
+    SoftScope,
 }
 
 impl Mutant {
     /// Every mutant, in declaration order.
-    pub const ALL: [Mutant; 13] = [
+    pub const ALL: [Mutant; 14] = [
         Mutant::WindowFloor,
         Mutant::WaMarker,
         Mutant::WtcCharge,
@@ -61,6 +64,7 @@ impl Mutant {
         Mutant::DripSplit,
         Mutant::StoreDeadline,
         Mutant::MultiRefund,
+        Mutant::SoftScope,
     ];
 
     /// The name used on the command line.
@@ -79,6 +83,7 @@ impl Mutant {
             Mutant::DripSplit => "DripSplit",
             Mutant::StoreDeadline => "StoreDeadline",
             Mutant::MultiRefund => "MultiRefund",
+            Mutant::SoftScope => "SoftScope",
         }
     }
 

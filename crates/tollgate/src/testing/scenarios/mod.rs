@@ -12,6 +12,7 @@ pub mod outage;
 pub mod repair;
 pub mod schedules;
 pub mod sharded;
+pub mod soft;
 pub mod shared_leases;
 
 /// Generate one `#[tokio::test]` per limiter behaviour scenario, on `$backend`: an
@@ -154,7 +155,11 @@ macro_rules! scenario_tests {
             multi::s92_exhausted_resource_refunds_the_others,
             multi::s93_seventeen_resources_are_refused,
             multi::s94_disabled_outranks_exceeded,
-            multi::s95_warm_multi_acquire_is_one_write_per_resource
+            multi::s95_warm_multi_acquire_is_one_write_per_resource,
+            soft::s107_soft_limit_records_and_never_refuses,
+            soft::soft_limit_leaves_its_siblings_enforced,
+            soft::enforcing_a_soft_limit_keeps_its_debt,
+            soft::s110_soft_quota_reset_forgives_debt
         );
     };
 }
