@@ -154,3 +154,22 @@ fn store_deadline_is_needed() {
     // Without the deadline a client waits out a hung request (600 s of virtual time).
     caught(Mutant::StoreDeadline, None, 60, &["deadline"]);
 }
+
+#[test]
+fn multi_refund_is_needed() {
+    // ADR-148: a refused multi-resource acquire that leaves a landed resource charged moves
+    // `tc` for an operation that failed (found at seed 0 of the many workload).
+    caught(Mutant::MultiRefund, Some("many"), 100, &["consumed-once"]);
+}
+
+#[test]
+fn soft_scope_is_needed() {
+    // ADR-151: a soft limit that exempts its enforced siblings lets `tok` over-admit
+    // (found at seed 0 of the soft workload).
+    caught(
+        Mutant::SoftScope,
+        Some("soft"),
+        100,
+        &["rate-allowance", "rate-envelope"],
+    );
+}
