@@ -14,6 +14,7 @@ mod fail;
 mod serve;
 mod spec;
 mod store;
+mod usage;
 
 use std::collections::BTreeMap;
 use std::io::{IsTerminal, Write};
@@ -166,6 +167,14 @@ enum Cmd {
     Audit {
         #[command(subcommand)]
         cmd: audit::AuditCmd,
+    },
+    /// Run the feed aggregator: usage snapshots from the store's change feed, and the
+    /// background refill / roll / reset / doubling of the buckets that consumed.
+    Aggregate(usage::AggregateArgs),
+    /// Usage snapshots: `list` them, or a `summary` (with `--plot`, a terminal chart).
+    Usage {
+        #[command(subcommand)]
+        cmd: usage::UsageCmd,
     },
     /// DynamoDB table administration.
     Table {
@@ -598,6 +607,8 @@ async fn run(cli: Cli) -> Result<(), Failure> {
         }
         Cmd::Doctor(args) => doctor::run(args, json).await,
         Cmd::Audit { cmd } => audit::run(cmd, json).await,
+        Cmd::Aggregate(args) => usage::aggregate(args, json).await,
+        Cmd::Usage { cmd } => usage::usage(cmd, json).await,
         Cmd::Demo => demo::run(json).await,
         Cmd::BenchHttp(args) => bench::run(args, json).await,
     }

@@ -342,9 +342,9 @@ pub fn parse_amount(s: &str) -> Result<(String, i64), String> {
 /// Parse `RESOURCE:NAME=TOKENS[,NAME=TOKENS…]` (one more resource of a multi-resource
 /// acquire).
 pub fn parse_also(s: &str) -> Result<(String, Vec<(String, i64)>), String> {
-    let (r, amounts) = s
-        .split_once(':')
-        .ok_or_else(|| format!("{s:?}: expected RESOURCE:NAME=TOKENS[,NAME=TOKENS], e.g. tools:rpm=1"))?;
+    let (r, amounts) = s.split_once(':').ok_or_else(|| {
+        format!("{s:?}: expected RESOURCE:NAME=TOKENS[,NAME=TOKENS], e.g. tools:rpm=1")
+    })?;
     let amounts = amounts
         .split(',')
         .map(parse_amount)

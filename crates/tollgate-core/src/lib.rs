@@ -25,6 +25,7 @@ pub mod seeding;
 pub mod soft;
 pub mod spread;
 pub mod status;
+pub mod usage;
 pub mod value;
 pub mod window;
 pub mod writes;

@@ -46,11 +46,14 @@ pub enum Mutant {
     /// ADR-151: only the soft limit itself skips its balance check (falls back to one soft
     /// limit exempting every limit of the request).
     SoftScope,
+    /// The feed aggregator moves its checkpoint only from the one it read (falls back to an
+    /// unconditional write: two aggregators that read one batch both count it).
+    UsageCheckpoint,
 }
 
 impl Mutant {
     /// Every mutant, in declaration order.
-    pub const ALL: [Mutant; 14] = [
+    pub const ALL: [Mutant; 15] = [
         Mutant::WindowFloor,
         Mutant::WaMarker,
         Mutant::WtcCharge,
@@ -65,6 +68,7 @@ impl Mutant {
         Mutant::StoreDeadline,
         Mutant::MultiRefund,
         Mutant::SoftScope,
+        Mutant::UsageCheckpoint,
     ];
 
     /// The name used on the command line.
@@ -84,6 +88,7 @@ impl Mutant {
             Mutant::StoreDeadline => "StoreDeadline",
             Mutant::MultiRefund => "MultiRefund",
             Mutant::SoftScope => "SoftScope",
+            Mutant::UsageCheckpoint => "UsageCheckpoint",
         }
     }
 

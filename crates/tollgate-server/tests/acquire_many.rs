@@ -23,7 +23,10 @@ async fn call(app: &Router, method: &str, uri: &str, body: Option<Value>) -> (St
     let r = app.clone().oneshot(req).await.unwrap();
     let status = r.status();
     let bytes = r.into_body().collect().await.unwrap().to_bytes();
-    (status, serde_json::from_slice(&bytes).unwrap_or(Value::Null))
+    (
+        status,
+        serde_json::from_slice(&bytes).unwrap_or(Value::Null),
+    )
 }
 
 fn setup() -> (Router, Limiter) {
@@ -41,7 +44,11 @@ async fn rpm(app: &Router, resource: &str, n: i64, soft: bool) {
     )
     .await;
     assert_eq!(s, StatusCode::OK, "{v}");
-    assert_eq!(v["limits"][0]["soft"].as_bool().unwrap_or(false), soft, "{v}");
+    assert_eq!(
+        v["limits"][0]["soft"].as_bool().unwrap_or(false),
+        soft,
+        "{v}"
+    );
 }
 
 fn many(resources: &[(&str, i64)], commit: bool) -> Value {
@@ -72,7 +79,13 @@ async fn all_or_none_over_http() {
     let (app, lim) = setup();
     rpm(&app, "model", 10, false).await;
     rpm(&app, "tool", 2, false).await;
-    let (s, v) = call(&app, "POST", "/v1/acquire/many", Some(many(&[("model", 3), ("tool", 1)], false))).await;
+    let (s, v) = call(
+        &app,
+        "POST",
+        "/v1/acquire/many",
+        Some(many(&[("model", 3), ("tool", 1)], false)),
+    )
+    .await;
     assert_eq!(s, StatusCode::OK, "{v}");
     let rs = v["resources"].as_array().unwrap();
     assert_eq!(rs.len(), 2);
@@ -85,9 +98,21 @@ async fn all_or_none_over_http() {
     assert_eq!(s, StatusCode::OK, "{v}");
     assert_eq!(available(&app, "tool").await, 2);
     // Tool exhausted: refused, naming it; model untouched.
-    let (s, _) = call(&app, "POST", "/v1/acquire/many", Some(many(&[("tool", 2)], true))).await;
+    let (s, _) = call(
+        &app,
+        "POST",
+        "/v1/acquire/many",
+        Some(many(&[("tool", 2)], true)),
+    )
+    .await;
     assert_eq!(s, StatusCode::OK);
-    let (s, v) = call(&app, "POST", "/v1/acquire/many", Some(many(&[("model", 3), ("tool", 1)], true))).await;
+    let (s, v) = call(
+        &app,
+        "POST",
+        "/v1/acquire/many",
+        Some(many(&[("model", 3), ("tool", 1)], true)),
+    )
+    .await;
     assert_eq!(s, StatusCode::TOO_MANY_REQUESTS, "{v}");
     assert_eq!(v["error"], "rate_limit_exceeded");
     assert_eq!(v["resource"], "tool");
@@ -95,17 +120,51 @@ async fn all_or_none_over_http() {
     assert_eq!(available(&app, "model").await, 7, "model refunded");
     // Disabled outranks exceeded.
     lim.set_disabled("u1", "model", true).await.unwrap();
-    let (s, v) = call(&app, "POST", "/v1/acquire/many", Some(many(&[("tool", 1), ("model", 1)], true))).await;
-    assert_eq!((s, v["error"].as_str()), (StatusCode::FORBIDDEN, Some("resource_disabled")), "{v}");
+    let (s, v) = call(
+        &app,
+        "POST",
+        "/v1/acquire/many",
+        Some(many(&[("tool", 1), ("model", 1)], true)),
+    )
+    .await;
+    assert_eq!(
+        (s, v["error"].as_str()),
+        (StatusCode::FORBIDDEN, Some("resource_disabled")),
+        "{v}"
+    );
     // Bad resource sets.
-    let (s, v) = call(&app, "POST", "/v1/acquire/many", Some(many(&[("tool", 1), ("tool", 1)], true))).await;
-    assert_eq!((s, v["error"].as_str()), (StatusCode::BAD_REQUEST, Some("invalid_resource_set")), "{v}");
+    let (s, v) = call(
+        &app,
+        "POST",
+        "/v1/acquire/many",
+        Some(many(&[("tool", 1), ("tool", 1)], true)),
+    )
+    .await;
+    assert_eq!(
+        (s, v["error"].as_str()),
+        (StatusCode::BAD_REQUEST, Some("invalid_resource_set")),
+        "{v}"
+    );
     let names: Vec<String> = (0..17).map(|i| format!("r{i}")).collect();
     let seventeen: Vec<(&str, i64)> = names.iter().map(|n| (n.as_str(), 1)).collect();
-    let (s, v) = call(&app, "POST", "/v1/acquire/many", Some(many(&seventeen, true))).await;
-    assert_eq!((s, v["error"].as_str()), (StatusCode::BAD_REQUEST, Some("invalid_resource_set")), "{v}");
+    let (s, v) = call(
+        &app,
+        "POST",
+        "/v1/acquire/many",
+        Some(many(&seventeen, true)),
+    )
+    .await;
+    assert_eq!(
+        (s, v["error"].as_str()),
+        (StatusCode::BAD_REQUEST, Some("invalid_resource_set")),
+        "{v}"
+    );
     let (s, v) = call(&app, "POST", "/v1/acquire/many", Some(many(&[], true))).await;
-    assert_eq!((s, v["error"].as_str()), (StatusCode::BAD_REQUEST, Some("invalid_resource_set")), "{v}");
+    assert_eq!(
+        (s, v["error"].as_str()),
+        (StatusCode::BAD_REQUEST, Some("invalid_resource_set")),
+        "{v}"
+    );
 }
 
 #[tokio::test]

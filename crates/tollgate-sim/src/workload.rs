@@ -322,7 +322,8 @@ pub async fn setup(mem: Arc<tollgate_store::MemoryStore>, spec: &Spec) -> Result
     let scope = Scope::Resource(spec.resource.clone());
     lim.set_limits(&scope, &spec.limits, None).await?;
     if let Some((r, ls)) = &spec.also {
-        lim.set_limits(&Scope::Resource(r.clone()), ls, None).await?;
+        lim.set_limits(&Scope::Resource(r.clone()), ls, None)
+            .await?;
     }
     let Some(c) = &spec.cascade else {
         return Ok(());
@@ -533,6 +534,9 @@ async fn switch_soft(sh: &Arc<Shared>, id: usize, lim: &Limiter, spec: &Spec, rn
     }
 }
 
+/// Named amounts in tokens.
+type Tokens = [(String, i64)];
+
 /// ADR-148: one multi-resource acquire of `spec.resource` (amounts `a`) and `also`
 /// (amounts `b`), recorded as one acquire of both amounts; then, sometimes, a rollback or a
 /// commit of every lease.
@@ -542,7 +546,7 @@ async fn multi_acquire(
     lim: &Limiter,
     spec: &Spec,
     ent: &str,
-    (a, also, b): (&[(String, i64)], &str, &[(String, i64)]),
+    (a, also, b): (&Tokens, &str, &Tokens),
     rng: &mut SmallRng,
 ) {
     let ra: Vec<(&str, i64)> = a.iter().map(|(n, v)| (n.as_str(), *v)).collect();

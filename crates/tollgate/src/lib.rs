@@ -68,6 +68,7 @@ mod limiter;
 mod shards;
 #[cfg(feature = "testing")]
 pub mod testing;
+mod usage;
 
 pub use acquire::{AcquireOptions, MultiLease};
 pub use aggregator::{AggregateReport, Aggregator};
@@ -86,4 +87,6 @@ pub use limiter::{
     Entity, EntityDeleted, Limiter, LimiterBuilder, NewEntity, Options, StatsSnapshot,
 };
 pub use shards::should_double;
+pub use tollgate_core::usage::{Snapshot, Window};
 pub use tollgate_core::{Limit, LimitSpec, LimitStatus};
+pub use usage::{checkpoint_key, FeedAggregator, PassReport, UsageOptions, UsagePage, UsageQuery};

@@ -49,10 +49,7 @@ struct ManyRejected<'a> {
     limits: &'a [LimitStatus],
 }
 
-pub(super) async fn acquire_many(
-    State(app): St,
-    JsonBody(body): JsonBody<ManyBody>,
-) -> Response {
+pub(super) async fn acquire_many(State(app): St, JsonBody(body): JsonBody<ManyBody>) -> Response {
     let started = Instant::now();
     let r = inner(&app, body).await;
     let outcome = match &r {

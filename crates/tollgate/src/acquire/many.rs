@@ -152,7 +152,9 @@ impl Limiter {
             match r {
                 Ok(l) => granted.push(l),
                 Err(e) if i == at => failure = Some(e),
-                Err(e) => tracing::debug!(entity, error = %e, "multi-resource acquire: another resource failed too"),
+                Err(e) => {
+                    tracing::debug!(entity, error = %e, "multi-resource acquire: another resource failed too")
+                }
             }
         }
         // Rule "all or none": refund exactly what the admitted resources debited.

@@ -12,8 +12,9 @@ pub mod outage;
 pub mod repair;
 pub mod schedules;
 pub mod sharded;
-pub mod soft;
 pub mod shared_leases;
+pub mod soft;
+pub mod usage;
 
 /// Generate one `#[tokio::test]` per limiter behaviour scenario, on `$backend`: an
 /// expression of type `Option<`[`Backend`](crate::testing::Backend)`>` (`None` skips, for a
@@ -159,7 +160,10 @@ macro_rules! scenario_tests {
             soft::s107_soft_limit_records_and_never_refuses,
             soft::soft_limit_leaves_its_siblings_enforced,
             soft::enforcing_a_soft_limit_keeps_its_debt,
-            soft::s110_soft_quota_reset_forgives_debt
+            soft::s110_soft_quota_reset_forgives_debt,
+            usage::usage_equals_admitted_net_consumption,
+            usage::usage_survives_restart_and_duplicate_aggregators,
+            usage::usage_commit_with_a_lost_response_counts_once
         );
     };
 }

@@ -94,7 +94,10 @@ pub async fn s93_seventeen_resources_are_refused(b: &Backend) {
     ));
     let mut l = h.lim.acquire_many("e", &wants[..16]).await.unwrap();
     l.adjust("r3", "rpm", 2).unwrap();
-    assert!(l.adjust("r16", "rpm", 1).is_err(), "r16 is not in the lease");
+    assert!(
+        l.adjust("r16", "rpm", 1).is_err(),
+        "r16 is not in the lease"
+    );
     l.commit().await.unwrap();
     assert_eq!(h.n("e", "r0", 0, "b_rpm_tk"), Some(4000));
     assert_eq!(h.n("e", "r3", 0, "b_rpm_tk"), Some(2000));

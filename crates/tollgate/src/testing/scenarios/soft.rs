@@ -52,7 +52,11 @@ pub async fn soft_limit_leaves_its_siblings_enforced(b: &Backend) {
             r => panic!("expected tpm to refuse, got {r:?}"),
         }
     }
-    assert_eq!(h.n("e", "api", 0, "b_rpm_tk"), Some(-2000), "nothing charged");
+    assert_eq!(
+        h.n("e", "api", 0, "b_rpm_tk"),
+        Some(-2000),
+        "nothing charged"
+    );
     assert_eq!(h.n("e", "api", 0, "b_tpm_tk"), Some(90_000));
 }
 
