@@ -158,14 +158,14 @@ fn store_deadline_is_needed() {
 #[test]
 fn multi_refund_is_needed() {
     // ADR-148: a refused multi-resource acquire that leaves a landed resource charged moves
-    // `tc` for an operation that failed (found at seed 0 of the many workload).
+    // `tc` for an operation that failed (the many workload finds it on its first seed).
     caught(Mutant::MultiRefund, Some("many"), 100, &["consumed-once"]);
 }
 
 #[test]
 fn soft_scope_is_needed() {
     // ADR-151: a soft limit that exempts its enforced siblings lets `tok` over-admit
-    // (found at seed 0 of the soft workload).
+    // (the soft workload finds it on its first seed).
     caught(
         Mutant::SoftScope,
         Some("soft"),
