@@ -19,6 +19,7 @@ pub mod limit;
 pub mod materialize;
 pub mod mutants;
 pub mod refill;
+pub mod reset;
 pub mod schedule;
 pub mod seeding;
 pub mod spread;
