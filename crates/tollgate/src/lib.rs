@@ -69,7 +69,7 @@ mod shards;
 #[cfg(feature = "testing")]
 pub mod testing;
 
-pub use acquire::AcquireOptions;
+pub use acquire::{validate_op_id, AcquireOptions, BucketOpOutcome, MAX_OP_ID_CHARS};
 pub use aggregator::{AggregateReport, Aggregator};
 pub use audit::{Action, AuditPage, AuditQuery, AuditRecord};
 pub use availability::Availability;

@@ -5,8 +5,11 @@ mod admin;
 mod commit;
 mod create;
 mod fast;
+mod reset;
 mod slow;
 mod status;
+
+pub use reset::{validate_op_id, BucketOpOutcome, MAX_OP_ID_CHARS};
 
 use std::collections::BTreeMap;
 use std::sync::Arc;

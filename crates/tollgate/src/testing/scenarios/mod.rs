@@ -7,6 +7,7 @@ pub mod basics;
 pub mod cascade;
 pub mod exactness;
 pub mod gaps;
+pub mod operator;
 pub mod outage;
 pub mod repair;
 pub mod schedules;
@@ -149,7 +150,15 @@ macro_rules! scenario_tests {
             audit::every_admin_change_writes_one_record,
             audit::a_refused_change_writes_no_record,
             audit::pages_retention_and_purge,
-            audit::a_doctor_repair_is_recorded
+            audit::a_doctor_repair_is_recorded,
+            operator::s96_reset_two_shards,
+            operator::s97_retry_lands_once,
+            operator::s98_top_up_splits_by_grant,
+            operator::s99_reset_after_a_top_up,
+            operator::s100_session_reset,
+            operator::s101_top_up_opens_and_creates,
+            operator::s102_condition_pins,
+            operator::reset_and_top_up_edges
         );
     };
 }
