@@ -272,6 +272,51 @@ enum EntityCmd {
         #[command(flatten)]
         store: StoreArgs,
     },
+    /// Move an entity under a new parent (--parent P) or make it a root (--root); refused
+    /// when P is the entity or one of its descendants. One audit record.
+    Move {
+        /// Entity id.
+        id: String,
+        /// The new parent.
+        #[arg(long, conflicts_with = "root", required_unless_present = "root")]
+        parent: Option<String>,
+        /// Make the entity a root (no parent).
+        #[arg(long)]
+        root: bool,
+        #[command(flatten)]
+        store: StoreArgs,
+    },
+    /// Reset the entity's bucket for a resource to full on every shard (rate limits to
+    /// capacity, quotas to their allowance, a reset_after window restarted now), in one
+    /// transaction with an audit record. Rerun with the printed --op to retry safely.
+    Reset {
+        /// Entity id.
+        id: String,
+        /// Resource name.
+        resource: String,
+        /// Operation id (1-64 of A-Za-z0-9_.-): the same id lands once. Default: a new ULID.
+        #[arg(long)]
+        op: Option<String>,
+        #[command(flatten)]
+        store: StoreArgs,
+    },
+    /// Top up the entity's bucket for a resource: add NAME=TOKENS above the current
+    /// allowance (a quota's ceiling rises until its next reset; a rate limit gains at most
+    /// its headroom), split across the shards, in one transaction with an audit record.
+    TopUp {
+        /// Entity id.
+        id: String,
+        /// Resource name.
+        resource: String,
+        /// Amounts as NAME=TOKENS (e.g. daily=500).
+        #[arg(value_parser = spec::parse_amount, required = true)]
+        amounts: Vec<(String, i64)>,
+        /// Operation id (1-64 of A-Za-z0-9_.-): the same id lands once. Default: a new ULID.
+        #[arg(long)]
+        op: Option<String>,
+        #[command(flatten)]
+        store: StoreArgs,
+    },
 }
 
 #[derive(Debug, Subcommand)]
@@ -722,5 +767,90 @@ async fn entity(cmd: EntityCmd, json: bool) -> Result<(), Failure> {
             }
             Ok(())
         }
+        EntityCmd::Move {
+            id,
+            parent,
+            root: _,
+            store,
+        } => {
+            let limiter = store.limiter(Access::Existing).await?;
+            let m = limiter.set_parent(&id, parent.as_deref()).await?;
+            if json {
+                print_json(&serde_json::to_value(&m).unwrap_or_default());
+            } else if m.audit_id.is_none() {
+                println!("{id} already has that parent: nothing written");
+            } else {
+                let name = |p: &Option<String>| p.clone().unwrap_or_else(|| "(root)".into());
+                println!(
+                    "moved {id}: {} -> {} (pgen {})",
+                    name(&m.old_parent),
+                    name(&m.parent_id),
+                    m.pgen
+                );
+            }
+            Ok(())
+        }
+        EntityCmd::Reset {
+            id,
+            resource,
+            op,
+            store,
+        } => {
+            let limiter = store.limiter(Access::Existing).await?;
+            let out = limiter.reset(&id, &resource, op.as_deref()).await?;
+            show_bucket_op("reset", &id, &resource, &out, json);
+            Ok(())
+        }
+        EntityCmd::TopUp {
+            id,
+            resource,
+            amounts,
+            op,
+            store,
+        } => {
+            let limiter = store.limiter(Access::Existing).await?;
+            let a: Vec<(&str, i64)> = amounts.iter().map(|(n, v)| (n.as_str(), *v)).collect();
+            let out = limiter.top_up(&id, &resource, &a, op.as_deref()).await?;
+            show_bucket_op("topped up", &id, &resource, &out, json);
+            Ok(())
+        }
+    }
+}
+
+/// Print what a reset or top-up did.
+fn show_bucket_op(
+    what: &str,
+    id: &str,
+    resource: &str,
+    out: &tollgate::BucketOpOutcome,
+    json: bool,
+) {
+    if json {
+        print_json(&serde_json::to_value(out).unwrap_or_default());
+        return;
+    }
+    if out.already_applied {
+        println!(
+            "operation {} had already landed on {id} / {resource}: nothing written",
+            out.op
+        );
+        return;
+    }
+    if out.shards == 0 {
+        println!("{id} has no bucket for {resource}: nothing to reset");
+        return;
+    }
+    println!("{what} {id} / {resource} on {} shard(s) (op {})", out.shards, out.op);
+    for (limit, milli) in &out.added_milli {
+        println!("  {limit:<12} +{}", tokens_text(*milli));
+    }
+}
+
+/// Millitokens as tokens, with the fraction only when there is one.
+fn tokens_text(milli: i64) -> String {
+    if milli % 1000 == 0 {
+        format!("{}", milli / 1000)
+    } else {
+        format!("{:.3}", milli as f64 / 1000.0)
     }
 }

@@ -48,11 +48,14 @@ pub enum Action {
     /// Tokens added above an entity's grant for a resource, on every shard (ADR-149).
     #[serde(rename = "bucket.top_up")]
     BucketTopUp,
+    /// An entity moved to a new parent (or made a root), ADR-150.
+    #[serde(rename = "entity.move")]
+    EntityMove,
 }
 
 impl Action {
     /// Every action, in declaration order.
-    pub const ALL: [Action; 10] = [
+    pub const ALL: [Action; 11] = [
         Action::LimitsSet,
         Action::LimitsDelete,
         Action::CascadeSet,
@@ -63,6 +66,7 @@ impl Action {
         Action::BucketsRepair,
         Action::BucketReset,
         Action::BucketTopUp,
+        Action::EntityMove,
     ];
 
     /// The stored (and listed) name, e.g. `limits.set`.
@@ -78,6 +82,7 @@ impl Action {
             Action::BucketsRepair => "buckets.repair",
             Action::BucketReset => "bucket.reset",
             Action::BucketTopUp => "bucket.top_up",
+            Action::EntityMove => "entity.move",
         }
     }
 

@@ -75,9 +75,10 @@ pub fn top_up(limit: &Limit, mut e: Evaluated, portion: i64) -> (Evaluated, i64)
 /// lowest shard id. `grants` lists (shard, grant count); the result is (shard, portion) in
 /// shard order and sums to `amount`.
 pub fn split_top_up(amount: i64, shard_count: i64, grants: &[(u32, i64)]) -> Vec<(u32, i64)> {
+    let s = shard_count.max(1);
     let mut g: Vec<(u32, i64)> = grants
         .iter()
-        .map(|(i, gc)| (*i, (shard_count.max(1) / gc.clamp(&1, &shard_count.max(1))).max(1)))
+        .map(|(i, gc)| (*i, (s / (*gc).clamp(1, s)).max(1)))
         .collect();
     g.sort_unstable();
     let total: i64 = g.iter().map(|(_, w)| *w).sum();
@@ -86,7 +87,10 @@ pub fn split_top_up(amount: i64, shard_count: i64, grants: &[(u32, i64)]) -> Vec
     }
     let mut out: Vec<(u32, i64)> = g
         .iter()
-        .map(|(i, w)| (*i, (i128::from(amount) * i128::from(*w) / i128::from(total)) as i64))
+        .map(|(i, w)| {
+            let p = i128::from(amount) * i128::from(*w) / i128::from(total);
+            (*i, i64::try_from(p).unwrap_or(amount))
+        })
         .collect();
     let rest = amount - out.iter().map(|(_, p)| *p).sum::<i64>();
     if let Some(first) = out.first_mut() {

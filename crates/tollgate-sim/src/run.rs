@@ -124,7 +124,9 @@ pub fn run_seed(cfg: &RunConfig) -> SeedReport {
     };
     let mem = Arc::new(MemoryStore::new());
     let faulty = FaultyStore::new(mem.clone(), rng.gen(), fc);
-    let participants = spec.clients + 2;
+    // Clients, the older writer, the quiesce check, and the operator where there is one.
+    let operator = spec.clients + 2;
+    let participants = spec.clients + 2 + usize::from(spec.operator_actions > 0);
     let sh = Shared::new(
         mem.clone(),
         faulty,
@@ -247,6 +249,47 @@ pub fn run_seed(cfg: &RunConfig) -> SeedReport {
                 spec.clone(),
                 crng,
                 chaos_skew,
+            )),
+        ));
+    }
+    if spec.operator_actions > 0 {
+        let skew = if spec.skew > 0 {
+            rng.gen_range(-spec.skew..=spec.skew)
+        } else {
+            0
+        };
+        let clock = Arc::new(SkewClock {
+            base: sh.now.clone(),
+            skew,
+        });
+        let store = Arc::new(SimStore {
+            client: operator,
+            sh: sh.clone(),
+        });
+        let built = Limiter::builder(store)
+            .clock(clock)
+            .rng(Arc::new(SeededRng::new(rng.gen())))
+            .audit_seed(cfg.seed.wrapping_mul(1000).wrapping_add(operator as u64))
+            .options(Options {
+                namespace: NS.into(),
+                config_cache_ttl: Duration::from_secs(3600),
+                ..Options::default()
+            })
+            .principal("operator")
+            .build();
+        let lim = match built {
+            Ok(l) => l,
+            Err(e) => return failed(cfg, &spec, format!("limiter: {e}")),
+        };
+        let orng = SmallRng::seed_from_u64(rng.gen());
+        tasks.push((
+            operator,
+            Box::pin(workload::operator(
+                sh.clone(),
+                operator,
+                lim,
+                spec.clone(),
+                orng,
             )),
         ));
     }

@@ -60,6 +60,7 @@ mod cascade;
 pub mod clock;
 pub mod config;
 pub mod doctor;
+pub mod reparent;
 mod entity;
 mod error;
 mod lease;
@@ -69,6 +70,7 @@ mod shards;
 #[cfg(feature = "testing")]
 pub mod testing;
 
+pub use reparent::Moved;
 pub use acquire::{validate_op_id, AcquireOptions, BucketOpOutcome, MAX_OP_ID_CHARS};
 pub use aggregator::{AggregateReport, Aggregator};
 pub use audit::{Action, AuditPage, AuditQuery, AuditRecord};

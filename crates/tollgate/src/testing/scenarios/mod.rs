@@ -158,7 +158,11 @@ macro_rules! scenario_tests {
             operator::s100_session_reset,
             operator::s101_top_up_opens_and_creates,
             operator::s102_condition_pins,
-            operator::reset_and_top_up_edges
+            operator::reset_and_top_up_edges,
+            operator::s103_move_to_a_new_parent,
+            operator::s104_moves_pin_the_generation,
+            operator::s105_cycles_refused_and_roots,
+            operator::s106_leases_settle_with_the_parent_they_debited
         );
     };
 }

@@ -319,3 +319,176 @@ pub async fn reset_and_top_up_edges(b: &Backend) {
         Err(Error::ResourceDisabled { .. })
     ));
 }
+
+// ---------------------------------------------------------------------------------------
+// ADR-150: moving an entity to a new parent (spec §5.13, scenarios 103–106).
+
+fn meta(h: &H, id: &str) -> tollgate_core::value::Item {
+    let ns = crate::Options::default().namespace;
+    h.raw
+        .raw_get(&tollgate_core::keys::entity_meta(&ns, id))
+        .expect("META")
+}
+
+fn s_attr(i: &tollgate_core::value::Item, a: &str) -> Option<String> {
+    i.get(a).and_then(Value::as_s).map(str::to_string)
+}
+
+/// Parents A and B and a cascading child under A, with `rpm` 10/min on the resource.
+async fn family(h: &H) {
+    h.lim
+        .set_limits(
+            &Scope::Resource(R.into()),
+            &[Limit::per_minute("rpm", 10).unwrap()],
+            None,
+        )
+        .await
+        .unwrap();
+    for p in ["A", "B"] {
+        h.lim
+            .create_entity(p, None, None, Default::default())
+            .await
+            .unwrap();
+    }
+    let new = crate::NewEntity {
+        name: None,
+        parent_id: Some("A"),
+        cascade: true,
+        metadata: Default::default(),
+    };
+    h.lim.create_entity_with("child", new).await.unwrap();
+}
+
+/// Scenario 103: `set_parent(child, B)` → META `parent_id = B`, the children index moved,
+/// `pgen` 1; the child's next acquire charges B, not A. One `entity.move` record.
+pub async fn s103_move_to_a_new_parent(b: &Backend) {
+    let h = b.harness(T0).await;
+    family(&h).await;
+    h.lim.acquire("child", R, &[("rpm", 1)]).await.unwrap();
+    assert_eq!(h.n("A", R, 0, "b_rpm_tk"), Some(9000));
+    let lim = h.lim.acting_as("support").unwrap();
+    let m = lim.set_parent("child", Some("B")).await.unwrap();
+    assert_eq!(
+        (m.old_parent.as_deref(), m.parent_id.as_deref(), m.pgen),
+        (Some("A"), Some("B"), 1)
+    );
+    let i = meta(&h, "child");
+    assert_eq!(s_attr(&i, "parent_id").as_deref(), Some("B"));
+    assert_eq!(s_attr(&i, "GSI1PK").as_deref(), Some("default/PARENT#B"));
+    assert_eq!(i.get("pgen").and_then(Value::as_n), Some(1));
+    assert_eq!(h.lim.children("A").await.unwrap(), Vec::<String>::new());
+    assert_eq!(h.lim.children("B").await.unwrap(), vec!["child".to_string()]);
+    h.lim.acquire("child", R, &[("rpm", 2)]).await.unwrap();
+    assert_eq!(h.n("A", R, 0, "b_rpm_tk"), Some(9000), "A no longer charged");
+    assert_eq!(h.n("B", R, 0, "b_rpm_tk"), Some(8000));
+    assert_eq!(h.n("child", R, 0, "b_rpm_tk"), Some(7000));
+    let rs: Vec<_> = h
+        .lim
+        .audit_log(&AuditQuery {
+            entity: Some("child".into()),
+            ..AuditQuery::default()
+        })
+        .await
+        .unwrap()
+        .records
+        .into_iter()
+        .filter(|r| r.action == Action::EntityMove)
+        .collect();
+    assert_eq!(rs.len(), 1);
+    assert_eq!(rs[0].principal, "support");
+    assert_eq!(rs[0].before["parent_id"], "A");
+    assert_eq!(rs[0].after["parent_id"], "B");
+    // The same parent again writes nothing.
+    let again = h.lim.set_parent("child", Some("B")).await.unwrap();
+    assert_eq!((again.pgen, again.audit_id), (1, None));
+}
+
+/// Scenario 104: a move is pinned on the generation it read — a concurrent move landing
+/// between the read and the write makes it re-read, and it writes over the winner (pgen 6
+/// after the winner's 5), its record's "before" naming the winner's parent.
+pub async fn s104_moves_pin_the_generation(b: &Backend) {
+    let h = b.harness(T0).await;
+    family(&h).await;
+    let (lim, hk) = h.hooked(false);
+    let k = tollgate_core::keys::entity_meta(&crate::Options::default().namespace, "child");
+    hk.stage(On::Transact, None, move |m| {
+        let mut i = m.raw_get(&k).unwrap();
+        i.insert("pgen".into(), Value::N(5));
+        i.insert("parent_id".into(), Value::S("A".into()));
+        m.raw_put(&k, i);
+    });
+    let m = lim.set_parent("child", None).await.unwrap();
+    assert_eq!(m.pgen, 6);
+    let i = meta(&h, "child");
+    assert_eq!(i.get("parent_id"), Some(&Value::Null));
+    assert_eq!(i.get("pgen").and_then(Value::as_n), Some(6));
+}
+
+/// Scenario 105: moving A under its grandchild is refused (a cycle), as is moving an entity
+/// under itself or under an entity that does not exist; `set_parent(e, None)` makes a root,
+/// the children index keys removed.
+pub async fn s105_cycles_refused_and_roots(b: &Backend) {
+    let h = b.harness(T0).await;
+    family(&h).await;
+    h.lim
+        .create_entity("grandchild", None, Some("child"), Default::default())
+        .await
+        .unwrap();
+    for (e, p) in [("A", "grandchild"), ("A", "child"), ("child", "child")] {
+        assert!(
+            matches!(
+                h.lim.set_parent(e, Some(p)).await,
+                Err(Error::ParentCycle { .. })
+            ),
+            "{e} under {p}"
+        );
+    }
+    assert!(matches!(
+        h.lim.set_parent("child", Some("nobody")).await,
+        Err(Error::EntityNotFound(_))
+    ));
+    assert!(matches!(
+        h.lim.set_parent("nobody", Some("A")).await,
+        Err(Error::EntityNotFound(_))
+    ));
+    assert!(matches!(
+        h.lim.set_parent("bad id!", None).await,
+        Err(Error::Invalid(_))
+    ));
+    assert_eq!(meta(&h, "A").get("pgen"), None, "refusals write nothing");
+    let m = h.lim.set_parent("child", None).await.unwrap();
+    assert_eq!(m.parent_id, None);
+    let i = meta(&h, "child");
+    assert_eq!(i.get("parent_id"), Some(&Value::Null));
+    assert_eq!(i.get("GSI1PK"), None);
+    assert_eq!(i.get("GSI1SK"), None);
+    assert_eq!(h.lim.children("A").await.unwrap(), Vec::<String>::new());
+    // A root with cascade on charges no parent.
+    h.lim.acquire("child", R, &[("rpm", 1)]).await.unwrap();
+    assert!(h.raw.raw_get(&h.key("A", R, 0)).is_none(), "A never charged");
+    // And A may now move under the former grandchild's line.
+    h.lim.set_parent("A", Some("grandchild")).await.unwrap();
+}
+
+/// Scenario 106: a lease debited under A, the child moved to B, then `adjust(+2)` and the
+/// commit: the debit lands on A's bucket (the parent it debited), B's is untouched.
+pub async fn s106_leases_settle_with_the_parent_they_debited(b: &Backend) {
+    let h = b.harness(T0).await;
+    family(&h).await;
+    let mut lease = h.lim.acquire("child", R, &[("rpm", 1)]).await.unwrap();
+    assert_eq!(h.n("A", R, 0, "b_rpm_tk"), Some(9000));
+    h.lim.set_parent("child", Some("B")).await.unwrap();
+    lease.adjust("rpm", 2).unwrap();
+    lease.commit().await.unwrap();
+    assert_eq!(h.n("A", R, 0, "b_rpm_tk"), Some(7000));
+    assert_eq!(h.n("A", R, 0, "b_rpm_tc"), Some(3000));
+    assert_eq!(h.n("child", R, 0, "b_rpm_tk"), Some(7000));
+    assert!(h.raw.raw_get(&h.key("B", R, 0)).is_none(), "B never charged");
+    // A rollback of a lease from before the move refunds A too.
+    h.lim.set_parent("child", Some("A")).await.unwrap();
+    let mut lease = h.lim.acquire("child", R, &[("rpm", 1)]).await.unwrap();
+    h.lim.set_parent("child", Some("B")).await.unwrap();
+    lease.rollback().await.unwrap();
+    assert_eq!(h.n("A", R, 0, "b_rpm_tk"), Some(7000));
+    assert!(h.raw.raw_get(&h.key("B", R, 0)).is_none());
+}
