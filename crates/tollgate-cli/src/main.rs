@@ -35,13 +35,18 @@ LIMIT SYNTAX
   NAME:quota=TOKENS,cron=\"EXPR\"[,tz=ZONE]    quota reset on a calendar (5-field cron,
                                              IANA zone, default UTC)
   NAME:quota=TOKENS,after=DURATION           quota whose window opens at first use
+  any of them ,schedule=\"ENTRY[;ENTRY]\"[,tz=ZONE]
+                                             time-of-day capacity (ADR-135): ENTRY is
+                                             DAYS HH:MM-HH:MM CAPACITY[/RATE], e.g.
+                                             mon-fri 09:00-17:00 120/120; first match wins
   PERIOD is s|sec|second|min|minute|h|hour|d|day or a DURATION;
   DURATION is whole numbers with units ms, s, m, h, d: 500ms, 90s, 5h, 1h30m.
 
 EXAMPLES
   tollgate limits set --resource gpt-4 rpm:rate=60/min tpm:rate=100000/min,burst=200000
   tollgate limits set --entity user-1 --for-resource gpt-4 'rpd:quota=1000,cron=\"0 0 * * *\",tz=Europe/Berlin'
-  tollgate limits set --system session:quota=10,after=5h";
+  tollgate limits set --system session:quota=10,after=5h
+  tollgate limits set --resource gpt-4 'rpm:rate=60/min,schedule=\"mon-fri 09:00-17:00 120/120\",tz=Europe/Berlin'";
 
 const EXIT_CODES: &str = "\
 EXIT CODES
@@ -254,6 +259,10 @@ enum EntityCmd {
         /// Metadata as KEY=VALUE (repeatable).
         #[arg(long = "meta", value_parser = parse_kv)]
         metadata: Vec<(String, String)>,
+        /// Cascade: the entity's acquires also charge its parent (ADR-146; a resource or
+        /// entity config's cascade policy, where set, overrules this).
+        #[arg(long, requires = "parent")]
+        cascade: bool,
         #[command(flatten)]
         store: StoreArgs,
     },
@@ -717,6 +726,7 @@ async fn entity(cmd: EntityCmd, json: bool) -> Result<(), Failure> {
             println!("  name        {}", e.name);
             if let Some(p) = &e.parent_id {
                 println!("  parent      {p}");
+                println!("  cascade     {}", e.cascade);
             }
             for (k, v) in &e.metadata {
                 println!("  meta        {k}={v}");
@@ -730,13 +740,18 @@ async fn entity(cmd: EntityCmd, json: bool) -> Result<(), Failure> {
             name,
             parent,
             metadata,
+            cascade,
             store,
         } => {
             let limiter = store.limiter(Access::Create).await?;
             let meta: BTreeMap<String, String> = metadata.into_iter().collect();
-            let e = limiter
-                .create_entity(&id, name.as_deref(), parent.as_deref(), meta)
-                .await?;
+            let new = tollgate::NewEntity {
+                name: name.as_deref(),
+                parent_id: parent.as_deref(),
+                cascade,
+                metadata: meta,
+            };
+            let e = limiter.create_entity_with(&id, new).await?;
             show(&e);
             Ok(())
         }
@@ -840,7 +855,10 @@ fn show_bucket_op(
         println!("{id} has no bucket for {resource}: nothing to reset");
         return;
     }
-    println!("{what} {id} / {resource} on {} shard(s) (op {})", out.shards, out.op);
+    println!(
+        "{what} {id} / {resource} on {} shard(s) (op {})",
+        out.shards, out.op
+    );
     for (limit, milli) in &out.added_milli {
         println!("  {limit:<12} +{}", tokens_text(*milli));
     }

@@ -107,9 +107,7 @@ pub fn landed<'a>(images: impl IntoIterator<Item = &'a BucketImage>, op: &str) -
     if crate::mutants::off(crate::mutants::Mutant::OpOnce) {
         return false;
     }
-    images
-        .into_iter()
-        .any(|img| img.op.as_deref() == Some(op))
+    images.into_iter().any(|img| img.op.as_deref() == Some(op))
 }
 
 #[cfg(test)]
@@ -133,7 +131,10 @@ mod tests {
             vec![(0, 5000), (1, 5000)]
         );
         // Odd milli: the remainder goes to shard 0.
-        assert_eq!(split_top_up(10_001, 2, &[(1, 2), (0, 2)]), vec![(0, 5001), (1, 5000)]);
+        assert_eq!(
+            split_top_up(10_001, 2, &[(1, 2), (0, 2)]),
+            vec![(0, 5001), (1, 5000)]
+        );
         // gc [1, 2] on S = 2: weights 2 : 1.
         assert_eq!(
             split_top_up(9 * MILLI, 2, &[(0, 1), (1, 2)]),
@@ -161,7 +162,10 @@ mod tests {
         assert_eq!((r.balance, r.gc, r.tu), (5000, Some(2), None));
         assert!(r.transition.is_set());
         let (t, applied) = top_up(&l, e, 5000);
-        assert_eq!((t.balance, t.ceiling, t.tu, applied), (6000, 12_000, Some(7000), 5000));
+        assert_eq!(
+            (t.balance, t.ceiling, t.tu, applied),
+            (6000, 12_000, Some(7000), 5000)
+        );
     }
 
     #[test]

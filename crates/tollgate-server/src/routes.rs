@@ -71,7 +71,12 @@ fn table() -> Vec<(RouteInfo, Handler)> {
         r("GET", "/v1/entities/{id}", ADMIN, get(get_entity)),
         r("DELETE", "/v1/entities/{id}", ADMIN, delete(delete_entity)),
         r("POST", "/v1/entities/{id}/reset", ADMIN, post(reset_bucket)),
-        r("POST", "/v1/entities/{id}/top-up", ADMIN, post(top_up_bucket)),
+        r(
+            "POST",
+            "/v1/entities/{id}/top-up",
+            ADMIN,
+            post(top_up_bucket),
+        ),
         r("PUT", "/v1/entities/{id}/parent", ADMIN, put(move_entity)),
         r("GET", "/v1/limits/system", ADMIN, get(get_system)),
         r("PUT", "/v1/limits/system", ADMIN, put(put_system)),
@@ -676,6 +681,9 @@ struct EntityBody {
     parent_id: Option<String>,
     #[serde(default)]
     metadata: BTreeMap<String, String>,
+    /// The entity's base cascade policy (ADR-146): its acquires also debit the parent.
+    #[serde(default)]
+    cascade: bool,
 }
 
 async fn create_entity(
@@ -693,7 +701,15 @@ async fn create_entity(
     let e = app
         .limiter
         .acting_as(&who.name)?
-        .create_entity(&b.id, b.name.as_deref(), b.parent_id.as_deref(), b.metadata)
+        .create_entity_with(
+            &b.id,
+            tollgate::NewEntity {
+                name: b.name.as_deref(),
+                parent_id: b.parent_id.as_deref(),
+                cascade: b.cascade,
+                metadata: b.metadata,
+            },
+        )
         .await?;
     tracing::info!(target: "tollgate::admin", principal = %who.name, entity = %e.id, "entity created");
     Ok((StatusCode::CREATED, Json(e)).into_response())

@@ -373,21 +373,24 @@ async fn walk(store: Arc<dyn Store>) {
             "entity.delete",
             "limits.delete",
             "limits.delete",
+            "bucket.reset",
+            "entity.move",
+            "bucket.top_up",
             "limits.set",
             "limits.set",
             "entity.create"
         ]
     );
     let gpt = records(&app, Some(ADMIN), "?resource=openai/gpt-4").await;
-    assert_eq!(gpt.len(), 4);
-    let (s, p1) = call(&app, "GET", "/v1/audit?limit=4", Some(ADMIN), None).await;
+    assert_eq!(gpt.len(), 6);
+    let (s, p1) = call(&app, "GET", "/v1/audit?limit=6", Some(ADMIN), None).await;
     assert_eq!(s, StatusCode::OK);
-    assert_eq!(p1["records"].as_array().map(Vec::len), Some(4));
+    assert_eq!(p1["records"].as_array().map(Vec::len), Some(6));
     let cursor = p1["next_cursor"].as_str().unwrap().to_string();
     let (_, p2) = call(
         &app,
         "GET",
-        &format!("/v1/audit?limit=4&cursor={cursor}"),
+        &format!("/v1/audit?limit=6&cursor={cursor}"),
         Some(ADMIN),
         None,
     )
@@ -396,7 +399,7 @@ async fn walk(store: Arc<dyn Store>) {
         &app,
         "GET",
         &format!(
-            "/v1/audit?limit=4&cursor={}",
+            "/v1/audit?limit=6&cursor={}",
             p2["next_cursor"].as_str().unwrap()
         ),
         Some(ADMIN),
@@ -410,7 +413,7 @@ async fn walk(store: Arc<dyn Store>) {
         .flat_map(|p| p["records"].as_array().cloned().unwrap_or_default())
         .filter_map(|r| r["id"].as_str().map(str::to_string))
         .collect();
-    assert_eq!(ids.len(), 11, "pages do not overlap");
+    assert_eq!(ids.len(), 15, "pages do not overlap");
 
     // Bad queries, roles.
     for (q, code) in [

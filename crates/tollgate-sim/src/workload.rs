@@ -370,7 +370,13 @@ fn err_text(e: &Error) -> String {
 /// The operator (ADR-149): top-ups and resets of the workload's quotas racing the clients,
 /// each under its own operation id, retried with the same id (as an HTTP client retries a
 /// request that timed out) until it is answered.
-pub async fn operator(sh: Arc<Shared>, id: usize, lim: Limiter, spec: Arc<Spec>, mut rng: SmallRng) {
+pub async fn operator(
+    sh: Arc<Shared>,
+    id: usize,
+    lim: Limiter,
+    spec: Arc<Spec>,
+    mut rng: SmallRng,
+) {
     let quotas: Vec<String> = spec
         .limits
         .iter()

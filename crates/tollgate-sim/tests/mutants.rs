@@ -154,3 +154,11 @@ fn store_deadline_is_needed() {
     // Without the deadline a client waits out a hung request (600 s of virtual time).
     caught(Mutant::StoreDeadline, None, 60, &["deadline"]);
 }
+
+#[test]
+fn op_once_is_needed() {
+    // ADR-149: an operator's top-up whose response was lost is retried; without the check
+    // that reads its id back, the retry lands a second time and the clients spend the
+    // tokens the operator added once.
+    caught(Mutant::OpOnce, Some("topup"), 400, &["calendar-allowance"]);
+}

@@ -60,17 +60,16 @@ mod cascade;
 pub mod clock;
 pub mod config;
 pub mod doctor;
-pub mod reparent;
 mod entity;
 mod error;
 mod lease;
 mod lease_token;
 mod limiter;
+pub mod reparent;
 mod shards;
 #[cfg(feature = "testing")]
 pub mod testing;
 
-pub use reparent::Moved;
 pub use acquire::{validate_op_id, AcquireOptions, BucketOpOutcome, MAX_OP_ID_CHARS};
 pub use aggregator::{AggregateReport, Aggregator};
 pub use audit::{Action, AuditPage, AuditQuery, AuditRecord};
@@ -87,5 +86,6 @@ pub use lease_token::{
 pub use limiter::{
     Entity, EntityDeleted, Limiter, LimiterBuilder, NewEntity, Options, StatsSnapshot,
 };
+pub use reparent::Moved;
 pub use shards::should_double;
 pub use tollgate_core::{Limit, LimitSpec, LimitStatus};

@@ -310,7 +310,10 @@ struct OpPlan {
 fn plan_op(
     inner: &Inner,
     req: &Request,
-    kind: &BucketOp, images: &[(u32, BucketImage)], now: i64) -> OpPlan {
+    kind: &BucketOp,
+    images: &[(u32, BucketImage)],
+    now: i64,
+) -> OpPlan {
     let s = images
         .first()
         .map(|(_, i)| i.shard_count)
@@ -326,9 +329,17 @@ fn plan_op(
                 let grants: Vec<(u32, i64)> = images
                     .iter()
                     .filter_map(|(i, img)| {
-                        img.limits
-                            .get(n)
-                            .map(|st| (*i, tollgate_core::grant::infer_gc(st.gc, st.tk - st.tu.unwrap_or(0), st.cp, s)))
+                        img.limits.get(n).map(|st| {
+                            (
+                                *i,
+                                tollgate_core::grant::infer_gc(
+                                    st.gc,
+                                    st.tk - st.tu.unwrap_or(0),
+                                    st.cp,
+                                    s,
+                                ),
+                            )
+                        })
                     })
                     .collect();
                 (n.as_str(), split_top_up(*a, s, &grants))

@@ -83,7 +83,11 @@ pub async fn s96_reset_two_shards(b: &Backend) {
     let lim = h.lim.acting_as("support").unwrap();
     let out = lim.reset(E, R, None).await.unwrap();
     let after = h.stats();
-    assert_eq!(after.transactions - before.transactions, 1, "one transaction");
+    assert_eq!(
+        after.transactions - before.transactions,
+        1,
+        "one transaction"
+    );
     assert_eq!(after.updates - before.updates, 0, "no single-item writes");
     assert_eq!((out.shards, out.already_applied), (2, false));
     assert_eq!(out.added_milli.get("daily"), Some(&9000));
@@ -98,8 +102,14 @@ pub async fn s96_reset_two_shards(b: &Backend) {
     assert_eq!(rs.len(), 1);
     assert_eq!(rs[0].principal, "support");
     assert_eq!(Some(&rs[0].id), out.audit_id.as_ref());
-    assert_eq!(rs[0].before["balances_milli"]["daily"], serde_json::json!([1000, 0]));
-    assert_eq!(rs[0].after["balances_milli"]["daily"], serde_json::json!([5000, 5000]));
+    assert_eq!(
+        rs[0].before["balances_milli"]["daily"],
+        serde_json::json!([1000, 0])
+    );
+    assert_eq!(
+        rs[0].after["balances_milli"]["daily"],
+        serde_json::json!([5000, 5000])
+    );
     // The reset is spendable: 10 tokens across the two shards, and no more.
     h.rng.pin(0);
     h.lim.acquire(E, R, &[("daily", 5)]).await.unwrap();
@@ -127,7 +137,11 @@ pub async fn s97_retry_lands_once(b: &Backend) {
         .unwrap();
     assert_eq!((out.op.as_str(), out.already_applied), ("op-97", false));
     assert_eq!(out.added_milli.get("daily"), Some(&10_000));
-    assert_eq!(h.tks(E, R, "daily", 2), vec![10_000, 10_000], "applied once");
+    assert_eq!(
+        h.tks(E, R, "daily", 2),
+        vec![10_000, 10_000],
+        "applied once"
+    );
     assert_eq!(h.n(E, R, 0, "b_daily_tu"), Some(5000));
     let again = h
         .lim
@@ -213,7 +227,12 @@ pub async fn s100_session_reset(b: &Backend) {
     assert_eq!(h.n(E, R, 0, "b_session_wtc"), None);
     h.at(r_at + 1);
     let l = h.lim.acquire(E, R, &[("session", 4)]).await.unwrap();
-    let st = l.statuses().iter().find(|s| s.limit == "session").unwrap().clone();
+    let st = l
+        .statuses()
+        .iter()
+        .find(|s| s.limit == "session")
+        .unwrap()
+        .clone();
     assert_eq!(st.available, 6);
     assert_eq!(st.resets_at_ms, Some(r_at + W));
     assert_eq!(h.n(E, R, 0, "b_session_tk"), Some(6000));
@@ -262,7 +281,11 @@ pub async fn s102_condition_pins(b: &Backend) {
     });
     let before = h.stats();
     let out = lim.reset(E, R, None).await.unwrap();
-    assert_eq!(out.added_milli.get("daily"), Some(&6500), "planned from the fresh read");
+    assert_eq!(
+        out.added_milli.get("daily"),
+        Some(&6500),
+        "planned from the fresh read"
+    );
     assert_eq!(h.tks(E, R, "daily", 2), vec![5000, 5000]);
     assert_eq!(records(&h, Action::BucketReset).await.len(), 1);
     // The hooked limiter writes around the counted store: nothing counted on `h.store`.
@@ -286,7 +309,11 @@ pub async fn reset_and_top_up_edges(b: &Backend) {
     assert_eq!(out.added_milli.get("rpm"), Some(&5000));
     assert_eq!(h.n(E, R, 0, "b_rpm_tk"), Some(8000));
     let out = h.lim.top_up(E, R, &[("rpm", 5)], None).await.unwrap();
-    assert_eq!(out.added_milli.get("rpm"), Some(&2000), "bounded by the headroom");
+    assert_eq!(
+        out.added_milli.get("rpm"),
+        Some(&2000),
+        "bounded by the headroom"
+    );
     assert_eq!(h.n(E, R, 0, "b_rpm_tu"), None);
     h.lim.acquire(E, R, &[("rpm", 9)]).await.unwrap();
     h.lim.reset(E, R, None).await.unwrap();
@@ -377,9 +404,16 @@ pub async fn s103_move_to_a_new_parent(b: &Backend) {
     assert_eq!(s_attr(&i, "GSI1PK").as_deref(), Some("default/PARENT#B"));
     assert_eq!(i.get("pgen").and_then(Value::as_n), Some(1));
     assert_eq!(h.lim.children("A").await.unwrap(), Vec::<String>::new());
-    assert_eq!(h.lim.children("B").await.unwrap(), vec!["child".to_string()]);
+    assert_eq!(
+        h.lim.children("B").await.unwrap(),
+        vec!["child".to_string()]
+    );
     h.lim.acquire("child", R, &[("rpm", 2)]).await.unwrap();
-    assert_eq!(h.n("A", R, 0, "b_rpm_tk"), Some(9000), "A no longer charged");
+    assert_eq!(
+        h.n("A", R, 0, "b_rpm_tk"),
+        Some(9000),
+        "A no longer charged"
+    );
     assert_eq!(h.n("B", R, 0, "b_rpm_tk"), Some(8000));
     assert_eq!(h.n("child", R, 0, "b_rpm_tk"), Some(7000));
     let rs: Vec<_> = h
@@ -465,7 +499,10 @@ pub async fn s105_cycles_refused_and_roots(b: &Backend) {
     assert_eq!(h.lim.children("A").await.unwrap(), Vec::<String>::new());
     // A root with cascade on charges no parent.
     h.lim.acquire("child", R, &[("rpm", 1)]).await.unwrap();
-    assert!(h.raw.raw_get(&h.key("A", R, 0)).is_none(), "A never charged");
+    assert!(
+        h.raw.raw_get(&h.key("A", R, 0)).is_none(),
+        "A never charged"
+    );
     // And A may now move under the former grandchild's line.
     h.lim.set_parent("A", Some("grandchild")).await.unwrap();
 }
@@ -483,7 +520,10 @@ pub async fn s106_leases_settle_with_the_parent_they_debited(b: &Backend) {
     assert_eq!(h.n("A", R, 0, "b_rpm_tk"), Some(7000));
     assert_eq!(h.n("A", R, 0, "b_rpm_tc"), Some(3000));
     assert_eq!(h.n("child", R, 0, "b_rpm_tk"), Some(7000));
-    assert!(h.raw.raw_get(&h.key("B", R, 0)).is_none(), "B never charged");
+    assert!(
+        h.raw.raw_get(&h.key("B", R, 0)).is_none(),
+        "B never charged"
+    );
     // A rollback of a lease from before the move refunds A too.
     h.lim.set_parent("child", Some("A")).await.unwrap();
     let mut lease = h.lim.acquire("child", R, &[("rpm", 1)]).await.unwrap();
