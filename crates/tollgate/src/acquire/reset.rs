@@ -409,7 +409,7 @@ fn plan_op(
         );
         if matches!(kind, BucketOp::Reset) {
             // A reset starts the period over: the fan-out's consumption snapshot goes too.
-            for (l, _) in limits.iter().zip(&evals) {
+            for l in &limits {
                 if img.limits.get(l.name()).is_some_and(|st| st.wtc.is_some()) {
                     update = update.remove(keys::battr(l.name(), "wtc"));
                 }
