@@ -149,7 +149,7 @@ enum Cmd {
         #[command(subcommand)]
         cmd: LimitsCmd,
     },
-    /// Create, show or delete entities.
+    /// Create, show, move or delete entities; reset or top up their buckets.
     Entity {
         #[command(subcommand)]
         cmd: EntityCmd,

@@ -359,6 +359,9 @@ fn every_admin_command_writes_one_record_with_its_principal() {
         [
             "entity.delete",
             "limits.delete",
+            "bucket.reset",
+            "bucket.top_up",
+            "entity.move",
             "limits.set",
             "limits.set",
             "entity.create"

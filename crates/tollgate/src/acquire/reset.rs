@@ -382,7 +382,13 @@ fn plan_op(
                         top_up(l, e, portion)
                     }
                 };
-                *plan.added.entry(l.name().to_string()).or_default() += added;
+                let named = match kind {
+                    BucketOp::Reset => true,
+                    BucketOp::TopUp(a) => a.iter().any(|(n, _)| n == l.name()),
+                };
+                if named {
+                    *plan.added.entry(l.name().to_string()).or_default() += added;
+                }
                 plan.after
                     .entry(l.name().to_string())
                     .or_default()
