@@ -815,6 +815,7 @@ mod route_tests {
                 ..LimitState::default()
             }),
             disabled: false,
+            op: None,
         }
     }
 
