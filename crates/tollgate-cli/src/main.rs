@@ -11,9 +11,12 @@ mod bench;
 mod demo;
 mod doctor;
 mod fail;
+mod limits_file;
+mod progress;
 mod serve;
 mod spec;
 mod store;
+mod usage;
 
 use std::collections::BTreeMap;
 use std::io::{IsTerminal, Write};
@@ -164,6 +167,14 @@ enum Cmd {
         #[command(subcommand)]
         cmd: audit::AuditCmd,
     },
+    /// Run the feed aggregator: usage snapshots from the store's change feed, and the
+    /// background refill / roll / reset / doubling of the buckets that consumed.
+    Aggregate(usage::AggregateArgs),
+    /// Usage snapshots: `list` them, or a `summary` (with `--plot`, a terminal chart).
+    Usage {
+        #[command(subcommand)]
+        cmd: usage::UsageCmd,
+    },
     /// DynamoDB table administration.
     Table {
         #[command(subcommand)]
@@ -242,6 +253,12 @@ enum LimitsCmd {
         #[command(flatten)]
         store: StoreArgs,
     },
+    /// Show what `apply -f FILE` would change: the file's levels against what the store
+    /// holds now (read-only; docs/limits-file.md).
+    Plan(limits_file::FileArgs),
+    /// Make the store hold exactly the levels FILE declares (levels it does not declare are
+    /// deleted); one write per level, through the same calls as `limits set` / `delete`.
+    Apply(limits_file::FileArgs),
 }
 
 #[derive(Debug, Subcommand)]
@@ -587,6 +604,8 @@ async fn run(cli: Cli) -> Result<(), Failure> {
         }
         Cmd::Doctor(args) => doctor::run(args, json).await,
         Cmd::Audit { cmd } => audit::run(cmd, json).await,
+        Cmd::Aggregate(args) => usage::aggregate(args, json).await,
+        Cmd::Usage { cmd } => usage::usage(cmd, json).await,
         Cmd::Demo => demo::run(json).await,
         Cmd::BenchHttp(args) => bench::run(args, json).await,
     }
@@ -615,6 +634,8 @@ fn print_availability(a: &Availability, json: bool, now: i64) {
 
 async fn limits(cmd: LimitsCmd, json: bool) -> Result<(), Failure> {
     match cmd {
+        LimitsCmd::Plan(a) => limits_file::run_plan(a, json).await,
+        LimitsCmd::Apply(a) => limits_file::run_apply(a, json).await,
         LimitsCmd::Set {
             scope,
             limits,
@@ -659,7 +680,7 @@ async fn limits(cmd: LimitsCmd, json: bool) -> Result<(), Failure> {
 
 /// One warning line on stderr per corrupt item an administrative write repaired (with
 /// `--json` they are the document's `warnings`).
-fn warn(repairs: &[tollgate::Repair], json: bool) {
+pub(crate) fn warn(repairs: &[tollgate::Repair], json: bool) {
     if !json {
         for r in repairs {
             eprintln!("tollgate: warning: corrupt item {r}");

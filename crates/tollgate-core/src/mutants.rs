@@ -43,11 +43,14 @@ pub enum Mutant {
     /// ADR-149 "an operation lands once": a retried reset / top-up that reads its own `op`
     /// back writes nothing (falls back to applying it again).
     OpOnce,
+    /// The feed aggregator moves its checkpoint only from the one it read (falls back to an
+    /// unconditional write: two aggregators that read one batch both count it).
+    UsageCheckpoint,
 }
 
 impl Mutant {
     /// Every mutant, in declaration order.
-    pub const ALL: [Mutant; 13] = [
+    pub const ALL: [Mutant; 14] = [
         Mutant::WindowFloor,
         Mutant::WaMarker,
         Mutant::WtcCharge,
@@ -61,6 +64,7 @@ impl Mutant {
         Mutant::DripSplit,
         Mutant::StoreDeadline,
         Mutant::OpOnce,
+        Mutant::UsageCheckpoint,
     ];
 
     /// The name used on the command line.
@@ -79,6 +83,7 @@ impl Mutant {
             Mutant::DripSplit => "DripSplit",
             Mutant::StoreDeadline => "StoreDeadline",
             Mutant::OpOnce => "OpOnce",
+            Mutant::UsageCheckpoint => "UsageCheckpoint",
         }
     }
 

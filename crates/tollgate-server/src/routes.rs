@@ -31,7 +31,7 @@ use crate::headers::{add_ratelimit_headers, retry_after_secs};
 use crate::AppState;
 
 type St = State<Arc<AppState>>;
-type ApiResult<T> = Result<T, ApiError>;
+pub(crate) type ApiResult<T> = Result<T, ApiError>;
 
 /// One route of the API.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -67,6 +67,7 @@ fn table() -> Vec<(RouteInfo, Handler)> {
         r("POST", "/v1/leases/{id}/rollback", CLIENT, post(rollback)),
         r("GET", "/v1/availability", CLIENT, get(availability_get)),
         r("POST", "/v1/availability", CLIENT, post(availability_post)),
+        r("GET", "/v1/usage", CLIENT, get(usage)),
         r("POST", "/v1/entities", ADMIN, post(create_entity)),
         r("GET", "/v1/entities/{id}", ADMIN, get(get_entity)),
         r("DELETE", "/v1/entities/{id}", ADMIN, delete(delete_entity)),
@@ -454,7 +455,7 @@ async fn acquire_inner(
 /// Export a granted lease as its token and hold it until its expiry: the token and the
 /// expiry. A token too long for this server's request head to carry back would be a lease
 /// nobody can finish: it is rolled back instead (`500`), so nothing stays charged.
-async fn hold(app: &AppState, mut lease: tollgate::Lease) -> ApiResult<(String, i64)> {
+pub(crate) async fn hold(app: &AppState, mut lease: tollgate::Lease) -> ApiResult<(String, i64)> {
     let token = app
         .limiter
         .lease_token(&mut lease, &app.lease_key, app.config.lease_ttl)?;
@@ -489,7 +490,7 @@ async fn hold(app: &AppState, mut lease: tollgate::Lease) -> ApiResult<(String, 
 /// not hold, `409 lease_stale` for a version older than the one held here (while it is
 /// open). A newer version
 /// replaces the copy held here, unless that copy already began to close.
-async fn lease_for(
+pub(crate) async fn lease_for(
     app: &AppState,
     token: &str,
 ) -> ApiResult<tokio::sync::OwnedMutexGuard<crate::leases::Held>> {
@@ -666,6 +667,69 @@ async fn availability_get(State(app): St, QueryPairs(q): QueryPairs) -> ApiResul
         ));
     };
     availability(&app, &entity, &resource, amounts).await
+}
+
+// ---------------------------------------------------------------------------------------
+// Usage
+
+/// One usage snapshot as the API shows it.
+pub fn snapshot_json(s: &tollgate::Snapshot) -> Json_ {
+    let consumed: BTreeMap<&str, f64> = s
+        .milli
+        .iter()
+        .map(|(l, m)| (l.as_str(), *m as f64 / 1000.0))
+        .collect();
+    serde_json::json!({
+        "entity": s.entity,
+        "resource": s.resource,
+        "window": s.window.name(),
+        "window_start": tollgate_core::usage::iso_utc(s.start_ms),
+        "window_end": tollgate_core::usage::iso_utc(s.window.end_ms(s.start_ms)),
+        "window_start_ms": s.start_ms,
+        "requests": s.requests,
+        "consumed": consumed,
+        "consumed_milli": s.milli,
+    })
+}
+
+async fn usage(State(app): St, QueryPairs(q): QueryPairs) -> ApiResult<Response> {
+    let mut uq = tollgate::UsageQuery::default();
+    let instant = |k: &str, v: &str| {
+        tollgate_core::usage::parse_instant(v).ok_or_else(|| {
+            ApiError::invalid_request(format!(
+                "{k}={v:?}: expected epoch milliseconds or an RFC 3339 time (2025-09-04T15:00:00Z)"
+            ))
+        })
+    };
+    for (k, v) in q {
+        match k.as_str() {
+            "entity" => uq.entity = Some(v),
+            "resource" => uq.resource = Some(v),
+            "window" => {
+                uq.window = Some(tollgate::Window::parse(&v).ok_or_else(|| {
+                    ApiError::invalid_request(format!(
+                        "window={v:?}: expected hourly, daily or monthly"
+                    ))
+                })?)
+            }
+            "from" => uq.from_ms = Some(instant("from", &v)?),
+            "to" => uq.to_ms = Some(instant("to", &v)?),
+            "limit" => {
+                uq.limit = Some(v.parse().map_err(|_| {
+                    ApiError::invalid_request(format!("limit={v:?}: expected 1 to 1000"))
+                })?)
+            }
+            "after" => uq.after = Some(v),
+            other => {
+                return Err(ApiError::invalid_request(format!(
+                    "unknown query parameter {other:?} (entity, resource, window, from, to, limit, after)"
+                )))
+            }
+        }
+    }
+    let page = app.limiter.usage(&uq).await?;
+    let snaps: Vec<Json_> = page.snapshots.iter().map(snapshot_json).collect();
+    Ok(Json(serde_json::json!({ "snapshots": snaps, "next": page.next })).into_response())
 }
 
 // ---------------------------------------------------------------------------------------

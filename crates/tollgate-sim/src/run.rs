@@ -29,6 +29,8 @@ pub struct RunConfig {
     pub workload: Option<&'static str>,
     /// Keep a readable trace.
     pub trace: bool,
+    /// Run the feed aggregator as one more actor and check `usage-counted-once`.
+    pub aggregator: bool,
 }
 
 /// Faults injected in one run.
@@ -122,11 +124,17 @@ pub fn run_seed(cfg: &RunConfig) -> SeedReport {
         delay: 0.0,
         max_delay: Duration::ZERO,
     };
-    let mem = Arc::new(MemoryStore::new());
+    // The aggregator actor reads the change feed; without it the store keeps none.
+    let mem = Arc::new(if cfg.aggregator {
+        MemoryStore::with_change_feed()
+    } else {
+        MemoryStore::new()
+    });
     let faulty = FaultyStore::new(mem.clone(), rng.gen(), fc);
-    // Clients, the older writer, the quiesce check, and the operator where there is one.
-    let operator = spec.clients + 2;
-    let participants = spec.clients + 2 + usize::from(spec.operator_actions > 0);
+    // Clients, the older writer, the quiesce check, then the feed aggregator and the
+    // operator where there are.
+    let operator = spec.clients + 2 + usize::from(cfg.aggregator);
+    let participants = operator + usize::from(spec.operator_actions > 0);
     let sh = Shared::new(
         mem.clone(),
         faulty,
@@ -252,6 +260,20 @@ pub fn run_seed(cfg: &RunConfig) -> SeedReport {
             )),
         ));
     }
+    if cfg.aggregator {
+        // From a stream of its own: the other actors draw what they drew without it.
+        let arng = SmallRng::seed_from_u64(cfg.seed ^ 0x5553_4147_4553_4e41);
+        let deadline = (hang_p > 0.0).then_some(CLIENT_DEADLINE);
+        tasks.push((
+            spec.clients + 2,
+            Box::pin(crate::usage::aggregator(
+                sh.clone(),
+                spec.clients + 2,
+                arng,
+                deadline,
+            )),
+        ));
+    }
     if spec.operator_actions > 0 {
         let skew = if spec.skew > 0 {
             rng.gen_range(-spec.skew..=spec.skew)
@@ -321,6 +343,21 @@ pub fn run_seed(cfg: &RunConfig) -> SeedReport {
         )],
     ));
     violations.extend(out.lock().unwrap_or_else(|e| e.into_inner()).drain(..));
+    if cfg.aggregator {
+        rt.block_on(drive(
+            &sh,
+            vec![(
+                spec.clients + 2,
+                Box::pin(crate::usage::catch_up(
+                    sh.clone(),
+                    spec.clients + 2,
+                    out.clone(),
+                )) as Task,
+            )],
+        ));
+        violations.extend(out.lock().unwrap_or_else(|e| e.into_inner()).drain(..));
+        violations.extend(crate::usage::check(&mem, &spec));
+    }
 
     let items = mem.raw_items();
     let limits: BTreeMap<String, Vec<tollgate_core::Limit>> =

@@ -163,3 +163,22 @@ fn op_once_is_needed() {
     // `--seeds 2000 --mutant OpOnce` over every workload from seed 179 (3 seeds of 2000).
     caught(Mutant::OpOnce, Some("topup"), 400, &["calendar-allowance"]);
 }
+
+#[test]
+fn usage_checkpoint_condition_is_needed() {
+    let _g = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
+    mutants::set(&[Mutant::UsageCheckpoint]);
+    let found = (0..60).find_map(|seed| {
+        let r = run_seed(&RunConfig {
+            seed,
+            aggregator: true,
+            ..RunConfig::default()
+        });
+        r.violations.first().map(|v| (seed, v.invariant))
+    });
+    mutants::set(&[]);
+    let Some((seed, inv)) = found else {
+        panic!("mutant UsageCheckpoint survived 60 seeds");
+    };
+    assert_eq!(inv, "usage-counted-once", "seed {seed}");
+}

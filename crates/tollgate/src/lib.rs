@@ -65,10 +65,12 @@ mod error;
 mod lease;
 mod lease_token;
 mod limiter;
+pub mod limits_file;
 pub mod reparent;
 mod shards;
 #[cfg(feature = "testing")]
 pub mod testing;
+mod usage;
 
 pub use acquire::{validate_op_id, AcquireOptions, BucketOpOutcome, MAX_OP_ID_CHARS};
 pub use aggregator::{AggregateReport, Aggregator};
@@ -88,4 +90,6 @@ pub use limiter::{
 };
 pub use reparent::Moved;
 pub use shards::should_double;
+pub use tollgate_core::usage::{Snapshot, Window};
 pub use tollgate_core::{Limit, LimitSpec, LimitStatus};
+pub use usage::{checkpoint_key, FeedAggregator, PassReport, UsageOptions, UsagePage, UsageQuery};

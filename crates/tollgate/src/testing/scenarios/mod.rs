@@ -7,12 +7,14 @@ pub mod basics;
 pub mod cascade;
 pub mod exactness;
 pub mod gaps;
+pub mod limits_file;
 pub mod operator;
 pub mod outage;
 pub mod repair;
 pub mod schedules;
 pub mod sharded;
 pub mod shared_leases;
+pub mod usage;
 
 /// Generate one `#[tokio::test]` per limiter behaviour scenario, on `$backend`: an
 /// expression of type `Option<`[`Backend`](crate::testing::Backend)`>` (`None` skips, for a
@@ -21,6 +23,8 @@ pub mod shared_leases;
 macro_rules! scenario_tests {
     ($backend:expr) => {
         $crate::__scenario_tests!($backend;
+            limits_file::a_file_plans_against_the_store_and_applies_exactly,
+            limits_file::a_corrupt_level_is_named_by_the_plan,
             repair::doctor_lists_and_limits_set_replaces,
             repair::entity_delete_removes_a_corrupt_entity,
             repair::repairs_over_items_the_store_cannot_decode,
@@ -162,7 +166,10 @@ macro_rules! scenario_tests {
             operator::s103_move_to_a_new_parent,
             operator::s104_moves_pin_the_generation,
             operator::s105_cycles_refused_and_roots,
-            operator::s106_leases_settle_with_the_parent_they_debited
+            operator::s106_leases_settle_with_the_parent_they_debited,
+            usage::usage_equals_admitted_net_consumption,
+            usage::usage_survives_restart_and_duplicate_aggregators,
+            usage::usage_commit_with_a_lost_response_counts_once
         );
     };
 }
