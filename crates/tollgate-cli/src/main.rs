@@ -40,6 +40,10 @@ LIMIT SYNTAX
   NAME:quota=TOKENS,after=DURATION           quota whose window opens at first use
   …,soft                                     any of the above as a soft limit (shadow
                                              mode): consumption recorded, never refused
+  any of them ,schedule=\"ENTRY[;ENTRY]\"[,tz=ZONE]
+                                             time-of-day capacity (ADR-135): ENTRY is
+                                             DAYS HH:MM-HH:MM CAPACITY[/RATE], e.g.
+                                             mon-fri 09:00-17:00 120/120; first match wins
   PERIOD is s|sec|second|min|minute|h|hour|d|day or a DURATION;
   DURATION is whole numbers with units ms, s, m, h, d: 500ms, 90s, 5h, 1h30m.
 
@@ -47,7 +51,8 @@ EXAMPLES
   tollgate limits set --resource gpt-4 rpm:rate=60/min tpm:rate=100000/min,burst=200000
   tollgate limits set --entity user-1 --for-resource gpt-4 'rpd:quota=1000,cron=\"0 0 * * *\",tz=Europe/Berlin'
   tollgate limits set --system session:quota=10,after=5h
-  tollgate limits set --resource gpt-4 rpm:rate=60/min,soft";
+  tollgate limits set --resource gpt-4 rpm:rate=60/min,soft
+  tollgate limits set --resource gpt-4 'rpm:rate=60/min,schedule=\"mon-fri 09:00-17:00 120/120\",tz=Europe/Berlin'";
 
 const EXIT_CODES: &str = "\
 EXIT CODES
@@ -155,7 +160,7 @@ enum Cmd {
         #[command(subcommand)]
         cmd: LimitsCmd,
     },
-    /// Create, show or delete entities.
+    /// Create, show, move or delete entities; reset or top up their buckets.
     Entity {
         #[command(subcommand)]
         cmd: EntityCmd,
@@ -279,6 +284,10 @@ enum EntityCmd {
         /// Metadata as KEY=VALUE (repeatable).
         #[arg(long = "meta", value_parser = parse_kv)]
         metadata: Vec<(String, String)>,
+        /// Cascade: the entity's acquires also charge its parent (ADR-146; a resource or
+        /// entity config's cascade policy, where set, overrules this).
+        #[arg(long, requires = "parent")]
+        cascade: bool,
         #[command(flatten)]
         store: StoreArgs,
     },
@@ -294,6 +303,51 @@ enum EntityCmd {
     Delete {
         /// Entity id.
         id: String,
+        #[command(flatten)]
+        store: StoreArgs,
+    },
+    /// Move an entity under a new parent (--parent P) or make it a root (--root); refused
+    /// when P is the entity or one of its descendants. One audit record.
+    Move {
+        /// Entity id.
+        id: String,
+        /// The new parent.
+        #[arg(long, conflicts_with = "root", required_unless_present = "root")]
+        parent: Option<String>,
+        /// Make the entity a root (no parent).
+        #[arg(long)]
+        root: bool,
+        #[command(flatten)]
+        store: StoreArgs,
+    },
+    /// Reset the entity's bucket for a resource to full on every shard (rate limits to
+    /// capacity, quotas to their allowance, a reset_after window restarted now), in one
+    /// transaction with an audit record. Rerun with the printed --op to retry safely.
+    Reset {
+        /// Entity id.
+        id: String,
+        /// Resource name.
+        resource: String,
+        /// Operation id (1-64 of A-Za-z0-9_.-): the same id lands once. Default: a new ULID.
+        #[arg(long)]
+        op: Option<String>,
+        #[command(flatten)]
+        store: StoreArgs,
+    },
+    /// Top up the entity's bucket for a resource: add NAME=TOKENS above the current
+    /// allowance (a quota's ceiling rises until its next reset; a rate limit gains at most
+    /// its headroom), split across the shards, in one transaction with an audit record.
+    TopUp {
+        /// Entity id.
+        id: String,
+        /// Resource name.
+        resource: String,
+        /// Amounts as NAME=TOKENS (e.g. daily=500).
+        #[arg(value_parser = spec::parse_amount, required = true)]
+        amounts: Vec<(String, i64)>,
+        /// Operation id (1-64 of A-Za-z0-9_.-): the same id lands once. Default: a new ULID.
+        #[arg(long)]
+        op: Option<String>,
         #[command(flatten)]
         store: StoreArgs,
     },
@@ -758,6 +812,7 @@ async fn entity(cmd: EntityCmd, json: bool) -> Result<(), Failure> {
             println!("  name        {}", e.name);
             if let Some(p) = &e.parent_id {
                 println!("  parent      {p}");
+                println!("  cascade     {}", e.cascade);
             }
             for (k, v) in &e.metadata {
                 println!("  meta        {k}={v}");
@@ -771,13 +826,18 @@ async fn entity(cmd: EntityCmd, json: bool) -> Result<(), Failure> {
             name,
             parent,
             metadata,
+            cascade,
             store,
         } => {
             let limiter = store.limiter(Access::Create).await?;
             let meta: BTreeMap<String, String> = metadata.into_iter().collect();
-            let e = limiter
-                .create_entity(&id, name.as_deref(), parent.as_deref(), meta)
-                .await?;
+            let new = tollgate::NewEntity {
+                name: name.as_deref(),
+                parent_id: parent.as_deref(),
+                cascade,
+                metadata: meta,
+            };
+            let e = limiter.create_entity_with(&id, new).await?;
             show(&e);
             Ok(())
         }
@@ -808,5 +868,93 @@ async fn entity(cmd: EntityCmd, json: bool) -> Result<(), Failure> {
             }
             Ok(())
         }
+        EntityCmd::Move {
+            id,
+            parent,
+            root: _,
+            store,
+        } => {
+            let limiter = store.limiter(Access::Existing).await?;
+            let m = limiter.set_parent(&id, parent.as_deref()).await?;
+            if json {
+                print_json(&serde_json::to_value(&m).unwrap_or_default());
+            } else if m.audit_id.is_none() {
+                println!("{id} already has that parent: nothing written");
+            } else {
+                let name = |p: &Option<String>| p.clone().unwrap_or_else(|| "(root)".into());
+                println!(
+                    "moved {id}: {} -> {} (pgen {})",
+                    name(&m.old_parent),
+                    name(&m.parent_id),
+                    m.pgen
+                );
+            }
+            Ok(())
+        }
+        EntityCmd::Reset {
+            id,
+            resource,
+            op,
+            store,
+        } => {
+            let limiter = store.limiter(Access::Existing).await?;
+            let out = limiter.reset(&id, &resource, op.as_deref()).await?;
+            show_bucket_op("reset", &id, &resource, &out, json);
+            Ok(())
+        }
+        EntityCmd::TopUp {
+            id,
+            resource,
+            amounts,
+            op,
+            store,
+        } => {
+            let limiter = store.limiter(Access::Existing).await?;
+            let a: Vec<(&str, i64)> = amounts.iter().map(|(n, v)| (n.as_str(), *v)).collect();
+            let out = limiter.top_up(&id, &resource, &a, op.as_deref()).await?;
+            show_bucket_op("topped up", &id, &resource, &out, json);
+            Ok(())
+        }
+    }
+}
+
+/// Print what a reset or top-up did.
+fn show_bucket_op(
+    what: &str,
+    id: &str,
+    resource: &str,
+    out: &tollgate::BucketOpOutcome,
+    json: bool,
+) {
+    if json {
+        print_json(&serde_json::to_value(out).unwrap_or_default());
+        return;
+    }
+    if out.already_applied {
+        println!(
+            "operation {} had already landed on {id} / {resource}: nothing written",
+            out.op
+        );
+        return;
+    }
+    if out.shards == 0 {
+        println!("{id} has no bucket for {resource}: nothing to reset");
+        return;
+    }
+    println!(
+        "{what} {id} / {resource} on {} shard(s) (op {})",
+        out.shards, out.op
+    );
+    for (limit, milli) in &out.added_milli {
+        println!("  {limit:<12} +{}", tokens_text(*milli));
+    }
+}
+
+/// Millitokens as tokens, with the fraction only when there is one.
+fn tokens_text(milli: i64) -> String {
+    if milli % 1000 == 0 {
+        format!("{}", milli / 1000)
+    } else {
+        format!("{:.3}", milli as f64 / 1000.0)
     }
 }

@@ -7,6 +7,10 @@
 //! …,soft                                          any of them soft (ADR-151, shadow mode):
 //!                                                 consumption recorded, never refused
 //!
+//! Any of them may add ,schedule="ENTRY[;ENTRY…]" (ADR-135, time-of-day capacities; each
+//! ENTRY is `DAYS HH:MM-HH:MM CAPACITY[/RATE]`), evaluated in tz=ZONE (default UTC; a
+//! cron quota's zone is the schedule's too).
+//!
 //! PERIOD    s | sec | second | min | minute | h | hour | d | day, or a DURATION
 //! DURATION  whole numbers with units ms, s, m, h, d: 500ms, 90s, 5h, 1h30m
 //! ```
@@ -219,6 +223,7 @@ pub fn parse_limit(s: &str) -> Result<Limit, String> {
     let mut tz = None;
     let mut after = None;
     let mut soft = None;
+    let mut schedule = None;
     for (k, v) in params {
         let slot = match k.as_str() {
             "rate" => &mut rate,
@@ -228,9 +233,10 @@ pub fn parse_limit(s: &str) -> Result<Limit, String> {
             "tz" => &mut tz,
             "after" => &mut after,
             "soft" => &mut soft,
+            "schedule" => &mut schedule,
             other => {
                 return Err(format!(
-                    "unknown key {other:?} (rate, burst, quota, cron, tz, after, soft)"
+                    "unknown key {other:?} (rate, burst, quota, cron, tz, after, schedule, soft)"
                 ))
             }
         };
@@ -243,11 +249,47 @@ pub fn parse_limit(s: &str) -> Result<Limit, String> {
         Some("true") => true,
         Some(v) => return Err(format!("soft={v:?}: expected true or false")),
     };
+    let l = parse_base(
+        name,
+        rate,
+        burst,
+        quota,
+        cron,
+        tz.clone(),
+        after,
+        schedule.is_some(),
+    )?;
+    let l = match schedule {
+        None => l,
+        Some(sch) => {
+            // ADR-135: the schedule's entries, in its zone (a cron quota's zone too).
+            let entries: Vec<&str> = sch.split(';').map(str::trim).collect();
+            let zone = tz.as_deref().unwrap_or("UTC");
+            let sched = tollgate_core::schedule::Schedule::new(&entries, zone)
+                .map_err(|e| format!("limit {name:?}: {e}"))?;
+            l.with_schedule(sched).map_err(|e| e.to_string())?
+        }
+    };
+    Ok(l.with_soft(soft))
+}
+
+#[allow(clippy::too_many_arguments)]
+fn parse_base(
+    name: &str,
+    rate: Option<String>,
+    burst: Option<String>,
+    quota: Option<String>,
+    cron: Option<String>,
+    tz: Option<String>,
+    after: Option<String>,
+    scheduled: bool,
+) -> Result<Limit, String> {
     let err = |e: tollgate_core::RuleError| e.to_string();
-    let limit = match (rate, quota) {
+    let s = name;
+    match (rate, quota) {
         (Some(r), None) => {
-            if cron.is_some() || tz.is_some() || after.is_some() {
-                return Err("a rate limit takes only rate= and burst=".into());
+            if cron.is_some() || (tz.is_some() && !scheduled) || after.is_some() {
+                return Err("a rate limit takes only rate= and burst= (and schedule=, tz=)".into());
             }
             let (amount, period) = r
                 .split_once('/')
@@ -277,8 +319,8 @@ pub fn parse_limit(s: &str) -> Result<Limit, String> {
                     })
                 }
                 (None, Some(a)) => {
-                    if tz.is_some() {
-                        return Err("tz= belongs to cron quotas".into());
+                    if tz.is_some() && !scheduled {
+                        return Err("tz= belongs to cron quotas and schedules".into());
                     }
                     Limit::quota_after(name, q, parse_duration(&a)?).map_err(err)
                 }
@@ -288,18 +330,22 @@ pub fn parse_limit(s: &str) -> Result<Limit, String> {
         _ => Err(format!(
             "{s:?}: give exactly one of rate=AMOUNT/PERIOD or quota=TOKENS"
         )),
-    }?;
-    Ok(limit.with_soft(soft))
+    }
 }
 
 /// Format a limit in the syntax [`parse_limit`] reads.
 pub fn format_limit(l: &Limit) -> String {
-    let base = format_base(l);
-    if l.is_soft() {
-        format!("{base},soft")
-    } else {
-        base
+    let mut out = format_base(l);
+    if let Some(sch) = l.schedule() {
+        out.push_str(&format!(",schedule=\"{}\"", sch.entry_texts().join(";")));
+        if l.calendar().is_none() {
+            out.push_str(&format!(",tz={}", sch.tz()));
+        }
     }
+    if l.is_soft() {
+        out.push_str(",soft");
+    }
+    out
 }
 
 fn format_base(l: &Limit) -> String {
@@ -364,6 +410,8 @@ mod tests {
             "rpd:quota=1000,cron=\"0 0 * * *\",tz=Europe/Berlin",
             "session:quota=10,after=5h",
             "x:rate=5/10s",
+            "rpm:rate=60/min,schedule=\"mon,tue,wed,thu,fri 09:00-17:00 120/120;sat,sun 00:00-24:00 10\",tz=Europe/Berlin",
+            "rpd:quota=1000,cron=\"0 0 * * *\",tz=Europe/Berlin,schedule=\"* 22:00-06:00 200\"",
             "y:quota=3,after=1h30m",
             "rpm:rate=60/min,soft",
             "session:quota=10,after=5h,soft",
@@ -391,6 +439,10 @@ mod tests {
             "wcu:rate=1/s",
             "rpm:rate=60/min,soft=maybe",
             "rpm:rate=60/min,soft,soft",
+            "rpm:rate=60/min,tz=UTC",
+            "rpm:rate=60/min,schedule=\"bogus\"",
+            "rpm:rate=60/min,schedule=\"* 09:00-17:00 10\",tz=Mars/Olympus",
+            "rpd:quota=10,after=5h,schedule=\"* 09:00-09:00 10\"",
         ] {
             assert!(parse_limit(s).is_err(), "{s}");
         }

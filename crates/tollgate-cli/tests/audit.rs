@@ -13,12 +13,15 @@ use serde_json::Value;
 
 /// Commands that change stored configuration (`doctor` with `--repair`): each has a case
 /// below.
-const ADMIN: [&str; 6] = [
+const ADMIN: [&str; 9] = [
     "limits set",
     "limits delete",
     "limits apply",
     "entity create",
     "entity delete",
+    "entity move",
+    "entity reset",
+    "entity top-up",
     "doctor",
 ];
 /// Commands that do not change stored configuration (or run something that does, through
@@ -152,6 +155,8 @@ fn every_admin_command_writes_one_record_with_its_principal() {
                 "u1",
                 "--name",
                 "User one",
+                "--parent",
+                "team",
                 "--principal",
                 "alice",
             ],
@@ -192,6 +197,38 @@ fn every_admin_command_writes_one_record_with_its_principal() {
             "entity",
             Some(5),
             Some(6),
+        ),
+        (
+            vec!["entity", "move", "u1", "--root", "--principal", "erin"],
+            "erin",
+            "entity.move",
+            "entity",
+            None,
+            None,
+        ),
+        (
+            vec![
+                "entity",
+                "top-up",
+                "u1",
+                "gpt-4",
+                "rpm=2",
+                "--principal",
+                "dave",
+            ],
+            "dave",
+            "bucket.top_up",
+            "entity",
+            None,
+            None,
+        ),
+        (
+            vec!["entity", "reset", "u1", "gpt-4", "--op", "support-42"],
+            "bob",
+            "bucket.reset",
+            "entity",
+            None,
+            None,
         ),
         (
             vec![
@@ -244,7 +281,7 @@ fn every_admin_command_writes_one_record_with_its_principal() {
     }
     let rs = newest(&st, cases.len());
     assert_eq!(rs[0]["before"]["entity"]["name"], "User one");
-    assert_eq!(rs[5]["after"]["name"], "User one");
+    assert_eq!(rs[8]["after"]["name"], "User one");
 
     // `doctor --repair` over a corrupt bucket: one record, before its deletes.
     let o = as_user(
@@ -358,6 +395,9 @@ fn every_admin_command_writes_one_record_with_its_principal() {
         [
             "entity.delete",
             "limits.delete",
+            "bucket.reset",
+            "bucket.top_up",
+            "entity.move",
             "limits.set",
             "limits.set",
             "entity.create"

@@ -310,6 +310,7 @@ pub fn plan_refill(
                 w.grants = true;
             }
         }
+        u = crate::writes::stamp_top_up(u, n, e);
     }
     if img.wcu.is_some() {
         let wcu = evaluate_wcu(img.wcu.as_ref(), img.rf, now);
@@ -355,6 +356,7 @@ mod tests {
                 .collect(),
             wcu: None,
             disabled: false,
+            op: None,
         }
     }
 

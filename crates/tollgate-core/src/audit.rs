@@ -42,11 +42,20 @@ pub enum Action {
     /// Corrupt bucket items deleted by `doctor --repair` (every shard of the pair).
     #[serde(rename = "buckets.repair")]
     BucketsRepair,
+    /// An entity's buckets for a resource reset to full on every shard (ADR-149).
+    #[serde(rename = "bucket.reset")]
+    BucketReset,
+    /// Tokens added above an entity's grant for a resource, on every shard (ADR-149).
+    #[serde(rename = "bucket.top_up")]
+    BucketTopUp,
+    /// An entity moved to a new parent (or made a root), ADR-150.
+    #[serde(rename = "entity.move")]
+    EntityMove,
 }
 
 impl Action {
     /// Every action, in declaration order.
-    pub const ALL: [Action; 8] = [
+    pub const ALL: [Action; 11] = [
         Action::LimitsSet,
         Action::LimitsDelete,
         Action::CascadeSet,
@@ -55,6 +64,9 @@ impl Action {
         Action::Disable,
         Action::Enable,
         Action::BucketsRepair,
+        Action::BucketReset,
+        Action::BucketTopUp,
+        Action::EntityMove,
     ];
 
     /// The stored (and listed) name, e.g. `limits.set`.
@@ -68,6 +80,9 @@ impl Action {
             Action::Disable => "resource.disable",
             Action::Enable => "resource.enable",
             Action::BucketsRepair => "buckets.repair",
+            Action::BucketReset => "bucket.reset",
+            Action::BucketTopUp => "bucket.top_up",
+            Action::EntityMove => "entity.move",
         }
     }
 

@@ -40,6 +40,8 @@ pub mod attr {
     /// The effective cascade policy of the (entity, resource) when the item was last
     /// materialised (ADR-146): whether an acquire also debits the parent.
     pub const CASCADE: &str = "cascade";
+    /// The id of the last reset / top-up that landed on the item (ADR-149).
+    pub const OP: &str = "op";
 }
 
 /// The stored "no schedule" marker (BUCKET_SCHED_NONE).
@@ -87,6 +89,9 @@ pub struct LimitState {
     /// `rf` is full again; a balance-only debit of this limit is exact only before it
     /// (see `materialize::drip_full_at`). Absent: never trusted.
     pub fu: Option<i64>,
+    /// Quotas: top-up above the grant in the current period (`b_{n}_tu`, ADR-149), in milli;
+    /// raises the ceiling to `C // gc + tu` and is removed by the next reset.
+    pub tu: Option<i64>,
 }
 
 /// A decoded bucket item.
@@ -110,11 +115,13 @@ pub struct BucketImage {
     pub wcu: Option<LimitState>,
     /// The (entity, resource) is disabled.
     pub disabled: bool,
+    /// The id of the last reset / top-up that landed on this shard (`op`, ADR-149).
+    pub op: Option<String>,
 }
 
-const FIELDS: [&str; 18] = [
+const FIELDS: [&str; 19] = [
     "tk", "cp", "ra", "rp", "tc", "rc", "ws", "rsa", "wa", "wtc", "gc", "rsched", "tz", "pe",
-    "sched", "bcp", "bra", "fu",
+    "sched", "bcp", "bra", "fu", "tu",
 ];
 
 /// One limit's stored fields while decoding: (attribute name, value) by index in `FIELDS`.
@@ -255,6 +262,7 @@ impl BucketImage {
                 bcp: g("bcp")?,
                 bra: g("bra")?,
                 fu: g("fu")?,
+                tu: g("tu")?,
             };
             if n == WCU {
                 wcu = Some(st);
@@ -266,6 +274,7 @@ impl BucketImage {
         let ttl = num(item, k, attr::TTL)?;
         let ph = string(item, k, attr::PH)?;
         let disabled = item.contains_key(attr::DISABLED);
+        let op = string(item, k, attr::OP)?;
         Ok(BucketImage {
             key,
             rf,
@@ -276,6 +285,7 @@ impl BucketImage {
             limits,
             wcu,
             disabled,
+            op,
         })
     }
 }

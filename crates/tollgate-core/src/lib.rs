@@ -20,6 +20,7 @@ pub mod materialize;
 pub mod multi;
 pub mod mutants;
 pub mod refill;
+pub mod reset;
 pub mod schedule;
 pub mod seeding;
 pub mod soft;

@@ -103,6 +103,11 @@ pub struct Evaluated {
     /// The `b_{n}_gc` the state read carried (the write pins it: a split of this shard
     /// lowers its share and must not be undone by a write planned before it).
     pub gc_read: Option<i64>,
+    /// Quotas: the top-up above the grant the state read carried (`b_{n}_tu`, ADR-149).
+    pub tu_read: Option<i64>,
+    /// Quotas: the top-up in force after this pass — kept inside the period, gone when the
+    /// grant is re-sized (a reset, an open, a roll). The write SETs or REMOVEs it to match.
+    pub tu: Option<i64>,
 }
 
 impl Evaluated {
@@ -149,6 +154,8 @@ pub fn evaluate_wcu(state: Option<&LimitState>, rf: i64, now: i64) -> Evaluated 
         rate: WCU_CAPACITY,
         drip_gc: None,
         gc_read: None,
+        tu_read: None,
+        tu: None,
     }
 }
 
@@ -211,6 +218,8 @@ pub fn evaluate(
         rate: 0,
         drip_gc: None,
         gc_read: state.and_then(|st| st.gc),
+        tu_read: state.and_then(|st| st.tu),
+        tu: None,
     };
     let Some(st) = state else {
         let seed = seed.unwrap_or(Seed {
@@ -254,7 +263,7 @@ pub fn evaluate(
             e.transition = Transition::Refill;
         }
         Refill::Calendar(cal) => {
-            let ceiling = quota_ceiling(cap, st.gc, st.tk, s);
+            let ceiling = topped_up_ceiling(cap, st, s);
             e.ceiling = ceiling;
             // Rule "calendar reset" (ADR-137) with a period-applied marker: a reset is due
             // when the latest edge is newer than the edge the balance reflects (`pe`; `rf`
@@ -271,13 +280,14 @@ pub fn evaluate(
                 }
                 edge => {
                     e.balance = st.tk.min(ceiling);
+                    e.tu = st.tu;
                     e.pe = edge.map(|x| x.max(st.pe.unwrap_or(x))).or(st.pe);
                 }
             }
         }
         Refill::Window { reset_after_s } => {
             let len = reset_after_s * 1000;
-            let ceiling = quota_ceiling(cap, st.gc, st.tk, s);
+            let ceiling = topped_up_ceiling(cap, st, s);
             e.ceiling = ceiling;
             match st.ws {
                 Some(ws) if !window::ended(ws, len, now) => {
@@ -290,6 +300,7 @@ pub fn evaluate(
                         e.transition = Transition::WindowRoll;
                     } else {
                         e.balance = st.tk.min(ceiling);
+                        e.tu = st.tu;
                         e.wa = Some(st.wa.unwrap_or(ws));
                     }
                 }
@@ -306,6 +317,14 @@ pub fn evaluate(
         }
     }
     e
+}
+
+/// ADR-149 ceiling of a topped-up quota shard: the ADR-145 ceiling of its grant plus the
+/// top-up it carries for the current period, `C // gc + tu` (the grant count inferred from
+/// the balance without the top-up on a legacy item).
+pub fn topped_up_ceiling(capacity: i64, st: &LimitState, shard_count: i64) -> i64 {
+    let tu = st.tu.unwrap_or(0).max(0);
+    quota_ceiling(capacity, st.gc, st.tk - tu, shard_count) + tu
 }
 
 /// ADR-145 ceiling of a quota shard: `C // gc` (the shard count its grant was sized at;

@@ -46,6 +46,9 @@ pub enum Mutant {
     /// ADR-151: only the soft limit itself skips its balance check (falls back to one soft
     /// limit exempting every limit of the request).
     SoftScope,
+    /// ADR-149 "an operation lands once": a retried reset / top-up that reads its own `op`
+    /// back writes nothing (falls back to applying it again).
+    OpOnce,
     /// The feed aggregator moves its checkpoint only from the one it read (falls back to an
     /// unconditional write: two aggregators that read one batch both count it).
     UsageCheckpoint,
@@ -53,7 +56,7 @@ pub enum Mutant {
 
 impl Mutant {
     /// Every mutant, in declaration order.
-    pub const ALL: [Mutant; 15] = [
+    pub const ALL: [Mutant; 16] = [
         Mutant::WindowFloor,
         Mutant::WaMarker,
         Mutant::WtcCharge,
@@ -68,6 +71,7 @@ impl Mutant {
         Mutant::StoreDeadline,
         Mutant::MultiRefund,
         Mutant::SoftScope,
+        Mutant::OpOnce,
         Mutant::UsageCheckpoint,
     ];
 
@@ -88,6 +92,7 @@ impl Mutant {
             Mutant::StoreDeadline => "StoreDeadline",
             Mutant::MultiRefund => "MultiRefund",
             Mutant::SoftScope => "SoftScope",
+            Mutant::OpOnce => "OpOnce",
             Mutant::UsageCheckpoint => "UsageCheckpoint",
         }
     }

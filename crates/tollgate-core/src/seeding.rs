@@ -420,6 +420,7 @@ mod tests {
                 .collect::<BTreeMap<_, _>>(),
             wcu: None,
             disabled: false,
+            op: None,
         }
     }
 

@@ -441,6 +441,7 @@ pub fn normal_write(
         if let Some(pe) = e.pe {
             u = u.set(battr(n, "pe"), pe);
         }
+        u = stamp_top_up(u, n, e);
         if e.transition == Transition::Seed {
             c = c.and(Condition::not_exists(battr(n, "tk")));
         } else if e.transition.is_set() {
@@ -479,6 +480,16 @@ pub fn normal_write(
         u = u.set(battr(WCU, "rc"), rc);
     }
     (u, c)
+}
+
+/// Rule "a top-up lasts one period" (ADR-149): the write stamps the top-up in force after
+/// the pass — SET when it changed, REMOVE when a reset, open or roll re-sized the grant.
+pub fn stamp_top_up(u: Update, limit: &str, e: &Evaluated) -> Update {
+    match (e.tu_read, e.tu) {
+        (read, Some(t)) if read != Some(t) => u.set(battr(limit, "tu"), t),
+        (Some(_), None) => u.remove(battr(limit, "tu")),
+        _ => u,
+    }
 }
 
 /// Rule "a reset is a SET": a calendar reset, window open or roll replaces the balance, so
@@ -819,6 +830,7 @@ mod route_tests {
                 ..LimitState::default()
             }),
             disabled: false,
+            op: None,
         }
     }
 

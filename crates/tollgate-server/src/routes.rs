@@ -74,6 +74,14 @@ fn table() -> Vec<(RouteInfo, Handler)> {
         r("POST", "/v1/entities", ADMIN, post(create_entity)),
         r("GET", "/v1/entities/{id}", ADMIN, get(get_entity)),
         r("DELETE", "/v1/entities/{id}", ADMIN, delete(delete_entity)),
+        r("POST", "/v1/entities/{id}/reset", ADMIN, post(reset_bucket)),
+        r(
+            "POST",
+            "/v1/entities/{id}/top-up",
+            ADMIN,
+            post(top_up_bucket),
+        ),
+        r("PUT", "/v1/entities/{id}/parent", ADMIN, put(move_entity)),
         r("GET", "/v1/limits/system", ADMIN, get(get_system)),
         r("PUT", "/v1/limits/system", ADMIN, put(put_system)),
         r("DELETE", "/v1/limits/system", ADMIN, delete(delete_system)),
@@ -740,6 +748,9 @@ struct EntityBody {
     parent_id: Option<String>,
     #[serde(default)]
     metadata: BTreeMap<String, String>,
+    /// The entity's base cascade policy (ADR-146): its acquires also debit the parent.
+    #[serde(default)]
+    cascade: bool,
 }
 
 async fn create_entity(
@@ -757,7 +768,15 @@ async fn create_entity(
     let e = app
         .limiter
         .acting_as(&who.name)?
-        .create_entity(&b.id, b.name.as_deref(), b.parent_id.as_deref(), b.metadata)
+        .create_entity_with(
+            &b.id,
+            tollgate::NewEntity {
+                name: b.name.as_deref(),
+                parent_id: b.parent_id.as_deref(),
+                cascade: b.cascade,
+                metadata: b.metadata,
+            },
+        )
         .await?;
     tracing::info!(target: "tollgate::admin", principal = %who.name, entity = %e.id, "entity created");
     Ok((StatusCode::CREATED, Json(e)).into_response())
@@ -788,6 +807,84 @@ async fn delete_entity(
     let mut body = serde_json::json!({ "deleted_items": n });
     add_warnings(&mut body, &d.repairs);
     Ok(Json(body).into_response())
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct ResetBody {
+    resource: String,
+    #[serde(default)]
+    op: Option<String>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct TopUpBody {
+    resource: String,
+    amounts: BTreeMap<String, Json_>,
+    #[serde(default)]
+    op: Option<String>,
+}
+
+/// `POST /v1/entities/{id}/reset` (ADR-149): refill the entity's bucket for `resource` to
+/// full on every shard, in one transaction with its audit record. A retry with the same
+/// `op` lands once (`already_applied: true`).
+async fn reset_bucket(
+    State(app): St,
+    Extension(who): Extension<Principal>,
+    PathParams(id): PathParams<String>,
+    JsonBody(b): JsonBody<ResetBody>,
+) -> ApiResult<Response> {
+    let out = app
+        .limiter
+        .acting_as(&who.name)?
+        .reset(&id, &b.resource, b.op.as_deref())
+        .await?;
+    tracing::info!(target: "tollgate::admin", principal = %who.name, entity = %id, resource = %b.resource, op = %out.op, shards = out.shards, already_applied = out.already_applied, "bucket reset");
+    Ok(Json(out).into_response())
+}
+
+/// `POST /v1/entities/{id}/top-up` (ADR-149): add `amounts` (tokens per limit) above the
+/// entity's grant for `resource`, split across its shards, in one transaction with its audit
+/// record; a retry with the same `op` lands once.
+async fn top_up_bucket(
+    State(app): St,
+    Extension(who): Extension<Principal>,
+    PathParams(id): PathParams<String>,
+    JsonBody(b): JsonBody<TopUpBody>,
+) -> ApiResult<Response> {
+    let amounts = amounts_of(&b.amounts)?;
+    let out = app
+        .limiter
+        .acting_as(&who.name)?
+        .top_up(&id, &b.resource, &borrow(&amounts), b.op.as_deref())
+        .await?;
+    tracing::info!(target: "tollgate::admin", principal = %who.name, entity = %id, resource = %b.resource, op = %out.op, shards = out.shards, already_applied = out.already_applied, "bucket topped up");
+    Ok(Json(out).into_response())
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct ParentBody {
+    /// The new parent; `null` makes the entity a root.
+    parent_id: Option<String>,
+}
+
+/// `PUT /v1/entities/{id}/parent` (ADR-150): move the entity under `parent_id` (`null`: a
+/// root), refused with `409 parent_cycle` when that would make it its own ancestor.
+async fn move_entity(
+    State(app): St,
+    Extension(who): Extension<Principal>,
+    PathParams(id): PathParams<String>,
+    JsonBody(b): JsonBody<ParentBody>,
+) -> ApiResult<Response> {
+    let m = app
+        .limiter
+        .acting_as(&who.name)?
+        .set_parent(&id, b.parent_id.as_deref())
+        .await?;
+    tracing::info!(target: "tollgate::admin", principal = %who.name, entity = %id, parent = ?m.parent_id, pgen = m.pgen, "entity moved");
+    Ok(Json(m).into_response())
 }
 
 /// One repair of a corrupt item, as the API reports it: the item, the attribute at fault,

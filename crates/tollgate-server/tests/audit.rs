@@ -154,6 +154,50 @@ fn cases() -> Vec<Case> {
             Some(40),
         ),
         c(
+            ("POST", "/v1/entities/{id}/top-up"),
+            "/v1/entities/u1/top-up",
+            Some(json!({ "resource": "openai/gpt-4", "amounts": { "rpm": 5 } })),
+            "bucket.top_up",
+            "entity",
+            Some("u1"),
+            Some("openai/gpt-4"),
+            None,
+            None,
+        ),
+        c(
+            ("POST", "/v1/entities"),
+            "/v1/entities",
+            Some(json!({ "id": "u0", "name": "Team zero" })),
+            "entity.create",
+            "entity",
+            Some("u0"),
+            None,
+            None,
+            None,
+        ),
+        c(
+            ("PUT", "/v1/entities/{id}/parent"),
+            "/v1/entities/u1/parent",
+            Some(json!({ "parent_id": "u0" })),
+            "entity.move",
+            "entity",
+            Some("u1"),
+            None,
+            None,
+            None,
+        ),
+        c(
+            ("POST", "/v1/entities/{id}/reset"),
+            "/v1/entities/u1/reset",
+            Some(json!({ "resource": "openai/gpt-4", "op": "op-1" })),
+            "bucket.reset",
+            "entity",
+            Some("u1"),
+            Some("openai/gpt-4"),
+            None,
+            None,
+        ),
+        c(
             (
                 "DELETE",
                 "/v1/limits/entities/{entity}/resources/{*resource}",
@@ -267,11 +311,18 @@ async fn walk(store: Arc<dyn Store>) {
         match c.action {
             "entity.create" => {
                 assert_eq!(r["before"], Value::Null, "{what}");
-                assert_eq!(r["after"]["name"], "User one", "{what}");
+                let name = c.body.as_ref().map_or(Value::Null, |b| b["name"].clone());
+                assert_eq!(r["after"]["name"], name, "{what}");
+            }
+            "entity.move" => {
+                assert_eq!(r["before"]["parent_id"], Value::Null, "{what}");
+                assert_eq!(r["after"]["parent_id"], "u0", "{what}");
+                assert_eq!(r["after"]["pgen"], 1, "{what}");
             }
             "entity.delete" => {
                 assert_eq!(r["before"]["entity"]["name"], "User one", "{what}");
-                assert_eq!(r["before"]["items"], 1, "{what}");
+                // The META and the bucket the top-up created.
+                assert_eq!(r["before"]["items"], 2, "{what}");
                 assert_eq!(r["after"], Value::Null, "{what}");
             }
             "limits.delete" => assert_eq!(r["after"], Value::Null, "{what}"),
@@ -322,21 +373,24 @@ async fn walk(store: Arc<dyn Store>) {
             "entity.delete",
             "limits.delete",
             "limits.delete",
+            "bucket.reset",
+            "entity.move",
+            "bucket.top_up",
             "limits.set",
             "limits.set",
             "entity.create"
         ]
     );
     let gpt = records(&app, Some(ADMIN), "?resource=openai/gpt-4").await;
-    assert_eq!(gpt.len(), 4);
-    let (s, p1) = call(&app, "GET", "/v1/audit?limit=4", Some(ADMIN), None).await;
+    assert_eq!(gpt.len(), 6);
+    let (s, p1) = call(&app, "GET", "/v1/audit?limit=6", Some(ADMIN), None).await;
     assert_eq!(s, StatusCode::OK);
-    assert_eq!(p1["records"].as_array().map(Vec::len), Some(4));
+    assert_eq!(p1["records"].as_array().map(Vec::len), Some(6));
     let cursor = p1["next_cursor"].as_str().unwrap().to_string();
     let (_, p2) = call(
         &app,
         "GET",
-        &format!("/v1/audit?limit=4&cursor={cursor}"),
+        &format!("/v1/audit?limit=6&cursor={cursor}"),
         Some(ADMIN),
         None,
     )
@@ -345,7 +399,7 @@ async fn walk(store: Arc<dyn Store>) {
         &app,
         "GET",
         &format!(
-            "/v1/audit?limit=4&cursor={}",
+            "/v1/audit?limit=6&cursor={}",
             p2["next_cursor"].as_str().unwrap()
         ),
         Some(ADMIN),
@@ -359,7 +413,7 @@ async fn walk(store: Arc<dyn Store>) {
         .flat_map(|p| p["records"].as_array().cloned().unwrap_or_default())
         .filter_map(|r| r["id"].as_str().map(str::to_string))
         .collect();
-    assert_eq!(ids.len(), 11, "pages do not overlap");
+    assert_eq!(ids.len(), 15, "pages do not overlap");
 
     // Bad queries, roles.
     for (q, code) in [

@@ -26,7 +26,8 @@
 //!   begins at the smallest start not yet grouped and holds every start less than one window
 //!   length later — a shard can adopt at most one start per phase); admitted per phase ≤ C.
 //! - `calendar-allowance`: for a calendar quota, admissions are attributed to the period of
-//!   the item's `rf` after the write; admitted per period ≤ C.
+//!   the item's `rf` after the write; admitted per period ≤ C + what operators added to it
+//!   (ADR-149: each top-up's amount once per operation id, one C per reset).
 //! - `rate-allowance`: for a dripping limit, at every admission, net admitted so far ≤ Σ over
 //!   created shards of (share at creation + rate share × (true time + skew bound − the `rf`
 //!   stamped at creation)) + what older writers' backward `rf` stamps re-credited.
@@ -98,6 +99,29 @@ pub enum OpKind {
     },
     /// The quiesce check's own acquires (amount 0).
     Check,
+    /// An operator's top-up (ADR-149) of named amounts (milli), under operation id `op`: it
+    /// raises the allowance of the period it lands in by its amounts, once, however often
+    /// it is retried.
+    TopUp {
+        /// Entity.
+        entity: String,
+        /// Resource.
+        resource: String,
+        /// Named amounts (milli).
+        amounts: Vec<(String, i64)>,
+        /// The operation id (every retry resends it).
+        op: String,
+    },
+    /// An operator's reset (ADR-149): the allowance of the period it lands in grows by at
+    /// most one capacity.
+    Reset {
+        /// Entity.
+        entity: String,
+        /// Resource.
+        resource: String,
+        /// The operation id.
+        op: String,
+    },
 }
 
 /// One operation and its outcome.
@@ -113,6 +137,8 @@ pub struct OpRec {
     pub err: Option<String>,
     /// Simulated time when it started.
     pub t: i64,
+    /// Simulated time when it ended (`t` until it does).
+    pub t_end: i64,
     /// What the answer reported (acquires): admitted or refused, with its statuses.
     pub answer: Option<Answer>,
     /// How long the caller waited for the answer, and under which policy (acquires).
@@ -327,6 +353,7 @@ impl Ledger {
             ok: None,
             err: None,
             t,
+            t_end: t,
             answer: None,
             waited: None,
         });
@@ -334,10 +361,11 @@ impl Ledger {
     }
 
     /// Finish an operation.
-    pub fn end(&mut self, op: usize, err: Option<String>) {
+    pub fn end(&mut self, op: usize, err: Option<String>, t: i64) {
         if let Some(o) = self.ops.get_mut(op) {
             o.ok = Some(err.is_none());
             o.err = err;
+            o.t_end = t.max(o.t);
         }
     }
 
@@ -667,7 +695,7 @@ impl Ledger {
                     Refill::Window { reset_after_s } => {
                         self.check_window(res, l, reset_after_s * 1000, &adm)
                     }
-                    Refill::Calendar(_) => self.check_calendar(res, l, &adm),
+                    Refill::Calendar(_) => self.check_calendar(res, l, &adm, skew),
                     Refill::Drip { amount, period_ms } => {
                         self.check_rate(res, l, *amount, *period_ms, skew, &adm);
                         self.check_envelope(res, l, *amount, *period_ms, skew);
@@ -710,7 +738,7 @@ impl Ledger {
                 OpKind::Rollback { debits, .. } => {
                     debits.iter().map(|(k, v)| (k.clone(), -v)).collect()
                 }
-                OpKind::Check => Vec::new(),
+                OpKind::Check | OpKind::TopUp { .. } | OpKind::Reset { .. } => Vec::new(),
             };
             let mut full = Moves::new();
             for e in self.sides(&op.kind) {
@@ -959,10 +987,62 @@ impl Ledger {
         }
     }
 
-    fn check_calendar(&mut self, res: &str, l: &Limit, adm: &[Admission]) {
+    /// ADR-149 credits of a calendar quota, per (entity, period): what each operator top-up
+    /// added (counted once per operation id, whatever its outcome — a failed one may have
+    /// landed) and one capacity per reset, credited to every period the operation could
+    /// have landed in (its start less the skew bound to its end plus it).
+    fn operator_credits(
+        &self,
+        res: &str,
+        l: &Limit,
+        skew: i64,
+        period: &dyn Fn(i64) -> i64,
+    ) -> BTreeMap<(String, i64), i64> {
+        let mut seen: std::collections::BTreeSet<String> = Default::default();
+        let mut out: BTreeMap<(String, i64), i64> = BTreeMap::new();
+        for o in &self.ops {
+            let (ent, credit, op) = match &o.kind {
+                OpKind::TopUp {
+                    entity,
+                    resource,
+                    amounts,
+                    op,
+                } if resource == res => (
+                    entity,
+                    amounts
+                        .iter()
+                        .filter(|(n, _)| n == l.name())
+                        .map(|(_, a)| *a)
+                        .sum::<i64>(),
+                    op,
+                ),
+                OpKind::Reset {
+                    entity,
+                    resource,
+                    op,
+                } if resource == res => (entity, l.capacity_milli(), op),
+                _ => continue,
+            };
+            if !seen.insert(op.clone()) {
+                continue;
+            }
+            let mut periods = vec![period(o.t - skew)];
+            let last = period(o.t_end + skew);
+            if last != periods[0] {
+                periods.push(last);
+            }
+            for p in periods {
+                *out.entry((ent.clone(), p)).or_default() += credit;
+            }
+        }
+        out
+    }
+
+    fn check_calendar(&mut self, res: &str, l: &Limit, adm: &[Admission], skew: i64) {
         let Some(cal) = l.calendar() else { return };
         let cap = l.capacity_milli();
         let period = |rf: i64| cal.prev_edge(rf).unwrap_or(i64::MIN);
+        let credits = self.operator_credits(res, l, skew, &period);
         let mut per: BTreeMap<(String, i64), i64> = BTreeMap::new();
         for a in adm
             .iter()
@@ -977,12 +1057,14 @@ impl Ledger {
         }
         let mut out = Vec::new();
         for ((ent, p), total) in per {
-            if total > cap {
+            let credit = credits.get(&(ent.clone(), p)).copied().unwrap_or(0);
+            if total > cap + credit {
                 out.push(format!(
-                    "{ent}/{res} {}: the period starting at {p} admitted {} > capacity {} (tokens)",
+                    "{ent}/{res} {}: the period starting at {p} admitted {} > capacity {} + operator credit {} (tokens)",
                     l.name(),
                     fmt_milli(total),
-                    fmt_milli(cap)
+                    fmt_milli(cap),
+                    fmt_milli(credit)
                 ));
             }
         }
@@ -1261,6 +1343,8 @@ fn kind_name(k: &OpKind) -> &'static str {
         OpKind::Commit { .. } => "commit",
         OpKind::Rollback { .. } => "rollback",
         OpKind::Check => "check",
+        OpKind::TopUp { .. } => "top-up",
+        OpKind::Reset { .. } => "reset",
     }
 }
 

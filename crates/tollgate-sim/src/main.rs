@@ -29,12 +29,12 @@ struct Cli {
     trace: bool,
     /// Disable one guard: WindowFloor, WaMarker, WtcCharge, MonotonicRf,
     /// ConsistentSiblingRead, GrantMove, RfLock, TrustHorizon, LeaseNet, EntityDebit,
-    /// DripSplit, StoreDeadline, MultiRefund, SoftScope.
+    /// DripSplit, StoreDeadline, MultiRefund, SoftScope, OpOnce.
     #[arg(long)]
     mutant: Option<String>,
     /// Workload: rate, calendar, window, multi, lease, hot, cascade, burst, drip, many
-    /// (multi-resource acquire), soft (soft limits switched on and off), or all (rotate by
-    /// seed).
+    /// (multi-resource acquire), soft (soft limits switched on and off), topup (an operator
+    /// resetting and topping up), or all (rotate by seed).
     #[arg(long, default_value = "all")]
     workload: String,
     /// Also run every seed twice and compare the trace hashes.

@@ -131,7 +131,10 @@ pub fn run_seed(cfg: &RunConfig) -> SeedReport {
         MemoryStore::new()
     });
     let faulty = FaultyStore::new(mem.clone(), rng.gen(), fc);
-    let participants = spec.clients + 2 + usize::from(cfg.aggregator);
+    // Clients, the older writer, the quiesce check, then the feed aggregator and the
+    // operator where there are.
+    let operator = spec.clients + 2 + usize::from(cfg.aggregator);
+    let participants = operator + usize::from(spec.operator_actions > 0);
     let sh = Shared::new(
         mem.clone(),
         faulty,
@@ -272,6 +275,47 @@ pub fn run_seed(cfg: &RunConfig) -> SeedReport {
             )),
         ));
     }
+    if spec.operator_actions > 0 {
+        let skew = if spec.skew > 0 {
+            rng.gen_range(-spec.skew..=spec.skew)
+        } else {
+            0
+        };
+        let clock = Arc::new(SkewClock {
+            base: sh.now.clone(),
+            skew,
+        });
+        let store = Arc::new(SimStore {
+            client: operator,
+            sh: sh.clone(),
+        });
+        let built = Limiter::builder(store)
+            .clock(clock)
+            .rng(Arc::new(SeededRng::new(rng.gen())))
+            .audit_seed(cfg.seed.wrapping_mul(1000).wrapping_add(operator as u64))
+            .options(Options {
+                namespace: NS.into(),
+                config_cache_ttl: Duration::from_secs(3600),
+                ..Options::default()
+            })
+            .principal("operator")
+            .build();
+        let lim = match built {
+            Ok(l) => l,
+            Err(e) => return failed(cfg, &spec, format!("limiter: {e}")),
+        };
+        let orng = SmallRng::seed_from_u64(rng.gen());
+        tasks.push((
+            operator,
+            Box::pin(workload::operator(
+                sh.clone(),
+                operator,
+                lim,
+                spec.clone(),
+                orng,
+            )),
+        ));
+    }
     rt.block_on(drive(&sh, tasks));
 
     // Quiesce: faults off, then the one-reset-instant check.
@@ -313,7 +357,7 @@ pub fn run_seed(cfg: &RunConfig) -> SeedReport {
             )],
         ));
         violations.extend(out.lock().unwrap_or_else(|e| e.into_inner()).drain(..));
-        violations.extend(crate::usage::check(&mem, &spec));
+        violations.extend(crate::usage::check(&mem));
     }
 
     let items = mem.raw_items();

@@ -366,7 +366,8 @@ impl Shared {
                 )
             });
         }
-        st.ledger.end(op, err);
+        let t = self.now();
+        st.ledger.end(op, err, t);
         if let Some(c) = st.current_op.get_mut(client) {
             *c = None;
         }

@@ -20,7 +20,7 @@ use tollgate_store::MemoryStore;
 
 use crate::ledger::Violation;
 use crate::sched::{Shared, SimStore, SkewClock};
-use crate::workload::{Spec, NS};
+use crate::workload::NS;
 
 fn build(
     sh: &Arc<Shared>,
@@ -134,7 +134,7 @@ pub async fn catch_up(sh: Arc<Shared>, id: usize, out: Arc<std::sync::Mutex<Vec<
     }
 }
 
-/// Per entity: (limit → millitokens, requests).
+/// Per `entity/resource`: (limit → millitokens, requests).
 type Totals = BTreeMap<String, (BTreeMap<String, i64>, i64)>;
 
 /// Without zero counters and entities that used nothing.
@@ -152,9 +152,10 @@ fn clean(m: &Totals) -> Totals {
         .collect()
 }
 
-/// `usage-counted-once`: per entity and window kind, the snapshots' totals equal the sum
-/// over the entity's shards of each limit's `tc` and of `rq`.
-pub fn check(mem: &MemoryStore, spec: &Spec) -> Vec<Violation> {
+/// `usage-counted-once`: per entity, resource and window kind, the snapshots' totals equal
+/// the sum over the shards of each limit's `tc` and of `rq` (every resource a workload
+/// charges: the multi-resource workload charges two).
+pub fn check(mem: &MemoryStore) -> Vec<Violation> {
     let items = mem.raw_items();
     let mut truth: Totals = BTreeMap::new();
     let prefix = format!("{NS}/BUCKET#");
@@ -165,10 +166,13 @@ pub fn check(mem: &MemoryStore, spec: &Spec) -> Vec<Violation> {
         if !pk.starts_with(&prefix) {
             continue;
         }
-        let Some(e) = i.get("entity_id").and_then(Value::as_s) else {
+        let (Some(e), Some(r)) = (
+            i.get("entity_id").and_then(Value::as_s),
+            i.get("resource").and_then(Value::as_s),
+        ) else {
             continue;
         };
-        let t = truth.entry(e.to_string()).or_default();
+        let t = truth.entry(format!("{e}/{r}")).or_default();
         for (k, v) in i {
             if let (Some(l), Some(n)) = (
                 k.strip_prefix("b_").and_then(|r| r.strip_suffix("_tc")),
@@ -189,10 +193,9 @@ pub fn check(mem: &MemoryStore, spec: &Spec) -> Vec<Violation> {
             .filter_map(Snapshot::decode)
             .filter(|s| s.window == w)
         {
-            if s.resource != spec.resource {
-                continue;
-            }
-            let g = got.entry(s.entity.clone()).or_default();
+            let g = got
+                .entry(format!("{}/{}", s.entity, s.resource))
+                .or_default();
             for (l, m) in &s.milli {
                 *g.0.entry(l.clone()).or_default() += m;
             }

@@ -27,9 +27,9 @@ pub const MIDNIGHT: i64 = 1_757_030_400_000;
 
 /// Names of the workloads, in the order `--workload all` rotates through them (new ones are
 /// appended, so a workload keeps its name; the rotation by seed moves when one is added).
-pub const WORKLOADS: [&str; 11] = [
+pub const WORKLOADS: [&str; 12] = [
     "rate", "calendar", "window", "multi", "lease", "hot", "cascade", "burst", "drip", "many",
-    "soft",
+    "soft", "topup",
 ];
 
 /// The cascade workload's family (ADR-146): children that spend from one shared parent.
@@ -91,6 +91,8 @@ pub struct Spec {
     /// Probability, before each acquire, that the client switches the soft limits of
     /// `limits` (the ones stored soft at the start) to soft or enforced (ADR-151).
     pub soft_switch_p: f64,
+    /// Operator actions (ADR-149 resets and top-ups) racing the clients; 0: no operator.
+    pub operator_actions: usize,
 }
 
 fn secs(s: i64) -> Duration {
@@ -131,6 +133,7 @@ pub fn build(name: &'static str, rng: &mut SmallRng, clients: Option<usize>) -> 
         over_refund_p: 0.0,
         also: None,
         soft_switch_p: 0.0,
+        operator_actions: 0,
     };
     let window = |rng: &mut SmallRng, cap: i64| -> (Limit, i64) {
         let w = *[60, 120, 300].choose(rng).unwrap_or(&60);
@@ -286,6 +289,21 @@ pub fn build(name: &'static str, rng: &mut SmallRng, clients: Option<usize>) -> 
             s.knobs.max_step_ms = *[100, 500, 2000].choose(rng).unwrap_or(&500);
             s.ops_per_client = rng.gen_range(20..=40);
         }
+        "topup" => {
+            // ADR-149: an operator tops up and resets a sharded calendar quota while clients
+            // drain it; responses are lost often enough that top-ups are retried.
+            s.limits = vec![daily(rng.gen_range(10..=40))];
+            s.start_ms = MIDNIGHT - rng.gen_range(60_000..=1_200_000);
+            s.fault_p = *[0.02, 0.05, 0.1].choose(rng).unwrap_or(&0.05);
+            s.knobs.delay_p = 0.05;
+            s.knobs.lost_fanout_p = 0.1;
+            s.clients = clients.max(3);
+            s.ops_per_client = rng.gen_range(20..=40);
+            s.wcu_drains = rng.gen_range(0..=4);
+            s.lease_p = 0.3;
+            s.operator_actions = rng.gen_range(3..=10);
+            s.knobs.max_step_ms = 40_000;
+        }
         _ => {
             // hot: one entity hammered, doubled up to 32 shards by drained `wcu`.
             let cap = rng.gen_range(64..=160);
@@ -400,6 +418,75 @@ fn err_text(e: &Error) -> String {
         Error::RateLimitExceeded(x) => format!("rate limited [{}]", x.violations().join(",")),
         Error::Unavailable(s) => format!("unavailable: {s}"),
         other => other.to_string(),
+    }
+}
+
+/// The operator (ADR-149): top-ups and resets of the workload's quotas racing the clients,
+/// each under its own operation id, retried with the same id (as an HTTP client retries a
+/// request that timed out) until it is answered.
+pub async fn operator(
+    sh: Arc<Shared>,
+    id: usize,
+    lim: Limiter,
+    spec: Arc<Spec>,
+    mut rng: SmallRng,
+) {
+    let quotas: Vec<String> = spec
+        .limits
+        .iter()
+        .filter(|l| l.is_quota())
+        .map(|l| l.name().to_string())
+        .collect();
+    if quotas.is_empty() {
+        return;
+    }
+    for k in 0..spec.operator_actions {
+        for _ in 0..rng.gen_range(1..=8) {
+            sh.turn(id).await;
+        }
+        let ent = spec.entities[rng.gen_range(0..spec.entities.len())].clone();
+        let op_id = format!("op-{id}-{k}");
+        let reset = rng.gen_bool(0.2);
+        let amounts: Vec<(String, i64)> = if reset {
+            Vec::new()
+        } else {
+            vec![(
+                quotas[rng.gen_range(0..quotas.len())].clone(),
+                rng.gen_range(1..=10),
+            )]
+        };
+        let kind = if reset {
+            OpKind::Reset {
+                entity: ent.clone(),
+                resource: spec.resource.clone(),
+                op: op_id.clone(),
+            }
+        } else {
+            OpKind::TopUp {
+                entity: ent.clone(),
+                resource: spec.resource.clone(),
+                amounts: milli(&amounts),
+                op: op_id.clone(),
+            }
+        };
+        let op = sh.begin_op(id, kind);
+        let refs: Vec<(&str, i64)> = amounts.iter().map(|(n, a)| (n.as_str(), *a)).collect();
+        let mut err = None;
+        for _ in 0..3 {
+            let r = if reset {
+                lim.reset(&ent, &spec.resource, Some(&op_id)).await
+            } else {
+                lim.top_up(&ent, &spec.resource, &refs, Some(&op_id)).await
+            };
+            match r {
+                Ok(_) => {
+                    err = None;
+                    break;
+                }
+                Err(e) => err = Some(err_text(&e)),
+            }
+        }
+        sh.end_op(id, op, err);
     }
 }
 

@@ -175,6 +175,15 @@ fn soft_scope_is_needed() {
 }
 
 #[test]
+fn op_once_is_needed() {
+    // ADR-149: an operator's top-up whose response was lost is retried; without the check
+    // that reads its id back, the retry lands a second time and the clients spend the
+    // tokens the operator added once. The topup workload alone catches it from seed 122;
+    // `--seeds 2000 --mutant OpOnce` over every workload from seed 179 (3 seeds of 2000).
+    caught(Mutant::OpOnce, Some("topup"), 400, &["calendar-allowance"]);
+}
+
+#[test]
 fn usage_checkpoint_condition_is_needed() {
     let _g = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
     mutants::set(&[Mutant::UsageCheckpoint]);

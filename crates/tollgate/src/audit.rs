@@ -76,7 +76,7 @@ impl AuditIds {
         }
     }
 
-    fn next(&self, now_ms: i64) -> String {
+    pub(crate) fn next(&self, now_ms: i64) -> String {
         const RANDOM_BITS: u128 = (1 << 80) - 1;
         let mut g = self.state.lock().unwrap_or_else(|e| e.into_inner());
         let (rng, last_ms, last_rand) = &mut *g;

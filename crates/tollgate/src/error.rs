@@ -111,6 +111,14 @@ pub enum Error {
     /// The entity does not exist.
     #[error("entity {0:?} not found")]
     EntityNotFound(String),
+    /// Moving `entity` under `parent` would make it its own ancestor (ADR-150).
+    #[error("cannot move {entity:?} under {parent:?}: {parent:?} is {entity:?} or one of its descendants")]
+    ParentCycle {
+        /// The entity moved.
+        entity: String,
+        /// The parent refused.
+        parent: String,
+    },
     /// The lease was already committed or rolled back.
     #[error("lease is no longer active")]
     LeaseClosed,

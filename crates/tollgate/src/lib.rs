@@ -66,12 +66,13 @@ mod lease;
 mod lease_token;
 mod limiter;
 pub mod limits_file;
+pub mod reparent;
 mod shards;
 #[cfg(feature = "testing")]
 pub mod testing;
 mod usage;
 
-pub use acquire::{AcquireOptions, MultiLease};
+pub use acquire::{validate_op_id, AcquireOptions, BucketOpOutcome, MultiLease, MAX_OP_ID_CHARS};
 pub use aggregator::{AggregateReport, Aggregator};
 pub use audit::{Action, AuditPage, AuditQuery, AuditRecord};
 pub use availability::Availability;
@@ -87,6 +88,7 @@ pub use lease_token::{
 pub use limiter::{
     Entity, EntityDeleted, Limiter, LimiterBuilder, NewEntity, Options, StatsSnapshot,
 };
+pub use reparent::Moved;
 pub use shards::should_double;
 pub use tollgate_core::usage::{Snapshot, Window};
 pub use tollgate_core::{Limit, LimitSpec, LimitStatus};

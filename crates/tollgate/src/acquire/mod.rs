@@ -6,8 +6,11 @@ mod commit;
 mod create;
 mod fast;
 mod many;
+mod reset;
 mod slow;
 mod status;
+
+pub use reset::{validate_op_id, BucketOpOutcome, MAX_OP_ID_CHARS};
 
 use std::collections::BTreeMap;
 use std::sync::Arc;

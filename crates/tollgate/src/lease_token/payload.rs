@@ -111,6 +111,8 @@ pub(super) struct StateDoc {
     pub(super) bra: Option<i64>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub(super) fu: Option<i64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub(super) tu: Option<i64>,
 }
 
 impl From<&LimitState> for StateDoc {
@@ -134,6 +136,7 @@ impl From<&LimitState> for StateDoc {
             bcp,
             bra,
             fu,
+            tu,
         } = s.clone();
         StateDoc {
             tk,
@@ -153,6 +156,7 @@ impl From<&LimitState> for StateDoc {
             bcp,
             bra,
             fu,
+            tu,
         }
     }
 }
@@ -177,6 +181,7 @@ impl From<StateDoc> for LimitState {
             bcp,
             bra,
             fu,
+            tu,
         } = s;
         LimitState {
             tk,
@@ -196,6 +201,7 @@ impl From<StateDoc> for LimitState {
             bcp,
             bra,
             fu,
+            tu,
         }
     }
 }
@@ -212,6 +218,7 @@ impl From<&BucketImage> for ImageDoc {
             limits,
             wcu,
             disabled,
+            op: _,
         } = i;
         ImageDoc {
             rf: *rf,
@@ -238,6 +245,7 @@ impl ImageDoc {
             limits: self.l.into_iter().map(|(n, s)| (n, s.into())).collect(),
             wcu: self.w.map(LimitState::from),
             disabled: self.d,
+            op: None,
         }
     }
 }

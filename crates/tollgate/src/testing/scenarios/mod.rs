@@ -9,6 +9,7 @@ pub mod exactness;
 pub mod gaps;
 pub mod limits_file;
 pub mod multi;
+pub mod operator;
 pub mod outage;
 pub mod repair;
 pub mod schedules;
@@ -164,6 +165,18 @@ macro_rules! scenario_tests {
             soft::soft_limit_leaves_its_siblings_enforced,
             soft::enforcing_a_soft_limit_keeps_its_debt,
             soft::s110_soft_quota_reset_forgives_debt,
+            operator::s96_reset_two_shards,
+            operator::s97_retry_lands_once,
+            operator::s98_top_up_splits_by_grant,
+            operator::s99_reset_after_a_top_up,
+            operator::s100_session_reset,
+            operator::s101_top_up_opens_and_creates,
+            operator::s102_condition_pins,
+            operator::reset_and_top_up_edges,
+            operator::s103_move_to_a_new_parent,
+            operator::s104_moves_pin_the_generation,
+            operator::s105_cycles_refused_and_roots,
+            operator::s106_leases_settle_with_the_parent_they_debited,
             usage::usage_equals_admitted_net_consumption,
             usage::usage_survives_restart_and_duplicate_aggregators,
             usage::usage_commit_with_a_lost_response_counts_once

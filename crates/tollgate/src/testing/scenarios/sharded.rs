@@ -315,6 +315,7 @@ pub async fn s64_fast_path_projection(_b: &Backend) {
         limits: Default::default(),
         wcu: None,
         disabled: false,
+        op: None,
     };
     let st = LimitState {
         tk: 0,
