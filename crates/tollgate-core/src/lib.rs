@@ -17,6 +17,7 @@ pub mod keys;
 pub mod lease;
 pub mod limit;
 pub mod materialize;
+pub mod merge;
 pub mod mutants;
 pub mod refill;
 pub mod schedule;
