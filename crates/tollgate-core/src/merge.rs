@@ -59,6 +59,72 @@ impl Merge {
     }
 }
 
+/// A patch of an inherited limit's schedule, as the HTTP API and the CLI spell it.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PatchSpec {
+    /// Schedule entries, `DAYS HH:MM-HH:MM CAPACITY[/RATE]` (ADR-135).
+    pub schedule: Vec<String>,
+    /// Their time zone (default UTC).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub schedule_tz: Option<String>,
+}
+
+/// A level's merge flags as the HTTP API and the CLI spell them.
+#[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct MergeSpec {
+    /// Take limits from the levels beneath by name.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub inherit_limits: bool,
+    /// Inherited names to drop.
+    #[serde(default, skip_serializing_if = "BTreeSet::is_empty")]
+    pub exclude_limits: BTreeSet<String>,
+    /// Schedules replacing those of inherited limits, by name.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub patch_limits: BTreeMap<String, PatchSpec>,
+}
+
+impl MergeSpec {
+    /// Validate into a [`Merge`] (schedules parsed; see [`Merge::validate`] for the
+    /// level-dependent checks).
+    pub fn to_merge(&self) -> Result<Merge, RuleError> {
+        let mut patch = BTreeMap::new();
+        for (n, p) in &self.patch_limits {
+            let tz = p.schedule_tz.as_deref().unwrap_or("UTC");
+            let s = Schedule::new(&p.schedule, tz).map_err(|e| crate::limit::name_error(n, e))?;
+            patch.insert(n.clone(), s);
+        }
+        Ok(Merge {
+            inherit: self.inherit_limits,
+            exclude: self.exclude_limits.clone(),
+            patch,
+        })
+    }
+}
+
+impl From<&Merge> for MergeSpec {
+    fn from(m: &Merge) -> Self {
+        MergeSpec {
+            inherit_limits: m.inherit,
+            exclude_limits: m.exclude.clone(),
+            patch_limits: m
+                .patch
+                .iter()
+                .map(|(n, s)| {
+                    (
+                        n.clone(),
+                        PatchSpec {
+                            schedule: s.entry_texts(),
+                            schedule_tz: Some(s.tz().to_string()),
+                        },
+                    )
+                })
+                .collect(),
+        }
+    }
+}
+
 /// One level as stored: its own limits and its merge flags.
 #[derive(Debug, Clone, Copy)]
 pub struct Level<'a> {

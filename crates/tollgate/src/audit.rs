@@ -114,12 +114,26 @@ pub(crate) fn config_image(item: Option<&Item>) -> Json {
     let Some(item) = item else {
         return Json::Null;
     };
+    let merge = match config::decode_merge(item) {
+        Ok(m) => m,
+        Err(e) => return json!({ "corrupt": e.to_string() }),
+    };
     match (config::decode(item), config::decode_cascade(item)) {
-        (Ok((limits, on)), Ok(cascade)) => json!({
-            "limits": limits.iter().map(LimitSpec::from).collect::<Vec<_>>(),
-            "on_unavailable": on,
-            "cascade": cascade,
-        }),
+        (Ok((limits, on)), Ok(cascade)) => {
+            let mut image = json!({
+                "limits": limits.iter().map(LimitSpec::from).collect::<Vec<_>>(),
+                "on_unavailable": on,
+                "cascade": cascade,
+            });
+            // The merge flags (ADR-143), only where a level sets them.
+            if let (Some(o), Ok(Json::Object(m))) = (
+                image.as_object_mut(),
+                serde_json::to_value(tollgate_core::merge::MergeSpec::from(&merge)),
+            ) {
+                o.extend(m);
+            }
+            image
+        }
         (Err(e), _) | (_, Err(e)) => json!({ "corrupt": e.to_string() }),
     }
 }

@@ -86,4 +86,5 @@ pub use limiter::{
     Entity, EntityDeleted, Limiter, LimiterBuilder, NewEntity, Options, StatsSnapshot,
 };
 pub use shards::should_double;
+pub use tollgate_core::merge::{Merge, MergeSpec, PatchSpec};
 pub use tollgate_core::{Limit, LimitSpec, LimitStatus};

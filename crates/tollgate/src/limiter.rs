@@ -10,6 +10,7 @@ use tollgate_core::expr::Condition;
 use tollgate_core::ids::{validate_entity_id, validate_limit_name};
 use tollgate_core::keys;
 use tollgate_core::value::{Item, Key, Value};
+use tollgate_core::merge::Merge;
 use tollgate_core::{Limit, RuleError};
 use tollgate_store::{DeleteRequest, PutRequest, Query, Store, StoreError, TransactOp};
 
@@ -676,7 +677,28 @@ impl Limiter {
         limits: &[Limit],
         on_unavailable: Option<OnUnavailable>,
     ) -> Result<Vec<Repair>> {
+        self.set_merged_limits(scope, limits, &Merge::default(), on_unavailable)
+            .await
+    }
+
+    /// Store limits at a scope with merge flags (ADR-143): with `merge.inherit` the level
+    /// takes, by name, the limits of the levels beneath it that it does not define itself,
+    /// minus `merge.exclude`, with `merge.patch` replacing only the schedule of an
+    /// inherited limit. The system level cannot carry flags, and excluding or patching
+    /// without inheriting is refused ([`Merge::validate`]). Otherwise as
+    /// [`Limiter::set_limits_with_repairs`] (the write replaces the item whole, flags
+    /// included). A change at any level reaches exactly the buckets whose merged set
+    /// includes it: their parameter hash changes, and their next acquire syncs them
+    /// (ADR-144).
+    pub async fn set_merged_limits(
+        &self,
+        scope: &Scope,
+        limits: &[Limit],
+        merge: &Merge,
+        on_unavailable: Option<OnUnavailable>,
+    ) -> Result<Vec<Repair>> {
         scope.validate()?;
+        merge.validate(*scope == Scope::System)?;
         let mut names = std::collections::BTreeSet::new();
         for l in limits {
             validate_limit_name(l.name())?;
@@ -703,6 +725,7 @@ impl Limiter {
         let (old, _) = self
             .audited_config_change(scope, Action::LimitsSet, first, |old| {
                 let mut item = config::encode(limits, on_unavailable);
+                config::encode_merge(&mut item, merge);
                 // The level's cascade policy (ADR-146) is not a limit: replacing limits keeps it.
                 if let Some(c) = old.and_then(|o| config::decode_cascade(o).ok().flatten()) {
                     item.insert(config::CASCADE.into(), Value::Bool(c));
@@ -738,7 +761,22 @@ impl Limiter {
         }
     }
 
-    /// Delete the limits stored at a scope; `true` if there were any. The level's cascade
+    /// The merge flags stored at a scope (none if the level has no item).
+    pub async fn get_merge(&self, scope: &Scope) -> Result<Merge> {
+        scope.validate()?;
+        match self
+            .inner
+            .store
+            .get(&scope.key(self.inner.ns()), true)
+            .await?
+        {
+            Some(i) => config::decode_merge(&i),
+            None => Ok(Merge::default()),
+        }
+    }
+
+    /// Delete the limits stored at a scope (their merge flags with them); `true` if there
+    /// were any. The level's cascade
     /// policy, if set, stays (see [`Limiter::set_cascade`]). A corrupt item is deleted (see
     /// [`Limiter::delete_limits_with_repairs`]).
     pub async fn delete_limits(&self, scope: &Scope) -> Result<bool> {
