@@ -65,6 +65,7 @@ mod error;
 mod lease;
 mod lease_token;
 mod limiter;
+pub mod namespace;
 mod shards;
 #[cfg(feature = "testing")]
 pub mod testing;
@@ -78,6 +79,7 @@ pub use config::{OnUnavailable, Scope};
 pub use doctor::{CorruptItem, DoctorReport, ItemKind, Repair};
 pub use error::{Error, Exceeded, Result};
 pub use lease::Lease;
+pub use namespace::{Namespace, NamespaceStatus};
 pub use lease_token::{
     LeaseKey, LeaseKeyError, LeaseToken, CLOSURE_MARGIN_S, LATE_CLOSE_MS, MAX_TOKEN_BYTES,
     MIN_KEY_BYTES,

@@ -245,6 +245,10 @@ impl LimiterBuilder {
         self.opts.rejection_cache_ttl = ttl;
         self
     }
+    /// The store the limiter will use.
+    pub(crate) fn store_handle(&self) -> Arc<dyn Store> {
+        self.store.clone()
+    }
     /// Build.
     pub fn build(self) -> Result<Limiter> {
         validate_entity_id(&self.opts.namespace)?;
