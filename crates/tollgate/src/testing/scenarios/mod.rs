@@ -7,6 +7,8 @@ pub mod basics;
 pub mod cascade;
 pub mod exactness;
 pub mod gaps;
+pub mod merge;
+pub mod namespaces;
 pub mod outage;
 pub mod repair;
 pub mod schedules;
@@ -149,7 +151,13 @@ macro_rules! scenario_tests {
             audit::every_admin_change_writes_one_record,
             audit::a_refused_change_writes_no_record,
             audit::pages_retention_and_purge,
-            audit::a_doctor_repair_is_recorded
+            audit::a_doctor_repair_is_recorded,
+            merge::s112_inherit_exclude_patch,
+            merge::s113_system_cannot_inherit,
+            merge::s114_time_zones_conflict,
+            merge::s116_change_reaches_merged_buckets_only,
+            namespaces::ns_register_and_isolation,
+            namespaces::ns_delete_recover_purge
         );
     };
 }
