@@ -181,6 +181,75 @@ pub fn classify_fast_failure(
     }
 }
 
+/// Where the fast path goes after its speculative write failed (see [`route_fast_failure`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FastRoute {
+    /// The (entity, resource) is disabled: refuse, no slow path.
+    Disabled,
+    /// The slow path on this shard; `with_image`: it plans from the failed write's image
+    /// (no read needed).
+    Slow { with_image: bool },
+    /// Only write capacity is short, on a hot shard: double the shard count.
+    Double,
+    /// Even refilled, this shard cannot pay: probe other shards, then refuse honestly.
+    /// `remember`: an app limit is short, so the refusal goes into the rejection cache.
+    Probe { remember: bool },
+}
+
+/// Rule "route a failed speculative write" (§4.3, ADR-134, upstream #480): a disabled
+/// item refuses; a missing item, an expired one, a passed trust horizon, changed parameters
+/// or a missing limit go to the slow path; a shortfall the refill up to `now` would cover
+/// goes to the slow path, which materialises it — except that a write-capacity shortfall
+/// on a shard whose projected `wcu` is below a fifth of its capacity doubles (only a
+/// write-capacity shortfall doubles, never an app-limit refusal); a real shortfall probes
+/// other shards before refusing.
+pub fn route_fast_failure(
+    failure: FastFailure,
+    old: Option<&BucketImage>,
+    limits: &[Limit],
+    amounts: &Amounts,
+    now_ms: i64,
+) -> FastRoute {
+    let short = matches!(
+        failure,
+        FastFailure::WcuExhausted | FastFailure::Both | FastFailure::AppLimit
+    );
+    debug_assert!(
+        !short || old.is_some(),
+        "a shortfall is classified from an image"
+    );
+    match (failure, old) {
+        (FastFailure::Disabled, _) => FastRoute::Disabled,
+        (FastFailure::Missing, _) => FastRoute::Slow { with_image: false },
+        (_, None) => FastRoute::Slow { with_image: false },
+        (FastFailure::WcuExhausted | FastFailure::Both, Some(img)) => {
+            if !would_refill_satisfy(img, limits, amounts, now_ms) {
+                return FastRoute::Probe { remember: false };
+            }
+            let wcu = crate::materialize::evaluate_wcu(img.wcu.as_ref(), img.rf, now_ms);
+            if crate::seeding::should_double(wcu.balance, img.shard_count) {
+                FastRoute::Double
+            } else {
+                FastRoute::Slow { with_image: true }
+            }
+        }
+        (FastFailure::AppLimit, Some(img)) => {
+            if would_refill_satisfy(img, limits, amounts, now_ms) {
+                FastRoute::Slow { with_image: true }
+            } else {
+                FastRoute::Probe { remember: true }
+            }
+        }
+        (
+            FastFailure::Expired
+            | FastFailure::Boundary
+            | FastFailure::ParamsChanged
+            | FastFailure::LimitMissing,
+            Some(_),
+        ) => FastRoute::Slow { with_image: true },
+    }
+}
+
 /// Rule `would_refill_satisfy`: project every named limit from the image at `now` (refill,
 /// calendar edge, ended window, pending roll — the same [`evaluate`] the slow path runs)
 /// and say whether each covers its amount.
@@ -700,5 +769,104 @@ mod tests {
     fn ttl_horizon_is_the_worst_regime() {
         assert_eq!(ttl_for(&[night("10")], 0, 1), Some(60));
         assert_eq!(ttl_for(&[night("100/1")], 0, 1), Some(6000));
+    }
+}
+
+#[cfg(test)]
+mod route_tests {
+    use super::*;
+    use crate::bucket::{BucketImage, LimitState, WCU_CAPACITY};
+
+    const NOW: i64 = 1_000_000_000;
+
+    /// A 10-per-minute bucket holding `tk` milli at `rf`, its `wcu` holding `wcu` at `rf`.
+    fn image(tk: i64, wcu: i64, rf: i64) -> BucketImage {
+        let st = LimitState {
+            tk,
+            cp: 10_000,
+            ra: 10_000,
+            rp: 60_000,
+            ..LimitState::default()
+        };
+        BucketImage {
+            key: "k".into(),
+            rf,
+            vu: None,
+            ttl: None,
+            shard_count: 1,
+            ph: None,
+            limits: [("rpm".to_string(), st)].into_iter().collect(),
+            wcu: Some(LimitState {
+                tk: wcu,
+                cp: WCU_CAPACITY,
+                ra: WCU_CAPACITY,
+                rp: 1_000,
+                ..LimitState::default()
+            }),
+            disabled: false,
+        }
+    }
+
+    fn route(f: FastFailure, img: Option<&BucketImage>) -> FastRoute {
+        let l = [Limit::per_minute("rpm", 10).unwrap()];
+        route_fast_failure(f, img, &l, &[("rpm".to_string(), 1_000)], NOW)
+    }
+
+    #[test]
+    fn disabled_missing_and_stale_items() {
+        let img = image(5_000, WCU_CAPACITY, NOW);
+        assert_eq!(
+            route(FastFailure::Disabled, Some(&img)),
+            FastRoute::Disabled
+        );
+        assert_eq!(
+            route(FastFailure::Missing, None),
+            FastRoute::Slow { with_image: false }
+        );
+        for f in [
+            FastFailure::Expired,
+            FastFailure::Boundary,
+            FastFailure::ParamsChanged,
+            FastFailure::LimitMissing,
+        ] {
+            assert_eq!(route(f, Some(&img)), FastRoute::Slow { with_image: true });
+        }
+    }
+
+    /// A shortfall the refill covers is materialised on the slow path; a real one probes
+    /// and is remembered.
+    #[test]
+    fn an_app_shortfall_goes_slow_only_when_the_refill_pays() {
+        // Empty 6 s ago: 1 token refilled since, enough for 1.
+        let refilled = image(0, WCU_CAPACITY, NOW - 6_000);
+        assert_eq!(
+            route(FastFailure::AppLimit, Some(&refilled)),
+            FastRoute::Slow { with_image: true }
+        );
+        let empty = image(0, WCU_CAPACITY, NOW);
+        assert_eq!(
+            route(FastFailure::AppLimit, Some(&empty)),
+            FastRoute::Probe { remember: true }
+        );
+    }
+
+    /// Rule #480: only a write-capacity shortfall doubles, and only on a hot shard.
+    #[test]
+    fn only_a_write_capacity_shortfall_on_a_hot_shard_doubles() {
+        let hot = image(5_000, 0, NOW);
+        assert_eq!(
+            route(FastFailure::WcuExhausted, Some(&hot)),
+            FastRoute::Double
+        );
+        let cooled = image(5_000, 0, NOW - 10_000);
+        assert_eq!(
+            route(FastFailure::WcuExhausted, Some(&cooled)),
+            FastRoute::Slow { with_image: true }
+        );
+        let both_short = image(0, 0, NOW);
+        assert_eq!(
+            route(FastFailure::Both, Some(&both_short)),
+            FastRoute::Probe { remember: false }
+        );
     }
 }

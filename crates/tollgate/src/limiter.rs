@@ -245,6 +245,18 @@ impl LimiterBuilder {
         self.opts.rejection_cache_ttl = ttl;
         self
     }
+    /// TTL multiplier for buckets whose limits come from defaults (0: no TTL; a negative
+    /// value counts as 0).
+    pub fn ttl_multiplier(mut self, m: i64) -> Self {
+        self.opts.ttl_multiplier = m.max(0);
+        self
+    }
+    /// The most shards this client doubles an entity's resource to (1 to 32; a value out
+    /// of range is clamped into it).
+    pub fn max_shard_count(mut self, n: i64) -> Self {
+        self.opts.max_shard_count = n.clamp(1, tollgate_core::bucket::MAX_SHARD_COUNT);
+        self
+    }
     /// The store the limiter will use.
     pub(crate) fn store_handle(&self) -> Arc<dyn Store> {
         self.store.clone()

@@ -2,6 +2,17 @@
 //! other open shards, doubling when they are all busy.
 
 use super::*;
+use tollgate_core::writes::{route_fast_failure, FastRoute};
+
+/// What one speculative write came to.
+pub(super) enum FastOnce {
+    /// Written: the lease.
+    Admitted(Lease),
+    /// Its condition failed: why, with the item as it was (when there was one).
+    Refused(FastFailure, Option<BucketImage>),
+    /// The store throttled it: the partition is hot.
+    Throttled,
+}
 
 impl Inner {
     /// The speculative write on one shard, then probes and doubling as §4.3 says.
@@ -19,9 +30,9 @@ impl Inner {
             // Each speculative write carries a fresh clock reading: its trust check is only
             // as good as the `now` it compares.
             let now = self.clock.now_ms();
-            match self.fast_once(req, cur, now).await? {
-                Ok(lease) => return Ok(Fast::Granted(Box::new(lease))),
-                Err(None) => {
+            let (failure, img) = match self.fast_once(req, cur, now).await? {
+                FastOnce::Admitted(lease) => return Ok(Fast::Granted(Box::new(lease))),
+                FastOnce::Throttled => {
                     // Throttled: the partition is hot. Spread out if we can.
                     let new_s = self.bump(req, s).await?;
                     if new_s > s {
@@ -29,45 +40,34 @@ impl Inner {
                     }
                     return Ok(Fast::Slow(cur, None));
                 }
-                Err(Some((failure, img))) => match failure {
-                    FastFailure::Disabled => {
-                        return Err(Error::ResourceDisabled {
-                            entity: req.entity.to_string(),
-                            resource: req.resource.to_string(),
-                        })
+                FastOnce::Refused(failure, img) => (failure, img),
+            };
+            match route_fast_failure(failure, img.as_ref(), &req.limits, &req.amounts, now) {
+                FastRoute::Disabled => {
+                    return Err(Error::ResourceDisabled {
+                        entity: req.entity.to_string(),
+                        resource: req.resource.to_string(),
+                    })
+                }
+                FastRoute::Slow { with_image } => {
+                    return Ok(Fast::Slow(cur, img.filter(|_| with_image).map(Arc::new)))
+                }
+                FastRoute::Double => {
+                    let img = img.ok_or_else(|| Error::Corrupt("no image".into()))?;
+                    let new_s = self.bump(req, img.shard_count.max(s)).await?;
+                    if new_s > s {
+                        return Ok(Fast::Slow(self.rng.draw(s as u32, new_s as u32), None));
                     }
-                    FastFailure::Missing => return Ok(Fast::Slow(cur, None)),
-                    FastFailure::Expired
-                    | FastFailure::Boundary
-                    | FastFailure::ParamsChanged
-                    | FastFailure::LimitMissing => return Ok(Fast::Slow(cur, img.map(Arc::new))),
-                    FastFailure::WcuExhausted | FastFailure::Both => {
-                        let img = img.ok_or_else(|| Error::Corrupt("no image".into()))?;
-                        if would_refill_satisfy(&img, &req.limits, &req.amounts, now) {
-                            // Rule #480: only a write-capacity shortfall doubles, never an
-                            // app-limit rejection.
-                            let wcu = evaluate_wcu(img.wcu.as_ref(), img.rf, now);
-                            if !shards::should_double(wcu.balance, img.shard_count) {
-                                return Ok(Fast::Slow(cur, Some(Arc::new(img))));
-                            }
-                            let new_s = self.bump(req, img.shard_count.max(s)).await?;
-                            if new_s > s {
-                                return Ok(Fast::Slow(self.rng.draw(s as u32, new_s as u32), None));
-                            }
-                            return Ok(Fast::Slow(cur, Some(Arc::new(img))));
-                        }
-                        images.push(img);
-                    }
-                    FastFailure::AppLimit => {
-                        let img = img.ok_or_else(|| Error::Corrupt("no image".into()))?;
-                        if would_refill_satisfy(&img, &req.limits, &req.amounts, now) {
-                            return Ok(Fast::Slow(cur, Some(Arc::new(img))));
-                        }
+                    return Ok(Fast::Slow(cur, Some(Arc::new(img))));
+                }
+                FastRoute::Probe { remember } => {
+                    let img = img.ok_or_else(|| Error::Corrupt("no image".into()))?;
+                    if remember {
                         self.rejections
                             .record(&req.entity, &req.resource, cur, img.clone(), now);
-                        images.push(img);
                     }
-                },
+                    images.push(img);
+                }
             }
             // Probe up to 2 untried shards before refusing (ADR-134).
             let s_now = self
@@ -109,15 +109,13 @@ impl Inner {
         }
     }
 
-    /// One speculative write. `Ok(Ok(lease))` admitted; `Ok(Err(Some(..)))` refused with the
-    /// classified old image; `Ok(Err(None))` throttled.
-    #[allow(clippy::type_complexity)]
+    /// One speculative write on `shard`.
     pub(super) async fn fast_once(
         self: &Arc<Self>,
         req: &Request,
         shard: u32,
         now: i64,
-    ) -> Result<std::result::Result<Lease, Option<(FastFailure, Option<BucketImage>)>>> {
+    ) -> Result<FastOnce> {
         let key = self.bucket_key(req, shard);
         let (update, condition) = fast_write(&req.amounts, &req.limits, &req.ph, now);
         let r = self
@@ -138,7 +136,7 @@ impl Inner {
                     .put(&req.entity, &req.resource, shard, Arc::clone(&img));
                 Stats::bump(&self.stats.fast_admits);
                 let evals = self.evaluate_all(req, &img, now);
-                Ok(Ok(self.lease(
+                Ok(FastOnce::Admitted(self.lease(
                     req,
                     shard,
                     key,
@@ -161,9 +159,9 @@ impl Inner {
                 }
                 let f =
                     classify_fast_failure(img.as_ref(), &req.amounts, &req.limits, &req.ph, now);
-                Ok(Err(Some((f, img))))
+                Ok(FastOnce::Refused(f, img))
             }
-            Err(StoreError::Throttled(_)) => Ok(Err(None)),
+            Err(StoreError::Throttled(_)) => Ok(FastOnce::Throttled),
             Err(e) => Err(e.into()),
         }
     }

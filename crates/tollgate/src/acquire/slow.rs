@@ -22,32 +22,19 @@ impl Inner {
         known: Option<Arc<BucketImage>>,
     ) -> Result<Lease> {
         let key = self.bucket_key(req, shard);
-        let mut attempt = 0;
-        let mut moves = true;
-        let mut known = known;
-        loop {
-            let r = self.slow_once(req, shard, &key, moves, known.take()).await;
-            match r {
-                Err(Error::Unavailable(e)) if e.is_retryable() && attempt < 3 => {
-                    tokio::time::sleep(backoff(attempt)).await;
-                    attempt += 1;
-                }
-                Err(Error::Unavailable(StoreError::TransactionConflict)) if moves => {
-                    tracing::debug!("transaction keeps conflicting: retrying without quota moves");
-                    moves = false;
-                    attempt = 0;
-                }
-                Err(Error::Unavailable(StoreError::TransactionConflict)) => {
-                    return Err(Error::Contended {
-                        entity: req.entity.to_string(),
-                        resource: req.resource.to_string(),
-                    });
-                }
-                r => return r,
-            }
-        }
+        let r = self
+            .slow_passes(req, shard, &key, known, Budget::default())
+            .await;
+        r.map_err(|e| match e {
+            Error::Unavailable(StoreError::TransactionConflict) => Error::Contended {
+                entity: req.entity.to_string(),
+                resource: req.resource.to_string(),
+            },
+            e => e,
+        })
     }
 
+    /// One slow-path pass with its re-plans (no retries across passes), moves as given.
     pub(super) async fn slow_once(
         self: &Arc<Self>,
         req: &Request,
@@ -56,17 +43,34 @@ impl Inner {
         moves: bool,
         known: Option<Arc<BucketImage>>,
     ) -> Result<Lease> {
-        // ADR-145: a lost move re-plans once, then seeds with moves disabled.
-        let mut moves = moves;
-        let mut replanned = false;
-        let mut rereads = 0;
+        self.slow_passes(req, shard, key, known, Budget::one_pass(moves))
+            .await
+    }
+
+    /// Passes under `budget` until it answers.
+    async fn slow_passes(
+        self: &Arc<Self>,
+        req: &Request,
+        shard: u32,
+        key: &Key,
+        known: Option<Arc<BucketImage>>,
+        mut budget: Budget,
+    ) -> Result<Lease> {
         let mut known = known;
         loop {
-            match self.slow_attempt(req, shard, key, moves, &mut known).await {
-                Err(Flow::Reread) if rereads < 6 => rereads += 1,
-                Err(Flow::MoveLost) if !replanned => replanned = true,
-                Err(Flow::MoveLost) if moves => moves = false,
-                r => return r.map_err(Flow::into_error),
+            let r = self
+                .slow_attempt(req, shard, key, budget.pass_moves, &mut known)
+                .await;
+            match budget.next(r) {
+                Step::Done(r) => return *r,
+                Step::Replan => {}
+                Step::Retry(wait) => {
+                    // A fresh pass reads the item again.
+                    known = None;
+                    if let Some(d) = wait {
+                        tokio::time::sleep(d).await;
+                    }
+                }
             }
         }
     }
@@ -386,5 +390,101 @@ impl Inner {
             }
             Err(e) => Err(e.into()),
         }
+    }
+}
+
+/// What the slow path does after a pass (see [`Budget::next`]).
+enum Step {
+    /// Answer.
+    Done(Box<Result<Lease>>),
+    /// Plan again at once, from the image the failed write returned (kept in `known`).
+    Replan,
+    /// A fresh pass (a new read), after the back-off when there is one.
+    Retry(Option<std::time::Duration>),
+}
+
+/// The slow path's one bounded retry budget. Per pass: up to 6 re-reads, and a lost move
+/// re-plans once, then seeds with moves disabled (ADR-145). Across passes: a retryable
+/// store error is retried 3 times with back-off; a transaction that keeps conflicting is
+/// retried once more with quota moves disabled, and then the pass conflicts for good
+/// (rule "contention is not an outage", Q11: the caller reports [`Error::Contended`]).
+#[derive(Debug)]
+struct Budget {
+    /// Whether failed passes are retried (off: one pass with its re-plans).
+    across_passes: bool,
+    attempt: u32,
+    /// Moves allowed across passes (off once a transaction kept conflicting).
+    moves: bool,
+    /// Moves allowed in this pass (off after a second lost move; a fresh pass resets it).
+    pass_moves: bool,
+    replanned: bool,
+    rereads: u32,
+}
+
+impl Default for Budget {
+    fn default() -> Self {
+        Budget {
+            across_passes: true,
+            attempt: 0,
+            moves: true,
+            pass_moves: true,
+            replanned: false,
+            rereads: 0,
+        }
+    }
+}
+
+impl Budget {
+    fn one_pass(moves: bool) -> Self {
+        Budget {
+            across_passes: false,
+            moves,
+            pass_moves: moves,
+            ..Budget::default()
+        }
+    }
+
+    fn next(&mut self, r: Pass<Lease>) -> Step {
+        match r {
+            Err(Flow::Reread) if self.rereads < 6 => {
+                self.rereads += 1;
+                return Step::Replan;
+            }
+            Err(Flow::MoveLost) if !self.replanned => {
+                self.replanned = true;
+                return Step::Replan;
+            }
+            Err(Flow::MoveLost) if self.pass_moves => {
+                self.pass_moves = false;
+                return Step::Replan;
+            }
+            _ => {}
+        }
+        let r = r.map_err(Flow::into_error);
+        if !self.across_passes {
+            return Step::Done(Box::new(r));
+        }
+        match r {
+            Err(Error::Unavailable(e)) if e.is_retryable() && self.attempt < 3 => {
+                let wait = backoff(self.attempt);
+                self.attempt += 1;
+                self.fresh_pass();
+                Step::Retry(Some(wait))
+            }
+            Err(Error::Unavailable(StoreError::TransactionConflict)) if self.moves => {
+                tracing::debug!("transaction keeps conflicting: retrying without quota moves");
+                self.moves = false;
+                self.attempt = 0;
+                self.fresh_pass();
+                Step::Retry(None)
+            }
+            r => Step::Done(Box::new(r)),
+        }
+    }
+
+    fn fresh_pass(&mut self) {
+        self.pass_moves = self.moves;
+        self.replanned = false;
+        self.rereads = 0;
     }
 }
