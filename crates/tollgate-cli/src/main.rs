@@ -91,7 +91,12 @@ pub(crate) struct StoreArgs {
     pub(crate) endpoint: Option<String>,
     /// The namespace by name (`tollgate namespace register NAME` first; `default` needs
     /// no registration). Nothing crosses namespaces.
-    #[arg(short = 'N', long, env = "TOLLGATE_NAMESPACE", default_value = "default")]
+    #[arg(
+        short = 'N',
+        long,
+        env = "TOLLGATE_NAMESPACE",
+        default_value = "default"
+    )]
     pub(crate) namespace: String,
     /// The deadline of every store call (e.g. 1s, 500ms): a store that does not answer in
     /// time is unavailable, and `on_unavailable` decides.

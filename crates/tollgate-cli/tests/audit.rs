@@ -365,7 +365,10 @@ fn every_admin_command_writes_one_record_with_its_principal() {
 /// namespace's own log is untouched. Returns the commands covered.
 fn namespace_commands(st: &str) -> Vec<String> {
     let before = tollgate(&["audit", "list", "--json", "--limit", "1000", "--store", st]);
-    let o = as_user("carol", &["namespace", "register", "acme", "--json", "--store", st]);
+    let o = as_user(
+        "carol",
+        &["namespace", "register", "acme", "--json", "--store", st],
+    );
     assert_eq!(code(&o), 0, "{}", stderr(&o));
     let v: Value = serde_json::from_str(&stdout(&o)).unwrap();
     let id = v["namespaces"][0]["id"].as_str().unwrap().to_string();
@@ -382,7 +385,14 @@ fn namespace_commands(st: &str) -> Vec<String> {
         assert_eq!(code(&o), 0, "{a:?}: {}{}", stdout(&o), stderr(&o));
     }
     let o = tollgate(&[
-        "audit", "list", "--namespaces", "--json", "--limit", "1000", "--store", st,
+        "audit",
+        "list",
+        "--namespaces",
+        "--json",
+        "--limit",
+        "1000",
+        "--store",
+        st,
     ]);
     assert_eq!(code(&o), 0, "{}", stderr(&o));
     let v: Value = serde_json::from_str(&stdout(&o)).unwrap();
@@ -411,7 +421,11 @@ fn namespace_commands(st: &str) -> Vec<String> {
     .collect();
     assert_eq!(got, want);
     let after = tollgate(&["audit", "list", "--json", "--limit", "1000", "--store", st]);
-    assert_eq!(stdout(&before), stdout(&after), "the namespace's log is untouched");
+    assert_eq!(
+        stdout(&before),
+        stdout(&after),
+        "the namespace's log is untouched"
+    );
     // A purge without --yes is refused (exit 2) and writes nothing.
     let o = as_user("carol", &["namespace", "purge", &id, "--store", st]);
     assert_eq!(code(&o), 2, "{}", stderr(&o));

@@ -719,8 +719,7 @@ fn limits_set_inherit_exclude_patch() {
     let v: Value = serde_json::from_str(&stdout(&o)).unwrap();
     assert_eq!(v["inherit_limits"], true, "{v}");
     assert_eq!(
-        v["patch_limits"]["tpm"]["schedule"][0],
-        "* 22:00-06:00 500/500",
+        v["patch_limits"]["tpm"]["schedule"][0], "* 22:00-06:00 500/500",
         "{v}"
     );
     // Refused: flags on the system level; --exclude without --inherit.
@@ -770,7 +769,11 @@ fn namespaces_keep_apart_and_soft_delete_refuses() {
     let o = run(&["acquire", "u1", "llm", "rpm=1"]);
     assert_eq!(code(&o), 2, "no limits configured: {}", stderr(&o));
     let o = run(&["namespace", "list"]);
-    assert!(stdout(&o).contains(&format!("acme  id {id}  active")), "{}", stdout(&o));
+    assert!(
+        stdout(&o).contains(&format!("acme  id {id}  active")),
+        "{}",
+        stdout(&o)
+    );
     let o = run(&["namespace", "delete", "acme"]);
     assert_eq!(code(&o), 0, "{}", stderr(&o));
     let o = run(&["acquire", "-N", "acme", "u1", "llm", "rpm=1"]);

@@ -297,7 +297,12 @@ pub fn decode(item: &Item) -> Result<Record, RuleError> {
         "resource" => "resource",
         "entity" => "entity",
         "namespace" => "namespace",
-        _ => return Err(corrupt(LEVEL, "expected system, resource, entity or namespace")),
+        _ => {
+            return Err(corrupt(
+                LEVEL,
+                "expected system, resource, entity or namespace",
+            ))
+        }
     };
     let namespace = text(NAMESPACE)?;
     if (level == "namespace") != namespace.is_some() {

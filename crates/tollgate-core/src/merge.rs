@@ -209,10 +209,13 @@ pub fn merge_levels(levels: &[Option<Level<'_>>]) -> Result<Merged, MergeError> 
                 continue;
             }
             let l = match patches.get(l.name()) {
-                Some(s) => l.clone().with_schedule(s.clone()).map_err(|e| MergeError::Patch {
-                    limit: l.name().into(),
-                    reason: e.to_string(),
-                })?,
+                Some(s) => l
+                    .clone()
+                    .with_schedule(s.clone())
+                    .map_err(|e| MergeError::Patch {
+                        limit: l.name().into(),
+                        reason: e.to_string(),
+                    })?,
                 None => l.clone(),
             };
             names.insert(l.name().to_string());

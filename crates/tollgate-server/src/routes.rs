@@ -132,7 +132,12 @@ fn table() -> Vec<(RouteInfo, Handler)> {
         r("GET", "/v1/namespaces", ADMIN, get(namespace_list)),
         r("POST", "/v1/namespaces", ADMIN, post(namespace_register)),
         r("GET", "/v1/namespaces/{name}", ADMIN, get(namespace_get)),
-        r("DELETE", "/v1/namespaces/{name}", ADMIN, delete(namespace_delete)),
+        r(
+            "DELETE",
+            "/v1/namespaces/{name}",
+            ADMIN,
+            delete(namespace_delete),
+        ),
         r(
             "POST",
             "/v1/namespaces/ids/{id}/recover",

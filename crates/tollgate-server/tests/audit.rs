@@ -238,10 +238,26 @@ async fn namespace_walk(app: &Router, n: usize) {
     let id = b["id"].as_str().unwrap().to_string();
     assert_eq!(id.len(), 11, "{b}");
     let steps = [
-        ("DELETE", "/v1/namespaces/acme".to_string(), "namespace.delete"),
-        ("POST", format!("/v1/namespaces/ids/{id}/recover"), "namespace.recover"),
-        ("DELETE", "/v1/namespaces/acme".to_string(), "namespace.delete"),
-        ("POST", format!("/v1/namespaces/ids/{id}/purge"), "namespace.purge"),
+        (
+            "DELETE",
+            "/v1/namespaces/acme".to_string(),
+            "namespace.delete",
+        ),
+        (
+            "POST",
+            format!("/v1/namespaces/ids/{id}/recover"),
+            "namespace.recover",
+        ),
+        (
+            "DELETE",
+            "/v1/namespaces/acme".to_string(),
+            "namespace.delete",
+        ),
+        (
+            "POST",
+            format!("/v1/namespaces/ids/{id}/purge"),
+            "namespace.purge",
+        ),
     ];
     let mut want = vec!["namespace.register"];
     for (m, uri, action) in steps {
@@ -249,15 +265,29 @@ async fn namespace_walk(app: &Router, n: usize) {
         assert!(s.is_success(), "{m} {uri}: {s} {b}");
         want.push(action);
         let rs = records(app, Some(ADMIN), "?registry=true&limit=1000").await;
-        let got: Vec<&str> = rs.iter().rev().filter_map(|r| r["action"].as_str()).collect();
+        let got: Vec<&str> = rs
+            .iter()
+            .rev()
+            .filter_map(|r| r["action"].as_str())
+            .collect();
         assert_eq!(got, want, "{m} {uri}");
         assert_eq!(rs[0]["principal"], "ops-team", "{m} {uri}");
         assert_eq!(rs[0]["level"], "namespace", "{m} {uri}");
         assert_eq!(rs[0]["namespace"], "acme", "{m} {uri}");
     }
     // Refused: recover or purge an unknown id, delete a name that is not active.
-    let (s, b) = call(app, "POST", "/v1/namespaces/ids/nosuchid000/recover", Some(ADMIN), None).await;
-    assert_eq!((s, b["error"].as_str()), (StatusCode::NOT_FOUND, Some("namespace_not_found")));
+    let (s, b) = call(
+        app,
+        "POST",
+        "/v1/namespaces/ids/nosuchid000/recover",
+        Some(ADMIN),
+        None,
+    )
+    .await;
+    assert_eq!(
+        (s, b["error"].as_str()),
+        (StatusCode::NOT_FOUND, Some("namespace_not_found"))
+    );
     let (s, b) = call(app, "DELETE", "/v1/namespaces/acme", Some(ADMIN), None).await;
     assert_eq!((s, &b["deleted"]), (StatusCode::OK, &Value::Null));
     let rs = records(app, Some(ADMIN), "?registry=true&limit=1000").await;

@@ -360,9 +360,19 @@ pub struct ConfigCache {
     wholes: Mutex<Wholes>,
     /// The system level's `on_unavailable` as last read, and when (ms).
     last_policy: Mutex<Option<(Option<OnUnavailable>, i64)>>,
+    /// The namespace was resolved from the registry: a missing registry record means it
+    /// was purged (a namespace never registered, the library's plain prefix, has none).
+    registered: bool,
 }
 
 impl ConfigCache {
+    /// Treat a missing registry record of the namespace as purged (see
+    /// [`crate::LimiterBuilder::open_namespace`]).
+    pub fn registered(mut self, on: bool) -> Self {
+        self.registered = on;
+        self
+    }
+
     /// A cache whose entries live `ttl_ms` (0 disables caching; entries are still kept
     /// to be served stale during an outage, see [`ConfigCache::with_stale_max`]).
     pub fn new(ttl_ms: i64) -> Self {
@@ -372,6 +382,7 @@ impl ConfigCache {
             entries: Mutex::new(HashMap::new()),
             wholes: Mutex::new(HashMap::new()),
             last_policy: Mutex::new(None),
+            registered: false,
         }
     }
 
@@ -531,6 +542,10 @@ impl ConfigCache {
                             ..empty
                         }
                     }
+                    None if *k == registry && self.registered => Entry {
+                        ns_closed: Some("purged".into()),
+                        ..empty
+                    },
                     None => empty,
                 };
                 if *k == levels[3].0 {

@@ -79,7 +79,6 @@ pub use config::{OnUnavailable, Scope};
 pub use doctor::{CorruptItem, DoctorReport, ItemKind, Repair};
 pub use error::{Error, Exceeded, Result};
 pub use lease::Lease;
-pub use namespace::{Namespace, NamespaceStatus};
 pub use lease_token::{
     LeaseKey, LeaseKeyError, LeaseToken, CLOSURE_MARGIN_S, LATE_CLOSE_MS, MAX_TOKEN_BYTES,
     MIN_KEY_BYTES,
@@ -87,6 +86,7 @@ pub use lease_token::{
 pub use limiter::{
     Entity, EntityDeleted, Limiter, LimiterBuilder, NewEntity, Options, StatsSnapshot,
 };
+pub use namespace::{Namespace, NamespaceStatus};
 pub use shards::should_double;
 pub use tollgate_core::merge::{Merge, MergeSpec, PatchSpec};
 pub use tollgate_core::{Limit, LimitSpec, LimitStatus};

@@ -9,8 +9,8 @@ use serde_json::Value as Json;
 use tollgate_core::expr::Condition;
 use tollgate_core::ids::{validate_entity_id, validate_limit_name};
 use tollgate_core::keys;
-use tollgate_core::value::{Item, Key, Value};
 use tollgate_core::merge::Merge;
+use tollgate_core::value::{Item, Key, Value};
 use tollgate_core::{Limit, RuleError};
 use tollgate_store::{DeleteRequest, PutRequest, Query, Store, StoreError, TransactOp};
 
@@ -173,6 +173,8 @@ pub struct LimiterBuilder {
     opts: Options,
     principal: String,
     audit_seed: u64,
+    /// Opened from the namespace registry (see `open_namespace`).
+    pub(crate) registered: bool,
 }
 
 impl LimiterBuilder {
@@ -273,7 +275,9 @@ impl LimiterBuilder {
                 store: self.store,
                 clock: self.clock,
                 rng: self.rng,
-                config: ConfigCache::new(ttl_ms).with_stale_max(stale_ms),
+                config: ConfigCache::new(ttl_ms)
+                    .with_stale_max(stale_ms)
+                    .registered(self.registered),
                 shards: ShardCounts::default(),
                 rejections: RejectionCache::new(rej_ms),
                 images: ImageCache::default(),
@@ -384,6 +388,7 @@ impl Limiter {
             opts: Options::default(),
             principal: crate::audit::DEFAULT_PRINCIPAL.into(),
             audit_seed: rand::random(),
+            registered: false,
         }
     }
 

@@ -186,12 +186,14 @@ impl LimiterBuilder {
     pub async fn open_namespace(self, name: &str) -> Result<Limiter> {
         validate_name(name)?;
         let store = self.store_handle();
-        let id = match store.get(&keys::namespace_forward(name), true).await? {
-            Some(i) => Namespace::decode(&i)?.id,
-            None if name == DEFAULT_NAMESPACE => DEFAULT_NAMESPACE.to_string(),
+        let (id, registered) = match store.get(&keys::namespace_forward(name), true).await? {
+            Some(i) => (Namespace::decode(&i)?.id, true),
+            None if name == DEFAULT_NAMESPACE => (DEFAULT_NAMESPACE.to_string(), false),
             None => return Err(Error::NamespaceNotFound(name.into())),
         };
-        self.namespace(&id).build()
+        let mut b = self.namespace(&id);
+        b.registered = registered;
+        b.build()
     }
 }
 
@@ -470,10 +472,7 @@ impl Limiter {
                 None => break,
             }
         }
-        self.inner
-            .store
-            .purge(&keys::namespace_reverse(id))
-            .await?;
+        self.inner.store.purge(&keys::namespace_reverse(id)).await?;
         if id == self.inner.ns() {
             self.forget_cached();
         }

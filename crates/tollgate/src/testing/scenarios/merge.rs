@@ -114,13 +114,7 @@ pub async fn s113_system_cannot_inherit(b: &Backend) {
         .unwrap_err();
     assert!(matches!(e, Error::Invalid(_)), "{e}");
     assert!(e.to_string().contains("system level"), "{e}");
-    assert!(h
-        .lim
-        .get_limits(&Scope::System)
-        .await
-        .unwrap()
-        .0
-        .is_empty());
+    assert!(h.lim.get_limits(&Scope::System).await.unwrap().0.is_empty());
     let mut only_exclude = Merge::default();
     only_exclude.exclude.insert("tpm".into());
     let e = h
@@ -166,7 +160,12 @@ pub async fn s116_change_reaches_merged_buckets_only(b: &Backend) {
     system(&h, &[rpm(100), tpm(10_000)]).await;
     for (e, m) in [("merged", inherit()), ("own", Merge::default())] {
         h.lim
-            .set_merged_limits(&Scope::Entity(e.into(), Some(R.into())), &[rpm(5)], &m, None)
+            .set_merged_limits(
+                &Scope::Entity(e.into(), Some(R.into())),
+                &[rpm(5)],
+                &m,
+                None,
+            )
             .await
             .unwrap();
         h.lim.acquire(e, R, &[("rpm", 1)]).await.unwrap();

@@ -137,7 +137,11 @@ pub async fn ns_delete_recover_purge(b: &Backend) {
     .await
     .unwrap();
     h.lim
-        .set_limits(&Scope::System, &[Limit::per_minute("rpm", 3).unwrap()], None)
+        .set_limits(
+            &Scope::System,
+            &[Limit::per_minute("rpm", 3).unwrap()],
+            None,
+        )
         .await
         .unwrap();
     a.acquire("e", R, &[("rpm", 1)]).await.unwrap();
@@ -198,6 +202,13 @@ pub async fn ns_delete_recover_purge(b: &Backend) {
         .map(|n| n.id)
         .collect();
     assert_eq!(ids, [fresh.id.clone()]);
+    // A limiter still serving the purged id refuses (its registry record is gone).
+    h.at(T0 + 200_000);
+    let e = a2.acquire("e", R, &[("rpm", 1)]).await.unwrap_err();
+    assert!(
+        matches!(&e, Error::NamespaceDeleted { status, .. } if status == "purged"),
+        "{e}"
+    );
     h.lim.acquire("e", R, &[("rpm", 1)]).await.unwrap();
     // Every registry change has its record, newest first.
     let log = h
