@@ -201,7 +201,7 @@ pub async fn ns_delete_recover_purge(b: &Backend) {
         .into_iter()
         .map(|n| n.id)
         .collect();
-    assert_eq!(ids, [fresh.id.clone()]);
+    assert_eq!(ids, std::slice::from_ref(&fresh.id));
     // A limiter still serving the purged id refuses (its registry record is gone).
     h.at(T0 + 200_000);
     let e = a2.acquire("e", R, &[("rpm", 1)]).await.unwrap_err();
