@@ -94,7 +94,8 @@ impl Failure {
                 Error::Invalid(_)
                 | Error::UnknownLimit { .. }
                 | Error::NoLimits { .. }
-                | Error::InvalidAdjustment { .. } => BAD_INPUT,
+                | Error::InvalidAdjustment { .. }
+                | Error::InvalidUsage(_) => BAD_INPUT,
                 Error::Contended { .. } => REJECTED,
                 Error::Unavailable(_)
                 | Error::Misconfigured(_)

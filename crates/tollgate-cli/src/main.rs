@@ -15,6 +15,7 @@ mod namespace;
 mod serve;
 mod spec;
 mod store;
+mod usage;
 
 use std::collections::BTreeMap;
 use std::io::{IsTerminal, Write};
@@ -194,6 +195,14 @@ enum Cmd {
     Namespace {
         #[command(subcommand)]
         cmd: namespace::NamespaceCmd,
+    },
+    /// Run the feed aggregator: usage snapshots from the store's change feed, and the
+    /// background refill / roll / reset / doubling of the buckets that consumed.
+    Aggregate(usage::AggregateArgs),
+    /// Usage snapshots: `list` them, or a `summary` (with `--plot`, a terminal chart).
+    Usage {
+        #[command(subcommand)]
+        cmd: usage::UsageCmd,
     },
     /// DynamoDB table administration.
     Table {
@@ -580,6 +589,8 @@ async fn run(cli: Cli) -> Result<(), Failure> {
         Cmd::Doctor(args) => doctor::run(args, json).await,
         Cmd::Audit { cmd } => audit::run(cmd, json).await,
         Cmd::Namespace { cmd } => namespace::run(cmd, json).await,
+        Cmd::Aggregate(args) => usage::aggregate(args, json).await,
+        Cmd::Usage { cmd } => usage::usage(cmd, json).await,
         Cmd::Demo => demo::run(json).await,
         Cmd::BenchHttp(args) => bench::run(args, json).await,
     }

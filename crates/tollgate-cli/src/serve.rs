@@ -83,6 +83,16 @@ pub struct ServeArgs {
     /// Largest request head: request line and headers (bytes, or with KiB / MiB).
     #[arg(long, default_value = "16KiB", value_parser = spec::parse_bytes)]
     max_header_size: usize,
+    /// Do not run the feed aggregator (usage snapshots, background refills) in this process.
+    /// By default it runs on a memory or SQLite store.
+    #[arg(long, conflicts_with = "aggregate")]
+    no_aggregate: bool,
+    /// Run the feed aggregator in this process on a DynamoDB table too (by default a table's
+    /// aggregator is `tollgate aggregate`, run apart; several share one checkpoint safely).
+    #[arg(long)]
+    aggregate: bool,
+    #[command(flatten)]
+    usage: crate::usage::UsageArgs,
 }
 
 fn positive(name: &str, d: Duration) -> Result<(), Failure> {
@@ -173,7 +183,7 @@ async fn check_listen(a: &ServeArgs, authed: bool) -> Result<(), Failure> {
     )))
 }
 
-async fn shutdown_signal() {
+pub(crate) async fn shutdown_signal() {
     let ctrl_c = async {
         if let Err(e) = tokio::signal::ctrl_c().await {
             tracing::warn!(error = %e, "cannot listen for Ctrl-C");
@@ -256,18 +266,29 @@ pub async fn run(a: ServeArgs, json_out: bool) -> Result<(), Failure> {
     }
 
     let store_metrics = StoreMetrics::new();
-    let raw = store::open(
-        &a.store.store,
-        a.store.endpoint.as_deref(),
-        Access::Create,
-        a.store.store_timeout,
-    )
-    .await?;
-    // The namespace by name (spec-base-system.md §7.3): its registered id is the prefix.
-    let limiter = Limiter::builder(store_metrics.wrap(raw))
-        .audit_retention(a.store.audit.audit_retention)
-        .open_namespace(&a.store.namespace)
+    let embedded = !matches!(a.store.store, store::StoreSpec::DynamoDb(_));
+    let aggregating = !a.no_aggregate && (a.aggregate || embedded);
+    let (limiter, run) = if aggregating {
+        let (limiter, run) = crate::usage::open_run(&a.store, &a.usage, Access::Create, |s| {
+            store_metrics.wrap(s)
+        })
         .await?;
+        (limiter, Some(run))
+    } else {
+        let raw = store::open(
+            &a.store.store,
+            a.store.endpoint.as_deref(),
+            Access::Create,
+            a.store.store_timeout,
+        )
+        .await?;
+        // The namespace by name (spec-base-system.md §7.3): its registered id is the prefix.
+        let limiter = Limiter::builder(store_metrics.wrap(raw))
+            .audit_retention(a.store.audit.audit_retention)
+            .open_namespace(&a.store.namespace)
+            .await?;
+        (limiter, None)
+    };
     let listener = tokio::net::TcpListener::bind(&a.listen)
         .await
         .map_err(|e| Failure::BadInput(format!("cannot listen on {}: {e}", a.listen)))?;
@@ -292,6 +313,9 @@ pub async fn run(a: ServeArgs, json_out: bool) -> Result<(), Failure> {
     if let Some(auth) = &auth {
         builder = builder.auth(auth.clone());
     }
+    if let Some(run) = run {
+        builder = builder.aggregator(run);
+    }
     let server = builder.build();
     reload_on_hangup(auth.clone())?;
 
@@ -304,6 +328,7 @@ pub async fn run(a: ServeArgs, json_out: bool) -> Result<(), Failure> {
             "auth": tokens.is_some(),
             "tokens": tokens,
             "shared_leases": lease_key.is_some(),
+            "aggregator": aggregating,
         }));
     } else {
         let auth_note = match tokens {
@@ -315,8 +340,13 @@ pub async fn run(a: ServeArgs, json_out: bool) -> Result<(), Failure> {
         } else {
             "leases finish only on this server: no lease secret"
         };
+        let agg_note = if aggregating {
+            "aggregator running"
+        } else {
+            "no aggregator"
+        };
         println!(
-            "tollgate listening on http://{addr} (store {store_name}, {auth_note}, {lease_note})"
+            "tollgate listening on http://{addr} (store {store_name}, {auth_note}, {lease_note}, {agg_note})"
         );
     }
     let _ = std::io::stdout().flush();

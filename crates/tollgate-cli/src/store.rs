@@ -4,7 +4,7 @@ use std::path::Path;
 use std::str::FromStr;
 use std::sync::Arc;
 
-use tollgate_store::{MemoryStore, Store};
+use tollgate_store::{ChangeFeed, MemoryStore, Store};
 
 use crate::fail::Failure;
 
@@ -92,8 +92,24 @@ pub async fn open(
     access: Access,
     deadline: std::time::Duration,
 ) -> Result<Arc<dyn Store>, Failure> {
+    if let StoreSpec::Memory = spec {
+        // Nobody reads its feed: a memory store keeps none (its writes copy nothing).
+        return Ok(Arc::new(MemoryStore::new()));
+    }
+    open_feed(spec, endpoint, access, deadline)
+        .await
+        .map(|s| s as Arc<dyn Store>)
+}
+
+/// Open the store with its change feed (every backend has one).
+pub async fn open_feed(
+    spec: &StoreSpec,
+    endpoint: Option<&str>,
+    access: Access,
+    deadline: std::time::Duration,
+) -> Result<Arc<dyn ChangeFeed>, Failure> {
     match spec {
-        StoreSpec::Memory => Ok(Arc::new(MemoryStore::new())),
+        StoreSpec::Memory => Ok(Arc::new(MemoryStore::with_change_feed())),
         StoreSpec::Sqlite(p) => {
             let missing = !Path::new(p).exists();
             if access != Access::Create && missing {
@@ -114,7 +130,7 @@ pub async fn open(
                     tollgate_sqlite::SqliteStore::open_with(p, &config)
                 }
             };
-            r.map(|s| Arc::new(s) as Arc<dyn Store>)
+            r.map(|s| Arc::new(s) as Arc<dyn ChangeFeed>)
                 .map_err(|e| Failure::Unavailable(format!("cannot open {spec}: {e}")))
         }
         StoreSpec::DynamoDb(t) => open_dynamodb(t, endpoint, deadline).await,
@@ -165,7 +181,7 @@ async fn open_dynamodb(
     table: &str,
     endpoint: Option<&str>,
     deadline: std::time::Duration,
-) -> Result<Arc<dyn Store>, Failure> {
+) -> Result<Arc<dyn ChangeFeed>, Failure> {
     use tollgate_dynamodb::DynamoDbError;
     check_aws(&format!("dynamodb:{table}"), endpoint).await?;
     let mut b = tollgate_dynamodb::DynamoDbStore::builder(table).deadline(deadline);
@@ -199,7 +215,7 @@ async fn open_dynamodb(
     _table: &str,
     _endpoint: Option<&str>,
     _deadline: std::time::Duration,
-) -> Result<Arc<dyn Store>, Failure> {
+) -> Result<Arc<dyn ChangeFeed>, Failure> {
     Err(Failure::BadInput(
         "this tollgate was built without the `dynamodb` feature".into(),
     ))

@@ -25,8 +25,12 @@ const ADMIN: [&str; 9] = [
     "namespace purge",
 ];
 /// Commands that do not change stored configuration (or run something that does, through
-/// the audited paths: `serve`, `demo`), and `audit purge` (retention).
-const OTHER: [&str; 13] = [
+/// the audited paths: `serve`, `demo`), `audit purge` (retention), and the aggregator and
+/// usage reads (they write usage snapshots and bucket maintenance, not configuration).
+const OTHER: [&str; 16] = [
+    "aggregate",
+    "usage list",
+    "usage summary",
     "namespace list",
     "namespace show",
     "serve",

@@ -24,6 +24,7 @@ pub mod schedule;
 pub mod seeding;
 pub mod spread;
 pub mod status;
+pub mod usage;
 pub mod value;
 pub mod window;
 pub mod writes;

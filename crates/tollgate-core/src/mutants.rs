@@ -40,11 +40,14 @@ pub enum Mutant {
     /// A store call is abandoned at its deadline (`tollgate_store::Deadline`; falls back to
     /// waiting for the answer however long it takes).
     StoreDeadline,
+    /// The feed aggregator moves its checkpoint only from the one it read (falls back to an
+    /// unconditional write: two aggregators that read one batch both count it).
+    UsageCheckpoint,
 }
 
 impl Mutant {
     /// Every mutant, in declaration order.
-    pub const ALL: [Mutant; 12] = [
+    pub const ALL: [Mutant; 13] = [
         Mutant::WindowFloor,
         Mutant::WaMarker,
         Mutant::WtcCharge,
@@ -57,6 +60,7 @@ impl Mutant {
         Mutant::EntityDebit,
         Mutant::DripSplit,
         Mutant::StoreDeadline,
+        Mutant::UsageCheckpoint,
     ];
 
     /// The name used on the command line.
@@ -74,6 +78,7 @@ impl Mutant {
             Mutant::EntityDebit => "EntityDebit",
             Mutant::DripSplit => "DripSplit",
             Mutant::StoreDeadline => "StoreDeadline",
+            Mutant::UsageCheckpoint => "UsageCheckpoint",
         }
     }
 

@@ -51,7 +51,8 @@ pub fn ttl_for(limits: &[Limit], now_ms: i64, multiplier: i64) -> Option<i64> {
 /// existing, every named balance covering its amount (a zero amount still requires
 /// `tk >= 0`), `wcu` covering one write, the item not expired, its parameters current
 /// (`ph`), not disabled, `vu` not reached, and every named dripping limit inside its trust
-/// horizon ([`trusted`]). It reads nothing and touches no `rf`, window or grant.
+/// horizon ([`trusted`]). It reads nothing and touches no `rf`, window or grant; it counts
+/// the request and dates its consumption ([`crate::usage::count_request`]).
 pub fn fast_write(
     amounts: &Amounts,
     limits: &[Limit],
@@ -67,6 +68,7 @@ pub fn fast_write(
     u = u
         .add(battr(WCU, "tk"), -WCU_COST)
         .add(battr(WCU, "tc"), WCU_COST);
+    u = crate::usage::stamp_write_time(crate::usage::count_request(u), now_ms);
     c = c
         .and(Condition::ge(battr(WCU, "tk"), WCU_COST))
         .and(Condition::not_exists(attr::TTL).or(Condition::gt(attr::TTL, now_ms / 1000)))
@@ -497,7 +499,10 @@ pub fn retry_write(amounts: &Amounts, limits: &[Limit], now_ms: i64) -> (Update,
         }
         c = c.and(Condition::ge(battr(n, "tk"), *a));
     }
-    (u, c)
+    (
+        crate::usage::stamp_write_time(crate::usage::count_request(u), now_ms),
+        c,
+    )
 }
 
 /// Rule "a refund keeps the trust horizon": the largest balance (as of `rf`) a dripping
@@ -555,8 +560,8 @@ pub fn refund_untrust(u: Update, limits: &[Limit], refunds: &Amounts) -> Update 
 /// may drive the balance into debt. Never touches `rf`, windows, grants. Limits named in
 /// `tc_only` record the delta in `tc` only: a refund whose period has ended (see
 /// [`refund_pin`]) must not lift the new period's balance.
-pub fn adjust_write(deltas: &Amounts, tc_only: &[String]) -> Update {
-    let mut u = Update::new();
+pub fn adjust_write(deltas: &Amounts, tc_only: &[String], now_ms: i64) -> Update {
+    let mut u = crate::usage::stamp_write_time(Update::new(), now_ms);
     for (n, d) in deltas {
         if *d != 0 {
             if !tc_only.contains(n) {

@@ -66,6 +66,7 @@
 
 pub mod codec;
 pub mod error;
+mod feed;
 pub mod render;
 pub mod settings;
 mod store;

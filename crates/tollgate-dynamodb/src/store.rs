@@ -54,6 +54,10 @@ pub struct DynamoDbStore {
     /// Single-item writes: one attempt (an `ADD` resent after a lost response would apply
     /// twice).
     write_client: Client,
+    /// DynamoDB Streams: the change feed.
+    streams: aws_sdk_dynamodbstreams::Client,
+    /// The table's latest stream ARN, once read.
+    stream_arn: std::sync::Arc<std::sync::Mutex<Option<String>>>,
 }
 
 /// Builds a [`DynamoDbStore`] from the standard AWS configuration chain (environment,
@@ -287,6 +291,8 @@ impl DynamoDbStore {
             deadline,
             client: Client::from_conf(conf),
             write_client: Client::from_conf(write_conf),
+            streams: aws_sdk_dynamodbstreams::Client::new(sdk),
+            stream_arn: Default::default(),
         }
     }
 
@@ -309,6 +315,38 @@ impl DynamoDbStore {
     /// Create this store's table if it does not exist (see [`crate::create_table`]).
     pub async fn create_table(&self) -> Result<(), DynamoDbError> {
         crate::table::create_table(&self.client, &self.table).await
+    }
+
+    /// The table's stream ARN (one `DescribeTable`, then remembered). A table without a
+    /// stream is a [`StoreError::Validation`] saying how to enable it.
+    async fn stream_arn(&self) -> Result<String, StoreError> {
+        if let Some(a) = self
+            .stream_arn
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
+        {
+            return Ok(a);
+        }
+        let d = self
+            .client
+            .describe_table()
+            .table_name(&self.table)
+            .send()
+            .await
+            .map_err(|e| map_sdk(e, Effect::Read, &self.table))?;
+        let arn = d
+            .table()
+            .and_then(|t| t.latest_stream_arn())
+            .map(str::to_string)
+            .ok_or_else(|| {
+                StoreError::Validation(format!(
+                    "table {} has no stream: `tollgate table create --store dynamodb:{}` enables one",
+                    self.table, self.table
+                ))
+            })?;
+        *self.stream_arn.lock().unwrap_or_else(|e| e.into_inner()) = Some(arn.clone());
+        Ok(arn)
     }
 
     /// Check, with one `DescribeTable`, that the table exists, is usable and has tollgate's
@@ -925,6 +963,19 @@ fn scanned(m: AvMap) -> Scanned {
         }
     }
     Ok(item)
+}
+
+/// The change feed: the table's DynamoDB stream (see `feed.rs`).
+#[async_trait]
+impl tollgate_store::ChangeFeed for DynamoDbStore {
+    async fn read_feed(
+        &self,
+        cursor: &tollgate_store::FeedCursor,
+        limit: usize,
+    ) -> Result<tollgate_store::FeedBatch, StoreError> {
+        let arn = self.stream_arn().await?;
+        crate::feed::read(&self.streams, &arn, &self.table, cursor, limit).await
+    }
 }
 
 #[cfg(test)]

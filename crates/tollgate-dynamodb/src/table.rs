@@ -11,8 +11,8 @@ use aws_sdk_dynamodb::operation::delete_table::DeleteTableError;
 use aws_sdk_dynamodb::operation::describe_table::DescribeTableError;
 use aws_sdk_dynamodb::types::{
     AttributeDefinition, BillingMode, GlobalSecondaryIndex, IndexStatus, KeySchemaElement, KeyType,
-    Projection, ProjectionType, ScalarAttributeType, TableDescription, TableStatus,
-    TimeToLiveSpecification,
+    Projection, ProjectionType, ScalarAttributeType, StreamSpecification, StreamViewType,
+    TableDescription, TableStatus, TimeToLiveSpecification,
 };
 use aws_sdk_dynamodb::Client;
 use tollgate_store::StoreError;
@@ -91,6 +91,7 @@ pub async fn create_table(client: &Client, table: &str) -> Result<(), DynamoDbEr
         .key_schema(key("SK", KeyType::Range)?)
         .set_global_secondary_indexes(Some(gsis))
         .billing_mode(BillingMode::PayPerRequest)
+        .stream_specification(stream_spec()?)
         .send()
         .await;
     match res {
@@ -103,8 +104,52 @@ pub async fn create_table(client: &Client, table: &str) -> Result<(), DynamoDbEr
         },
     }
     wait_active(client, table, ACTIVE_TIMEOUT).await?;
+    enable_stream(client, table).await?;
     enable_ttl(client, table).await;
     Ok(())
+}
+
+/// The change feed's stream: new and old images of every write.
+fn stream_spec() -> Result<StreamSpecification, DynamoDbError> {
+    StreamSpecification::builder()
+        .stream_enabled(true)
+        .stream_view_type(StreamViewType::NewAndOldImages)
+        .build()
+        .map_err(build)
+}
+
+/// Give an existing table (created before the change feed) its stream, and wait for it.
+async fn enable_stream(client: &Client, table: &str) -> Result<(), DynamoDbError> {
+    let d = client
+        .describe_table()
+        .table_name(table)
+        .send()
+        .await
+        .map_err(|e| api("DescribeTable")(map_sdk(e, Effect::Read, table)))?;
+    let spec = d.table().and_then(|t| t.stream_specification());
+    match spec {
+        Some(s) if s.stream_enabled() => {
+            if s.stream_view_type() != Some(&StreamViewType::NewAndOldImages) {
+                tracing::warn!(
+                    table,
+                    view = ?s.stream_view_type(),
+                    "the table's stream does not carry new and old images; the change feed needs NEW_AND_OLD_IMAGES"
+                );
+            }
+            Ok(())
+        }
+        _ => {
+            client
+                .update_table()
+                .table_name(table)
+                .stream_specification(stream_spec()?)
+                .send()
+                .await
+                .map_err(|e| api("UpdateTable")(map_sdk(e, Effect::Write, table)))?;
+            tracing::info!(table, "stream enabled (NEW_AND_OLD_IMAGES)");
+            wait_active(client, table, ACTIVE_TIMEOUT).await
+        }
+    }
 }
 
 async fn enable_ttl(client: &Client, table: &str) {

@@ -40,3 +40,31 @@ async fn conformance_on_dynamodb_local() {
     );
     assert!(failed.is_empty(), "failing checks:\n{}", failed.join("\n"));
 }
+
+/// The change-feed checks on DynamoDB Local's streams (one fresh table per check).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn feed_conformance_on_dynamodb_local() {
+    let Some(endpoint) = common::endpoint("feed_conformance_on_dynamodb_local") else {
+        return;
+    };
+    let mut tables = Vec::new();
+    let mut results = Vec::new();
+    for check in tollgate_store::conformance::feed::feed_checks() {
+        let s = common::fresh_store(&endpoint, "feed").await;
+        tables.push(s.table().to_string());
+        let r = (check.run)(&s).await;
+        match &r {
+            Ok(()) => eprintln!("PASS {}", check.name),
+            Err(e) => eprintln!("FAIL {}: {e}", check.name),
+        }
+        results.push((check.name, r));
+    }
+    let admin = common::store_for(&endpoint, "tollgate-admin").await;
+    for t in tables {
+        let _ = tollgate_dynamodb::delete_table(admin.client(), &t).await;
+    }
+    assert!(results.len() >= 4);
+    if let Err(m) = tollgate_store::conformance::report(&results) {
+        panic!("{m}");
+    }
+}

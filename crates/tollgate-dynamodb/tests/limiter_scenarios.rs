@@ -71,7 +71,21 @@ impl Store for Raw {
     }
 }
 
+#[async_trait::async_trait]
+impl tollgate_store::ChangeFeed for Raw {
+    async fn read_feed(
+        &self,
+        cursor: &tollgate_store::FeedCursor,
+        limit: usize,
+    ) -> Result<tollgate_store::FeedBatch, tollgate_store::StoreError> {
+        self.0.read_feed(cursor, limit).await
+    }
+}
+
 impl TestStore for Raw {
+    fn change_feed(self: Arc<Self>) -> Option<Arc<dyn tollgate_store::ChangeFeed>> {
+        Some(self)
+    }
     fn raw_get(&self, key: &Key) -> Option<Item> {
         block(self.0.get(key, true)).expect("raw get")
     }

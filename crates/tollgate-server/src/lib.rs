@@ -49,6 +49,7 @@
 //! debit was written by the acquire); another server finishes the lease from its token.
 
 pub mod access;
+pub mod aggregate;
 pub mod auth;
 pub mod cron;
 pub mod error;
@@ -74,7 +75,7 @@ pub use auth::{Auth, Principal, Role, TokenSet};
 pub use error::{classify, ApiError, ErrorBody};
 pub use leases::LeaseTable;
 pub use metrics::{Metrics, StoreMetrics};
-pub use routes::{routes, scope_name, warnings, RouteInfo, Warning};
+pub use routes::{routes, scope_name, snapshot_json, warnings, RouteInfo, Warning};
 
 /// Server settings.
 #[derive(Debug, Clone)]
@@ -156,6 +157,8 @@ pub struct AppState {
     pub auth: Option<Arc<Auth>>,
     /// The key lease tokens are signed with (the configured one, or this process's own).
     pub lease_key: tollgate::LeaseKey,
+    /// The in-process feed aggregator, when the server runs one.
+    pub aggregator: Option<aggregate::AggregatorRun>,
 }
 
 /// A server: state plus its router. Cheap to clone.
@@ -171,9 +174,16 @@ pub struct ServerBuilder {
     config: ServerConfig,
     auth: Option<Arc<Auth>>,
     store_metrics: Option<StoreMetrics>,
+    aggregator: Option<aggregate::AggregatorRun>,
 }
 
 impl ServerBuilder {
+    /// Run this feed aggregator in-process while serving (its counters go to `/metrics`).
+    pub fn aggregator(mut self, run: aggregate::AggregatorRun) -> Self {
+        self.aggregator = Some(run);
+        self
+    }
+
     /// Settings.
     pub fn config(mut self, config: ServerConfig) -> Self {
         self.config = config;
@@ -203,7 +213,10 @@ impl ServerBuilder {
             }
         };
         let leases = Arc::new(LeaseTable::default());
-        let metrics = Metrics::new(self.limiter.clone(), leases.clone(), self.store_metrics);
+        let mut metrics = Metrics::new(self.limiter.clone(), leases.clone(), self.store_metrics);
+        if let Some(a) = &self.aggregator {
+            metrics.aggregator(a.stats.clone());
+        }
         Server {
             state: Arc::new(AppState {
                 limiter: self.limiter,
@@ -212,6 +225,7 @@ impl ServerBuilder {
                 config: self.config,
                 auth: self.auth,
                 lease_key,
+                aggregator: self.aggregator,
             }),
         }
     }
@@ -230,6 +244,7 @@ impl Server {
             config: ServerConfig::default(),
             auth: None,
             store_metrics: None,
+            aggregator: None,
         }
     }
 
@@ -293,8 +308,16 @@ impl Server {
         shutdown: impl Future<Output = ()> + Send + 'static,
     ) -> std::io::Result<()> {
         let sweeper = self.spawn_sweeper();
+        let aggregator = self
+            .state
+            .aggregator
+            .clone()
+            .map(|a| tokio::spawn(a.run_forever()));
         let r = listen::run(self.state.clone(), self.router(), listener, shutdown).await;
         sweeper.abort();
+        if let Some(a) = aggregator {
+            a.abort();
+        }
         let n = self.expire_all().await;
         tracing::info!(committed_leases = n, "server stopped");
         r

@@ -14,6 +14,11 @@
 //!   `ambiguous`, `unavailable`, ...);
 //! - `tollgate_limiter_*_total`: the limiter's own counters ([`tollgate::Limiter::stats`]);
 //! - `tollgate_leases_held`: leases in the server's table (open or closed tombstones);
+//! - `tollgate_aggregator_passes_total{outcome}` (`ok`, `error`), and
+//!   `tollgate_aggregator_{changes,usage_changes,snapshot_writes,commits,lost_races,background_writes}_total`:
+//!   what the in-process feed aggregator did, when the server runs one;
+//! - `tollgate_feed_lag_seconds`: the age of the oldest change its last pass read (0 when
+//!   it was caught up);
 //! - `tollgate_build_info{version, backend}`: always 1.
 //!
 //! Every label takes a bounded set of values: an HTTP method outside the standard ones is
@@ -340,7 +345,80 @@ impl Collector for LimiterCollector {
     }
 }
 
+#[derive(Debug)]
+struct AggregatorCollector(Arc<crate::aggregate::AggregatorStats>);
+
+impl Collector for AggregatorCollector {
+    fn encode(&self, mut encoder: DescriptorEncoder) -> Result<(), std::fmt::Error> {
+        use std::sync::atomic::Ordering::Relaxed;
+        let s = &self.0;
+        let mut m = encoder.encode_descriptor(
+            "tollgate_aggregator_passes",
+            "Feed aggregator passes by outcome",
+            None,
+            prometheus_client::metrics::MetricType::Counter,
+        )?;
+        for (outcome, v) in [
+            ("ok", s.passes.load(Relaxed)),
+            ("error", s.failed_passes.load(Relaxed)),
+        ] {
+            ConstCounter::new(v).encode(m.encode_family(&[("outcome", outcome)])?)?;
+        }
+        let counters: [(&str, &str, u64); 6] = [
+            (
+                "tollgate_aggregator_changes",
+                "Changes read from the change feed",
+                s.changes.load(Relaxed),
+            ),
+            (
+                "tollgate_aggregator_usage_changes",
+                "Changes that carried usage",
+                s.usage_changes.load(Relaxed),
+            ),
+            (
+                "tollgate_aggregator_snapshot_writes",
+                "Usage snapshot updates written",
+                s.snapshot_writes.load(Relaxed),
+            ),
+            (
+                "tollgate_aggregator_commits",
+                "Transactions that moved the feed checkpoint",
+                s.commits.load(Relaxed),
+            ),
+            (
+                "tollgate_aggregator_lost_races",
+                "Commits refused because another consumer moved the checkpoint first",
+                s.lost_races.load(Relaxed),
+            ),
+            (
+                "tollgate_aggregator_background_writes",
+                "Refill and clone writes of the background pass that landed",
+                s.background_writes.load(Relaxed),
+            ),
+        ];
+        for (name, help, v) in counters {
+            let c = ConstCounter::new(v);
+            let m = encoder.encode_descriptor(name, help, None, c.metric_type())?;
+            c.encode(m)?;
+        }
+        let g = ConstGauge::new(s.lag_ms.load(Relaxed) as f64 / 1000.0);
+        let m = encoder.encode_descriptor(
+            "tollgate_feed_lag_seconds",
+            "Age of the oldest change the aggregator's last pass read (0: caught up)",
+            None,
+            g.metric_type(),
+        )?;
+        g.encode(m)
+    }
+}
+
 impl Metrics {
+    /// Also expose the counters of an in-process feed aggregator.
+    pub fn aggregator(&mut self, stats: Arc<crate::aggregate::AggregatorStats>) {
+        self.registry
+            .register_collector(Box::new(AggregatorCollector(stats)));
+    }
+
     /// Metrics of a server over `limiter` holding `leases`; `store` when the limiter's store
     /// is wrapped by [`StoreMetrics::wrap`].
     pub fn new(limiter: Limiter, leases: Arc<LeaseTable>, store: Option<StoreMetrics>) -> Self {

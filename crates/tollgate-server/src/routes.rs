@@ -68,6 +68,7 @@ fn table() -> Vec<(RouteInfo, Handler)> {
         r("POST", "/v1/leases/{id}/rollback", CLIENT, post(rollback)),
         r("GET", "/v1/availability", CLIENT, get(availability_get)),
         r("POST", "/v1/availability", CLIENT, post(availability_post)),
+        r("GET", "/v1/usage", CLIENT, get(usage)),
         r("POST", "/v1/entities", ADMIN, post(create_entity)),
         r("GET", "/v1/entities/{id}", ADMIN, get(get_entity)),
         r("DELETE", "/v1/entities/{id}", ADMIN, delete(delete_entity)),
@@ -680,6 +681,69 @@ async fn availability_get(State(app): St, QueryPairs(q): QueryPairs) -> ApiResul
         ));
     };
     availability(&app, &entity, &resource, amounts).await
+}
+
+// ---------------------------------------------------------------------------------------
+// Usage
+
+/// One usage snapshot as the API shows it.
+pub fn snapshot_json(s: &tollgate::Snapshot) -> Json_ {
+    let consumed: BTreeMap<&str, f64> = s
+        .milli
+        .iter()
+        .map(|(l, m)| (l.as_str(), *m as f64 / 1000.0))
+        .collect();
+    serde_json::json!({
+        "entity": s.entity,
+        "resource": s.resource,
+        "window": s.window.name(),
+        "window_start": tollgate_core::usage::iso_utc(s.start_ms),
+        "window_end": tollgate_core::usage::iso_utc(s.window.end_ms(s.start_ms)),
+        "window_start_ms": s.start_ms,
+        "requests": s.requests,
+        "consumed": consumed,
+        "consumed_milli": s.milli,
+    })
+}
+
+async fn usage(State(app): St, QueryPairs(q): QueryPairs) -> ApiResult<Response> {
+    let mut uq = tollgate::UsageQuery::default();
+    let instant = |k: &str, v: &str| {
+        tollgate_core::usage::parse_instant(v).ok_or_else(|| {
+            ApiError::invalid_request(format!(
+                "{k}={v:?}: expected epoch milliseconds or an RFC 3339 time (2025-09-04T15:00:00Z)"
+            ))
+        })
+    };
+    for (k, v) in q {
+        match k.as_str() {
+            "entity" => uq.entity = Some(v),
+            "resource" => uq.resource = Some(v),
+            "window" => {
+                uq.window = Some(tollgate::Window::parse(&v).ok_or_else(|| {
+                    ApiError::invalid_request(format!(
+                        "window={v:?}: expected hourly, daily or monthly"
+                    ))
+                })?)
+            }
+            "from" => uq.from_ms = Some(instant("from", &v)?),
+            "to" => uq.to_ms = Some(instant("to", &v)?),
+            "limit" => {
+                uq.limit = Some(v.parse().map_err(|_| {
+                    ApiError::invalid_request(format!("limit={v:?}: expected 1 to 1000"))
+                })?)
+            }
+            "after" => uq.after = Some(v),
+            other => {
+                return Err(ApiError::invalid_request(format!(
+                    "unknown query parameter {other:?} (entity, resource, window, from, to, limit, after)"
+                )))
+            }
+        }
+    }
+    let page = app.limiter.usage(&uq).await?;
+    let snaps: Vec<Json_> = page.snapshots.iter().map(snapshot_json).collect();
+    Ok(Json(serde_json::json!({ "snapshots": snaps, "next": page.next })).into_response())
 }
 
 // ---------------------------------------------------------------------------------------

@@ -86,7 +86,7 @@ fn every_route_is_documented_with_its_role() {
         "docs/http-api.md is out of date:\n{}",
         drift.join("\n")
     );
-    assert_eq!(routes().len(), 32);
+    assert_eq!(routes().len(), 33);
 }
 
 #[test]
@@ -122,7 +122,7 @@ fn every_error_code_is_documented_with_its_status() {
         Vec::<&(String, String)>::new(),
         "error codes and docs/http-api.md differ"
     );
-    assert_eq!(have.len(), 38);
+    assert_eq!(have.len(), 39);
 }
 
 #[test]

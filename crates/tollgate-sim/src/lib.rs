@@ -17,6 +17,7 @@
 pub mod ledger;
 pub mod run;
 pub mod sched;
+pub mod usage;
 pub mod workload;
 
 pub use ledger::Violation;
@@ -89,6 +90,7 @@ pub fn run_many(
             clients,
             workload,
             trace: false,
+            aggregator: false,
         });
         s.add(&r);
     }

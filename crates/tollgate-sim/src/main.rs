@@ -39,6 +39,10 @@ struct Cli {
     /// Also run every seed twice and compare the trace hashes.
     #[arg(long)]
     check_determinism: bool,
+    /// Run the feed aggregator as one more actor (killed, restarted, duplicated) and check
+    /// that usage snapshots count every change once.
+    #[arg(long)]
+    aggregator: bool,
 }
 
 fn main() -> ExitCode {
@@ -83,6 +87,7 @@ fn main() -> ExitCode {
             clients: cli.clients,
             workload,
             trace: cli.trace,
+            aggregator: cli.aggregator,
         };
         let r = run_seed(&cfg);
         if cli.check_determinism {

@@ -29,6 +29,8 @@ pub struct RunConfig {
     pub workload: Option<&'static str>,
     /// Keep a readable trace.
     pub trace: bool,
+    /// Run the feed aggregator as one more actor and check `usage-counted-once`.
+    pub aggregator: bool,
 }
 
 /// Faults injected in one run.
@@ -122,9 +124,14 @@ pub fn run_seed(cfg: &RunConfig) -> SeedReport {
         delay: 0.0,
         max_delay: Duration::ZERO,
     };
-    let mem = Arc::new(MemoryStore::new());
+    // The aggregator actor reads the change feed; without it the store keeps none.
+    let mem = Arc::new(if cfg.aggregator {
+        MemoryStore::with_change_feed()
+    } else {
+        MemoryStore::new()
+    });
     let faulty = FaultyStore::new(mem.clone(), rng.gen(), fc);
-    let participants = spec.clients + 2;
+    let participants = spec.clients + 2 + usize::from(cfg.aggregator);
     let sh = Shared::new(
         mem.clone(),
         faulty,
@@ -250,6 +257,20 @@ pub fn run_seed(cfg: &RunConfig) -> SeedReport {
             )),
         ));
     }
+    if cfg.aggregator {
+        // From a stream of its own: the other actors draw what they drew without it.
+        let arng = SmallRng::seed_from_u64(cfg.seed ^ 0x5553_4147_4553_4e41);
+        let deadline = (hang_p > 0.0).then_some(CLIENT_DEADLINE);
+        tasks.push((
+            spec.clients + 2,
+            Box::pin(crate::usage::aggregator(
+                sh.clone(),
+                spec.clients + 2,
+                arng,
+                deadline,
+            )),
+        ));
+    }
     rt.block_on(drive(&sh, tasks));
 
     // Quiesce: faults off, then the one-reset-instant check.
@@ -278,6 +299,21 @@ pub fn run_seed(cfg: &RunConfig) -> SeedReport {
         )],
     ));
     violations.extend(out.lock().unwrap_or_else(|e| e.into_inner()).drain(..));
+    if cfg.aggregator {
+        rt.block_on(drive(
+            &sh,
+            vec![(
+                spec.clients + 2,
+                Box::pin(crate::usage::catch_up(
+                    sh.clone(),
+                    spec.clients + 2,
+                    out.clone(),
+                )) as Task,
+            )],
+        ));
+        violations.extend(out.lock().unwrap_or_else(|e| e.into_inner()).drain(..));
+        violations.extend(crate::usage::check(&mem, &spec));
+    }
 
     let items = mem.raw_items();
     let limits: BTreeMap<String, Vec<tollgate_core::Limit>> =

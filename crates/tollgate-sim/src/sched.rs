@@ -813,3 +813,20 @@ impl Store for SimStore {
         "sim"
     }
 }
+
+/// The feed through the scheduler: each read is a scheduling point with the read faults of
+/// the run (throttles); what it returns is the store's log.
+#[async_trait]
+impl tollgate_store::ChangeFeed for SimStore {
+    async fn read_feed(
+        &self,
+        cursor: &tollgate_store::FeedCursor,
+        limit: usize,
+    ) -> Result<tollgate_store::FeedBatch, StoreError> {
+        self.sh.turn(self.client).await;
+        let r = self.sh.faulty.read_feed(cursor, limit).await;
+        self.sh
+            .after_read(self.client, "read_feed", &[], r.as_ref().err());
+        r
+    }
+}

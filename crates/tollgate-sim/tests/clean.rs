@@ -69,3 +69,26 @@ fn cascade_workload_is_clean() {
         s.max_shards
     );
 }
+
+/// The feed aggregator as one more actor — killed, restarted, run twice at once, faulted —
+/// never counts a change twice or skips one (`usage-counted-once`).
+#[test]
+fn usage_counted_once_with_the_aggregator_actor() {
+    let mut violations = Vec::new();
+    let mut passes_with_usage = 0;
+    for seed in 0..60 {
+        let r = run_seed(&RunConfig {
+            seed,
+            aggregator: true,
+            ..RunConfig::default()
+        });
+        violations.extend(
+            r.violations
+                .iter()
+                .map(|v| format!("seed {seed}: {}: {}", v.invariant, v.detail)),
+        );
+        passes_with_usage += u64::from(r.admitted > 0);
+    }
+    assert!(violations.is_empty(), "{}", violations.join("\n"));
+    assert!(passes_with_usage > 50);
+}

@@ -154,3 +154,22 @@ fn store_deadline_is_needed() {
     // Without the deadline a client waits out a hung request (600 s of virtual time).
     caught(Mutant::StoreDeadline, None, 60, &["deadline"]);
 }
+
+#[test]
+fn usage_checkpoint_condition_is_needed() {
+    let _g = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
+    mutants::set(&[Mutant::UsageCheckpoint]);
+    let found = (0..60).find_map(|seed| {
+        let r = run_seed(&RunConfig {
+            seed,
+            aggregator: true,
+            ..RunConfig::default()
+        });
+        r.violations.first().map(|v| (seed, v.invariant))
+    });
+    mutants::set(&[]);
+    let Some((seed, inv)) = found else {
+        panic!("mutant UsageCheckpoint survived 60 seeds");
+    };
+    assert_eq!(inv, "usage-counted-once", "seed {seed}");
+}

@@ -44,7 +44,9 @@
 //!
 //! One `items` table keyed by `(pk, sk)`, the item stored whole as JSON, with the key attributes
 //! of the indexes `GSI1` … `GSI4` copied into columns for index queries; a `tokens` table of
-//! transaction idempotency tokens; the schema version in `PRAGMA user_version`.
+//! transaction idempotency tokens; a `changes` table, the change feed (one row per applied
+//! write, in the write's transaction: see `feed.rs`); the schema version in
+//! `PRAGMA user_version` (2; a version-1 file is upgraded on open).
 //!
 //! # Async
 //!
@@ -55,6 +57,7 @@
 
 mod config;
 mod error;
+mod feed;
 mod ops;
 mod queue;
 mod readers;
@@ -469,6 +472,40 @@ impl Store for SqliteStore {
         match self.write(Write::Purge(key.clone())).await? {
             Outcome::Done => Ok(()),
             other => Err(mismatch("purge", &other)),
+        }
+    }
+}
+
+/// The change feed: the `changes` table, read from a snapshot of a read connection.
+#[async_trait]
+impl tollgate_store::ChangeFeed for SqliteStore {
+    async fn read_feed(
+        &self,
+        cursor: &tollgate_store::FeedCursor,
+        limit: usize,
+    ) -> Result<tollgate_store::FeedBatch, StoreError> {
+        let r = Read::Feed {
+            cursor: cursor.clone(),
+            limit,
+        };
+        match self.read(r).await? {
+            Outcome::Feed(batch) => Ok(batch),
+            other => Err(mismatch("read_feed", &other)),
+        }
+    }
+
+    async fn trim_feed(
+        &self,
+        cursor: &tollgate_store::FeedCursor,
+        before_ms: i64,
+    ) -> Result<(), StoreError> {
+        cursor.single_seq()?;
+        match self
+            .write(Write::TrimFeed(cursor.clone(), before_ms))
+            .await?
+        {
+            Outcome::Done => Ok(()),
+            other => Err(mismatch("trim_feed", &other)),
         }
     }
 }

@@ -87,13 +87,29 @@ fn read_item(conn: &Connection, key: &Key) -> Result<Option<Item>, StoreError> {
     }
 }
 
-/// Write (`Some`) or delete (`None`) one item, refreshing its index columns.
+/// The stored text of one item (undecoded: also an item that cannot be decoded).
+fn read_raw(conn: &Connection, key: &Key) -> Result<Option<String>, StoreError> {
+    conn.prepare_cached("SELECT item FROM items WHERE pk = ?1 AND sk = ?2")
+        .and_then(|mut s| {
+            s.query_row(params![key.pk, key.sk], |r| r.get::<_, String>(0))
+                .optional()
+        })
+        .map_err(|e| from_sqlite("read", e))
+}
+
+/// Write (`Some`) or delete (`None`) one item, refreshing its index columns, and record the
+/// change on the feed in the same transaction ([`crate::feed::record`]).
 fn write_item(conn: &Connection, key: &Key, item: Option<&Item>) -> Result<(), StoreError> {
+    let old = read_raw(conn, key)?;
+    let at = now_ms();
     let Some(item) = item else {
+        if old.is_none() {
+            return Ok(());
+        }
         conn.prepare_cached("DELETE FROM items WHERE pk = ?1 AND sk = ?2")
             .and_then(|mut s| s.execute(params![key.pk, key.sk]))
             .map_err(|e| from_sqlite("delete", e))?;
-        return Ok(());
+        return crate::feed::record(conn, key, old.as_deref(), None, at);
     };
     debug_assert_eq!(
         Key::of(item).as_ref(),
@@ -128,7 +144,7 @@ fn write_item(conn: &Connection, key: &Key, item: Option<&Item>) -> Result<(), S
         ])
     })
     .map_err(|e| from_sqlite("write", e))?;
-    Ok(())
+    crate::feed::record(conn, key, old.as_deref(), Some(&json), at)
 }
 
 /// A read: on a read connection (its own snapshot), or, for an in-memory database, inside
@@ -152,6 +168,13 @@ pub enum Read {
     },
     /// `PRAGMA integrity_check`.
     IntegrityCheck,
+    /// The change feed after a cursor.
+    Feed {
+        /// Read after this.
+        cursor: tollgate_store::FeedCursor,
+        /// At most this many changes.
+        limit: usize,
+    },
 }
 
 /// A write, statically checked by the caller before it is queued (so a bad request fails
@@ -166,6 +189,8 @@ pub enum Write {
     Delete(DeleteRequest),
     /// `purge`: delete without reading the old item.
     Purge(Key),
+    /// Forget the feed's changes at or before the cursor written before the instant (ms).
+    TrimFeed(tollgate_store::FeedCursor, i64),
     /// `transact_write`, checked by [`check_transaction`], which computed the fingerprint
     /// stored with the token.
     Transact {
@@ -184,6 +209,7 @@ impl Write {
         match self {
             Write::Transact { ops, .. } => ops.len(),
             Write::Put(_) | Write::Update(_) | Write::Delete(_) | Write::Purge(_) => 1,
+            Write::TrimFeed(..) => 1,
         }
     }
 }
@@ -203,6 +229,8 @@ pub enum Outcome {
     Page(ScanPage),
     /// `integrity_check`: SQLite's lines.
     Lines(Vec<String>),
+    /// `read_feed`.
+    Feed(tollgate_store::FeedBatch),
 }
 
 /// Run a read. `batch_get` reads every key from one snapshot: the enclosing transaction's, or
@@ -230,6 +258,14 @@ pub fn read(conn: &Connection, r: &Read) -> Result<Outcome, StoreError> {
             limit,
         } => scan(conn, prefix, after.as_ref(), *limit).map(Outcome::Page),
         Read::IntegrityCheck => integrity_check(conn).map(Outcome::Lines),
+        Read::Feed { cursor, limit } => {
+            if !conn.is_autocommit() {
+                // Inside the writer's transaction (an in-memory database): its state is
+                // the snapshot.
+                return crate::feed::read_in(conn, cursor, *limit).map(Outcome::Feed);
+            }
+            crate::feed::read(conn, cursor, *limit).map(Outcome::Feed)
+        }
     }
 }
 
@@ -253,6 +289,9 @@ pub fn write(
         Write::Update(req) => update(tx, req).map(Outcome::Item),
         Write::Delete(req) => delete(tx, req).map(Outcome::Item),
         Write::Purge(key) => write_item(tx, &key, None).map(|()| Outcome::Done),
+        Write::TrimFeed(cursor, before) => {
+            crate::feed::trim(tx, &cursor, before).map(|_| Outcome::Done)
+        }
         Write::Transact {
             ops,
             token,

@@ -6,8 +6,9 @@ use tollgate_store::StoreError;
 
 use crate::error::{from_open, SchemaError};
 
-/// The schema version this build writes and understands.
-pub const SCHEMA_VERSION: i64 = 1;
+/// The schema version this build writes and understands: 2 (version 1 and the `changes`
+/// table of the change feed). A version-1 file is upgraded when opened.
+pub const SCHEMA_VERSION: i64 = 2;
 
 /// Indexes whose key attributes (`GSI{n}PK` / `GSI{n}SK`) get their own columns.
 pub const INDEXES: [&str; 4] = ["GSI1", "GSI2", "GSI3", "GSI4"];
@@ -88,7 +89,11 @@ fn check(conn: &Connection, path: &str) -> Result<i64, StoreError> {
                 .into());
             }
         }
-        SCHEMA_VERSION => check_v1_tables(conn, path)?,
+        1 => check_v1_tables(conn, path)?,
+        SCHEMA_VERSION => {
+            check_v1_tables(conn, path)?;
+            check_columns(conn, path, "changes", crate::feed::CHANGES_COLUMNS)?;
+        }
         found => {
             return Err(SchemaError::Version {
                 path: path.to_string(),
@@ -116,9 +121,16 @@ pub fn ensure(conn: &mut Connection, path: &str) -> Result<(), StoreError> {
     let tx = conn
         .transaction_with_behavior(TransactionBehavior::Immediate)
         .map_err(|e| from_open(path, "begin schema transaction on", e))?;
-    if check(&tx, path)? == 0 {
+    let found = check(&tx, path)?;
+    if found == 0 {
         tx.execute_batch(SCHEMA_V1)
             .map_err(|e| from_open(path, "create schema in", e))?;
+    }
+    if found < SCHEMA_VERSION {
+        // Version 2: the change feed's table (an upgrade of a version-1 file adds it; the
+        // feed starts empty, at the upgrade).
+        tx.execute_batch(crate::feed::CHANGES_TABLE)
+            .map_err(|e| from_open(path, "create the changes table in", e))?;
         tx.pragma_update(None, "user_version", SCHEMA_VERSION)
             .map_err(|e| from_open(path, "write schema version of", e))?;
     }
@@ -140,6 +152,19 @@ fn table_names(conn: &Connection, path: &str) -> Result<Vec<String>, StoreError>
 /// A file that says version 1 must have version 1's tables with their columns.
 fn check_v1_tables(conn: &Connection, path: &str) -> Result<(), StoreError> {
     for (table, want) in V1_TABLES {
+        check_columns(conn, path, table, want)?;
+    }
+    Ok(())
+}
+
+/// Table `table` must exist with exactly the columns `want`.
+fn check_columns(
+    conn: &Connection,
+    path: &str,
+    table: &str,
+    want: &[&str],
+) -> Result<(), StoreError> {
+    {
         let mut stmt = conn
             .prepare("SELECT name FROM pragma_table_info(?1) ORDER BY cid")
             .map_err(|e| from_open(path, "read the tables of", e))?;

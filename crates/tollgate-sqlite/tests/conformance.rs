@@ -35,3 +35,27 @@ async fn conformance_in_memory_on_multi_thread_runtime() {
     };
     report(run_all(&make).await, "memory");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn feed_conformance_on_temp_files_and_in_memory() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let n = AtomicUsize::new(0);
+    let results = conformance::feed::run_feed_all(|| {
+        let i = n.fetch_add(1, Ordering::SeqCst);
+        let path = dir.path().join(format!("feed-{i}.db"));
+        async move {
+            let b: Box<dyn tollgate_store::ChangeFeed> =
+                Box::new(SqliteStore::open(&path).expect("open temp store"));
+            b
+        }
+    })
+    .await;
+    report(results, "feed on files");
+    let results = conformance::feed::run_feed_all(|| async {
+        let b: Box<dyn tollgate_store::ChangeFeed> =
+            Box::new(SqliteStore::open_in_memory().expect("open in-memory store"));
+        b
+    })
+    .await;
+    report(results, "feed in memory");
+}

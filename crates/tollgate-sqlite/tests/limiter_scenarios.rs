@@ -66,7 +66,28 @@ impl Store for Raw {
     }
 }
 
+#[async_trait::async_trait]
+impl tollgate_store::ChangeFeed for Raw {
+    async fn read_feed(
+        &self,
+        cursor: &tollgate_store::FeedCursor,
+        limit: usize,
+    ) -> Result<tollgate_store::FeedBatch, StoreError> {
+        self.store.read_feed(cursor, limit).await
+    }
+    async fn trim_feed(
+        &self,
+        cursor: &tollgate_store::FeedCursor,
+        before_ms: i64,
+    ) -> Result<(), StoreError> {
+        self.store.trim_feed(cursor, before_ms).await
+    }
+}
+
 impl TestStore for Raw {
+    fn change_feed(self: Arc<Self>) -> Option<Arc<dyn tollgate_store::ChangeFeed>> {
+        Some(self)
+    }
     fn raw_get(&self, key: &Key) -> Option<Item> {
         block(self.store.get(key, true)).expect("raw get")
     }

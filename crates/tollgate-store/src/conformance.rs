@@ -16,6 +16,8 @@
 //! are polled for a short while, so the suite also holds against an eventually consistent
 //! index.
 
+pub mod feed;
+
 use std::collections::{BTreeMap, BTreeSet};
 use std::future::Future;
 use std::pin::Pin;

@@ -152,3 +152,22 @@ impl<S: Store> Store for Counting<S> {
         self.inner.backend()
     }
 }
+
+/// Feed reads are not store requests of the request path: they are forwarded uncounted.
+#[async_trait]
+impl<S: crate::ChangeFeed> crate::ChangeFeed for Counting<S> {
+    async fn read_feed(
+        &self,
+        cursor: &crate::FeedCursor,
+        limit: usize,
+    ) -> Result<crate::FeedBatch, StoreError> {
+        self.inner.read_feed(cursor, limit).await
+    }
+    async fn trim_feed(
+        &self,
+        cursor: &crate::FeedCursor,
+        before_ms: i64,
+    ) -> Result<(), StoreError> {
+        self.inner.trim_feed(cursor, before_ms).await
+    }
+}

@@ -127,6 +127,27 @@ impl<S: Store> Store for Deadline<S> {
     }
 }
 
+/// Feed reads and trims are bounded like reads (a trim changes nothing a reader relies on).
+#[async_trait]
+impl<S: crate::ChangeFeed> crate::ChangeFeed for Deadline<S> {
+    async fn read_feed(
+        &self,
+        cursor: &crate::FeedCursor,
+        limit: usize,
+    ) -> Result<crate::FeedBatch, StoreError> {
+        self.bounded("read_feed", false, self.inner.read_feed(cursor, limit))
+            .await
+    }
+    async fn trim_feed(
+        &self,
+        cursor: &crate::FeedCursor,
+        before_ms: i64,
+    ) -> Result<(), StoreError> {
+        self.bounded("trim_feed", false, self.inner.trim_feed(cursor, before_ms))
+            .await
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

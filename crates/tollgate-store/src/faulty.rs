@@ -365,6 +365,29 @@ impl<S: Store> FaultyStore<S> {
     }
 }
 
+/// Feed reads take the read faults (throttling, delays, outages) of a draw; what the feed
+/// holds is the inner store's: a lost response to a write still applied the write, so its
+/// change is there.
+#[async_trait]
+impl<S: crate::ChangeFeed> crate::ChangeFeed for FaultyStore<S> {
+    async fn read_feed(
+        &self,
+        cursor: &crate::FeedCursor,
+        limit: usize,
+    ) -> Result<crate::FeedBatch, StoreError> {
+        let d = self.draw();
+        self.before(&d).await?;
+        self.inner.read_feed(cursor, limit).await
+    }
+    async fn trim_feed(
+        &self,
+        cursor: &crate::FeedCursor,
+        before_ms: i64,
+    ) -> Result<(), StoreError> {
+        self.inner.trim_feed(cursor, before_ms).await
+    }
+}
+
 #[async_trait]
 impl<S: Store> Store for FaultyStore<S> {
     async fn get(&self, key: &Key, consistent: bool) -> Result<Option<Item>, StoreError> {

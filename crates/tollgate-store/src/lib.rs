@@ -10,6 +10,7 @@ pub mod deadline;
 pub mod error;
 pub mod eval;
 pub mod faulty;
+pub mod feed;
 pub mod memory;
 
 use async_trait::async_trait;
@@ -20,6 +21,7 @@ use tollgate_core::value::{Item, Key};
 pub use counting::{Counting, StoreStats};
 pub use deadline::Deadline;
 pub use faulty::{FaultConfig, FaultStats, FaultyStore};
+pub use feed::{Change, ChangeFeed, FeedBatch, FeedCursor, FeedPosition};
 pub use memory::{MemoryStore, MillisClock};
 
 /// A conditional put of a whole item.

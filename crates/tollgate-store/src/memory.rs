@@ -1,6 +1,6 @@
 //! `MemoryStore`: the reference semantics (DynamoDB's), in one process's memory.
 
-use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 
@@ -13,6 +13,7 @@ use crate::eval::{
     apply_actions, apply_update_stored, eval_condition, key_item, plan_transact_op, validate_item,
     validate_update,
 };
+use crate::feed::{Change, ChangeFeed, FeedBatch, FeedCursor, FeedPosition};
 use crate::{
     validate_token, validate_transaction, DeleteRequest, PutRequest, Query, ScanPage, Store,
     TransactOp, UpdateRequest,
@@ -39,6 +40,39 @@ struct Inner {
     /// Idempotency tokens of applied transactions, with the operations they carried.
     tokens: HashMap<String, Vec<TransactOp>>,
     buckets: HashMap<Key, Bucket>,
+    /// The change feed: applied writes after `trimmed_through`, oldest first.
+    log: VecDeque<Change>,
+    /// The sequence number of the last change appended (0: none yet).
+    last_seq: i64,
+    /// Changes up to this sequence number were forgotten (trimmed or over the bound).
+    trimmed_through: i64,
+    /// Whether this store keeps a change feed ([`MemoryStore::with_change_feed`]).
+    feed_on: bool,
+}
+
+/// Most changes the in-process feed keeps; older ones are dropped (a consumer that falls
+/// further behind gets a clear error, not a silent gap).
+pub const FEED_CAPACITY: usize = 100_000;
+
+/// The time source of the feed's write times.
+#[derive(Clone, Default)]
+struct FeedClock(Option<MillisClock>);
+
+impl std::fmt::Debug for FeedClock {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(if self.0.is_some() {
+            "FeedClock(set)"
+        } else {
+            "FeedClock(system)"
+        })
+    }
+}
+
+fn system_ms() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX))
+        .unwrap_or(0)
 }
 
 /// The time source of a write ceiling: epoch milliseconds.
@@ -70,12 +104,23 @@ pub struct MemoryStore {
     inner: Mutex<Inner>,
     stale_reads: AtomicBool,
     ceiling: Option<Ceiling>,
+    feed_clock: Mutex<FeedClock>,
 }
 
 impl MemoryStore {
-    /// An empty store.
+    /// An empty store. It keeps no change feed (its writes copy nothing for one); see
+    /// [`MemoryStore::with_change_feed`].
     pub fn new() -> Self {
         Self::default()
+    }
+
+    /// An empty store that keeps a change feed ([`ChangeFeed`]): every applied write is
+    /// logged in process, with copies of its old and new item, up to [`FEED_CAPACITY`]
+    /// changes not yet trimmed.
+    pub fn with_change_feed() -> Self {
+        let s = Self::default();
+        s.lock().feed_on = true;
+        s
     }
 
     /// An empty store that lets each item take at most `per_second` writes per second
@@ -134,6 +179,20 @@ impl MemoryStore {
             g.buckets.insert(k, b);
         }
         Ok(())
+    }
+
+    /// Date the feed's changes by `clock` (epoch ms) instead of the system clock.
+    pub fn set_feed_clock(&self, clock: MillisClock) {
+        *self.feed_clock.lock().unwrap_or_else(|e| e.into_inner()) = FeedClock(Some(clock));
+    }
+
+    fn feed_now(&self) -> i64 {
+        let c = self
+            .feed_clock
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone();
+        c.0.map_or_else(system_ms, |c| c())
     }
 
     /// Make eventually consistent reads return the previous version of each item.
@@ -219,10 +278,46 @@ fn updated_new(new: &Item, update: &tollgate_core::expr::Update) -> Option<Item>
     Some(project(new, &names)).filter(|p| !p.is_empty())
 }
 
-fn write(g: &mut Inner, key: &Key, new: Option<Item>) {
+/// Apply one write and append it to the feed when the store keeps one (a write that
+/// changes nothing is not a change).
+fn write(g: &mut Inner, key: &Key, new: Option<Item>, at_ms: i64) {
     let slot = g.items.entry(key.clone()).or_default();
-    slot.prev = slot.cur.take();
-    slot.cur = new;
+    let old = slot.cur.take();
+    if !g.feed_on {
+        slot.prev = old;
+        slot.cur = new;
+        return;
+    }
+    let changed = old != new;
+    slot.prev = old.clone();
+    slot.cur = new.clone();
+    if changed {
+        log_change(g, key, old, new, at_ms);
+    }
+}
+
+/// Append a change to the in-process feed (bounded by [`FEED_CAPACITY`]).
+fn log_change(g: &mut Inner, key: &Key, old: Option<Item>, new: Option<Item>, at_ms: i64) {
+    debug_assert!(
+        g.feed_on,
+        "changes are logged only by a store that keeps a feed"
+    );
+    g.last_seq += 1;
+    let seq = g.last_seq;
+    g.log.push_back(Change {
+        position: FeedPosition {
+            stream: String::new(),
+            seq: seq.to_string(),
+        },
+        key: key.clone(),
+        old,
+        new,
+        at_ms,
+    });
+    while g.log.len() > FEED_CAPACITY {
+        g.log.pop_front();
+        g.trimmed_through += 1;
+    }
 }
 
 #[async_trait]
@@ -266,7 +361,7 @@ impl Store for MemoryStore {
         }
         let mut item = req.item;
         req.key.stamp(&mut item);
-        write(&mut g, &req.key, Some(item));
+        write(&mut g, &req.key, Some(item), self.feed_now());
         Ok(())
     }
 
@@ -278,6 +373,7 @@ impl Store for MemoryStore {
         // An existing item is updated in place: one copy of it is kept as the previous
         // version (what a stale read sees, and what every right-hand side reads), and the
         // only other copy is what the request asks to have returned.
+        let feed_on = g.feed_on;
         if let Some(Slot {
             cur: Some(cur),
             prev,
@@ -304,7 +400,12 @@ impl Store for MemoryStore {
                 ReturnValues::AllOld => Some(old.clone()),
                 ReturnValues::UpdatedNew => updated_new(cur, &req.update),
             };
+            let change = (feed_on && *cur != old).then(|| (old.clone(), cur.clone()));
             *prev = Some(old);
+            if let Some((old, new)) = change {
+                let at_ms = self.feed_now();
+                log_change(&mut g, &req.key, Some(old), Some(new), at_ms);
+            }
             return Ok(out);
         }
         // Absent (never written, or deleted): the update creates it, unless it only removes.
@@ -322,7 +423,7 @@ impl Store for MemoryStore {
             ReturnValues::UpdatedNew => new.as_ref().and_then(|n| updated_new(n, &req.update)),
         };
         if new.is_some() {
-            write(&mut g, &req.key, new);
+            write(&mut g, &req.key, new, self.feed_now());
         }
         Ok(out)
     }
@@ -339,7 +440,7 @@ impl Store for MemoryStore {
             }
         }
         if cur.is_some() {
-            write(&mut g, &req.key, None);
+            write(&mut g, &req.key, None, self.feed_now());
         }
         Ok(cur)
     }
@@ -386,9 +487,10 @@ impl Store for MemoryStore {
         if failed {
             return Err(StoreError::TransactionCanceled { reasons });
         }
+        let at = self.feed_now();
         for (op, p) in ops.iter().zip(planned) {
             if let Some(new) = p {
-                write(&mut g, op.key(), new);
+                write(&mut g, op.key(), new, at);
             }
         }
         if let Some(t) = token {
@@ -455,5 +557,53 @@ impl Store for MemoryStore {
             None => None,
         };
         Ok(ScanPage { items, next })
+    }
+}
+
+/// The in-process feed: one stream, sequence numbers 1, 2, … in apply order. Raw writes
+/// (`raw_put`, `raw_delete`: test staging) bypass it.
+#[async_trait]
+impl ChangeFeed for MemoryStore {
+    async fn read_feed(&self, cursor: &FeedCursor, limit: usize) -> Result<FeedBatch, StoreError> {
+        let after = cursor.single_seq()?;
+        let g = self.lock();
+        if !g.feed_on {
+            return Err(StoreError::Validation(
+                "this MemoryStore keeps no change feed (MemoryStore::with_change_feed)".into(),
+            ));
+        }
+        if after < g.trimmed_through {
+            return Err(StoreError::Validation(format!(
+                "the feed no longer holds changes {}..={} (cursor at {after})",
+                after + 1,
+                g.trimmed_through
+            )));
+        }
+        let skip = usize::try_from(after - g.trimmed_through).unwrap_or(usize::MAX);
+        let changes: Vec<Change> = g
+            .log
+            .iter()
+            .skip(skip)
+            .take(limit.max(1))
+            .cloned()
+            .collect();
+        let mut next = cursor.clone();
+        if let Some(c) = changes.last() {
+            next.advance(&c.position);
+        }
+        Ok(FeedBatch {
+            changes,
+            cursor: next,
+        })
+    }
+
+    async fn trim_feed(&self, cursor: &FeedCursor, before_ms: i64) -> Result<(), StoreError> {
+        let through = cursor.single_seq()?;
+        let mut g = self.lock();
+        while g.trimmed_through < through && g.log.front().is_some_and(|c| c.at_ms < before_ms) {
+            g.log.pop_front();
+            g.trimmed_through += 1;
+        }
+        Ok(())
     }
 }

@@ -61,7 +61,7 @@ pub struct AggregateReport {
 }
 
 impl AggregateReport {
-    fn merge(&mut self, o: AggregateReport) {
+    pub(crate) fn merge(&mut self, o: AggregateReport) {
         self.shards_read += o.shards_read;
         self.refilled_items += o.refilled_items;
         self.rolled += o.rolled;

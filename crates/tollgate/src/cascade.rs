@@ -89,7 +89,11 @@ async fn undo_child(lease: &mut Lease, child: &Request) {
     const ATTEMPTS: u32 = 4;
     for attempt in 0..ATTEMPTS {
         match lease.rollback().await {
-            Ok(()) => return,
+            Ok(()) => {
+                // The acquire was refused as a whole: take back the request it counted.
+                lease.uncount_request().await;
+                return;
+            }
             Err(Error::Unavailable(StoreError::Throttled(_) | StoreError::TransactionConflict))
                 if attempt + 1 < ATTEMPTS =>
             {

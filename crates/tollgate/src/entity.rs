@@ -380,6 +380,12 @@ impl Inner {
                     evals: x.evals.clone(),
                 });
             }
+            if !debt {
+                // One admitted acquire, however many shards it spreads over.
+                if let Some(TransactOp::Update(u)) = ops.first_mut() {
+                    u.update = tollgate_core::usage::count_request(std::mem::take(&mut u.update));
+                }
+            }
             if grants {
                 // Rule "a grant is sized at the live shard count" (see `commit_slot`).
                 let k0 = self.bucket_key(req, 0);

@@ -172,6 +172,10 @@ pub enum Error {
         /// Why.
         reason: String,
     },
+    /// A usage query or an aggregator option is not valid (no entity nor resource, a bad
+    /// window, limit or page token, an empty window list).
+    #[error("invalid usage query: {0}")]
+    InvalidUsage(String),
     /// A stored item could not be decoded.
     #[error("corrupt stored data: {0}")]
     Corrupt(String),

@@ -69,6 +69,7 @@ pub mod namespace;
 mod shards;
 #[cfg(feature = "testing")]
 pub mod testing;
+mod usage;
 
 pub use acquire::AcquireOptions;
 pub use aggregator::{AggregateReport, Aggregator};
@@ -89,4 +90,6 @@ pub use limiter::{
 pub use namespace::{Namespace, NamespaceStatus};
 pub use shards::should_double;
 pub use tollgate_core::merge::{Merge, MergeSpec, PatchSpec};
+pub use tollgate_core::usage::{Snapshot, Window};
 pub use tollgate_core::{Limit, LimitSpec, LimitStatus};
+pub use usage::{checkpoint_key, FeedAggregator, PassReport, UsageOptions, UsagePage, UsageQuery};

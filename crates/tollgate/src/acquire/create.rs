@@ -83,6 +83,7 @@ impl Inner {
             shard_count: s,
         };
         let mut item = create_item(&id, &stamp, &req.limits, &evals, &amounts);
+        tollgate_core::usage::stamp_created(&mut item, refusal.is_none(), now);
         // ADR-146: the effective cascade policy is stamped on every item the slow path writes.
         item.insert(attr::CASCADE.into(), req.cascade.into());
         let put = PutRequest {

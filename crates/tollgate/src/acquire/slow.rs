@@ -177,8 +177,11 @@ impl Inner {
         } else {
             req.amounts.clone()
         };
-        let (write, rf_written) =
+        let (mut write, rf_written) =
             self.materialising_write(req, key, &img, &evals, &amounts, Charging::default(), now);
+        if refusal.is_none() {
+            write.update = tollgate_core::usage::count_request(write.update);
+        }
         let landed = self
             .commit_slot(req, shard, TransactOp::Update(write), &plan.moves, pin)
             .await?;
@@ -236,6 +239,7 @@ impl Inner {
         };
         let (update, condition) =
             normal_write(img.rf, &stamp, &req.limits, evals, &wcu, amounts, charging);
+        let update = tollgate_core::usage::stamp_write_time(update, now);
         (
             UpdateRequest {
                 key: key.clone(),

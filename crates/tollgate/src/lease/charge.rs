@@ -150,7 +150,7 @@ impl Lease {
                 condition = condition.and(p.clone());
             }
         }
-        let mut update = adjust_write(deltas, &[]);
+        let mut update = adjust_write(deltas, &[], lim.clock.now_ms());
         if drip_refund {
             match self.parts[0]
                 .image

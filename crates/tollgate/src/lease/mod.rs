@@ -310,6 +310,25 @@ impl Lease {
         r
     }
 
+    /// Take back the admitted request this lease's acquire counted on its first part
+    /// (`rq`, see `tollgate_core::usage`): for a cascade whose parent refused, after the
+    /// child's debit was rolled back. One write on that refusal path only; a failure leaves
+    /// the request counted and is logged (never resent: it is an ADD).
+    pub(crate) async fn uncount_request(&self) {
+        let (Some(lim), Some(p)) = (self.lim.as_ref(), self.parts.first()) else {
+            return;
+        };
+        let u = tollgate_store::UpdateRequest {
+            key: p.key.clone(),
+            update: tollgate_core::usage::uncount_request(tollgate_core::expr::Update::new()),
+            condition: Some(Condition::exists("PK")),
+            returns: tollgate_core::expr::ReturnValues::None,
+        };
+        if let Err(e) = lim.store.update(u).await {
+            tracing::warn!(error = %e, "cascade: the refused request stays counted in usage");
+        }
+    }
+
     fn close_after(&mut self, r: &Result<()>) {
         match r {
             Ok(()) | Err(Error::Unavailable(StoreError::Ambiguous(_))) => {

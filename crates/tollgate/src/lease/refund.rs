@@ -111,7 +111,7 @@ impl Lease {
                     }
                 }
             }
-            let mut update = adjust_write(&o.deltas, &o.tc_only);
+            let mut update = adjust_write(&o.deltas, &o.tc_only, lim.clock.now_ms());
             match (&o.trust, o.drips) {
                 (Some(t), _) => condition = condition.and(t.clone()),
                 // Nothing known to keep: pull the trust horizon in (the next acquire

@@ -15,7 +15,7 @@ use std::time::Duration;
 
 use tollgate_core::keys;
 use tollgate_core::value::{Item, Key, Value};
-use tollgate_store::{Counting, MemoryStore, Store, StoreStats};
+use tollgate_store::{ChangeFeed, Counting, MemoryStore, Store, StoreStats};
 
 use crate::{Limiter, ManualClock, Options, PinnedRng};
 
@@ -43,6 +43,11 @@ pub trait TestStore: Store {
         let _ = (key, item, attribute);
         false
     }
+
+    /// The store's change feed, for the usage scenarios; `None` skips them.
+    fn change_feed(self: Arc<Self>) -> Option<Arc<dyn ChangeFeed>> {
+        None
+    }
 }
 
 impl TestStore for MemoryStore {
@@ -54,6 +59,9 @@ impl TestStore for MemoryStore {
     }
     fn raw_delete(&self, key: &Key) {
         MemoryStore::raw_delete(self, key)
+    }
+    fn change_feed(self: Arc<Self>) -> Option<Arc<dyn ChangeFeed>> {
+        Some(self)
     }
 }
 
@@ -76,7 +84,9 @@ impl Backend {
 
     /// The reference backend.
     pub fn memory() -> Self {
-        Backend::new(|| Box::pin(async { Arc::new(MemoryStore::new()) as Arc<dyn TestStore> }))
+        Backend::new(|| {
+            Box::pin(async { Arc::new(MemoryStore::with_change_feed()) as Arc<dyn TestStore> })
+        })
     }
 
     /// A fresh store.

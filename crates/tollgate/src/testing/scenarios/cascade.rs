@@ -308,6 +308,13 @@ pub async fn cascade_parent_short_charges_no_child(b: &Backend) {
         assert_eq!(h.n(C, R, 0, "b_tpd_tc"), Some(2000));
         assert_eq!(h.tks(P, R, "tpd", 1), vec![1000]);
     }
+    // Usage: one admitted acquire; the refused ones took back the request they counted.
+    assert_eq!(
+        h.n(C, R, 0, "rq"),
+        Some(1),
+        "refused cascade acquires count no request"
+    );
+    assert_eq!(h.n(P, R, 0, "rq"), Some(1));
     // The parent's refusal is cached (ADR-147): the next cascade acquire is refused before
     // the child is written, with no store request at all.
     let s = h.stats();

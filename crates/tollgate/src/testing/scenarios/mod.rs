@@ -14,6 +14,7 @@ pub mod repair;
 pub mod schedules;
 pub mod sharded;
 pub mod shared_leases;
+pub mod usage;
 
 /// Generate one `#[tokio::test]` per limiter behaviour scenario, on `$backend`: an
 /// expression of type `Option<`[`Backend`](crate::testing::Backend)`>` (`None` skips, for a
@@ -157,7 +158,10 @@ macro_rules! scenario_tests {
             merge::s114_time_zones_conflict,
             merge::s116_change_reaches_merged_buckets_only,
             namespaces::ns_register_and_isolation,
-            namespaces::ns_delete_recover_purge
+            namespaces::ns_delete_recover_purge,
+            usage::usage_equals_admitted_net_consumption,
+            usage::usage_survives_restart_and_duplicate_aggregators,
+            usage::usage_commit_with_a_lost_response_counts_once
         );
     };
 }

@@ -1,0 +1,93 @@
+//! `tollgate aggregate` and `tollgate usage` as a user runs them, on a SQLite file.
+
+mod common;
+
+use common::{code, stderr, stdout, tollgate};
+use serde_json::Value;
+
+#[test]
+fn aggregate_then_usage_list_and_summary() {
+    let dir = tempfile::tempdir().unwrap();
+    let st = format!("sqlite:{}", dir.path().join("u.db").display());
+    let ok = |args: &[&str]| {
+        let o = tollgate(args);
+        assert_eq!(code(&o), 0, "{args:?}: {}{}", stdout(&o), stderr(&o));
+        stdout(&o)
+    };
+    ok(&[
+        "limits",
+        "set",
+        "--resource",
+        "gpt",
+        "rpm:rate=100/min",
+        "tpm:rate=100000/min",
+        "--store",
+        &st,
+    ]);
+    ok(&["acquire", "u1", "gpt", "rpm=1", "tpm=500", "--store", &st]);
+    ok(&[
+        "acquire", "u1", "gpt", "rpm=1", "tpm=300", "--adjust", "tpm=-100", "--store", &st,
+    ]);
+    ok(&["acquire", "u2", "gpt", "rpm=1", "tpm=42", "--store", &st]);
+    let v: Value =
+        serde_json::from_str(&ok(&["--json", "aggregate", "--once", "--store", &st])).unwrap();
+    assert_eq!(v["usage_changes"], 4, "{v}");
+    assert_eq!(v["commits"], 1, "{v}");
+    // Run again: nothing is counted twice.
+    let v: Value =
+        serde_json::from_str(&ok(&["--json", "aggregate", "--once", "--store", &st])).unwrap();
+    assert_eq!(v["usage_changes"], 0, "{v}");
+
+    let v: Value = serde_json::from_str(&ok(&[
+        "--json", "usage", "list", "--entity", "u1", "--window", "daily", "--store", &st,
+    ]))
+    .unwrap();
+    let s = &v["snapshots"][0];
+    assert_eq!(s["requests"], 2, "{v}");
+    assert_eq!(s["consumed_milli"]["tpm"], 700_000);
+    assert_eq!(s["consumed_milli"]["rpm"], 2000);
+
+    let text = ok(&[
+        "usage",
+        "list",
+        "--resource",
+        "gpt",
+        "--window",
+        "daily",
+        "--store",
+        &st,
+    ]);
+    assert!(
+        text.contains("u1 / gpt  requests=2  rpm=2 tpm=700"),
+        "{text}"
+    );
+    assert!(
+        text.contains("u2 / gpt  requests=1  rpm=1 tpm=42"),
+        "{text}"
+    );
+
+    let text = ok(&[
+        "usage", "summary", "--entity", "u1", "--limit", "tpm", "--plot", "--store", &st,
+    ]);
+    assert!(
+        text.contains("2 request(s)") && text.contains("tpm: 700"),
+        "{text}"
+    );
+    assert!(text.contains("tpm per window"), "{text}");
+    assert!(
+        text.chars().any(|c| ('\u{2801}'..='\u{28FF}').contains(&c)),
+        "{text}"
+    );
+
+    // Bad input: exit 2.
+    let o = tollgate(&["usage", "list", "--store", &st]);
+    assert_eq!(code(&o), 2, "{}{}", stdout(&o), stderr(&o));
+    let o = tollgate(&[
+        "usage", "list", "--entity", "u1", "--window", "weekly", "--store", &st,
+    ]);
+    assert_eq!(code(&o), 2);
+    let o = tollgate(&[
+        "usage", "summary", "--entity", "u1", "--limit", "nope", "--store", &st,
+    ]);
+    assert_eq!(code(&o), 2, "{}", stderr(&o));
+}

@@ -1,0 +1,518 @@
+//! Usage accounting from the change feed: what one applied write of a bucket item consumed,
+//! and where that lands in the usage snapshots.
+//!
+//! Every acquire, adjustment and rollback ADDs its net consumption to the limit's `tc`
+//! counter, so the consumption of one write is exactly `new tc − old tc` (a new bucket: its
+//! whole `tc` — the original's first consumption, lost with its INSERT, is counted here). A
+//! write that admits an acquire also ADDs 1 to the item's request counter `rq` (one per
+//! acquire, whatever the number of limits it charges), and every write that moves `tc` or
+//! `rq` SETs `wt`, the writer's clock: consumption is dated by the write itself, never by a
+//! stale `rf` (rule "usage is dated by its write", [`usage_of`]).
+//!
+//! Window starts are UTC calendar hours, days and months ([`Window::start_ms`]).
+
+use std::collections::BTreeMap;
+
+use crate::bucket::attr as bucket_attr;
+use crate::expr::Update;
+use crate::ids::WCU;
+use crate::keys::STATE;
+use crate::value::{Item, Key, Value};
+
+/// Item attributes of usage accounting on a bucket item.
+pub mod attr {
+    /// Admitted acquires on this item (ADD 1 per admitted acquire).
+    pub const RQ: &str = "rq";
+    /// Write time (ms) of the last write that moved `tc` or `rq`.
+    pub const WT: &str = "wt";
+}
+
+/// Count one admitted acquire on the item this update writes (date it with
+/// [`stamp_write_time`]).
+pub fn count_request(u: Update) -> Update {
+    u.add(attr::RQ, 1)
+}
+
+/// Take back a counted acquire (a cascade whose parent refused: the child's debit is rolled
+/// back and the acquire was not admitted).
+pub fn uncount_request(u: Update) -> Update {
+    u.add(attr::RQ, -1)
+}
+
+/// Date a consumption-moving write (an adjustment, a rollback, a refund) at `now_ms`.
+pub fn stamp_write_time(u: Update, now_ms: i64) -> Update {
+    u.set(attr::WT, now_ms)
+}
+
+/// Stamp a bucket item a create writes: one admitted acquire when it consumes (`admitted`),
+/// none for an item created without a request (a Path-2 clone), dated `now_ms`.
+pub fn stamp_created(item: &mut Item, admitted: bool, now_ms: i64) {
+    item.insert(attr::RQ.into(), Value::N(i64::from(admitted)));
+    item.insert(attr::WT.into(), Value::N(now_ms));
+}
+
+/// A usage snapshot period.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum Window {
+    /// A UTC calendar hour.
+    Hourly,
+    /// A UTC calendar day.
+    Daily,
+    /// A UTC calendar month.
+    Monthly,
+}
+
+const HOUR_MS: i64 = 3_600_000;
+const DAY_MS: i64 = 86_400_000;
+
+/// Days since 1970-01-01 → (year, month 1..=12, day 1..=31), proleptic Gregorian.
+fn civil_from_days(z: i64) -> (i64, i64, i64) {
+    let z = z + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z.rem_euclid(146_097);
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let y = yoe + era * 400;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let d = doy - (153 * mp + 2) / 5 + 1;
+    let m = if mp < 10 { mp + 3 } else { mp - 9 };
+    (if m <= 2 { y + 1 } else { y }, m, d)
+}
+
+/// (year, month, day) → days since 1970-01-01.
+fn days_from_civil(y: i64, m: i64, d: i64) -> i64 {
+    let y = if m <= 2 { y - 1 } else { y };
+    let era = y.div_euclid(400);
+    let yoe = y.rem_euclid(400);
+    let mp = (m + 9) % 12;
+    let doy = (153 * mp + 2) / 5 + d - 1;
+    let doe = yoe * 365 + yoe / 4 - yoe / 100 + doy;
+    era * 146_097 + doe - 719_468
+}
+
+impl Window {
+    /// Every window, shortest first.
+    pub const ALL: [Window; 3] = [Window::Hourly, Window::Daily, Window::Monthly];
+
+    /// Its name (`hourly`, `daily`, `monthly`).
+    pub fn name(self) -> &'static str {
+        match self {
+            Window::Hourly => "hourly",
+            Window::Daily => "daily",
+            Window::Monthly => "monthly",
+        }
+    }
+
+    /// The window of that name.
+    pub fn parse(s: &str) -> Option<Window> {
+        Window::ALL.into_iter().find(|w| w.name() == s)
+    }
+
+    /// The start (ms) of the window holding `t_ms`.
+    pub fn start_ms(self, t_ms: i64) -> i64 {
+        match self {
+            Window::Hourly => t_ms.div_euclid(HOUR_MS) * HOUR_MS,
+            Window::Daily => t_ms.div_euclid(DAY_MS) * DAY_MS,
+            Window::Monthly => {
+                let (y, m, _) = civil_from_days(t_ms.div_euclid(DAY_MS));
+                days_from_civil(y, m, 1) * DAY_MS
+            }
+        }
+    }
+
+    /// The end (ms, exclusive) of the window starting at `start_ms`.
+    pub fn end_ms(self, start_ms: i64) -> i64 {
+        match self {
+            Window::Hourly => start_ms + HOUR_MS,
+            Window::Daily => start_ms + DAY_MS,
+            Window::Monthly => {
+                let (y, m, _) = civil_from_days(start_ms.div_euclid(DAY_MS));
+                let (y, m) = if m == 12 { (y + 1, 1) } else { (y, m + 1) };
+                days_from_civil(y, m, 1) * DAY_MS
+            }
+        }
+    }
+}
+
+/// `t_ms` as UTC `YYYY-MM-DDTHH:MM:SSZ` (whole seconds).
+pub fn iso_utc(t_ms: i64) -> String {
+    let days = t_ms.div_euclid(DAY_MS);
+    let (y, m, d) = civil_from_days(days);
+    let s = t_ms.rem_euclid(DAY_MS) / 1000;
+    format!(
+        "{y:04}-{m:02}-{d:02}T{:02}:{:02}:{:02}Z",
+        s / 3600,
+        s / 60 % 60,
+        s % 60
+    )
+}
+
+/// An instant given as epoch milliseconds or an RFC 3339 timestamp
+/// (`2025-09-04T15:00:00Z`); `None` when it is neither.
+pub fn parse_instant(s: &str) -> Option<i64> {
+    if let Ok(ms) = s.parse::<i64>() {
+        return Some(ms);
+    }
+    s.parse::<jiff::Timestamp>()
+        .ok()
+        .map(|t| t.as_millisecond())
+}
+
+/// What one write of a bucket item consumed.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct UsageDelta {
+    /// The namespace of the item.
+    pub ns: String,
+    /// Entity.
+    pub entity: String,
+    /// Resource.
+    pub resource: String,
+    /// When (ms): the write's own `wt`, else the store's time of the write.
+    pub at_ms: i64,
+    /// Net consumption per limit, millitokens (zero deltas left out; never `wcu`).
+    pub milli: BTreeMap<String, i64>,
+    /// Admitted acquires.
+    pub requests: i64,
+}
+
+impl UsageDelta {
+    /// Whether the write consumed nothing and counted no request.
+    pub fn is_empty(&self) -> bool {
+        self.requests == 0 && self.milli.is_empty()
+    }
+}
+
+fn num(i: Option<&Item>, name: &str) -> i64 {
+    i.and_then(|i| i.get(name))
+        .and_then(Value::as_n)
+        .unwrap_or(0)
+}
+
+/// The namespace of a bucket key (`{ns}/BUCKET#…`, `#STATE`), or `None` for other items.
+pub fn bucket_ns(key: &Key) -> Option<&str> {
+    if key.sk != STATE {
+        return None;
+    }
+    key.pk.split_once("/BUCKET#").map(|(ns, _)| ns)
+}
+
+/// Rule "usage is dated by its write" (fixes the original's three snapshot defects): the
+/// usage one applied write of a bucket item carries is, per limit other than `wcu`,
+/// `new tc − old tc` — an absent old item or limit counts as 0, so a bucket's creation
+/// counts its first consumption; a delete counts nothing — plus `new rq − old rq` admitted
+/// acquires (one per acquire, not per limit), dated by the new image's `wt` (the writer's
+/// clock at this write; `at_ms`, the store's time of the write, for a writer that does not
+/// stamp it). `None` for an item that is not a bucket or a write that carries no usage.
+pub fn usage_of(
+    key: &Key,
+    old: Option<&Item>,
+    new: Option<&Item>,
+    at_ms: i64,
+) -> Option<UsageDelta> {
+    let ns = bucket_ns(key)?;
+    let new = new?;
+    let text = |a: &str| new.get(a).and_then(Value::as_s).map(str::to_string);
+    let (entity, resource) = (text(bucket_attr::ENTITY)?, text(bucket_attr::RESOURCE)?);
+    let mut milli = BTreeMap::new();
+    for name in new.keys() {
+        let Some(limit) = name.strip_prefix("b_").and_then(|r| r.strip_suffix("_tc")) else {
+            continue;
+        };
+        if limit == WCU || limit.is_empty() {
+            continue;
+        }
+        let d = num(Some(new), name) - num(old, name);
+        if d != 0 {
+            milli.insert(limit.to_string(), d);
+        }
+    }
+    let requests = num(Some(new), attr::RQ) - num(old, attr::RQ);
+    let at_ms = new.get(attr::WT).and_then(Value::as_n).unwrap_or(at_ms);
+    let d = UsageDelta {
+        ns: ns.to_string(),
+        entity,
+        resource,
+        at_ms,
+        milli,
+        requests,
+    };
+    (!d.is_empty()).then_some(d)
+}
+
+/// The partition of an entity's usage snapshots.
+pub fn snapshot_pk(ns: &str, entity: &str) -> String {
+    format!("{ns}/USAGE#{entity}")
+}
+
+/// The sort key of one snapshot: resource, window, start (zero-padded ms, so keys sort by
+/// time within a window).
+pub fn snapshot_sk(resource: &str, window: Window, start_ms: i64) -> String {
+    format!("{resource}#{}#{start_ms:015}", window.name())
+}
+
+/// The key of the snapshot of (entity, resource, window, start).
+pub fn snapshot_key(ns: &str, entity: &str, resource: &str, window: Window, start_ms: i64) -> Key {
+    Key::new(
+        snapshot_pk(ns, entity),
+        snapshot_sk(resource, window, start_ms),
+    )
+}
+
+/// The snapshot attribute of limit `limit`'s consumption (millitokens).
+pub fn snapshot_attr(limit: &str) -> String {
+    format!("u_{limit}")
+}
+
+/// Snapshot attribute names.
+pub mod snap {
+    /// Admitted acquires.
+    pub const REQUESTS: &str = "requests";
+    /// Window name.
+    pub const WINDOW: &str = "window";
+    /// Window start (ms).
+    pub const START: &str = "window_start";
+    /// Window start, UTC text.
+    pub const START_ISO: &str = "window_start_iso";
+}
+
+/// The update that adds `milli` and `requests` to the snapshot of (entity, resource,
+/// window, start): identity attributes SET (idempotent), counters ADDed, `ttl` = window end
+/// + `retention_s`, and GSI2 keys for listing a resource's usage over all entities.
+#[allow(clippy::too_many_arguments)]
+pub fn snapshot_update(
+    ns: &str,
+    entity: &str,
+    resource: &str,
+    window: Window,
+    start_ms: i64,
+    milli: &BTreeMap<String, i64>,
+    requests: i64,
+    retention_s: i64,
+) -> Update {
+    let mut u = Update::new()
+        .set(bucket_attr::ENTITY, entity)
+        .set(bucket_attr::RESOURCE, resource)
+        .set(snap::WINDOW, window.name())
+        .set(snap::START, start_ms)
+        .set(snap::START_ISO, iso_utc(start_ms).as_str())
+        .set(
+            bucket_attr::TTL,
+            window.end_ms(start_ms) / 1000 + retention_s,
+        )
+        .set("GSI2PK", crate::keys::gsi2_resource(ns, resource).as_str())
+        .set(
+            "GSI2SK",
+            format!("USAGE#{}#{start_ms:015}#{entity}", window.name()).as_str(),
+        );
+    for (l, d) in milli {
+        u = u.add(snapshot_attr(l), *d);
+    }
+    if requests != 0 || milli.is_empty() {
+        u = u.add(snap::REQUESTS, requests);
+    }
+    u
+}
+
+/// A usage snapshot as stored, decoded.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Snapshot {
+    /// Entity.
+    pub entity: String,
+    /// Resource.
+    pub resource: String,
+    /// Window.
+    pub window: Window,
+    /// Window start (ms).
+    pub start_ms: i64,
+    /// Consumption per limit (millitokens).
+    pub milli: BTreeMap<String, i64>,
+    /// Admitted acquires.
+    pub requests: i64,
+}
+
+impl Snapshot {
+    /// Decode a stored snapshot item; `None` for an item that is not one.
+    pub fn decode(i: &Item) -> Option<Snapshot> {
+        let s = |a: &str| i.get(a).and_then(Value::as_s).map(str::to_string);
+        let milli = i
+            .iter()
+            .filter_map(|(k, v)| Some((k.strip_prefix("u_")?.to_string(), v.as_n()?)))
+            .collect();
+        Some(Snapshot {
+            entity: s(bucket_attr::ENTITY)?,
+            resource: s(bucket_attr::RESOURCE)?,
+            window: Window::parse(&s(snap::WINDOW)?)?,
+            start_ms: i.get(snap::START).and_then(Value::as_n)?,
+            milli,
+            requests: i.get(snap::REQUESTS).and_then(Value::as_n).unwrap_or(0),
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn item(pairs: &[(&str, Value)]) -> Item {
+        pairs
+            .iter()
+            .map(|(k, v)| ((*k).to_string(), v.clone()))
+            .collect()
+    }
+
+    fn bucket(tc: &[(&str, i64)], rq: i64, wt: Option<i64>) -> Item {
+        let mut i = item(&[
+            ("entity_id", Value::S("e1".into())),
+            ("resource", Value::S("gpt".into())),
+            ("rq", Value::N(rq)),
+            ("b_wcu_tc", Value::N(7000)),
+        ]);
+        for (l, v) in tc {
+            i.insert(format!("b_{l}_tc"), Value::N(*v));
+        }
+        if let Some(t) = wt {
+            i.insert("wt".into(), Value::N(t));
+        }
+        i
+    }
+
+    fn key() -> Key {
+        crate::keys::bucket("ns", "e1", "gpt", 2)
+    }
+
+    /// The first consumption of a new bucket (an insert) is counted, whole.
+    #[test]
+    fn first_consumption_counts() {
+        let new = bucket(&[("rpm", 1000), ("tpm", 250_500)], 1, Some(5_000));
+        let d = usage_of(&key(), None, Some(&new), 9_999).expect("usage");
+        assert_eq!(d.ns, "ns");
+        assert_eq!((d.entity.as_str(), d.resource.as_str()), ("e1", "gpt"));
+        assert_eq!(
+            d.milli,
+            [("rpm".into(), 1000), ("tpm".into(), 250_500)].into()
+        );
+        assert_eq!(d.requests, 1, "one acquire, two limits: one request");
+        assert_eq!(
+            d.at_ms, 5_000,
+            "dated by the write's wt, not the store time"
+        );
+    }
+
+    /// A fast-path write leaves `rf` alone; its usage is dated by its `wt`, and `wcu` is not
+    /// usage.
+    #[test]
+    fn deltas_are_exact_and_wcu_is_not_usage() {
+        let old = bucket(&[("rpm", 3000), ("tpm", 1_000_000)], 3, Some(1_000));
+        let mut new = bucket(&[("rpm", 4000), ("tpm", 1_000_001)], 4, Some(3_600_000));
+        new.insert("b_wcu_tc".into(), Value::N(8000));
+        new.insert("rf".into(), Value::N(1));
+        let d = usage_of(&key(), Some(&old), Some(&new), 0).expect("usage");
+        assert_eq!(d.milli, [("rpm".into(), 1000), ("tpm".into(), 1)].into());
+        assert_eq!(d.requests, 1);
+        assert_eq!(d.at_ms, 3_600_000);
+    }
+
+    /// A rollback or downward adjustment is negative usage, counting no request; a limit
+    /// added to an existing item counts its whole `tc`.
+    #[test]
+    fn refunds_are_negative_and_new_limits_count_from_zero() {
+        let old = bucket(&[("tpm", 5000)], 2, None);
+        let new = bucket(&[("tpm", 3500), ("rpm", 1000)], 2, Some(42));
+        let d = usage_of(&key(), Some(&old), Some(&new), 0).expect("usage");
+        assert_eq!(
+            d.milli,
+            [("rpm".into(), 1000), ("tpm".into(), -1500)].into()
+        );
+        assert_eq!(d.requests, 0);
+    }
+
+    /// Writes that move no counter (a refill, a fan-out, a delete), other items, and
+    /// writers without `wt` (dated by the store's time).
+    #[test]
+    fn what_is_not_usage() {
+        let b = bucket(&[("tpm", 5000)], 2, Some(1));
+        assert_eq!(usage_of(&key(), Some(&b), Some(&b), 0), None);
+        assert_eq!(usage_of(&key(), Some(&b), None, 0), None);
+        let other = Key::new("ns/ENTITY#e1", "#META");
+        assert_eq!(usage_of(&other, None, Some(&b), 0), None);
+        let mut legacy = bucket(&[("tpm", 6000)], 2, None);
+        legacy.remove("wt");
+        let old = bucket(&[("tpm", 5000)], 2, None);
+        let d = usage_of(&key(), Some(&old), Some(&legacy), 77).expect("usage");
+        assert_eq!(d.at_ms, 77);
+    }
+
+    #[test]
+    fn instants_parse_as_ms_or_rfc3339() {
+        assert_eq!(parse_instant("1756998000000"), Some(1_756_998_000_000));
+        assert_eq!(
+            parse_instant("2025-09-04T15:00:00Z"),
+            Some(1_756_998_000_000)
+        );
+        assert_eq!(
+            parse_instant("2025-09-04T17:00:00+02:00"),
+            Some(1_756_998_000_000)
+        );
+        assert_eq!(parse_instant("yesterday"), None);
+    }
+
+    #[test]
+    fn windows_start_on_utc_calendar_boundaries() {
+        // 2024-02-29T13:45:10.500Z
+        let t = 1_709_214_310_500;
+        assert_eq!(iso_utc(Window::Hourly.start_ms(t)), "2024-02-29T13:00:00Z");
+        assert_eq!(iso_utc(Window::Daily.start_ms(t)), "2024-02-29T00:00:00Z");
+        let m = Window::Monthly.start_ms(t);
+        assert_eq!(iso_utc(m), "2024-02-01T00:00:00Z");
+        assert_eq!(iso_utc(Window::Monthly.end_ms(m)), "2024-03-01T00:00:00Z");
+        let dec = Window::Monthly.start_ms(1_703_980_800_000); // 2023-12-31
+        assert_eq!(iso_utc(Window::Monthly.end_ms(dec)), "2024-01-01T00:00:00Z");
+        assert_eq!(Window::Hourly.end_ms(0), 3_600_000);
+        assert_eq!(Window::parse("daily"), Some(Window::Daily));
+        assert_eq!(Window::parse("weekly"), None);
+    }
+
+    #[test]
+    fn snapshot_keys_sort_by_time_and_decode() {
+        let a = snapshot_sk("gpt", Window::Hourly, 3_600_000);
+        let b = snapshot_sk("gpt", Window::Hourly, 36_000_000);
+        assert!(a < b);
+        let u = snapshot_update(
+            "ns",
+            "e1",
+            "gpt",
+            Window::Hourly,
+            3_600_000,
+            &[("tpm".into(), 1500)].into(),
+            1,
+            86_400,
+        );
+        let targets: Vec<&str> = u.actions.iter().map(|a| a.target()).collect();
+        for t in [
+            "u_tpm",
+            "requests",
+            "ttl",
+            "GSI2PK",
+            "GSI2SK",
+            "window_start",
+        ] {
+            assert!(targets.contains(&t), "{t} in {targets:?}");
+        }
+        let stored = item(&[
+            ("entity_id", Value::S("e1".into())),
+            ("resource", Value::S("gpt".into())),
+            ("window", Value::S("hourly".into())),
+            ("window_start", Value::N(3_600_000)),
+            ("u_tpm", Value::N(1500)),
+            ("requests", Value::N(1)),
+        ]);
+        let s = Snapshot::decode(&stored).expect("decodes");
+        assert_eq!(s.milli, [("tpm".into(), 1500)].into());
+        assert_eq!(s.requests, 1);
+        assert_eq!(s.window, Window::Hourly);
+        assert_eq!(
+            snapshot_key("ns", "e1", "gpt", Window::Hourly, 3_600_000).pk,
+            "ns/USAGE#e1"
+        );
+    }
+}

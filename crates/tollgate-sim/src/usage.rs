@@ -1,0 +1,210 @@
+//! The feed aggregator as one more actor (`RunConfig::aggregator`), and the invariant
+//! `usage-counted-once`: after the run, the usage snapshots equal the net consumption and the
+//! admitted requests the bucket items hold — each change counted once, however the
+//! aggregator was killed, restarted, duplicated or faulted.
+//!
+//! The actor runs small bounded passes between the clients' requests; now and then it is
+//! "killed" (dropped, its in-memory read position lost, a fresh one started) or runs two
+//! aggregators at once on the same checkpoint. Every store request it makes is a scheduling
+//! point with the run's faults (lost responses, throttles, races, hangs).
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use rand::rngs::SmallRng;
+use rand::Rng;
+use tollgate::{FeedAggregator, Limiter, Snapshot, UsageOptions, Window};
+use tollgate_core::value::Value;
+use tollgate_store::MemoryStore;
+
+use crate::ledger::Violation;
+use crate::sched::{Shared, SimStore, SkewClock};
+use crate::workload::{Spec, NS};
+
+fn build(
+    sh: &Arc<Shared>,
+    id: usize,
+    deadline: Option<Duration>,
+    batch: usize,
+    max: Option<usize>,
+) -> Option<FeedAggregator> {
+    let store = Arc::new(SimStore {
+        client: id,
+        sh: sh.clone(),
+    });
+    let clock = Arc::new(SkewClock {
+        base: sh.now.clone(),
+        skew: 0,
+    });
+    let mut b = Limiter::builder(store.clone()).namespace(NS).clock(clock);
+    if let Some(d) = deadline {
+        b = b.store_timeout(d);
+    }
+    let lim = b.build().ok()?;
+    let feed: Arc<dyn tollgate_store::ChangeFeed> = match deadline {
+        Some(d) => Arc::new(tollgate_store::Deadline::new(store, d)),
+        None => store,
+    };
+    FeedAggregator::new(
+        &lim,
+        feed,
+        UsageOptions {
+            windows: vec![Window::Hourly, Window::Daily],
+            batch,
+            max_batches: max,
+            background: false,
+            ..UsageOptions::default()
+        },
+    )
+    .ok()
+}
+
+/// The actor: `passes` bounded passes between the clients' requests.
+pub async fn aggregator(sh: Arc<Shared>, id: usize, mut rng: SmallRng, deadline: Option<Duration>) {
+    let passes = rng.gen_range(4..=12);
+    let mut agg = build(
+        &sh,
+        id,
+        deadline,
+        rng.gen_range(1..=6),
+        Some(rng.gen_range(1..=3)),
+    );
+    for _ in 0..passes {
+        for _ in 0..rng.gen_range(5..=40) {
+            sh.turn(id).await;
+        }
+        if rng.gen_bool(0.25) {
+            // Killed and restarted: whatever it read past the checkpoint is forgotten.
+            agg = build(
+                &sh,
+                id,
+                deadline,
+                rng.gen_range(1..=6),
+                Some(rng.gen_range(1..=3)),
+            );
+            trace(&sh, "AGGREGATOR restarted");
+        }
+        let Some(a) = &agg else { return };
+        if rng.gen_bool(0.3) {
+            // A duplicate on the same checkpoint, at the same time.
+            if let Some(b) = build(&sh, id, deadline, rng.gen_range(1..=6), Some(2)) {
+                let (x, y) = tokio::join!(a.pass(), b.pass());
+                trace(
+                    &sh,
+                    &format!("AGGREGATOR pair: {} / {}", outcome(&x), outcome(&y)),
+                );
+                continue;
+            }
+        }
+        let r = a.pass().await;
+        trace(&sh, &format!("AGGREGATOR pass: {}", outcome(&r)));
+    }
+}
+
+fn outcome(r: &tollgate::Result<tollgate::PassReport>) -> String {
+    match r {
+        Ok(p) => format!(
+            "{} changes, {} with usage, {} commits, {} lost races",
+            p.changes, p.usage_changes, p.commits, p.lost_races
+        ),
+        Err(e) => format!("error: {e}"),
+    }
+}
+
+fn trace(sh: &Shared, line: &str) {
+    let mut g = sh.lock();
+    if let Some(t) = g.trace.as_mut() {
+        t.push(line.to_string());
+    }
+}
+
+/// After quiesce (faults off): one unbounded pass of a fresh aggregator.
+pub async fn catch_up(sh: Arc<Shared>, id: usize, out: Arc<std::sync::Mutex<Vec<Violation>>>) {
+    let Some(a) = build(&sh, id, None, 100, None) else {
+        return;
+    };
+    if let Err(e) = a.pass().await {
+        out.lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .push(Violation {
+                invariant: "usage-counted-once",
+                detail: format!("the final aggregator pass failed with faults off: {e}"),
+            });
+    }
+}
+
+/// Per entity: (limit → millitokens, requests).
+type Totals = BTreeMap<String, (BTreeMap<String, i64>, i64)>;
+
+/// Without zero counters and entities that used nothing.
+fn clean(m: &Totals) -> Totals {
+    m.iter()
+        .map(|(e, (l, r))| {
+            let l: BTreeMap<String, i64> = l
+                .iter()
+                .filter(|(_, v)| **v != 0)
+                .map(|(a, b)| (a.clone(), *b))
+                .collect();
+            (e.clone(), (l, *r))
+        })
+        .filter(|(_, (l, r))| !l.is_empty() || *r != 0)
+        .collect()
+}
+
+/// `usage-counted-once`: per entity and window kind, the snapshots' totals equal the sum
+/// over the entity's shards of each limit's `tc` and of `rq`.
+pub fn check(mem: &MemoryStore, spec: &Spec) -> Vec<Violation> {
+    let items = mem.raw_items();
+    let mut truth: Totals = BTreeMap::new();
+    let prefix = format!("{NS}/BUCKET#");
+    for i in &items {
+        let Some(pk) = i.get("PK").and_then(Value::as_s) else {
+            continue;
+        };
+        if !pk.starts_with(&prefix) {
+            continue;
+        }
+        let Some(e) = i.get("entity_id").and_then(Value::as_s) else {
+            continue;
+        };
+        let t = truth.entry(e.to_string()).or_default();
+        for (k, v) in i {
+            if let (Some(l), Some(n)) = (
+                k.strip_prefix("b_").and_then(|r| r.strip_suffix("_tc")),
+                v.as_n(),
+            ) {
+                if l != "wcu" {
+                    *t.0.entry(l.to_string()).or_default() += n;
+                }
+            }
+        }
+        t.1 += i.get("rq").and_then(Value::as_n).unwrap_or(0);
+    }
+    let mut out = Vec::new();
+    for w in [Window::Hourly, Window::Daily] {
+        let mut got: Totals = BTreeMap::new();
+        for s in items
+            .iter()
+            .filter_map(Snapshot::decode)
+            .filter(|s| s.window == w)
+        {
+            if s.resource != spec.resource {
+                continue;
+            }
+            let g = got.entry(s.entity.clone()).or_default();
+            for (l, m) in &s.milli {
+                *g.0.entry(l.clone()).or_default() += m;
+            }
+            g.1 += s.requests;
+        }
+        let (want, have) = (clean(&truth), clean(&got));
+        if want != have {
+            out.push(Violation {
+                invariant: "usage-counted-once",
+                detail: format!("{} snapshots {have:?}, buckets hold {want:?}", w.name()),
+            });
+        }
+    }
+    out
+}

@@ -1,0 +1,137 @@
+//! The change-feed conformance checks on the reference store, through every wrapper, and
+//! on a broken feed (the checks must be able to fail).
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use tollgate_core::value::{Item, Key};
+use tollgate_store::conformance::feed::{feed_checks, run_feed_all};
+use tollgate_store::conformance::report;
+use tollgate_store::{
+    ChangeFeed, Counting, Deadline, DeleteRequest, FaultConfig, FaultyStore, FeedBatch, FeedCursor,
+    MemoryStore, PutRequest, Query, Store, StoreError, TransactOp, UpdateRequest,
+};
+
+async fn memory() -> Box<dyn ChangeFeed> {
+    Box::new(MemoryStore::with_change_feed())
+}
+
+#[tokio::test]
+async fn memory_feed_conforms() {
+    let results = run_feed_all(memory).await;
+    assert_eq!(results.len(), feed_checks().len());
+    assert!(results.len() >= 4);
+    report(&results).expect("memory feed");
+}
+
+#[tokio::test]
+async fn feed_conforms_through_the_wrappers() {
+    let results = run_feed_all(|| async {
+        let faulty = FaultyStore::new(MemoryStore::with_change_feed(), 7, FaultConfig::none());
+        let b: Box<dyn ChangeFeed> = Box::new(Counting::new(Deadline::new(
+            Arc::new(faulty),
+            Duration::from_secs(5),
+        )));
+        b
+    })
+    .await;
+    report(&results).expect("wrapped feed");
+}
+
+/// A feed that loses old images.
+struct NoOldImages(MemoryStore);
+
+#[async_trait]
+impl ChangeFeed for NoOldImages {
+    async fn read_feed(&self, cursor: &FeedCursor, limit: usize) -> Result<FeedBatch, StoreError> {
+        let mut b = self.0.read_feed(cursor, limit).await?;
+        for c in &mut b.changes {
+            c.old = None;
+        }
+        Ok(b)
+    }
+}
+
+#[async_trait]
+impl Store for NoOldImages {
+    async fn get(&self, key: &Key, consistent: bool) -> Result<Option<Item>, StoreError> {
+        self.0.get(key, consistent).await
+    }
+    async fn batch_get(&self, keys: &[Key], c: bool) -> Result<Vec<Option<Item>>, StoreError> {
+        self.0.batch_get(keys, c).await
+    }
+    async fn put(&self, req: PutRequest) -> Result<(), StoreError> {
+        self.0.put(req).await
+    }
+    async fn update(&self, req: UpdateRequest) -> Result<Option<Item>, StoreError> {
+        self.0.update(req).await
+    }
+    async fn delete(&self, req: DeleteRequest) -> Result<Option<Item>, StoreError> {
+        self.0.delete(req).await
+    }
+    async fn transact_write(
+        &self,
+        ops: Vec<TransactOp>,
+        token: Option<String>,
+    ) -> Result<(), StoreError> {
+        self.0.transact_write(ops, token).await
+    }
+    async fn query(&self, q: Query) -> Result<Vec<Item>, StoreError> {
+        self.0.query(q).await
+    }
+    fn backend(&self) -> &'static str {
+        "no-old-images"
+    }
+}
+
+#[tokio::test]
+async fn a_feed_without_old_images_fails_named_checks() {
+    let results = run_feed_all(|| async {
+        let b: Box<dyn ChangeFeed> = Box::new(NoOldImages(MemoryStore::with_change_feed()));
+        b
+    })
+    .await;
+    let failed: Vec<&str> = results
+        .iter()
+        .filter(|(_, r)| r.is_err())
+        .map(|(n, _)| *n)
+        .collect();
+    assert!(failed.contains(&"feed_records_each_write"), "{failed:?}");
+    assert!(
+        failed.contains(&"feed_cursor_resumes_in_order"),
+        "{failed:?}"
+    );
+}
+
+#[tokio::test]
+async fn trimmed_changes_are_refused_not_skipped() {
+    let s = MemoryStore::with_change_feed();
+    for i in 0..3 {
+        s.put(PutRequest {
+            key: Key::new("t", format!("{i}")),
+            item: Default::default(),
+            condition: None,
+        })
+        .await
+        .expect("put");
+    }
+    let b = s.read_feed(&FeedCursor::start(), 2).await.expect("read");
+    assert_eq!(b.changes.len(), 2);
+    // Nothing is older than the retention yet: nothing goes.
+    s.trim_feed(&b.cursor, 0).await.expect("trim");
+    assert_eq!(
+        s.read_feed(&FeedCursor::start(), 10)
+            .await
+            .expect("read")
+            .changes
+            .len(),
+        3
+    );
+    s.trim_feed(&b.cursor, i64::MAX).await.expect("trim");
+    let rest = s.read_feed(&b.cursor, 10).await.expect("read rest");
+    assert_eq!(rest.changes.len(), 1);
+    assert_eq!(rest.changes[0].position.seq, "3");
+    let err = s.read_feed(&FeedCursor::start(), 10).await;
+    assert!(matches!(err, Err(StoreError::Validation(_))), "{err:?}");
+}
