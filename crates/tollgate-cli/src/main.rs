@@ -58,10 +58,12 @@ MERGED LIMITS (ADR-143; by default the most specific level with limits replaces 
 const EXIT_CODES: &str = "\
 EXIT CODES
   0  ok
-  1  other failure (entity exists or not found, lease closed, I/O)
+  1  other failure (entity exists or not found, lease closed, namespace not found or in
+     a state that refuses the operation, I/O)
   2  bad input (usage, ids, names, amounts, limits, durations, unknown limit, no limits
      configured, invalid table name, non-loopback --listen without authentication)
-  3  rejected (a limit refused the acquire, or the resource is disabled)
+  3  rejected (a limit refused the acquire, the resource is disabled, or the namespace
+     was deleted)
   4  store: no such store (read-only commands never create one), unavailable,
      no AWS credentials or region, corrupt data
   5  doctor: corrupt items found (and not all repaired)

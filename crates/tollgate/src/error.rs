@@ -151,13 +151,13 @@ pub enum Error {
         /// Why.
         reason: String,
     },
-    /// The limiter's namespace was soft-deleted (or is being purged): nothing is admitted
-    /// in it until it is recovered (spec-base-system.md §7.3).
+    /// The limiter's namespace was soft-deleted, is being purged or was purged: nothing is
+    /// admitted in it (until it is recovered, for a deleted one; spec-base-system.md §7.3).
     #[error("namespace {namespace:?} is {status}: recover it to use it again")]
     NamespaceDeleted {
         /// The namespace id.
         namespace: String,
-        /// `deleted` or `purging`.
+        /// `deleted`, `purging` or `purged`.
         status: String,
     },
     /// No active namespace of this name (or id).
