@@ -146,6 +146,17 @@ pub async fn run(a: BenchArgs, json_out: bool) -> Result<(), Failure> {
             Ok::<_, anyhow::Error>((h, statuses))
         }));
     }
+    // Progress: requests started, redrawn every 100 ms (hidden off a terminal or with --json).
+    let bar = crate::progress::bar(a.requests, "requests", !json_out);
+    let ticker = {
+        let (bar, next, total) = (bar.clone(), next.clone(), a.requests);
+        tokio::spawn(async move {
+            loop {
+                bar.set_position(next.load(Ordering::Relaxed).min(total));
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+        })
+    };
     let mut hist = Histogram::<u64>::new_with_bounds(1, 60_000_000, 3).map_err(other)?;
     let mut statuses: BTreeMap<String, u64> = BTreeMap::new();
     for t in tasks {
@@ -155,6 +166,8 @@ pub async fn run(a: BenchArgs, json_out: bool) -> Result<(), Failure> {
             *statuses.entry(k).or_default() += v;
         }
     }
+    ticker.abort();
+    bar.finish_and_clear();
     let elapsed = started.elapsed().as_secs_f64();
     let n = hist.len();
     let rps = if elapsed > 0.0 {

@@ -12,6 +12,8 @@ mod demo;
 mod doctor;
 mod fail;
 mod namespace;
+mod limits_file;
+mod progress;
 mod serve;
 mod spec;
 mod store;
@@ -294,6 +296,12 @@ enum LimitsCmd {
         #[command(flatten)]
         store: StoreArgs,
     },
+    /// Show what `apply -f FILE` would change: the file's levels against what the store
+    /// holds now (read-only; docs/limits-file.md).
+    Plan(limits_file::FileArgs),
+    /// Make the store hold exactly the levels FILE declares (levels it does not declare are
+    /// deleted); one write per level, through the same calls as `limits set` / `delete`.
+    Apply(limits_file::FileArgs),
 }
 
 #[derive(Debug, Subcommand)]
@@ -621,6 +629,8 @@ fn print_availability(a: &Availability, json: bool, now: i64) {
 
 async fn limits(cmd: LimitsCmd, json: bool) -> Result<(), Failure> {
     match cmd {
+        LimitsCmd::Plan(a) => limits_file::run_plan(a, json).await,
+        LimitsCmd::Apply(a) => limits_file::run_apply(a, json).await,
         LimitsCmd::Set {
             scope,
             limits,
@@ -679,7 +689,7 @@ async fn limits(cmd: LimitsCmd, json: bool) -> Result<(), Failure> {
 
 /// One warning line on stderr per corrupt item an administrative write repaired (with
 /// `--json` they are the document's `warnings`).
-fn warn(repairs: &[tollgate::Repair], json: bool) {
+pub(crate) fn warn(repairs: &[tollgate::Repair], json: bool) {
     if !json {
         for r in repairs {
             eprintln!("tollgate: warning: corrupt item {r}");

@@ -7,9 +7,14 @@
 //!   `TOLLGATE_LEASE_SECRET` (at least 32 bytes; the same on every server that should finish
 //!   the others' leases). Without one the process signs with a random key and says so: its
 //!   leases finish only on this server.
+//! - `--grpc ADDR` serves Envoy's rate limit service (gRPC) beside the HTTP API, over the
+//!   same limiter, tokens, leases and metrics (docs/envoy.md); the same loopback rule.
+//! - `--limits FILE` applies a limits file at start (a bad file refuses to start), again on
+//!   SIGHUP and whenever its modification time changes; a bad file then is logged with its
+//!   line and field and the limits and descriptor mapping in force stay (docs/limits-file.md).
 //! - SIGINT / SIGTERM: graceful shutdown (open connections finish, open leases are
-//!   committed). SIGHUP: re-read the auth file; the server keeps running, with its
-//!   connections and leases.
+//!   committed). SIGHUP: re-read the auth file and the limits file; the server keeps
+//!   running, with its connections and leases.
 
 use std::io::Write;
 use std::net::SocketAddr;
@@ -93,6 +98,17 @@ pub struct ServeArgs {
     aggregate: bool,
     #[command(flatten)]
     usage: crate::usage::UsageArgs,
+    /// Also serve Envoy's rate limit service (RLS v3, gRPC) on this address (docs/envoy.md).
+    /// Without authentication only loopback addresses are accepted.
+    #[arg(long, env = "TOLLGATE_GRPC_LISTEN", value_name = "ADDR")]
+    grpc: Option<String>,
+    /// A limits file (TOML, docs/limits-file.md) applied at start, on SIGHUP and when it
+    /// changes; it also holds the gRPC descriptor mapping.
+    #[arg(long, env = "TOLLGATE_LIMITS_FILE", value_name = "FILE")]
+    limits: Option<PathBuf>,
+    /// How often the limits file's modification time is checked.
+    #[arg(long, default_value = "1s", value_parser = spec::parse_duration)]
+    limits_poll: Duration,
 }
 
 fn positive(name: &str, d: Duration) -> Result<(), Failure> {
@@ -161,25 +177,37 @@ fn lease_key_of(a: &ServeArgs) -> Result<Option<tollgate::LeaseKey>, Failure> {
 
 /// Refuse a non-loopback address without authentication (unless told otherwise).
 async fn check_listen(a: &ServeArgs, authed: bool) -> Result<(), Failure> {
+    check_addr(a, "--listen", &a.listen, authed).await?;
+    match &a.grpc {
+        Some(g) => check_addr(a, "--grpc", g, authed).await,
+        None => Ok(()),
+    }
+}
+
+async fn check_addr(a: &ServeArgs, flag: &str, listen: &str, authed: bool) -> Result<(), Failure> {
     if authed {
         return Ok(());
     }
-    let addrs: Vec<SocketAddr> = tokio::net::lookup_host(&a.listen)
+    let addrs: Vec<SocketAddr> = tokio::net::lookup_host(listen)
         .await
-        .map_err(|e| Failure::BadInput(format!("cannot resolve --listen {}: {e}", a.listen)))?
+        .map_err(|e| Failure::BadInput(format!("cannot resolve {flag} {listen}: {e}")))?
         .collect();
     let loopback = !addrs.is_empty() && addrs.iter().all(|s| s.ip().is_loopback());
     if loopback {
         return Ok(());
     }
     if a.insecure_no_auth {
-        tracing::warn!(listen = %a.listen, "serving WITHOUT authentication on a non-loopback address (--insecure-no-auth)");
+        tracing::warn!(%listen, "serving WITHOUT authentication on a non-loopback address (--insecure-no-auth)");
         return Ok(());
     }
+    let what = if flag == "--listen" {
+        listen.to_string()
+    } else {
+        format!("{listen} ({flag})")
+    };
     Err(Failure::BadInput(format!(
-        "refusing to listen on {} without authentication: anyone who can connect could change limits and delete entities. \
-         Give --auth-file (or {TOKENS_ENV}), listen on a loopback address (127.0.0.1), or pass --insecure-no-auth",
-        a.listen
+        "refusing to listen on {what} without authentication: anyone who can connect could change limits and delete entities. \
+         Give --auth-file (or {TOKENS_ENV}), listen on a loopback address (127.0.0.1), or pass --insecure-no-auth"
     )))
 }
 
@@ -214,11 +242,17 @@ pub(crate) async fn shutdown_signal() {
 /// SIGHUP re-reads the auth file. Installed before the server announces itself, so a
 /// SIGHUP never meets the default action (which would end the process).
 #[cfg(unix)]
-fn reload_on_hangup(auth: Option<Arc<Auth>>) -> Result<(), Failure> {
+fn reload_on_hangup(
+    auth: Option<Arc<Auth>>,
+    limits: Option<Arc<crate::limits_file::Follower>>,
+) -> Result<(), Failure> {
     let mut hup = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup())
         .map_err(|e| Failure::Other(anyhow::anyhow!("cannot listen for SIGHUP: {e}")))?;
     tokio::spawn(async move {
         while hup.recv().await.is_some() {
+            if let Some(f) = &limits {
+                f.reload("SIGHUP").await;
+            }
             match &auth {
                 Some(a) if a.file().is_some() => match a.reload() {
                     Ok(n) => tracing::info!(tokens = n, "SIGHUP: auth file reloaded"),
@@ -234,7 +268,10 @@ fn reload_on_hangup(auth: Option<Arc<Auth>>) -> Result<(), Failure> {
 }
 
 #[cfg(not(unix))]
-fn reload_on_hangup(_auth: Option<Arc<Auth>>) -> Result<(), Failure> {
+fn reload_on_hangup(
+    _auth: Option<Arc<Auth>>,
+    _limits: Option<Arc<crate::limits_file::Follower>>,
+) -> Result<(), Failure> {
     Ok(())
 }
 
@@ -289,11 +326,34 @@ pub async fn run(a: ServeArgs, json_out: bool) -> Result<(), Failure> {
             .await?;
         (limiter, None)
     };
+    positive("--limits-poll", a.limits_poll)?;
+    let follower = match &a.limits {
+        Some(p) => {
+            let (f, n) = crate::limits_file::Follower::start(p.clone(), limiter.clone()).await?;
+            tracing::info!(file = %p.display(), changes = n, "limits file applied");
+            Some(Arc::new(f))
+        }
+        None => None,
+    };
+    let mapping = follower.as_ref().map(|f| f.mapping()).unwrap_or_default();
     let listener = tokio::net::TcpListener::bind(&a.listen)
         .await
         .map_err(|e| Failure::BadInput(format!("cannot listen on {}: {e}", a.listen)))?;
     let addr = listener
         .local_addr()
+        .map_err(|e| Failure::Other(e.into()))?;
+    let grpc_listener = match &a.grpc {
+        Some(g) => Some(
+            tokio::net::TcpListener::bind(g)
+                .await
+                .map_err(|e| Failure::BadInput(format!("cannot listen on --grpc {g}: {e}")))?,
+        ),
+        None => None,
+    };
+    let grpc_addr = grpc_listener
+        .as_ref()
+        .map(|l| l.local_addr())
+        .transpose()
         .map_err(|e| Failure::Other(e.into()))?;
     let cfg = ServerConfig {
         lease_ttl: a.lease_ttl,
@@ -317,7 +377,10 @@ pub async fn run(a: ServeArgs, json_out: bool) -> Result<(), Failure> {
         builder = builder.aggregator(run);
     }
     let server = builder.build();
-    reload_on_hangup(auth.clone())?;
+    reload_on_hangup(auth.clone(), follower.clone())?;
+    if let Some(f) = &follower {
+        crate::limits_file::watch(f.clone(), a.limits_poll);
+    }
 
     let tokens = auth.as_ref().map(|x| x.tokens().len());
     let store_name = a.store.store.to_string();
@@ -329,6 +392,8 @@ pub async fn run(a: ServeArgs, json_out: bool) -> Result<(), Failure> {
             "tokens": tokens,
             "shared_leases": lease_key.is_some(),
             "aggregator": aggregating,
+            "grpc": grpc_addr.map(|g| g.to_string()),
+            "limits_file": a.limits.as_ref().map(|p| p.display().to_string()),
         }));
     } else {
         let auth_note = match tokens {
@@ -345,14 +410,42 @@ pub async fn run(a: ServeArgs, json_out: bool) -> Result<(), Failure> {
         } else {
             "no aggregator"
         };
+        // One line (scripts read the addresses from it): the HTTP API, then the gRPC service.
+        let grpc_note = grpc_addr
+            .map(|g| format!(" and Envoy's rate limit service on grpc://{g}"))
+            .unwrap_or_default();
         println!(
-            "tollgate listening on http://{addr} (store {store_name}, {auth_note}, {lease_note}, {agg_note})"
+            "tollgate listening on http://{addr}{grpc_note} (store {store_name}, {auth_note}, {lease_note}, {agg_note})"
         );
     }
     let _ = std::io::stdout().flush();
-    tracing::info!(%addr, store = %store_name, auth = tokens.is_some(), "listening");
-    server
-        .serve(listener, shutdown_signal())
-        .await
-        .map_err(|e| Failure::Other(e.into()))
+    tracing::info!(%addr, grpc = ?grpc_addr, store = %store_name, auth = tokens.is_some(), "listening");
+    // One shutdown for both servers.
+    let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
+    tokio::spawn(async move {
+        shutdown_signal().await;
+        let _ = stop_tx.send(true);
+    });
+    let stopped = |mut rx: tokio::sync::watch::Receiver<bool>| async move {
+        let _ = rx.wait_for(|s| *s).await;
+    };
+    let grpc = match grpc_listener {
+        Some(l) => {
+            let s = server.clone();
+            let rx = stop_rx.clone();
+            Some(tokio::spawn(async move {
+                s.serve_grpc(mapping, l, stopped(rx)).await
+            }))
+        }
+        None => None,
+    };
+    let http = server.serve(listener, stopped(stop_rx)).await;
+    if let Some(g) = grpc {
+        match g.await {
+            Ok(Ok(())) => {}
+            Ok(Err(e)) => tracing::error!(error = %e, "the gRPC server failed"),
+            Err(e) => tracing::error!(error = %e, "the gRPC server task failed"),
+        }
+    }
+    http.map_err(|e| Failure::Other(e.into()))
 }

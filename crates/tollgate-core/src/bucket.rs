@@ -117,8 +117,8 @@ const FIELDS: [&str; 18] = [
     "sched", "bcp", "bra", "fu",
 ];
 
-/// One limit's stored fields, by their index in `FIELDS`: (attribute name, value).
-type FieldSlots<'a> = [Option<(&'a str, &'a Value)>; FIELDS.len()];
+/// One limit's stored fields while decoding: (attribute name, value) by index in `FIELDS`.
+type LimitFields<'a> = [Option<(&'a str, &'a Value)>; FIELDS.len()];
 
 fn corrupt(key: &str, attribute: &str, reason: impl Into<String>) -> RuleError {
     RuleError::Corrupt {
@@ -177,7 +177,7 @@ impl BucketImage {
         // One pass over the attributes: group `b_{limit}_{field}` by limit.
         // Each limit's fields by their index in `FIELDS` (an attribute name determines its
         // limit and field, so a slot is filled at most once), limits in name order.
-        let mut fields: Vec<(&str, FieldSlots<'_>)> = Vec::new();
+        let mut fields: Vec<(&str, LimitFields<'_>)> = Vec::new();
         for (a, v) in item {
             if let Some(rest) = a.strip_prefix("b_") {
                 if let Some((n, f)) = rest.rsplit_once('_') {

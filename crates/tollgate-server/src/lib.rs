@@ -54,6 +54,7 @@ pub mod auth;
 pub mod cron;
 pub mod error;
 pub mod extract;
+pub mod grpc;
 pub mod headers;
 pub mod leases;
 pub mod listen;

@@ -32,7 +32,7 @@ use crate::headers::{add_ratelimit_headers, retry_after_secs};
 use crate::AppState;
 
 type St = State<Arc<AppState>>;
-type ApiResult<T> = Result<T, ApiError>;
+pub(crate) type ApiResult<T> = Result<T, ApiError>;
 
 /// One route of the API.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -469,7 +469,7 @@ async fn acquire_inner(
 /// Export a granted lease as its token and hold it until its expiry: the token and the
 /// expiry. A token too long for this server's request head to carry back would be a lease
 /// nobody can finish: it is rolled back instead (`500`), so nothing stays charged.
-async fn hold(app: &AppState, mut lease: tollgate::Lease) -> ApiResult<(String, i64)> {
+pub(crate) async fn hold(app: &AppState, mut lease: tollgate::Lease) -> ApiResult<(String, i64)> {
     let token = app
         .limiter
         .lease_token(&mut lease, &app.lease_key, app.config.lease_ttl)?;
@@ -504,7 +504,7 @@ async fn hold(app: &AppState, mut lease: tollgate::Lease) -> ApiResult<(String, 
 /// not hold, `409 lease_stale` for a version older than the one held here (while it is
 /// open). A newer version
 /// replaces the copy held here, unless that copy already began to close.
-async fn lease_for(
+pub(crate) async fn lease_for(
     app: &AppState,
     token: &str,
 ) -> ApiResult<tokio::sync::OwnedMutexGuard<crate::leases::Held>> {

@@ -17,7 +17,6 @@
 use std::sync::Arc;
 
 use crate::acquire::{backoff, Request};
-use crate::config::Source;
 use crate::error::{Error, Result};
 use crate::lease::Lease;
 use crate::limiter::{Inner, Stats};
@@ -34,19 +33,31 @@ pub(crate) fn parent_request(
     inner: &Inner,
     child: &Request,
     parent: &str,
-    limits: std::sync::Arc<[tollgate_core::Limit]>,
-    ph: Option<std::sync::Arc<str>>,
-    source: Source,
-    cascade: bool,
+    resolved: crate::config::Resolved,
     now: i64,
 ) -> Result<Request> {
+    let crate::config::Resolved {
+        limits,
+        ph,
+        source,
+        cascade,
+        ..
+    } = resolved;
     let amounts = child
         .amounts
         .iter()
         .filter(|(n, _)| limits.iter().any(|l| l.name() == n))
         .cloned()
         .collect();
-    let req = inner.request_hashed(parent, &child.resource, amounts, limits, ph, source, now)?;
+    let req = inner.request_hashed(
+        parent,
+        &child.resource,
+        amounts,
+        limits,
+        Some(ph),
+        source,
+        now,
+    )?;
     Ok(Request { cascade, ..req })
 }
 

@@ -65,6 +65,7 @@ mod error;
 mod lease;
 mod lease_token;
 mod limiter;
+pub mod limits_file;
 pub mod namespace;
 mod shards;
 #[cfg(feature = "testing")]

@@ -131,8 +131,18 @@ fn warm_acquire_allocation_count_is_bounded() {
         "allocations per warm acquire: 1 ms apart {slow_1} (1 limit) {slow_3} (3 limits); \
          same instant {fast_1} (1 limit) {fast_3} (3 limits)"
     );
-    assert!(slow_1 <= 1_000, "{slow_1}");
-    assert!(slow_3 <= 1_000, "{slow_3}");
-    assert!(fast_1 <= 1_000, "{fast_1}");
-    assert!(fast_3 <= 1_000, "{fast_3}");
+    // What issue 17's work achieved (from 235 / 337 before it, 1 limit / 3 limits); the
+    // rest is two copies of the item (the version kept, the `ALL_NEW` image returned), its
+    // decoding, and the write's attribute names (see the issue's note). Lower these bounds
+    // when a change allocates less; never raise them without saying why.
+    // Raised by 5 when the change feed landed: every bucket write also carries the usage
+    // counters `rq` (ADD 1) and `wt` (the write's time), two more attribute names in the
+    // write and two more attributes in each copy of the item (107/167/100/149 before).
+    assert!(slow_1 <= 112, "1 limit, 1 ms apart: {slow_1} allocations");
+    assert!(slow_3 <= 172, "3 limits, 1 ms apart: {slow_3} allocations");
+    assert!(fast_1 <= 105, "1 limit, same instant: {fast_1} allocations");
+    assert!(
+        fast_3 <= 154,
+        "3 limits, same instant: {fast_3} allocations"
+    );
 }

@@ -13,6 +13,8 @@ pub const BIN: &str = env!("CARGO_BIN_EXE_tollgate");
 pub struct ServerProc {
     pub child: Child,
     pub base: String,
+    /// `http://ADDR` of the gRPC service, when started with `--grpc`.
+    pub grpc: Option<String>,
 }
 
 /// How to start a server.
@@ -69,7 +71,11 @@ impl ServerProc {
             .find(|w| w.starts_with("http://"))
             .unwrap_or_else(|| panic!("no address in {line:?}"))
             .to_string();
-        ServerProc { child, base }
+        let grpc = line
+            .split_whitespace()
+            .find_map(|w| w.strip_prefix("grpc://"))
+            .map(|a| format!("http://{a}"));
+        ServerProc { child, base, grpc }
     }
 
     /// Send a signal (`HUP`, `TERM`, ...).

@@ -174,16 +174,7 @@ impl Limiter {
                         .config
                         .resolve(inner.store.as_ref(), inner.ns(), p, resource, now)
                         .await?;
-                    Some(crate::cascade::parent_request(
-                        inner,
-                        &req,
-                        p,
-                        pres.limits,
-                        Some(pres.ph),
-                        pres.source,
-                        pres.cascade,
-                        now,
-                    )?)
+                    Some(crate::cascade::parent_request(inner, &req, p, pres, now)?)
                 }
                 _ => None,
             };

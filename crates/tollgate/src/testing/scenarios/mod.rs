@@ -7,6 +7,7 @@ pub mod basics;
 pub mod cascade;
 pub mod exactness;
 pub mod gaps;
+pub mod limits_file;
 pub mod merge;
 pub mod namespaces;
 pub mod outage;
@@ -23,6 +24,8 @@ pub mod usage;
 macro_rules! scenario_tests {
     ($backend:expr) => {
         $crate::__scenario_tests!($backend;
+            limits_file::a_file_plans_against_the_store_and_applies_exactly,
+            limits_file::a_corrupt_level_is_named_by_the_plan,
             repair::doctor_lists_and_limits_set_replaces,
             repair::entity_delete_removes_a_corrupt_entity,
             repair::repairs_over_items_the_store_cannot_decode,
