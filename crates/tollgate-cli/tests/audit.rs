@@ -13,9 +13,10 @@ use serde_json::Value;
 
 /// Commands that change stored configuration (`doctor` with `--repair`): each has a case
 /// below.
-const ADMIN: [&str; 9] = [
+const ADMIN: [&str; 10] = [
     "limits set",
     "limits delete",
+    "limits apply",
     "entity create",
     "entity delete",
     "doctor",
@@ -25,25 +26,25 @@ const ADMIN: [&str; 9] = [
     "namespace purge",
 ];
 /// Commands that do not change stored configuration (or run something that does, through
-/// the audited paths: `serve`, `demo`), `audit purge` (retention), and the aggregator and
-/// usage reads (they write usage snapshots and bucket maintenance, not configuration).
-const OTHER: [&str; 16] = [
-    "aggregate",
-    "usage list",
-    "usage summary",
-    "namespace list",
-    "namespace show",
+/// the audited paths: `serve`, `demo`), and `audit purge` (retention).
+const OTHER: [&str; 17] = [
     "serve",
     "acquire",
     "check",
     "limits get",
+    "limits plan",
+    "aggregate",
+    "usage list",
+    "usage summary",
+    "table create",
     "entity get",
     "audit list",
     "audit purge",
-    "table create",
     "demo",
     "bench-http",
     "help",
+    "namespace list",
+    "namespace show",
 ];
 
 /// The subcommands a help text lists under `Commands:`.
@@ -288,10 +289,41 @@ fn every_admin_command_writes_one_record_with_its_principal() {
     assert_eq!(rs[0]["principal"], "medic");
     assert_eq!(rs[0]["resource"], "llm");
     assert_eq!(rs[0]["before"]["items"], 1);
+    // `limits apply` of a file that matches the store but for one level: one record.
+    let file = dir.path().join("limits.toml");
+    std::fs::write(
+        &file,
+        "[system.limits]\nrpm = { capacity = 10, refill_amount = 10 }\n\
+         [resources.llm.limits]\nrpm = { capacity = 9, refill_amount = 9 }\n\
+         [resources.gpt-4.limits]\nrpm = { capacity = 30, refill_amount = 30 }\n",
+    )
+    .unwrap();
+    let f = file.display().to_string();
+    let o = as_user(
+        "bob",
+        &[
+            "limits",
+            "apply",
+            "-f",
+            &f,
+            "--principal",
+            "gitops",
+            "--store",
+            &st,
+        ],
+    );
+    assert_eq!(code(&o), 0, "{}{}", stdout(&o), stderr(&o));
+    covered.insert("limits apply".to_string());
+    let rs = newest(&st, cases.len() + 3);
+    assert_eq!(rs[0]["action"], "limits.set", "{}", rs[0]);
+    assert_eq!(rs[0]["principal"], "gitops");
+    assert_eq!(rs[0]["level"], "resource");
+    assert_eq!(rpm(&rs[0]["before"]), None);
+    assert_eq!(rpm(&rs[0]["after"]), Some(30));
     covered.extend(namespace_commands(&st));
     let admin: BTreeSet<String> = ADMIN.iter().map(|s| s.to_string()).collect();
     assert_eq!(covered, admin, "every administrative command has a case");
-    let base = cases.len() + 2;
+    let base = cases.len() + 3;
 
     // A refused change writes nothing.
     let o = as_user("bob", &["entity", "create", "dup", "--store", &st]);
