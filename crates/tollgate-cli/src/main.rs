@@ -39,6 +39,8 @@ LIMIT SYNTAX
   NAME:quota=TOKENS,cron=\"EXPR\"[,tz=ZONE]    quota reset on a calendar (5-field cron,
                                              IANA zone, default UTC)
   NAME:quota=TOKENS,after=DURATION           quota whose window opens at first use
+  …,soft                                     any of the above as a soft limit (shadow
+                                             mode): consumption recorded, never refused
   PERIOD is s|sec|second|min|minute|h|hour|d|day or a DURATION;
   DURATION is whole numbers with units ms, s, m, h, d: 500ms, 90s, 5h, 1h30m.
 
@@ -46,6 +48,7 @@ EXAMPLES
   tollgate limits set --resource gpt-4 rpm:rate=60/min tpm:rate=100000/min,burst=200000
   tollgate limits set --entity user-1 --for-resource gpt-4 'rpd:quota=1000,cron=\"0 0 * * *\",tz=Europe/Berlin'
   tollgate limits set --system session:quota=10,after=5h
+  tollgate limits set --resource gpt-4 rpm:rate=60/min,soft
 
 MERGED LIMITS (ADR-143; by default the most specific level with limits replaces the rest)
   --inherit                 also take, by name, the limits of the levels beneath that this
@@ -157,6 +160,11 @@ enum Cmd {
         /// with the lease. A lease never returns more than it consumed.
         #[arg(long = "adjust", value_parser = spec::parse_amount)]
         adjust: Vec<(String, i64)>,
+        /// More resources acquired with this one, all or none (ADR-148; up to 16 in all), as
+        /// RESOURCE:NAME=TOKENS[,NAME=TOKENS] (e.g. --also tools:rpm=1). --adjust applies
+        /// to the first resource.
+        #[arg(long = "also", value_parser = spec::parse_also)]
+        also: Vec<(String, Vec<(String, i64)>)>,
         #[command(flatten)]
         store: StoreArgs,
     },
@@ -528,6 +536,63 @@ async fn run(cli: Cli) -> Result<(), Failure> {
             resource,
             amounts,
             adjust,
+            also,
+            store,
+        } if !also.is_empty() => {
+            let limiter = store.limiter(Access::Existing).await?;
+            let mut wanted: Vec<(String, Vec<(&str, i64)>)> =
+                vec![(resource.clone(), borrow(&amounts))];
+            wanted.extend(also.iter().map(|(r, a)| (r.clone(), borrow(a))));
+            let wants: Vec<(&str, &[(&str, i64)])> = wanted
+                .iter()
+                .map(|(r, a)| (r.as_str(), a.as_slice()))
+                .collect();
+            let mut lease = limiter.acquire_many(&entity, &wants).await?;
+            let degraded = lease.is_degraded();
+            for (limit, delta) in &adjust {
+                if let Err(e) = lease.adjust(&resource, limit, *delta) {
+                    // The acquire stands (its debits are the leases'); nothing else is written.
+                    lease.commit().await?;
+                    return Err(e.into());
+                }
+            }
+            lease.commit().await?;
+            let per: Vec<(String, Vec<tollgate::LimitStatus>)> = lease
+                .leases()
+                .iter()
+                .map(|l| (l.resource().to_string(), l.statuses().to_vec()))
+                .collect();
+            if json {
+                print_json(&json!({
+                    "admitted": true,
+                    "entity": entity,
+                    "degraded": degraded,
+                    "resources": per
+                        .iter()
+                        .map(|(r, st)| json!({ "resource": r, "statuses": st }))
+                        .collect::<Vec<_>>(),
+                }));
+            } else {
+                for (r, st) in &per {
+                    println!(
+                        "admitted: {entity} / {r}{}",
+                        if degraded {
+                            " (degraded: store unavailable)"
+                        } else {
+                            ""
+                        }
+                    );
+                    print_statuses(st, limiter.now_ms());
+                }
+            }
+            Ok(())
+        }
+        Cmd::Acquire {
+            entity,
+            resource,
+            amounts,
+            adjust,
+            also: _,
             store,
         } => {
             let limiter = store.limiter(Access::Existing).await?;

@@ -4,6 +4,8 @@
 //! NAME:rate=AMOUNT/PERIOD[,burst=TOKENS]          a rate limit (token bucket)
 //! NAME:quota=TOKENS,cron="EXPR"[,tz=ZONE]         a quota reset on a calendar (default tz UTC)
 //! NAME:quota=TOKENS,after=DURATION                a quota whose window opens at first use
+//! …,soft                                          any of them soft (ADR-151, shadow mode):
+//!                                                 consumption recorded, never refused
 //!
 //! PERIOD    s | sec | second | min | minute | h | hour | d | day, or a DURATION
 //! DURATION  whole numbers with units ms, s, m, h, d: 500ms, 90s, 5h, 1h30m
@@ -182,6 +184,10 @@ fn split_params(s: &str) -> Result<Vec<(String, String)>, String> {
     parts
         .into_iter()
         .map(|p| {
+            // A bare `soft` is `soft=true`.
+            if p.trim() == "soft" {
+                return Ok(("soft".to_string(), "true".to_string()));
+            }
             let (k, v) = p
                 .split_once('=')
                 .ok_or_else(|| format!("expected KEY=VALUE, got {p:?}"))?;
@@ -212,6 +218,7 @@ pub fn parse_limit(s: &str) -> Result<Limit, String> {
     let mut cron = None;
     let mut tz = None;
     let mut after = None;
+    let mut soft = None;
     for (k, v) in params {
         let slot = match k.as_str() {
             "rate" => &mut rate,
@@ -220,9 +227,10 @@ pub fn parse_limit(s: &str) -> Result<Limit, String> {
             "cron" => &mut cron,
             "tz" => &mut tz,
             "after" => &mut after,
+            "soft" => &mut soft,
             other => {
                 return Err(format!(
-                    "unknown key {other:?} (rate, burst, quota, cron, tz, after)"
+                    "unknown key {other:?} (rate, burst, quota, cron, tz, after, soft)"
                 ))
             }
         };
@@ -230,8 +238,13 @@ pub fn parse_limit(s: &str) -> Result<Limit, String> {
             return Err(format!("{k} given twice"));
         }
     }
+    let soft = match soft.as_deref() {
+        None | Some("false") => false,
+        Some("true") => true,
+        Some(v) => return Err(format!("soft={v:?}: expected true or false")),
+    };
     let err = |e: tollgate_core::RuleError| e.to_string();
-    match (rate, quota) {
+    let limit = match (rate, quota) {
         (Some(r), None) => {
             if cron.is_some() || tz.is_some() || after.is_some() {
                 return Err("a rate limit takes only rate= and burst=".into());
@@ -275,11 +288,21 @@ pub fn parse_limit(s: &str) -> Result<Limit, String> {
         _ => Err(format!(
             "{s:?}: give exactly one of rate=AMOUNT/PERIOD or quota=TOKENS"
         )),
-    }
+    }?;
+    Ok(limit.with_soft(soft))
 }
 
 /// Format a limit in the syntax [`parse_limit`] reads.
 pub fn format_limit(l: &Limit) -> String {
+    let base = format_base(l);
+    if l.is_soft() {
+        format!("{base},soft")
+    } else {
+        base
+    }
+}
+
+fn format_base(l: &Limit) -> String {
     let cap = l.capacity_milli() / tollgate_core::MILLI;
     match l.refill() {
         Refill::Drip { amount, period_ms } => {
@@ -346,6 +369,19 @@ pub fn parse_amount(s: &str) -> Result<(String, i64), String> {
     Ok((n.trim().to_string(), a))
 }
 
+/// Parse `RESOURCE:NAME=TOKENS[,NAME=TOKENS…]` (one more resource of a multi-resource
+/// acquire).
+pub fn parse_also(s: &str) -> Result<(String, Vec<(String, i64)>), String> {
+    let (r, amounts) = s.split_once(':').ok_or_else(|| {
+        format!("{s:?}: expected RESOURCE:NAME=TOKENS[,NAME=TOKENS], e.g. tools:rpm=1")
+    })?;
+    let amounts = amounts
+        .split(',')
+        .map(parse_amount)
+        .collect::<Result<Vec<_>, _>>()?;
+    Ok((r.trim().to_string(), amounts))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -359,6 +395,8 @@ mod tests {
             "session:quota=10,after=5h",
             "x:rate=5/10s",
             "y:quota=3,after=1h30m",
+            "rpm:rate=60/min,soft",
+            "session:quota=10,after=5h,soft",
         ] {
             let l = parse_limit(s).unwrap();
             assert_eq!(format_limit(&l), s);
@@ -381,9 +419,18 @@ mod tests {
             "rpm:rate=60/min,burst=1,burst=2",
             "q:quota=5,cron=\"0 0 * * *",
             "wcu:rate=1/s",
+            "rpm:rate=60/min,soft=maybe",
+            "rpm:rate=60/min,soft,soft",
         ] {
             assert!(parse_limit(s).is_err(), "{s}");
         }
+    }
+
+    #[test]
+    fn soft_flag() {
+        let l = parse_limit("rpm:soft,rate=60/min").unwrap();
+        assert!(l.is_soft());
+        assert!(!parse_limit("rpm:rate=60/min,soft=false").unwrap().is_soft());
     }
 
     #[test]
@@ -396,6 +443,12 @@ mod tests {
         assert_eq!(parse_amount("rpm=1").unwrap(), ("rpm".into(), 1));
         assert!(parse_amount("rpm").is_err());
         assert!(parse_amount("rpm=1.5").is_err());
+        assert_eq!(
+            parse_also("tools:rpm=1,tpm=20").unwrap(),
+            ("tools".into(), vec![("rpm".into(), 1), ("tpm".into(), 20)])
+        );
+        assert!(parse_also("tools").is_err());
+        assert!(parse_also("tools:rpm").is_err());
     }
 
     #[test]

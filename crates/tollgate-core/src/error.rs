@@ -45,6 +45,14 @@ pub enum RuleError {
         /// What is wrong.
         reason: String,
     },
+    /// A multi-resource acquire named no resource, more than 16, or one twice (ADR-148).
+    #[error("invalid resource set ({count} resources): {reason}")]
+    InvalidResourceSet {
+        /// How many resources were named.
+        count: usize,
+        /// Why.
+        reason: String,
+    },
 }
 
 pub(crate) fn cut(s: &str) -> String {

@@ -43,6 +43,8 @@ pub struct Limit {
     capacity: i64,
     refill: Refill,
     schedule: Option<Schedule>,
+    /// ADR-151: a soft limit records consumption and never refuses.
+    soft: bool,
 }
 
 /// A limit's effective (entity-wide, undivided) parameters at one instant: after its
@@ -90,6 +92,7 @@ impl Limit {
                 period_ms,
             },
             schedule: None,
+            soft: false,
         })
     }
 
@@ -130,6 +133,7 @@ impl Limit {
             capacity: tokens_to_milli(name, "capacity", capacity)?,
             refill: Refill::Calendar(Box::new(cal)),
             schedule: None,
+            soft: false,
         })
     }
 
@@ -153,6 +157,7 @@ impl Limit {
             capacity: tokens_to_milli(name, "capacity", capacity)?,
             refill: Refill::Window { reset_after_s: s },
             schedule: None,
+            soft: false,
         })
     }
 
@@ -200,6 +205,7 @@ impl Limit {
             capacity: capacity_milli,
             refill,
             schedule: None,
+            soft: false,
         })
     }
 
@@ -215,6 +221,18 @@ impl Limit {
         }
         self.schedule = Some(schedule);
         Ok(self)
+    }
+
+    /// Make the limit soft (ADR-151, shadow mode): its consumption is recorded — the balance
+    /// may go negative — and it never refuses a request. `false` enforces it again.
+    pub fn with_soft(mut self, soft: bool) -> Self {
+        self.soft = soft;
+        self
+    }
+
+    /// Whether the limit is soft (ADR-151): recorded, never refusing.
+    pub fn is_soft(&self) -> bool {
+        self.soft
     }
 
     /// The time-of-day schedule, if any.
@@ -296,6 +314,15 @@ impl Limit {
     }
     /// A compact description for tools and errors.
     pub fn describe(&self) -> String {
+        let d = self.describe_scheduled();
+        if self.soft {
+            format!("{d} (soft: recorded, never refuses)")
+        } else {
+            d
+        }
+    }
+
+    fn describe_scheduled(&self) -> String {
         match &self.schedule {
             None => self.describe_base(),
             Some(s) => format!(
@@ -376,12 +403,15 @@ pub struct LimitSpec {
     /// The schedule's time zone (default UTC).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub schedule_tz: Option<String>,
+    /// ADR-151: a soft limit records consumption and never refuses (shadow mode).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub soft: bool,
 }
 
 impl LimitSpec {
     /// Validate into a [`Limit`].
     pub fn to_limit(&self) -> Result<Limit, RuleError> {
-        let l = self.base_limit()?;
+        let l = self.base_limit()?.with_soft(self.soft);
         match &self.schedule {
             None => Ok(l),
             Some(entries) => {
@@ -449,6 +479,7 @@ impl From<&Limit> for LimitSpec {
             reset_after_s: None,
             schedule: l.schedule.as_ref().map(Schedule::entry_texts),
             schedule_tz: l.schedule.as_ref().map(|s| s.tz().to_string()),
+            soft: l.soft,
         };
         match &l.refill {
             Refill::Drip { amount, period_ms } => {

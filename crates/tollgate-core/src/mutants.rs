@@ -40,6 +40,12 @@ pub enum Mutant {
     /// A store call is abandoned at its deadline (`tollgate_store::Deadline`; falls back to
     /// waiting for the answer however long it takes).
     StoreDeadline,
+    /// ADR-148: a refused multi-resource acquire refunds every resource it already debited
+    /// (falls back to leaving the first landed resource charged).
+    MultiRefund,
+    /// ADR-151: only the soft limit itself skips its balance check (falls back to one soft
+    /// limit exempting every limit of the request).
+    SoftScope,
     /// The feed aggregator moves its checkpoint only from the one it read (falls back to an
     /// unconditional write: two aggregators that read one batch both count it).
     UsageCheckpoint,
@@ -47,7 +53,7 @@ pub enum Mutant {
 
 impl Mutant {
     /// Every mutant, in declaration order.
-    pub const ALL: [Mutant; 13] = [
+    pub const ALL: [Mutant; 15] = [
         Mutant::WindowFloor,
         Mutant::WaMarker,
         Mutant::WtcCharge,
@@ -60,6 +66,8 @@ impl Mutant {
         Mutant::EntityDebit,
         Mutant::DripSplit,
         Mutant::StoreDeadline,
+        Mutant::MultiRefund,
+        Mutant::SoftScope,
         Mutant::UsageCheckpoint,
     ];
 
@@ -78,6 +86,8 @@ impl Mutant {
             Mutant::EntityDebit => "EntityDebit",
             Mutant::DripSplit => "DripSplit",
             Mutant::StoreDeadline => "StoreDeadline",
+            Mutant::MultiRefund => "MultiRefund",
+            Mutant::SoftScope => "SoftScope",
             Mutant::UsageCheckpoint => "UsageCheckpoint",
         }
     }

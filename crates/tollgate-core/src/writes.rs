@@ -63,7 +63,9 @@ pub fn fast_write(
     let mut c = Condition::exists("PK");
     for (n, amt) in amounts {
         u = u.add(battr(n, "tk"), -amt).add(battr(n, "tc"), *amt);
-        c = c.and(Condition::ge(battr(n, "tk"), *amt));
+        if !crate::soft::exempt(limits, n) {
+            c = c.and(Condition::ge(battr(n, "tk"), *amt));
+        }
     }
     u = u
         .add(battr(WCU, "tk"), -WCU_COST)
@@ -173,9 +175,11 @@ pub fn classify_fast_failure(
         return FastFailure::LimitMissing;
     }
     let wcu_short = img.wcu.as_ref().is_none_or(|w| w.tk < WCU_COST);
-    let app_short = amounts
-        .iter()
-        .any(|(n, a)| img.limits.get(n).is_some_and(|s| s.tk < *a));
+    let app_short = amounts.iter().any(|(n, a)| {
+        img.limits
+            .get(n)
+            .is_some_and(|s| crate::soft::short(limits, n, s.tk, *a))
+    });
     match (wcu_short, app_short) {
         (true, true) => FastFailure::Both,
         (true, false) => FastFailure::WcuExhausted,
@@ -266,7 +270,7 @@ pub fn would_refill_satisfy(
             return false;
         };
         let e = evaluate(l, img.limits.get(n), img.rf, img.shard_count, now_ms, None);
-        e.balance >= *a
+        !crate::soft::short(limits, n, e.balance, *a)
     })
 }
 
@@ -442,7 +446,7 @@ pub fn normal_write(
         } else if e.transition.is_set() {
             c = c.and(set_pin(n, e.read_tk));
         } else {
-            if !charging.debt && debit > credit {
+            if !charging.debt && debit > credit && !crate::soft::exempt(limits, n) {
                 c = c.and(Condition::ge(battr(n, "tk"), debit - credit));
             }
             if e.transition == Transition::Refill
@@ -497,7 +501,9 @@ pub fn retry_write(amounts: &Amounts, limits: &[Limit], now_ms: i64) -> (Update,
         if *a != 0 {
             u = u.add(battr(n, "tk"), -a).add(battr(n, "tc"), *a);
         }
-        c = c.and(Condition::ge(battr(n, "tk"), *a));
+        if !crate::soft::exempt(limits, n) {
+            c = c.and(Condition::ge(battr(n, "tk"), *a));
+        }
     }
     (
         crate::usage::stamp_write_time(crate::usage::count_request(u), now_ms),
@@ -727,14 +733,18 @@ pub fn params_hash(limits: &[Limit]) -> String {
                 .map(|c| format!("{}@{}", c.expr(), c.tz()))
                 .unwrap_or_default();
             let sched = l.schedule().map(|s| s.encode()).unwrap_or_default();
+            // ADR-151: switching a limit between soft and enforced changes the hash (the
+            // fast path's `ph` term then sends the next write to the slow path); an
+            // enforced limit's hash is unchanged from before soft limits existed.
             format!(
-                "{}:{}:{}:{}:{}:{}",
+                "{}:{}:{}:{}:{}:{}{}",
                 l.name(),
                 l.capacity_milli(),
                 l.ra(),
                 l.rp(),
                 cal,
-                sched
+                sched,
+                if l.is_soft() { ":soft" } else { "" }
             )
         })
         .collect();

@@ -19,6 +19,7 @@ pub const CODES: &[(&str, u16, &str)] = &[
     ("invalid_name", 400, "a malformed resource or limit name"),
     ("invalid_amount", 400, "an amount or delta that is negative, not an integer, or too large"),
     ("invalid_limit", 400, "an invalid limit definition"),
+    ("invalid_resource_set", 400, "a multi-resource acquire named no resource, more than 16, or one twice"),
     ("unknown_limit", 400, "an amount names a limit the resource does not have"),
     ("invalid_adjustment", 400, "a lease adjustment would refund more than the lease consumed of the limit"),
     ("invalid_usage_query", 400, "a usage query without an entity or a resource, or with a bad limit or page token"),
@@ -206,6 +207,9 @@ pub fn classify(e: &Error) -> (StatusCode, &'static str) {
             RuleError::InvalidLimit { .. } => (StatusCode::BAD_REQUEST, "invalid_limit"),
             RuleError::InvalidAmount { .. } => (StatusCode::BAD_REQUEST, "invalid_amount"),
             RuleError::Corrupt { .. } => (StatusCode::INTERNAL_SERVER_ERROR, "corrupt_data"),
+            RuleError::InvalidResourceSet { .. } => {
+                (StatusCode::BAD_REQUEST, "invalid_resource_set")
+            }
         },
         Error::UnknownLimit { .. } => (StatusCode::BAD_REQUEST, "unknown_limit"),
         Error::NoLimits { .. } => (StatusCode::NOT_FOUND, "no_limits"),

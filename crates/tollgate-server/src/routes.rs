@@ -31,6 +31,8 @@ use crate::extract::{JsonBody, PathParams, QueryPairs};
 use crate::headers::{add_ratelimit_headers, retry_after_secs};
 use crate::AppState;
 
+mod many;
+
 type St = State<Arc<AppState>>;
 pub(crate) type ApiResult<T> = Result<T, ApiError>;
 
@@ -63,6 +65,7 @@ fn table() -> Vec<(RouteInfo, Handler)> {
     };
     vec![
         r("POST", "/v1/acquire", CLIENT, post(acquire)),
+        r("POST", "/v1/acquire/many", CLIENT, post(many::acquire_many)),
         r("POST", "/v1/leases/{id}/adjust", CLIENT, post(adjust)),
         r("POST", "/v1/leases/{id}/commit", CLIENT, post(commit)),
         r("POST", "/v1/leases/{id}/rollback", CLIENT, post(rollback)),

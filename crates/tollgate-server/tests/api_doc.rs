@@ -86,7 +86,7 @@ fn every_route_is_documented_with_its_role() {
         "docs/http-api.md is out of date:\n{}",
         drift.join("\n")
     );
-    assert_eq!(routes().len(), 33);
+    assert_eq!(routes().len(), 34);
 }
 
 #[test]
@@ -122,7 +122,7 @@ fn every_error_code_is_documented_with_its_status() {
         Vec::<&(String, String)>::new(),
         "error codes and docs/http-api.md differ"
     );
-    assert_eq!(have.len(), 39);
+    assert_eq!(have.len(), 40);
 }
 
 #[test]
@@ -137,6 +137,7 @@ fn every_limit_spec_field_is_documented() {
         reset_after_s: Some(1),
         schedule: Some(vec![]),
         schedule_tz: Some("UTC".into()),
+        soft: true,
     };
     let v = serde_json::to_value(&full).unwrap();
     let have: BTreeSet<String> = v.as_object().unwrap().keys().cloned().collect();

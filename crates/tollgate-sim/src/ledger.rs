@@ -40,6 +40,14 @@
 //!   up to one full refill before it) are credited.
 //! - `lease-net`: per lease and limit, what the lease consumed net of its adjustments and its
 //!   rollback never goes below zero (a refund never returns more than the lease took).
+//! - `multi-all-or-none` (ADR-148): a refused multi-resource acquire moved no `tc` once its
+//!   refunds landed (checked by `consumed-once`; a refund write that failed leaves the
+//!   landed debit, which is a residual: the caller was told the error).
+//! - Soft limits (ADR-151): a limit that is soft at any time of the run (`Ledger::soft`) is
+//!   exempt from the allowance checks and from "a limit reported as fitting covers the
+//!   amount"; its consumption is still checked by `consumed-once` and `tc-total` (recorded
+//!   exactly, conserved when enforcement resumes), and every enforced limit of the same
+//!   requests keeps every check.
 //! - `honest-answer`: a refusal names at least one exceeded limit; an exceeded limit reports
 //!   less available than requested, no retry-after exactly when the request is larger than
 //!   the capacity, and a limit reported as not exceeded fits; an admission reports no limit
@@ -69,6 +77,10 @@ pub enum OpKind {
         /// The parent the acquire cascades to (ADR-146): a success charged the same
         /// amounts on the parent's bucket too; a failure charged neither.
         parent: Option<String>,
+        /// A multi-resource acquire (ADR-148): `amounts` lists every resource's amounts
+        /// (limit names are distinct across its resources); a success charged all of them,
+        /// a failure none once its refunds landed.
+        multi: bool,
     },
     /// A lease commit of adjustments (milli, positive = consumed more).
     Commit {
@@ -234,6 +246,8 @@ pub struct FailedWrite {
     pub op: usize,
     /// Entity of the bucket written.
     pub entity: String,
+    /// Resource of the bucket written.
+    pub resource: String,
     /// Shard of the bucket written.
     pub shard: u32,
     /// Scheduler step.
@@ -269,6 +283,8 @@ pub struct Ledger {
     /// Per bucket write (entity, resource, step): how long it waited between being issued
     /// and being applied (ms) — the staleness of the clock reading it carries.
     pub latencies: Vec<(String, String, u64, i64)>,
+    /// Limits soft at some time of the run (ADR-151): see the module docs.
+    pub soft: std::collections::BTreeSet<String>,
 }
 
 /// `(entity, resource, shard)` of a bucket key `{ns}/BUCKET#{entity}#{resource}#{shard}`.
@@ -465,15 +481,33 @@ impl Ledger {
 
     /// A bucket write of operation `op` that returned an error (applied or not).
     pub fn record_failed_write(&mut self, op: Option<usize>, key: &Key, step: u64) {
-        let (Some(op), Some((entity, _, shard))) = (op, parse_bucket(key)) else {
+        let (Some(op), Some((entity, resource, shard))) = (op, parse_bucket(key)) else {
             return;
         };
         self.failed_writes.push(FailedWrite {
             op,
             entity,
+            resource,
             shard,
             step,
         });
+    }
+
+    /// Whether a refused multi-resource acquire's refund failed: a write of the operation
+    /// failed on a bucket after the operation's debit landed on that same bucket.
+    fn refund_failed(&self, id: usize) -> bool {
+        self.tc
+            .iter()
+            .filter(|e| e.op == Some(id) && e.delta > 0)
+            .any(|d| {
+                self.failed_writes.iter().any(|f| {
+                    f.op == id
+                        && f.entity == d.entity
+                        && f.resource == d.resource
+                        && f.shard == d.shard
+                        && f.step > d.step
+                })
+            })
     }
 
     /// The entities an operation's writes land on: the acquire's entity, then its cascade
@@ -615,6 +649,12 @@ impl Ledger {
     /// Run every end-of-run check. `limits` per resource; `items` = every stored item;
     /// `skew` = the clock-skew bound (ms).
     pub fn finish(&mut self, limits: &BTreeMap<String, Vec<Limit>>, items: &[Item], skew: i64) {
+        self.soft = limits
+            .values()
+            .flatten()
+            .filter(|l| l.is_soft())
+            .map(|l| l.name().to_string())
+            .collect();
         self.check_consumed_once(limits);
         self.check_tc_total(items);
         self.check_lease_net();
@@ -622,7 +662,7 @@ impl Ledger {
         self.check_deadline();
         let adm = self.admissions();
         for (res, ls) in limits {
-            for l in ls {
+            for l in ls.iter().filter(|l| !l.is_soft()) {
                 match l.refill() {
                     Refill::Window { reset_after_s } => {
                         self.check_window(res, l, reset_after_s * 1000, &adm)
@@ -697,6 +737,27 @@ impl Ledger {
                     "op {id} (c{} {}) failed with {} but its write applied: tc moved {:?} (lost response, caller told error)",
                     op.client,
                     kind_name(&op.kind),
+                    op.err.as_deref().unwrap_or("?"),
+                    show(&moved)
+                ));
+                continue;
+            }
+            let multi = matches!(op.kind, OpKind::Acquire { multi: true, .. });
+            if op.ok == Some(true) && multi && lost {
+                // A resource admitted degraded (its write timed out) whose write applied
+                // after all: charged, though the caller was told "admitted without the store".
+                residuals.push(format!(
+                    "op {id} (c{} multi-acquire) partly degraded: tc moved {:?}, charged {:?} (a degraded resource's write applied after its deadline)",
+                    op.client,
+                    show(&moved),
+                    show(&expected)
+                ));
+                continue;
+            }
+            if op.ok == Some(false) && multi && self.refund_failed(id) {
+                residuals.push(format!(
+                    "op {id} (c{} multi-acquire) failed with {}: a refund write failed, tc moved {:?} (the landed debit stands, caller told error)",
+                    op.client,
                     op.err.as_deref().unwrap_or("?"),
                     show(&moved)
                 ));
@@ -992,7 +1053,8 @@ impl Ledger {
                         "refused while its status says the amount is available",
                         Some(s),
                     ));
-                } else if !s.exceeded && s.available < s.requested {
+                } else if !s.exceeded && s.available < s.requested && !self.soft.contains(&s.limit)
+                {
                     out.push(tag(
                         "a limit reported as fitting does not cover the amount",
                         Some(s),

@@ -29,11 +29,12 @@ struct Cli {
     trace: bool,
     /// Disable one guard: WindowFloor, WaMarker, WtcCharge, MonotonicRf,
     /// ConsistentSiblingRead, GrantMove, RfLock, TrustHorizon, LeaseNet, EntityDebit,
-    /// DripSplit.
+    /// DripSplit, StoreDeadline, MultiRefund, SoftScope.
     #[arg(long)]
     mutant: Option<String>,
-    /// Workload: rate, calendar, window, multi, lease, hot, cascade, burst, drip, or all
-    /// (rotate by seed).
+    /// Workload: rate, calendar, window, multi, lease, hot, cascade, burst, drip, many
+    /// (multi-resource acquire), soft (soft limits switched on and off), or all (rotate by
+    /// seed).
     #[arg(long, default_value = "all")]
     workload: String,
     /// Also run every seed twice and compare the trace hashes.

@@ -180,7 +180,8 @@ pub fn run_seed(cfg: &RunConfig) -> SeedReport {
         let allow = hang_p > 0.0 && hrng.gen_bool(0.5);
         let opts = Options {
             namespace: NS.into(),
-            config_cache_ttl: Duration::from_secs(3600),
+            // A workload that switches soft limits needs clients to see the switch.
+            config_cache_ttl: Duration::from_secs(if spec.soft_switch_p > 0.0 { 2 } else { 3600 }),
             speculative: rng.gen_bool(spec.speculative_p),
             on_unavailable: if allow {
                 OnUnavailable::Allow
@@ -316,8 +317,11 @@ pub fn run_seed(cfg: &RunConfig) -> SeedReport {
     }
 
     let items = mem.raw_items();
-    let limits: BTreeMap<String, Vec<tollgate_core::Limit>> =
+    let mut limits: BTreeMap<String, Vec<tollgate_core::Limit>> =
         [(spec.resource.clone(), spec.limits.clone())].into();
+    if let Some((r, ls)) = &spec.also {
+        limits.insert(r.clone(), ls.clone());
+    }
     let mut g = sh.lock();
     let st = &mut *g;
     st.ledger.finish(&limits, &items, spec.skew);

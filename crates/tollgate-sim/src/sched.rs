@@ -333,6 +333,17 @@ impl Shared {
         id
     }
 
+    /// Narrow a multi-resource acquire's amounts to what the store charged: the resources
+    /// admitted degraded (`on_unavailable = allow`) wrote nothing.
+    pub fn charged_only(&self, op: usize, charged: Vec<(String, i64)>) {
+        let mut g = self.lock();
+        if let Some(crate::ledger::OpKind::Acquire { amounts, .. }) =
+            g.ledger.ops.get_mut(op).map(|o| &mut o.kind)
+        {
+            *amounts = charged;
+        }
+    }
+
     /// Record what an acquire's answer reported.
     pub fn answer(&self, op: usize, answer: crate::ledger::Answer) {
         self.lock().ledger.answer(op, answer);

@@ -27,8 +27,9 @@ pub const MIDNIGHT: i64 = 1_757_030_400_000;
 
 /// Names of the workloads, in the order `--workload all` rotates through them (new ones are
 /// appended, so a workload keeps its name; the rotation by seed moves when one is added).
-pub const WORKLOADS: [&str; 9] = [
-    "rate", "calendar", "window", "multi", "lease", "hot", "cascade", "burst", "drip",
+pub const WORKLOADS: [&str; 11] = [
+    "rate", "calendar", "window", "multi", "lease", "hot", "cascade", "burst", "drip", "many",
+    "soft",
 ];
 
 /// The cascade workload's family (ADR-146): children that spend from one shared parent.
@@ -84,6 +85,12 @@ pub struct Spec {
     pub idle_p: f64,
     /// Probability that a lease adjustment tries to refund more than the lease holds.
     pub over_refund_p: f64,
+    /// A second resource and its limits (names distinct from `limits`): every acquire takes
+    /// both at once, all or none (ADR-148).
+    pub also: Option<(String, Vec<Limit>)>,
+    /// Probability, before each acquire, that the client switches the soft limits of
+    /// `limits` (the ones stored soft at the start) to soft or enforced (ADR-151).
+    pub soft_switch_p: f64,
 }
 
 fn secs(s: i64) -> Duration {
@@ -122,6 +129,8 @@ pub fn build(name: &'static str, rng: &mut SmallRng, clients: Option<usize>) -> 
         tok_max: 1,
         idle_p: 0.0,
         over_refund_p: 0.0,
+        also: None,
+        soft_switch_p: 0.0,
     };
     let window = |rng: &mut SmallRng, cap: i64| -> (Limit, i64) {
         let w = *[60, 120, 300].choose(rng).unwrap_or(&60);
@@ -241,6 +250,42 @@ pub fn build(name: &'static str, rng: &mut SmallRng, clients: Option<usize>) -> 
             s.ops_per_client = rng.gen_range(20..=40);
             s.knobs.max_step_ms = *[50, 300, 1000].choose(rng).unwrap_or(&300);
         }
+        "many" => {
+            // ADR-148: "the model and the tool call" in one step — a rate limit on the
+            // model, a tight rate limit and a daily quota on the tool; refusals of either
+            // must leave the other uncharged.
+            s.limits = vec![Limit::rate("rps", 10, 10, secs(5)).expect("valid rate")];
+            let tool = rng.gen_range(3..=8);
+            s.also = Some((
+                "r-many-tool".into(),
+                vec![
+                    Limit::rate("tool", tool, tool, secs(10)).expect("valid rate"),
+                    daily(rng.gen_range(15..=40)),
+                ],
+            ));
+            s.start_ms = MIDNIGHT - rng.gen_range(60_000..=600_000);
+            s.lease_p = 0.5;
+            s.knobs.max_step_ms = *[200, 1000, 3000].choose(rng).unwrap_or(&1000);
+            s.ops_per_client = rng.gen_range(15..=35);
+        }
+        "soft" => {
+            // ADR-151: an enforced `tok` beside a `shadow` limit that clients switch
+            // between soft and enforced while traffic runs; `tok` must never over-admit,
+            // `shadow`'s consumption is recorded exactly either way.
+            let cap = rng.gen_range(5..=15);
+            let shadow = rng.gen_range(3..=6);
+            s.limits = vec![
+                Limit::rate("tok", cap, cap, secs(6)).expect("valid rate"),
+                Limit::rate("shadow", shadow, shadow, secs(10))
+                    .expect("valid rate")
+                    .with_soft(true),
+            ];
+            s.tok_max = rng.gen_range(1..=3);
+            s.soft_switch_p = *[0.03, 0.1, 0.25].choose(rng).unwrap_or(&0.1);
+            s.lease_p = 0.4;
+            s.knobs.max_step_ms = *[100, 500, 2000].choose(rng).unwrap_or(&500);
+            s.ops_per_client = rng.gen_range(20..=40);
+        }
         _ => {
             // hot: one entity hammered, doubled up to 32 shards by drained `wcu`.
             let cap = rng.gen_range(64..=160);
@@ -276,6 +321,10 @@ pub async fn setup(mem: Arc<tollgate_store::MemoryStore>, spec: &Spec) -> Result
         .build()?;
     let scope = Scope::Resource(spec.resource.clone());
     lim.set_limits(&scope, &spec.limits, None).await?;
+    if let Some((r, ls)) = &spec.also {
+        lim.set_limits(&Scope::Resource(r.clone()), ls, None)
+            .await?;
+    }
     let Some(c) = &spec.cascade else {
         return Ok(());
     };
@@ -298,8 +347,13 @@ pub async fn setup(mem: Arc<tollgate_store::MemoryStore>, spec: &Spec) -> Result
 
 /// Pick the amounts (tokens) of one acquire.
 fn amounts(spec: &Spec, rng: &mut SmallRng) -> Vec<(String, i64)> {
+    amounts_of(spec, &spec.limits, rng)
+}
+
+/// Pick amounts (tokens) for `limits`.
+fn amounts_of(spec: &Spec, limits: &[Limit], rng: &mut SmallRng) -> Vec<(String, i64)> {
     let mut out = Vec::new();
-    for l in &spec.limits {
+    for l in limits {
         let name = l.name().to_string();
         let a = match l.refill() {
             Refill::Drip { .. } if name == "tpm" => rng.gen_range(1..=20),
@@ -388,6 +442,15 @@ pub async fn client(
                 None,
             ),
         };
+        if spec.soft_switch_p > 0.0 && rng.gen_bool(spec.soft_switch_p) {
+            switch_soft(&sh, id, &lim, &spec, &mut rng).await;
+        }
+        if let Some((also, also_limits)) = &spec.also {
+            let a = amounts(&spec, &mut rng);
+            let b = amounts_of(&spec, also_limits, &mut rng);
+            multi_acquire(&sh, id, &lim, &spec, &ent, (&a, also, &b), &mut rng).await;
+            continue;
+        }
         let amts = amounts(&spec, &mut rng);
         let refs: Vec<(&str, i64)> = amts.iter().map(|(n, a)| (n.as_str(), *a)).collect();
         let mut retried = false;
@@ -399,6 +462,7 @@ pub async fn client(
                     resource: spec.resource.clone(),
                     amounts: milli(&amts),
                     parent: parent.clone(),
+                    multi: false,
                 },
             );
             let called = tokio::time::Instant::now();
@@ -438,6 +502,130 @@ pub async fn client(
                 Err(_) => break,
             }
         }
+    }
+}
+
+/// ADR-151: store the resource's limits with every soft-at-start limit switched to soft or
+/// enforced (a configuration write, outside any ledger operation; other clients see it when
+/// their config cache expires).
+async fn switch_soft(sh: &Arc<Shared>, id: usize, lim: &Limiter, spec: &Spec, rng: &mut SmallRng) {
+    let soft = rng.gen_bool(0.5);
+    let limits: Vec<Limit> = spec
+        .limits
+        .iter()
+        .map(|l| {
+            if l.is_soft() {
+                l.clone().with_soft(soft)
+            } else {
+                l.clone()
+            }
+        })
+        .collect();
+    let r = lim
+        .set_limits(&Scope::Resource(spec.resource.clone()), &limits, None)
+        .await;
+    if let Some(t) = sh.lock().trace.as_mut() {
+        t.push(format!(
+            "c{id}: soft limits of {} switched to {} ({})",
+            spec.resource,
+            if soft { "soft" } else { "enforced" },
+            r.as_ref().map_or_else(err_text, |_| "ok".into())
+        ));
+    }
+}
+
+/// Named amounts in tokens.
+type Tokens = [(String, i64)];
+
+/// ADR-148: one multi-resource acquire of `spec.resource` (amounts `a`) and `also`
+/// (amounts `b`), recorded as one acquire of both amounts; then, sometimes, a rollback or a
+/// commit of every lease.
+async fn multi_acquire(
+    sh: &Arc<Shared>,
+    id: usize,
+    lim: &Limiter,
+    spec: &Spec,
+    ent: &str,
+    (a, also, b): (&Tokens, &str, &Tokens),
+    rng: &mut SmallRng,
+) {
+    let ra: Vec<(&str, i64)> = a.iter().map(|(n, v)| (n.as_str(), *v)).collect();
+    let rb: Vec<(&str, i64)> = b.iter().map(|(n, v)| (n.as_str(), *v)).collect();
+    let wants: Vec<(&str, &[(&str, i64)])> =
+        vec![(spec.resource.as_str(), &ra[..]), (also, &rb[..])];
+    let both: Vec<(String, i64)> = a.iter().chain(b).cloned().collect();
+    let op = sh.begin_op(
+        id,
+        OpKind::Acquire {
+            entity: ent.to_string(),
+            resource: spec.resource.clone(),
+            amounts: milli(&both),
+            parent: None,
+            multi: true,
+        },
+    );
+    let r = lim.acquire_many(ent, &wants).await;
+    let all_degraded = |m: &tollgate::MultiLease| m.leases().iter().all(|l| l.is_degraded());
+    if let Ok(m) = &r {
+        if m.is_degraded() && !all_degraded(m) {
+            // Some resources admitted without the store: only the others were charged.
+            let charged: Vec<(String, i64)> = m
+                .leases()
+                .iter()
+                .zip([a, b])
+                .filter(|(l, _)| !l.is_degraded())
+                .flat_map(|(_, x)| x.iter().cloned())
+                .collect();
+            sh.charged_only(op, milli(&charged));
+        }
+    }
+    match &r {
+        Ok(m) if all_degraded(m) => {}
+        Ok(m) => {
+            let statuses: Vec<tollgate::LimitStatus> = m
+                .leases()
+                .iter()
+                .flat_map(|l| l.statuses().iter().cloned())
+                .collect();
+            sh.answer(op, answer(true, &statuses));
+        }
+        Err(Error::RateLimitExceeded(x)) => sh.answer(op, answer(false, &x.statuses)),
+        Err(_) => {}
+    }
+    let err = match &r {
+        Ok(m) if all_degraded(m) => Some("degraded admit (store unavailable)".to_string()),
+        r => r.as_ref().err().map(err_text),
+    };
+    sh.end_op(id, op, err);
+    let Ok(m) = r else { return };
+    if m.is_degraded() || !rng.gen_bool(spec.lease_p) {
+        return;
+    }
+    for _ in 0..rng.gen_range(0..3) {
+        sh.turn(id).await;
+    }
+    // Each resource's lease is finished (and recorded) on its own: one may fail while the
+    // other lands, as with single leases.
+    let rollback = rng.gen_bool(0.5);
+    for (mut lease, amts) in m.into_leases().into_iter().zip([a, b]) {
+        let kind = if rollback {
+            OpKind::Rollback {
+                lease_of: op,
+                debits: milli(amts),
+            }
+        } else {
+            OpKind::Commit {
+                lease_of: op,
+                deltas: Vec::new(),
+            }
+        };
+        let fin = sh.begin_op(id, kind);
+        let r = if rollback {
+            lease.rollback().await
+        } else {
+            lease.commit().await
+        };
+        sh.end_op(id, fin, r.as_ref().err().map(err_text));
     }
 }
 

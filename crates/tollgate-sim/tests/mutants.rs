@@ -156,6 +156,25 @@ fn store_deadline_is_needed() {
 }
 
 #[test]
+fn multi_refund_is_needed() {
+    // ADR-148: a refused multi-resource acquire that leaves a landed resource charged moves
+    // `tc` for an operation that failed (the many workload finds it on its first seed).
+    caught(Mutant::MultiRefund, Some("many"), 100, &["consumed-once"]);
+}
+
+#[test]
+fn soft_scope_is_needed() {
+    // ADR-151: a soft limit that exempts its enforced siblings lets `tok` over-admit
+    // (the soft workload finds it on its first seed).
+    caught(
+        Mutant::SoftScope,
+        Some("soft"),
+        100,
+        &["rate-allowance", "rate-envelope"],
+    );
+}
+
+#[test]
 fn usage_checkpoint_condition_is_needed() {
     let _g = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
     mutants::set(&[Mutant::UsageCheckpoint]);

@@ -123,6 +123,10 @@ pub fn encode(limits: &[Limit], on_unavailable: Option<OnUnavailable>) -> Item {
         if let Some(s) = l.schedule() {
             i.insert(format!("{p}_{n}_sched"), Value::S(s.encode()));
         }
+        if l.is_soft() {
+            // ADR-151: absent means enforced (every item written before soft limits).
+            i.insert(format!("{p}_{n}_soft"), Value::N(1));
+        }
     }
     if let Some(o) = on_unavailable {
         let v = match o {
@@ -205,7 +209,12 @@ pub fn decode(item: &Item) -> Result<(Vec<Limit>, Option<OnUnavailable>)> {
                     .map_err(|e| corrupt(&key, &a, &e.to_string()))?
             }
         };
-        out.push(l);
+        let soft = match num("soft")? {
+            None | Some(0) => false,
+            Some(1) => true,
+            Some(_) => return Err(corrupt(&key, &format!("{p}_{n}_soft"), "expected 0 or 1")),
+        };
+        out.push(l.with_soft(soft));
     }
     let on = match item.get(ON_UNAVAILABLE) {
         None => None,

@@ -280,7 +280,9 @@ impl Inner {
                         x.evals.get(li).map(|e| e.balance)
                     })
                     .collect();
-                match plan_spread(&balances, preferred as usize, *a, debt) {
+                // ADR-151: a soft limit is taken like usage (debt allowed), never short.
+                let owed = debt || tollgate_core::soft::exempt(&req.limits, n);
+                match plan_spread(&balances, preferred as usize, *a, owed) {
                     Some(t) => plan.push((n.clone(), t)),
                     None => short = true,
                 }

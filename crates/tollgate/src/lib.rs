@@ -72,7 +72,7 @@ mod shards;
 pub mod testing;
 mod usage;
 
-pub use acquire::AcquireOptions;
+pub use acquire::{AcquireOptions, MultiLease};
 pub use aggregator::{AggregateReport, Aggregator};
 pub use audit::{Action, AuditPage, AuditQuery, AuditRecord};
 pub use availability::Availability;

@@ -5,6 +5,7 @@ mod admin;
 mod commit;
 mod create;
 mod fast;
+mod many;
 mod slow;
 mod status;
 
@@ -33,6 +34,8 @@ use crate::error::{Error, Exceeded, Flow, Pass, Result};
 use crate::lease::{Lease, Part};
 use crate::limiter::{Inner, Limiter, Stats};
 use crate::shards;
+
+pub use many::MultiLease;
 
 /// Per-call options of an acquire.
 #[derive(Debug, Clone, Default)]

@@ -145,7 +145,9 @@ impl Inner {
             let total: i64 = evals.iter().map(|e| e.balance).sum();
             let exceeded = judged
                 .and_then(|j| j.iter().find(|(n, _)| n == l.name()))
-                .is_some_and(|(_, want)| total < *want);
+                .is_some_and(|(_, want)| {
+                    tollgate_core::soft::short(&req.limits, l.name(), total, *want)
+                });
             out.push(limit_status(l, &views, a, exceeded, now));
         }
         out
@@ -160,9 +162,9 @@ impl Inner {
         now: i64,
     ) -> Option<Box<Exceeded>> {
         let short = req.limits.iter().zip(evals).any(|(l, e)| {
-            req.amounts
-                .iter()
-                .any(|(n, a)| n == l.name() && e.balance < *a)
+            req.amounts.iter().any(|(n, a)| {
+                n == l.name() && tollgate_core::soft::short(&req.limits, n, e.balance, *a)
+            })
         });
         if !short {
             return None;
@@ -175,7 +177,8 @@ impl Inner {
                     shard_count: s,
                     carry: e.carry.unwrap_or(0),
                 };
-                statuses.push(limit_status(l, &[view], *a, e.balance < *a, now));
+                let short = tollgate_core::soft::short(&req.limits, l.name(), e.balance, *a);
+                statuses.push(limit_status(l, &[view], *a, short, now));
             }
         }
         Some(Box::new(Exceeded::new(

@@ -118,6 +118,9 @@ struct RawLimit {
     schedule: Option<Vec<String>>,
     #[serde(default)]
     schedule_tz: Option<String>,
+    /// ADR-151: record consumption, never refuse (shadow mode).
+    #[serde(default)]
+    soft: bool,
 }
 
 /// The 1-based line of byte offset `at` in `text`.
@@ -191,6 +194,7 @@ fn limits_of(
             reset_after_s: l.reset_after_s,
             schedule: l.schedule.clone(),
             schedule_tz: l.schedule_tz.clone(),
+            soft: l.soft,
         };
         let limit = spec
             .to_limit()

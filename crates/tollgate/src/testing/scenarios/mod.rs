@@ -9,12 +9,14 @@ pub mod exactness;
 pub mod gaps;
 pub mod limits_file;
 pub mod merge;
+pub mod multi;
 pub mod namespaces;
 pub mod outage;
 pub mod repair;
 pub mod schedules;
 pub mod sharded;
 pub mod shared_leases;
+pub mod soft;
 pub mod usage;
 
 /// Generate one `#[tokio::test]` per limiter behaviour scenario, on `$backend`: an
@@ -162,6 +164,14 @@ macro_rules! scenario_tests {
             merge::s116_change_reaches_merged_buckets_only,
             namespaces::ns_register_and_isolation,
             namespaces::ns_delete_recover_purge,
+            multi::s92_exhausted_resource_refunds_the_others,
+            multi::s93_seventeen_resources_are_refused,
+            multi::s94_disabled_outranks_exceeded,
+            multi::s95_warm_multi_acquire_is_one_write_per_resource,
+            soft::s107_soft_limit_records_and_never_refuses,
+            soft::soft_limit_leaves_its_siblings_enforced,
+            soft::enforcing_a_soft_limit_keeps_its_debt,
+            soft::s110_soft_quota_reset_forgives_debt,
             usage::usage_equals_admitted_net_consumption,
             usage::usage_survives_restart_and_duplicate_aggregators,
             usage::usage_commit_with_a_lost_response_counts_once
