@@ -58,6 +58,10 @@ pub(crate) enum AuditCmd {
         /// Start after this record (the `next_cursor` of the previous page).
         #[arg(long)]
         cursor: Option<String>,
+        /// List the namespace registry's records (register, delete, recover, purge)
+        /// instead of the namespace's.
+        #[arg(long)]
+        namespaces: bool,
         #[command(flatten)]
         store: StoreArgs,
     },
@@ -75,6 +79,7 @@ pub(crate) async fn run(cmd: AuditCmd, json: bool) -> Result<(), Failure> {
             resource,
             limit,
             cursor,
+            namespaces,
             store,
         } => {
             if !(1..=tollgate_core::audit::MAX_PAGE).contains(&limit) {
@@ -89,6 +94,7 @@ pub(crate) async fn run(cmd: AuditCmd, json: bool) -> Result<(), Failure> {
                     resource,
                     limit,
                     cursor,
+                    registry: namespaces,
                 })
                 .await?;
             if json {
@@ -114,6 +120,9 @@ pub(crate) async fn run(cmd: AuditCmd, json: bool) -> Result<(), Failure> {
 /// A record's target as the CLI spells scopes (`system`, `resource:R`, `entity:E`,
 /// `entity:E/resource:R`).
 fn target(r: &tollgate::AuditRecord) -> String {
+    if let Some(n) = &r.namespace {
+        return format!("namespace:{n}");
+    }
     match (&r.entity, &r.resource) {
         (Some(e), Some(res)) => format!("entity:{e}/resource:{res}"),
         (Some(e), None) => format!("entity:{e}"),
@@ -170,6 +179,7 @@ mod tests {
                 level: "entity",
                 entity: Some("u1".into()),
                 resource: Some("gpt-4".into()),
+                namespace: None,
                 before: serde_json::Value::Null,
                 after: serde_json::json!({"limits": []}),
                 expires_at_s: 1,

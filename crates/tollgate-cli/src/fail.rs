@@ -97,7 +97,11 @@ impl Failure {
                 | Error::InvalidAdjustment { .. }
                 | Error::InvalidUsage(_) => BAD_INPUT,
                 Error::Contended { .. } => REJECTED,
-                Error::Unavailable(_) | Error::Misconfigured(_) | Error::Corrupt(_) => UNAVAILABLE,
+                Error::Unavailable(_)
+                | Error::Misconfigured(_)
+                | Error::Corrupt(_)
+                | Error::LimitsConflict { .. } => UNAVAILABLE,
+                Error::NamespaceDeleted { .. } => REJECTED,
                 Error::EntityExists(_) | Error::EntityNotFound(_) | Error::LeaseClosed => OTHER,
                 #[allow(unreachable_patterns)]
                 _ => OTHER,

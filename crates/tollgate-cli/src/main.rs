@@ -12,6 +12,7 @@ mod demo;
 mod doctor;
 mod fail;
 mod limits_file;
+mod namespace;
 mod progress;
 mod serve;
 mod spec;
@@ -52,15 +53,27 @@ EXAMPLES
   tollgate limits set --entity user-1 --for-resource gpt-4 'rpd:quota=1000,cron=\"0 0 * * *\",tz=Europe/Berlin'
   tollgate limits set --system session:quota=10,after=5h
   tollgate limits set --resource gpt-4 rpm:rate=60/min,soft
-  tollgate limits set --resource gpt-4 'rpm:rate=60/min,schedule=\"mon-fri 09:00-17:00 120/120\",tz=Europe/Berlin'";
+  tollgate limits set --resource gpt-4 'rpm:rate=60/min,schedule=\"mon-fri 09:00-17:00 120/120\",tz=Europe/Berlin'
+
+MERGED LIMITS (ADR-143; by default the most specific level with limits replaces the rest)
+  --inherit                 also take, by name, the limits of the levels beneath that this
+                            level does not define (entity+resource > entity > resource > system)
+  --exclude NAME            drop an inherited limit (repeatable; needs --inherit)
+  --patch 'NAME=ENTRY[;ENTRY...][@ZONE]'
+                            replace only the schedule of an inherited limit; ENTRY is
+                            'DAYS HH:MM-HH:MM CAPACITY[/RATE]' (needs --inherit)
+  tollgate limits set --resource gpt-4 --inherit rpm:rate=50/min
+  tollgate limits set --entity u1 --inherit --exclude tpm --patch 'rpm=* 22:00-06:00 500/500@UTC'";
 
 const EXIT_CODES: &str = "\
 EXIT CODES
   0  ok
-  1  other failure (entity exists or not found, lease closed, I/O)
+  1  other failure (entity exists or not found, lease closed, namespace not found or in
+     a state that refuses the operation, I/O)
   2  bad input (usage, ids, names, amounts, limits, durations, unknown limit, no limits
      configured, invalid table name, non-loopback --listen without authentication)
-  3  rejected (a limit refused the acquire, or the resource is disabled)
+  3  rejected (a limit refused the acquire, the resource is disabled, or the namespace
+     was deleted)
   4  store: no such store (read-only commands never create one), unavailable,
      no AWS credentials or region, corrupt data
   5  doctor: corrupt items found (and not all repaired)
@@ -89,8 +102,14 @@ pub(crate) struct StoreArgs {
     /// DynamoDB endpoint URL (DynamoDB Local, a VPC endpoint).
     #[arg(long, env = "TOLLGATE_ENDPOINT")]
     pub(crate) endpoint: Option<String>,
-    /// Key namespace inside the store.
-    #[arg(long, env = "TOLLGATE_NAMESPACE", default_value = "default")]
+    /// The namespace by name (`tollgate namespace register NAME` first; `default` needs
+    /// no registration). Nothing crosses namespaces.
+    #[arg(
+        short = 'N',
+        long,
+        env = "TOLLGATE_NAMESPACE",
+        default_value = "default"
+    )]
     pub(crate) namespace: String,
     /// The deadline of every store call (e.g. 1s, 500ms): a store that does not answer in
     /// time is unavailable, and `on_unavailable` decides.
@@ -109,8 +128,21 @@ impl StoreArgs {
             self.store_timeout,
         )
         .await?;
-        let b = Limiter::builder(store).namespace(&self.namespace);
-        Ok(self.audit.apply(b).build()?)
+        let b = Limiter::builder(store);
+        Ok(self.audit.apply(b).open_namespace(&self.namespace).await?)
+    }
+
+    /// A limiter for the namespace registry's commands: the registry is not inside any
+    /// namespace, so `-N` is not resolved (a deleted namespace can still be recovered).
+    pub(crate) async fn registry_limiter(&self, access: Access) -> Result<Limiter, Failure> {
+        let store = store::open(
+            &self.store,
+            self.endpoint.as_deref(),
+            access,
+            self.store_timeout,
+        )
+        .await?;
+        Ok(self.audit.apply(Limiter::builder(store)).build()?)
     }
 }
 
@@ -175,6 +207,12 @@ enum Cmd {
         #[command(subcommand)]
         cmd: audit::AuditCmd,
     },
+    /// The namespace registry: register, list, show, delete (soft), recover, purge.
+    /// Nothing crosses namespaces; pick one with -N NAME.
+    Namespace {
+        #[command(subcommand)]
+        cmd: namespace::NamespaceCmd,
+    },
     /// Run the feed aggregator: usage snapshots from the store's change feed, and the
     /// background refill / roll / reset / doubling of the buckets that consumed.
     Aggregate(usage::AggregateArgs),
@@ -238,12 +276,22 @@ enum LimitsCmd {
     Set {
         #[command(flatten)]
         scope: ScopeArgs,
-        /// Limits (see LIMIT SYNTAX below).
-        #[arg(value_parser = spec::parse_limit, required = true, value_name = "LIMIT")]
+        /// Limits (see LIMIT SYNTAX below; none with --inherit is allowed).
+        #[arg(value_parser = spec::parse_limit, required_unless_present = "inherit", value_name = "LIMIT")]
         limits: Vec<Limit>,
         /// System level only: admit (allow) or refuse (block) when the store is down.
         #[arg(long, value_parser = ["block", "allow"])]
         on_unavailable: Option<String>,
+        /// Merge the limits of the levels beneath by name (inherit_limits, ADR-143).
+        #[arg(long)]
+        inherit: bool,
+        /// An inherited limit to drop (exclude_limits; repeatable).
+        #[arg(long, value_name = "NAME", requires = "inherit")]
+        exclude: Vec<String>,
+        /// Replace the schedule of an inherited limit: 'NAME=ENTRY[;ENTRY...][@ZONE]'
+        /// (patch_limits; repeatable).
+        #[arg(long, value_name = "NAME=SCHEDULE", requires = "inherit", value_parser = spec::parse_patch)]
+        patch: Vec<(String, tollgate::PatchSpec)>,
         #[command(flatten)]
         store: StoreArgs,
     },
@@ -669,6 +717,7 @@ async fn run(cli: Cli) -> Result<(), Failure> {
         }
         Cmd::Doctor(args) => doctor::run(args, json).await,
         Cmd::Audit { cmd } => audit::run(cmd, json).await,
+        Cmd::Namespace { cmd } => namespace::run(cmd, json).await,
         Cmd::Aggregate(args) => usage::aggregate(args, json).await,
         Cmd::Usage { cmd } => usage::usage(cmd, json).await,
         Cmd::Demo => demo::run(json).await,
@@ -705,23 +754,37 @@ async fn limits(cmd: LimitsCmd, json: bool) -> Result<(), Failure> {
             scope,
             limits,
             on_unavailable,
+            inherit,
+            exclude,
+            patch,
             store,
         } => {
             let on: Option<OnUnavailable> = on_unavailable
                 .map(|s| s.parse().map_err(Failure::BadInput))
                 .transpose()?;
             let scope = scope.scope();
+            let spec = tollgate::MergeSpec {
+                inherit_limits: inherit,
+                exclude_limits: exclude.into_iter().collect(),
+                patch_limits: patch.into_iter().collect(),
+            };
+            let merge = spec
+                .to_merge()
+                .map_err(|e| Failure::Limiter(tollgate::Error::Invalid(e)))?;
             let limiter = store.limiter(Access::Create).await?;
-            let repairs = limiter.set_limits_with_repairs(&scope, &limits, on).await?;
+            let repairs = limiter
+                .set_merged_limits(&scope, &limits, &merge, on)
+                .await?;
             warn(&repairs, json);
-            print_limits(&scope, &limits, on, json, "set", &repairs);
+            print_limits(&scope, &limits, on, &merge, json, "set", &repairs);
             Ok(())
         }
         LimitsCmd::Get { scope, store } => {
             let scope = scope.scope();
             let limiter = store.limiter(Access::ReadOnly).await?;
             let (limits, on) = limiter.get_limits(&scope).await?;
-            print_limits(&scope, &limits, on, json, "stored", &[]);
+            let merge = limiter.get_merge(&scope).await?;
+            print_limits(&scope, &limits, on, &merge, json, "stored", &[]);
             Ok(())
         }
         LimitsCmd::Delete { scope, store } => {
@@ -768,10 +831,12 @@ fn print_limits(
     scope: &Scope,
     limits: &[Limit],
     on: Option<OnUnavailable>,
+    merge: &tollgate::Merge,
     json: bool,
     verb: &str,
     repairs: &[tollgate::Repair],
 ) {
+    let spec = tollgate::MergeSpec::from(merge);
     if json {
         let mut v = json!({
             "scope": scope_name(scope),
@@ -779,6 +844,11 @@ fn print_limits(
             "syntax": limits.iter().map(spec::format_limit).collect::<Vec<_>>(),
             "on_unavailable": on,
         });
+        if let (Some(o), Ok(serde_json::Value::Object(m))) =
+            (v.as_object_mut(), serde_json::to_value(&spec))
+        {
+            o.extend(m);
+        }
         with_warnings(&mut v, repairs);
         print_json(&v);
         return;
@@ -790,6 +860,20 @@ fn print_limits(
         for l in limits {
             println!("  {}", spec::format_limit(l));
         }
+    }
+    if merge.inherit {
+        println!("  inherits the limits of the levels beneath (inherit_limits)");
+    }
+    if !merge.exclude.is_empty() {
+        let names: Vec<&str> = merge.exclude.iter().map(String::as_str).collect();
+        println!("  exclude_limits: {}", names.join(", "));
+    }
+    for (n, p) in &spec.patch_limits {
+        println!(
+            "  patch_limits: {n} schedule {}@{}",
+            p.schedule.join(";"),
+            p.schedule_tz.as_deref().unwrap_or("UTC")
+        );
     }
     if let Some(o) = on {
         println!(

@@ -319,10 +319,11 @@ pub async fn run(a: ServeArgs, json_out: bool) -> Result<(), Failure> {
             a.store.store_timeout,
         )
         .await?;
+        // The namespace by name (spec-base-system.md §7.3): its registered id is the prefix.
         let limiter = Limiter::builder(store_metrics.wrap(raw))
-            .namespace(&a.store.namespace)
             .audit_retention(a.store.audit.audit_retention)
-            .build()?;
+            .open_namespace(&a.store.namespace)
+            .await?;
         (limiter, None)
     };
     positive("--limits-poll", a.limits_poll)?;

@@ -373,6 +373,36 @@ fn format_base(l: &Limit) -> String {
     }
 }
 
+/// Parse a schedule patch `NAME=ENTRY[;ENTRY...][@ZONE]` (ADR-143 `patch_limits`); the
+/// entries are checked when the patch is stored.
+pub fn parse_patch(s: &str) -> Result<(String, tollgate::PatchSpec), String> {
+    let (name, rest) = s
+        .split_once('=')
+        .ok_or_else(|| format!("a patch is NAME=ENTRY[;ENTRY...][@ZONE], not {s:?}"))?;
+    let name = name.trim();
+    tollgate_core::ids::validate_limit_name(name).map_err(|e| e.to_string())?;
+    let (entries, tz) = match rest.rsplit_once('@') {
+        Some((e, z)) => (e, Some(z.trim().to_string())),
+        None => (rest, None),
+    };
+    let schedule: Vec<String> = entries
+        .split(';')
+        .map(str::trim)
+        .filter(|e| !e.is_empty())
+        .map(str::to_string)
+        .collect();
+    if schedule.is_empty() {
+        return Err(format!("patch {name:?} has no schedule entry"));
+    }
+    Ok((
+        name.to_string(),
+        tollgate::PatchSpec {
+            schedule,
+            schedule_tz: tz,
+        },
+    ))
+}
+
 /// Parse `NAME=TOKENS`.
 pub fn parse_amount(s: &str) -> Result<(String, i64), String> {
     let (n, a) = s

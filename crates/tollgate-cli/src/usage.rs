@@ -74,10 +74,11 @@ pub async fn open_run(
         store.store_timeout,
     )
     .await?;
+    // The namespace by name (spec-base-system.md §7.3), as every store command.
     let limiter = Limiter::builder(wrap(feed.clone()))
-        .namespace(&store.namespace)
         .audit_retention(store.audit.audit_retention)
-        .build()?;
+        .open_namespace(&store.namespace)
+        .await?;
     let agg = FeedAggregator::new(&limiter, feed, usage.options())?;
     Ok((limiter, AggregatorRun::new(agg, usage.aggregate_interval)))
 }

@@ -13,7 +13,7 @@ use serde_json::Value;
 
 /// Commands that change stored configuration (`doctor` with `--repair`): each has a case
 /// below.
-const ADMIN: [&str; 9] = [
+const ADMIN: [&str; 13] = [
     "limits set",
     "limits delete",
     "limits apply",
@@ -23,10 +23,14 @@ const ADMIN: [&str; 9] = [
     "entity reset",
     "entity top-up",
     "doctor",
+    "namespace register",
+    "namespace delete",
+    "namespace recover",
+    "namespace purge",
 ];
 /// Commands that do not change stored configuration (or run something that does, through
 /// the audited paths: `serve`, `demo`), and `audit purge` (retention).
-const OTHER: [&str; 15] = [
+const OTHER: [&str; 17] = [
     "serve",
     "acquire",
     "check",
@@ -42,6 +46,8 @@ const OTHER: [&str; 15] = [
     "demo",
     "bench-http",
     "help",
+    "namespace list",
+    "namespace show",
 ];
 
 /// The subcommands a help text lists under `Commands:`.
@@ -351,6 +357,7 @@ fn every_admin_command_writes_one_record_with_its_principal() {
     assert_eq!(rs[0]["level"], "resource");
     assert_eq!(rpm(&rs[0]["before"]), None);
     assert_eq!(rpm(&rs[0]["after"]), Some(30));
+    covered.extend(namespace_commands(&st));
     let admin: BTreeSet<String> = ADMIN.iter().map(|s| s.to_string()).collect();
     assert_eq!(covered, admin, "every administrative command has a case");
     let base = cases.len() + 3;
@@ -427,6 +434,85 @@ fn every_admin_command_writes_one_record_with_its_principal() {
         serde_json::from_str::<Value>(&stdout(&o)).unwrap()["purged"],
         0
     );
+}
+
+/// The registry's commands: register, delete, recover, delete, purge `acme`, each one
+/// record in the registry's log (`audit list --namespaces`) with its principal; the
+/// namespace's own log is untouched. Returns the commands covered.
+fn namespace_commands(st: &str) -> Vec<String> {
+    let before = tollgate(&["audit", "list", "--json", "--limit", "1000", "--store", st]);
+    let o = as_user(
+        "carol",
+        &["namespace", "register", "acme", "--json", "--store", st],
+    );
+    assert_eq!(code(&o), 0, "{}", stderr(&o));
+    let v: Value = serde_json::from_str(&stdout(&o)).unwrap();
+    let id = v["namespaces"][0]["id"].as_str().unwrap().to_string();
+    let steps: Vec<Vec<&str>> = vec![
+        vec!["namespace", "delete", "acme"],
+        vec!["namespace", "recover", &id],
+        vec!["namespace", "delete", "acme", "--principal", "dave"],
+        vec!["namespace", "purge", &id, "-y"],
+    ];
+    for a in &steps {
+        let mut full = a.clone();
+        full.extend(["--store", st]);
+        let o = as_user("carol", &full);
+        assert_eq!(code(&o), 0, "{a:?}: {}{}", stdout(&o), stderr(&o));
+    }
+    let o = tollgate(&[
+        "audit",
+        "list",
+        "--namespaces",
+        "--json",
+        "--limit",
+        "1000",
+        "--store",
+        st,
+    ]);
+    assert_eq!(code(&o), 0, "{}", stderr(&o));
+    let v: Value = serde_json::from_str(&stdout(&o)).unwrap();
+    let got: Vec<(String, String)> = v["records"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .rev()
+        .map(|r| {
+            assert_eq!(r["namespace"], "acme", "{r}");
+            (
+                r["action"].as_str().unwrap().to_string(),
+                r["principal"].as_str().unwrap().to_string(),
+            )
+        })
+        .collect();
+    let want: Vec<(String, String)> = [
+        ("namespace.register", "carol"),
+        ("namespace.delete", "carol"),
+        ("namespace.recover", "carol"),
+        ("namespace.delete", "dave"),
+        ("namespace.purge", "carol"),
+    ]
+    .iter()
+    .map(|(a, p)| (a.to_string(), p.to_string()))
+    .collect();
+    assert_eq!(got, want);
+    let after = tollgate(&["audit", "list", "--json", "--limit", "1000", "--store", st]);
+    assert_eq!(
+        stdout(&before),
+        stdout(&after),
+        "the namespace's log is untouched"
+    );
+    // A purge without --yes is refused (exit 2) and writes nothing.
+    let o = as_user("carol", &["namespace", "purge", &id, "--store", st]);
+    assert_eq!(code(&o), 2, "{}", stderr(&o));
+    [
+        "namespace register",
+        "namespace delete",
+        "namespace recover",
+        "namespace purge",
+    ]
+    .map(str::to_string)
+    .to_vec()
 }
 
 /// A record past its retention is never listed, and `audit purge` deletes it.

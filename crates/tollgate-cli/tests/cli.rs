@@ -655,3 +655,134 @@ fn now_suffix() -> u128 {
         .map(|d| d.as_nanos() % 1_000_000)
         .unwrap_or(0)
 }
+
+/// Merged limits from the command line (ADR-143): the resource level inherits the system's
+/// tpm, excludes it, patches its schedule; `limits get` shows the flags; the system level
+/// refuses them (exit 2).
+#[test]
+fn limits_set_inherit_exclude_patch() {
+    let dir = tempfile::tempdir().unwrap();
+    let st = store(&dir);
+    let run = |args: &[&str]| {
+        let mut a = args.to_vec();
+        a.extend(["--store", &st]);
+        tollgate(&a)
+    };
+    let o = run(&[
+        "limits",
+        "set",
+        "--system",
+        "rpm:rate=100/min",
+        "tpm:rate=10000/day",
+    ]);
+    assert_eq!(code(&o), 0, "{}", stderr(&o));
+    let o = run(&[
+        "limits",
+        "set",
+        "--resource",
+        "gpt-4",
+        "--inherit",
+        "rpm:rate=50/min",
+    ]);
+    assert_eq!(code(&o), 0, "{}", stderr(&o));
+    assert!(stdout(&o).contains("inherit_limits"), "{}", stdout(&o));
+    // rpm 50 (own) and tpm 10000 (inherited): 10000 tpm admitted, 1 more refused.
+    let o = run(&["acquire", "u1", "gpt-4", "rpm=1", "tpm=10000"]);
+    assert_eq!(code(&o), 0, "{}", stderr(&o));
+    let o = run(&["acquire", "u1", "gpt-4", "tpm=1"]);
+    assert_eq!(code(&o), 3, "{}", stdout(&o));
+    let o = run(&[
+        "limits",
+        "set",
+        "--resource",
+        "gpt-4",
+        "--inherit",
+        "--exclude",
+        "tpm",
+        "rpm:rate=50/min",
+    ]);
+    assert_eq!(code(&o), 0, "{}", stderr(&o));
+    let o = run(&["acquire", "u2", "gpt-4", "tpm=1"]);
+    assert_eq!(code(&o), 2, "tpm excluded: unknown limit: {}", stderr(&o));
+    let o = run(&[
+        "limits",
+        "set",
+        "--resource",
+        "gpt-4",
+        "--inherit",
+        "--patch",
+        "tpm=* 22:00-06:00 500/500@UTC",
+        "rpm:rate=50/min",
+    ]);
+    assert_eq!(code(&o), 0, "{}", stderr(&o));
+    let o = run(&["limits", "get", "--resource", "gpt-4", "--json"]);
+    let v: Value = serde_json::from_str(&stdout(&o)).unwrap();
+    assert_eq!(v["inherit_limits"], true, "{v}");
+    assert_eq!(
+        v["patch_limits"]["tpm"]["schedule"][0], "* 22:00-06:00 500/500",
+        "{v}"
+    );
+    // Refused: flags on the system level; --exclude without --inherit.
+    let o = run(&["limits", "set", "--system", "--inherit", "rpm:rate=1/min"]);
+    assert_eq!(code(&o), 2, "{}", stderr(&o));
+    assert!(stderr(&o).contains("system level"), "{}", stderr(&o));
+    let o = run(&[
+        "limits",
+        "set",
+        "--resource",
+        "x",
+        "--exclude",
+        "tpm",
+        "rpm:rate=1/min",
+    ]);
+    assert_eq!(code(&o), 2, "{}", stderr(&o));
+}
+
+/// `-N NAME`: a registered namespace has its own limits and buckets; an unregistered name
+/// is refused; after `namespace delete` it cannot be opened (its name is free), and `recover`
+/// brings it back.
+#[test]
+fn namespaces_keep_apart_and_soft_delete_refuses() {
+    let dir = tempfile::tempdir().unwrap();
+    let st = store(&dir);
+    let run = |args: &[&str]| {
+        let mut a = args.to_vec();
+        a.extend(["--store", &st]);
+        tollgate(&a)
+    };
+    let o = run(&["namespace", "register", "acme", "--json"]);
+    assert_eq!(code(&o), 0, "{}", stderr(&o));
+    let v: Value = serde_json::from_str(&stdout(&o)).unwrap();
+    let id = v["namespaces"][0]["id"].as_str().unwrap().to_string();
+    let o = run(&["limits", "get", "-N", "nobody", "--system"]);
+    assert_ne!(code(&o), 0);
+    assert!(stderr(&o).contains("nobody"), "{}", stderr(&o));
+    let o = run(&["limits", "set", "-N", "acme", "--system", "rpm:rate=2/min"]);
+    assert_eq!(code(&o), 0, "{}", stderr(&o));
+    for _ in 0..2 {
+        let o = run(&["acquire", "-N", "acme", "u1", "llm", "rpm=1"]);
+        assert_eq!(code(&o), 0, "{}", stderr(&o));
+    }
+    let o = run(&["acquire", "-N", "acme", "u1", "llm", "rpm=1"]);
+    assert_eq!(code(&o), 3);
+    // The default namespace has no limits at all.
+    let o = run(&["acquire", "u1", "llm", "rpm=1"]);
+    assert_eq!(code(&o), 2, "no limits configured: {}", stderr(&o));
+    let o = run(&["namespace", "list"]);
+    assert!(
+        stdout(&o).contains(&format!("acme  id {id}  active")),
+        "{}",
+        stdout(&o)
+    );
+    let o = run(&["namespace", "delete", "acme"]);
+    assert_eq!(code(&o), 0, "{}", stderr(&o));
+    let o = run(&["acquire", "-N", "acme", "u1", "llm", "rpm=1"]);
+    assert_ne!(code(&o), 0, "a deleted namespace cannot be opened");
+    let o = run(&["namespace", "list", "--all", "--json"]);
+    let v: Value = serde_json::from_str(&stdout(&o)).unwrap();
+    assert_eq!(v["namespaces"][0]["status"], "deleted", "{v}");
+    let o = run(&["namespace", "recover", &id]);
+    assert_eq!(code(&o), 0, "{}", stderr(&o));
+    let o = run(&["acquire", "-N", "acme", "u1", "llm", "rpm=1"]);
+    assert_eq!(code(&o), 3, "the data stayed: still exhausted");
+}

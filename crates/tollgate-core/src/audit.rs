@@ -51,11 +51,23 @@ pub enum Action {
     /// An entity moved to a new parent (or made a root), ADR-150.
     #[serde(rename = "entity.move")]
     EntityMove,
+    /// A namespace registered (spec-base-system.md §7.3).
+    #[serde(rename = "namespace.register")]
+    NamespaceRegister,
+    /// A namespace soft-deleted (its data stays).
+    #[serde(rename = "namespace.delete")]
+    NamespaceDelete,
+    /// A soft-deleted namespace recovered.
+    #[serde(rename = "namespace.recover")]
+    NamespaceRecover,
+    /// A soft-deleted namespace's items deleted, and its registry record.
+    #[serde(rename = "namespace.purge")]
+    NamespacePurge,
 }
 
 impl Action {
     /// Every action, in declaration order.
-    pub const ALL: [Action; 11] = [
+    pub const ALL: [Action; 15] = [
         Action::LimitsSet,
         Action::LimitsDelete,
         Action::CascadeSet,
@@ -67,6 +79,10 @@ impl Action {
         Action::BucketReset,
         Action::BucketTopUp,
         Action::EntityMove,
+        Action::NamespaceRegister,
+        Action::NamespaceDelete,
+        Action::NamespaceRecover,
+        Action::NamespacePurge,
     ];
 
     /// The stored (and listed) name, e.g. `limits.set`.
@@ -83,6 +99,10 @@ impl Action {
             Action::BucketReset => "bucket.reset",
             Action::BucketTopUp => "bucket.top_up",
             Action::EntityMove => "entity.move",
+            Action::NamespaceRegister => "namespace.register",
+            Action::NamespaceDelete => "namespace.delete",
+            Action::NamespaceRecover => "namespace.recover",
+            Action::NamespacePurge => "namespace.purge",
         }
     }
 
@@ -112,6 +132,9 @@ pub enum Target {
         /// The resource, when the change concerns one.
         resource: Option<String>,
     },
+    /// A namespace in the registry (its records live in the registry namespace `_`, so
+    /// a purge keeps them).
+    Namespace(String),
 }
 
 impl Target {
@@ -121,6 +144,7 @@ impl Target {
             Target::System => keys::audit_system_pk(ns),
             Target::Resource(r) => keys::audit_resource_pk(ns, r),
             Target::Entity { entity, .. } => keys::audit_entity_pk(ns, entity),
+            Target::Namespace(n) => keys::audit_namespace_pk(n),
         }
     }
 
@@ -130,6 +154,7 @@ impl Target {
             Target::System => "system",
             Target::Resource(_) => "resource",
             Target::Entity { .. } => "entity",
+            Target::Namespace(_) => "namespace",
         }
     }
 
@@ -146,7 +171,7 @@ impl Target {
         match self {
             Target::Resource(r) => Some(r),
             Target::Entity { resource, .. } => resource.as_deref(),
-            Target::System => None,
+            Target::System | Target::Namespace(_) => None,
         }
     }
 }
@@ -172,6 +197,9 @@ pub struct Record {
     /// The resource concerned, if any.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub resource: Option<String>,
+    /// The namespace name (registry records only).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub namespace: Option<String>,
     /// What was stored before (`null`: nothing).
     pub before: Json,
     /// What is stored after (`null`: nothing).
@@ -183,6 +211,9 @@ pub struct Record {
 impl Record {
     /// The record's target.
     pub fn target(&self) -> Target {
+        if let Some(n) = &self.namespace {
+            return Target::Namespace(n.clone());
+        }
         match (&self.entity, self.level) {
             (Some(e), _) => Target::Entity {
                 entity: e.clone(),
@@ -213,6 +244,7 @@ const ACTION: &str = "action";
 const LEVEL: &str = "level";
 const ENTITY: &str = "entity_id";
 const RESOURCE: &str = "resource";
+const NAMESPACE: &str = "namespace";
 const BEFORE: &str = "before";
 const AFTER: &str = "after";
 const TTL: &str = "ttl";
@@ -231,6 +263,9 @@ pub fn encode(ns: &str, r: &Record) -> Item {
     }
     if let Some(res) = &r.resource {
         i.insert(RESOURCE.into(), Value::S(res.clone()));
+    }
+    if let Some(n) = &r.namespace {
+        i.insert(NAMESPACE.into(), Value::S(n.clone()));
     }
     i.insert(BEFORE.into(), Value::S(r.before.to_string()));
     i.insert(AFTER.into(), Value::S(r.after.to_string()));
@@ -276,8 +311,18 @@ pub fn decode(item: &Item) -> Result<Record, RuleError> {
         "system" => "system",
         "resource" => "resource",
         "entity" => "entity",
-        _ => return Err(corrupt(LEVEL, "expected system, resource or entity")),
+        "namespace" => "namespace",
+        _ => {
+            return Err(corrupt(
+                LEVEL,
+                "expected system, resource, entity or namespace",
+            ))
+        }
     };
+    let namespace = text(NAMESPACE)?;
+    if (level == "namespace") != namespace.is_some() {
+        return Err(corrupt(NAMESPACE, "present exactly on namespace records"));
+    }
     let entity = text(ENTITY)?;
     if (level == "entity") != entity.is_some() {
         return Err(corrupt(ENTITY, "present exactly on entity records"));
@@ -294,6 +339,7 @@ pub fn decode(item: &Item) -> Result<Record, RuleError> {
         level,
         entity,
         resource,
+        namespace,
         before: json(BEFORE)?,
         after: json(AFTER)?,
         expires_at_s: num(TTL)?,
@@ -357,6 +403,7 @@ mod tests {
             level: "entity",
             entity: Some("e".into()),
             resource: resource.map(str::to_string),
+            namespace: None,
             before: Json::Null,
             after: serde_json::json!({"limits": []}),
             expires_at_s: ttl_s,

@@ -67,6 +67,33 @@ pub fn system_config(ns: &str) -> Key {
     Key::new(format!("{ns}/SYSTEM#"), "#CONFIG")
 }
 
+/// The reserved namespace of the namespace registry (spec-base-system.md §7.3).
+pub const REGISTRY_NS: &str = "_";
+
+/// The partition of the namespace registry.
+pub fn registry_pk() -> String {
+    format!("{REGISTRY_NS}/SYSTEM#")
+}
+
+/// A namespace's forward record (name → id), present while it is active.
+pub fn namespace_forward(name: &str) -> Key {
+    Key::new(registry_pk(), format!("#NAMESPACE#{name}"))
+}
+
+/// Sort-key prefix of the namespaces' reverse records.
+pub const NSID_PREFIX: &str = "#NSID#";
+
+/// A namespace's reverse record (id → name, status), kept from registration to purge.
+pub fn namespace_reverse(id: &str) -> Key {
+    Key::new(registry_pk(), format!("{NSID_PREFIX}{id}"))
+}
+
+/// The audit partition of one namespace's registry changes (in the registry namespace,
+/// so a purge of the namespace keeps them).
+pub fn audit_namespace_pk(name: &str) -> String {
+    format!("{REGISTRY_NS}/AUDIT#NAMESPACE#{name}")
+}
+
 /// Sort key of a lease's closure record.
 pub const CLOSED: &str = "#CLOSED";
 

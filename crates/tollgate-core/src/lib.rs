@@ -17,6 +17,7 @@ pub mod keys;
 pub mod lease;
 pub mod limit;
 pub mod materialize;
+pub mod merge;
 pub mod multi;
 pub mod mutants;
 pub mod refill;

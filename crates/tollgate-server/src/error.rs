@@ -29,14 +29,17 @@ pub const CODES: &[(&str, u16, &str)] = &[
     ("forbidden", 403, "the token's role may not use this route"),
     ("overrides_disabled", 403, "an acquire sent its own `limits`, which this server does not allow for this caller"),
     ("resource_disabled", 403, "the resource is disabled for the entity"),
+    ("namespace_deleted", 403, "the server's namespace was soft-deleted (or is being purged): recover it to admit again"),
     ("not_found", 404, "no route has this path"),
     ("no_limits", 404, "no limits are configured for the entity and resource"),
     ("entity_not_found", 404, "no such entity"),
+    ("namespace_not_found", 404, "no namespace of this name or id"),
     ("lease_not_found", 404, "the lease has expired (its token is no longer accepted)"),
     ("method_not_allowed", 405, "the route does not take this method"),
     ("body_timeout", 408, "the request body did not arrive within the body timeout"),
     ("entity_exists", 409, "an entity with this id exists"),
     ("parent_cycle", 409, "moving the entity under that parent would make it its own ancestor"),
+    ("namespace_state", 409, "the namespace's state refuses the operation: recover or purge an active one, recover a name registered again, or one being purged"),
     ("lease_closed", 409, "the lease was committed or rolled back (on any server)"),
     ("lease_stale", 409, "a lease token older than the version this server holds: pass the latest token"),
     ("payload_too_large", 413, "the body is larger than the body limit"),
@@ -48,6 +51,7 @@ pub const CODES: &[(&str, u16, &str)] = &[
     ("store_misconfigured", 500, "the store refused the request as invalid (a missing table, a schema or credentials configured wrongly): never fails open"),
     ("corrupt_data", 500, "corrupt stored data"),
     ("store_unavailable", 503, "the store cannot be reached, throttled, or the outcome is unknown"),
+    ("limits_conflict", 503, "the levels' merged limits cannot be enforced (schedules in different time zones, a patch that does not fit): fix the merge flags"),
     ("too_many_leases", 503, "the server holds its maximum of open leases"),
     ("timeout", 503, "the request took longer than the request timeout"),
 ];
@@ -191,6 +195,10 @@ impl ApiError {
 /// | store unreachable, throttled, outcome unknown | 503 | `store_unavailable` |
 /// | store refused a request as invalid | 500 | `internal_error` |
 /// | corrupt stored data | 500 | `corrupt_data` |
+/// | merged limits conflict (time zones, a patch that does not fit) | 503 | `limits_conflict` |
+/// | the namespace is soft-deleted or being purged | 403 | `namespace_deleted` |
+/// | no such namespace | 404 | `namespace_not_found` |
+/// | the namespace's state refuses the operation | 409 | `namespace_state` |
 pub fn classify(e: &Error) -> (StatusCode, &'static str) {
     match e {
         Error::RateLimitExceeded(_) => (StatusCode::TOO_MANY_REQUESTS, "rate_limit_exceeded"),
@@ -219,6 +227,10 @@ pub fn classify(e: &Error) -> (StatusCode, &'static str) {
         Error::Corrupt(_) => (StatusCode::INTERNAL_SERVER_ERROR, "corrupt_data"),
         Error::Misconfigured(_) => (StatusCode::INTERNAL_SERVER_ERROR, "store_misconfigured"),
         Error::Unavailable(_) => (StatusCode::SERVICE_UNAVAILABLE, "store_unavailable"),
+        Error::LimitsConflict { .. } => (StatusCode::SERVICE_UNAVAILABLE, "limits_conflict"),
+        Error::NamespaceDeleted { .. } => (StatusCode::FORBIDDEN, "namespace_deleted"),
+        Error::NamespaceNotFound(_) => (StatusCode::NOT_FOUND, "namespace_not_found"),
+        Error::NamespaceState { .. } => (StatusCode::CONFLICT, "namespace_state"),
         // Internal variants (never expected to escape the limiter) and future ones.
         #[allow(unreachable_patterns)]
         _ => (StatusCode::INTERNAL_SERVER_ERROR, "internal_error"),

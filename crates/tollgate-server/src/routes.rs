@@ -18,7 +18,8 @@ use axum::{Extension, Json, Router};
 use serde::{Deserialize, Serialize};
 use serde_json::Value as Json_;
 use tollgate::{
-    AcquireOptions, Error, Limit, LimitSpec, LimitStatus, OnUnavailable, Repair, Scope,
+    AcquireOptions, Error, Limit, LimitSpec, LimitStatus, MergeSpec, OnUnavailable, PatchSpec,
+    Repair, Scope,
 };
 use tollgate_core::limit::MAX_TOKENS;
 use tollgate_core::value::Key;
@@ -140,6 +141,27 @@ fn table() -> Vec<(RouteInfo, Handler)> {
             delete(delete_entity_resource),
         ),
         r("GET", "/v1/audit", ADMIN, get(audit_list)),
+        r("GET", "/v1/namespaces", ADMIN, get(namespace_list)),
+        r("POST", "/v1/namespaces", ADMIN, post(namespace_register)),
+        r("GET", "/v1/namespaces/{name}", ADMIN, get(namespace_get)),
+        r(
+            "DELETE",
+            "/v1/namespaces/{name}",
+            ADMIN,
+            delete(namespace_delete),
+        ),
+        r(
+            "POST",
+            "/v1/namespaces/ids/{id}/recover",
+            ADMIN,
+            post(namespace_recover),
+        ),
+        r(
+            "POST",
+            "/v1/namespaces/ids/{id}/purge",
+            ADMIN,
+            post(namespace_purge),
+        ),
         r("GET", "/livez", None, get(livez)),
         r("GET", "/readyz", None, get(readyz)),
         r("GET", "/healthz", None, get(healthz)),
@@ -928,6 +950,13 @@ struct LimitsBody {
     limits: Vec<Json_>,
     #[serde(default)]
     on_unavailable: Option<OnUnavailable>,
+    /// ADR-143 merge flags.
+    #[serde(default)]
+    inherit_limits: bool,
+    #[serde(default)]
+    exclude_limits: std::collections::BTreeSet<String>,
+    #[serde(default)]
+    patch_limits: BTreeMap<String, PatchSpec>,
 }
 
 #[derive(Debug, Serialize)]
@@ -935,6 +964,8 @@ struct LimitsOut {
     scope: String,
     limits: Vec<LimitSpec>,
     on_unavailable: Option<OnUnavailable>,
+    #[serde(flatten)]
+    merge: MergeSpec,
 }
 
 /// A scope as the API and the CLI spell it: `system`, `resource:R`, `entity:E`,
@@ -956,16 +987,23 @@ async fn put_limits(
 ) -> ApiResult<Response> {
     scope.validate()?;
     let limits = specs_to_limits(&b.limits)?;
+    let spec = MergeSpec {
+        inherit_limits: b.inherit_limits,
+        exclude_limits: b.exclude_limits,
+        patch_limits: b.patch_limits,
+    };
+    let merge = spec.to_merge()?;
     let repairs = app
         .limiter
         .acting_as(&who.name)?
-        .set_limits_with_repairs(&scope, &limits, b.on_unavailable)
+        .set_merged_limits(&scope, &limits, &merge, b.on_unavailable)
         .await?;
     tracing::info!(target: "tollgate::admin", principal = %who.name, scope = %scope_name(&scope), limits = limits.len(), corrupt = repairs.len(), "limits set");
     let mut body = serde_json::to_value(LimitsOut {
         scope: scope_name(&scope),
         limits: limits.iter().map(LimitSpec::from).collect(),
         on_unavailable: b.on_unavailable,
+        merge: MergeSpec::from(&merge),
     })
     .unwrap_or_default();
     add_warnings(&mut body, &repairs);
@@ -974,10 +1012,12 @@ async fn put_limits(
 
 async fn get_limits(app: &AppState, scope: Scope) -> ApiResult<Response> {
     let (limits, on) = app.limiter.get_limits(&scope).await?;
+    let merge = app.limiter.get_merge(&scope).await?;
     Ok(Json(LimitsOut {
         scope: scope_name(&scope),
         limits: limits.iter().map(LimitSpec::from).collect(),
         on_unavailable: on,
+        merge: MergeSpec::from(&merge),
     })
     .into_response())
 }
@@ -1086,6 +1126,17 @@ async fn audit_list(State(app): St, QueryPairs(q): QueryPairs) -> ApiResult<Resp
             "entity" => query.entity = Some(v),
             "resource" => query.resource = Some(v),
             "cursor" => query.cursor = Some(v),
+            "registry" => {
+                query.registry = match v.as_str() {
+                    "true" => true,
+                    "false" => false,
+                    _ => {
+                        return Err(ApiError::invalid_request(format!(
+                            "registry is true or false, not {v:?}"
+                        )))
+                    }
+                }
+            }
             "limit" => {
                 query.limit = v
                     .parse::<usize>()
@@ -1099,13 +1150,93 @@ async fn audit_list(State(app): St, QueryPairs(q): QueryPairs) -> ApiResult<Resp
             }
             other => {
                 return Err(ApiError::invalid_request(format!(
-                    "unknown query parameter {other:?} (entity, resource, limit, cursor)"
+                    "unknown query parameter {other:?} (entity, resource, limit, cursor, registry)"
                 )))
             }
         }
     }
     let page = app.limiter.audit_log(&query).await?;
     Ok(Json(page).into_response())
+}
+
+// ---------------------------------------------------------------------------------------
+// Namespaces (spec-base-system.md §7.3)
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct NamespaceBody {
+    name: String,
+}
+
+async fn namespace_list(State(app): St) -> ApiResult<Response> {
+    let all = app.limiter.list_namespaces().await?;
+    Ok(Json(serde_json::json!({ "namespaces": all })).into_response())
+}
+
+async fn namespace_register(
+    State(app): St,
+    Extension(who): Extension<Principal>,
+    JsonBody(b): JsonBody<NamespaceBody>,
+) -> ApiResult<Response> {
+    let ns = app
+        .limiter
+        .acting_as(&who.name)?
+        .register_namespace(&b.name)
+        .await?;
+    tracing::info!(target: "tollgate::admin", principal = %who.name, name = %ns.name, id = %ns.id, "namespace registered");
+    Ok(Json(ns).into_response())
+}
+
+async fn namespace_get(
+    State(app): St,
+    PathParams(name): PathParams<String>,
+) -> ApiResult<Response> {
+    match app.limiter.get_namespace(&name).await? {
+        Some(ns) => Ok(Json(ns).into_response()),
+        None => Err(Error::NamespaceNotFound(name).into()),
+    }
+}
+
+async fn namespace_delete(
+    State(app): St,
+    Extension(who): Extension<Principal>,
+    PathParams(name): PathParams<String>,
+) -> ApiResult<Response> {
+    let deleted = app
+        .limiter
+        .acting_as(&who.name)?
+        .delete_namespace(&name)
+        .await?;
+    tracing::info!(target: "tollgate::admin", principal = %who.name, name = %name, deleted = deleted.is_some(), "namespace deleted");
+    Ok(Json(serde_json::json!({ "name": name, "deleted": deleted })).into_response())
+}
+
+async fn namespace_recover(
+    State(app): St,
+    Extension(who): Extension<Principal>,
+    PathParams(id): PathParams<String>,
+) -> ApiResult<Response> {
+    let ns = app
+        .limiter
+        .acting_as(&who.name)?
+        .recover_namespace(&id)
+        .await?;
+    tracing::info!(target: "tollgate::admin", principal = %who.name, name = %ns.name, id = %id, "namespace recovered");
+    Ok(Json(ns).into_response())
+}
+
+async fn namespace_purge(
+    State(app): St,
+    Extension(who): Extension<Principal>,
+    PathParams(id): PathParams<String>,
+) -> ApiResult<Response> {
+    let n = app
+        .limiter
+        .acting_as(&who.name)?
+        .purge_namespace(&id)
+        .await?;
+    tracing::info!(target: "tollgate::admin", principal = %who.name, id = %id, deleted_items = n, "namespace purged");
+    Ok(Json(serde_json::json!({ "namespace_id": id, "deleted_items": n })).into_response())
 }
 
 // ---------------------------------------------------------------------------------------

@@ -86,7 +86,7 @@ fn every_route_is_documented_with_its_role() {
         "docs/http-api.md is out of date:\n{}",
         drift.join("\n")
     );
-    assert_eq!(routes().len(), 31);
+    assert_eq!(routes().len(), 37);
 }
 
 #[test]
@@ -122,7 +122,7 @@ fn every_error_code_is_documented_with_its_status() {
         Vec::<&(String, String)>::new(),
         "error codes and docs/http-api.md differ"
     );
-    assert_eq!(have.len(), 37);
+    assert_eq!(have.len(), 41);
 }
 
 #[test]

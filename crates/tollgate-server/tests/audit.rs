@@ -258,6 +258,87 @@ fn cases() -> Vec<Case> {
     ]
 }
 
+/// The namespace registry's routes: their records go to the registry's log
+/// (`GET /v1/audit?registry=true`), not the namespace's.
+const NAMESPACE_ROUTES: [(&str, &str); 4] = [
+    ("POST", "/v1/namespaces"),
+    ("DELETE", "/v1/namespaces/{name}"),
+    ("POST", "/v1/namespaces/ids/{id}/recover"),
+    ("POST", "/v1/namespaces/ids/{id}/purge"),
+];
+
+/// Register, delete, recover, delete, purge `acme`: one registry record each, with the
+/// token's name; the namespace's own log keeps its `n` records; refusals write nothing.
+async fn namespace_walk(app: &Router, n: usize) {
+    let (s, b) = call(
+        app,
+        "POST",
+        "/v1/namespaces",
+        Some(ADMIN),
+        Some(&json!({ "name": "acme" })),
+    )
+    .await;
+    assert_eq!(s, StatusCode::OK, "{b}");
+    let id = b["id"].as_str().unwrap().to_string();
+    assert_eq!(id.len(), 11, "{b}");
+    let steps = [
+        (
+            "DELETE",
+            "/v1/namespaces/acme".to_string(),
+            "namespace.delete",
+        ),
+        (
+            "POST",
+            format!("/v1/namespaces/ids/{id}/recover"),
+            "namespace.recover",
+        ),
+        (
+            "DELETE",
+            "/v1/namespaces/acme".to_string(),
+            "namespace.delete",
+        ),
+        (
+            "POST",
+            format!("/v1/namespaces/ids/{id}/purge"),
+            "namespace.purge",
+        ),
+    ];
+    let mut want = vec!["namespace.register"];
+    for (m, uri, action) in steps {
+        let (s, b) = call(app, m, &uri, Some(ADMIN), None).await;
+        assert!(s.is_success(), "{m} {uri}: {s} {b}");
+        want.push(action);
+        let rs = records(app, Some(ADMIN), "?registry=true&limit=1000").await;
+        let got: Vec<&str> = rs
+            .iter()
+            .rev()
+            .filter_map(|r| r["action"].as_str())
+            .collect();
+        assert_eq!(got, want, "{m} {uri}");
+        assert_eq!(rs[0]["principal"], "ops-team", "{m} {uri}");
+        assert_eq!(rs[0]["level"], "namespace", "{m} {uri}");
+        assert_eq!(rs[0]["namespace"], "acme", "{m} {uri}");
+    }
+    // Refused: recover or purge an unknown id, delete a name that is not active.
+    let (s, b) = call(
+        app,
+        "POST",
+        "/v1/namespaces/ids/nosuchid000/recover",
+        Some(ADMIN),
+        None,
+    )
+    .await;
+    assert_eq!(
+        (s, b["error"].as_str()),
+        (StatusCode::NOT_FOUND, Some("namespace_not_found"))
+    );
+    let (s, b) = call(app, "DELETE", "/v1/namespaces/acme", Some(ADMIN), None).await;
+    assert_eq!((s, &b["deleted"]), (StatusCode::OK, &Value::Null));
+    let rs = records(app, Some(ADMIN), "?registry=true&limit=1000").await;
+    assert_eq!(rs.len(), want.len(), "refusals write nothing");
+    assert_eq!(records(app, Some(ADMIN), "?limit=1000").await.len(), n);
+}
+
 fn rpm(image: &Value) -> Option<i64> {
     image["limits"]
         .as_array()?
@@ -280,7 +361,11 @@ async fn walk(store: Arc<dyn Store>) {
         .filter(|r| r.needs == Some(Role::Admin) && r.method != "GET")
         .map(|r| (r.method, r.path))
         .collect();
-    let covered: BTreeSet<(&str, &str)> = cases().iter().map(|c| c.route).collect();
+    let covered: BTreeSet<(&str, &str)> = cases()
+        .iter()
+        .map(|c| c.route)
+        .chain(NAMESPACE_ROUTES.iter().copied())
+        .collect();
     assert_eq!(
         admin_writes, covered,
         "an administrative route without an audit case (or a case for no route)"
@@ -329,6 +414,7 @@ async fn walk(store: Arc<dyn Store>) {
             _ => {}
         }
     }
+    namespace_walk(&app, n).await;
     // Refused changes write nothing: an entity that exists, one that does not.
     let (s, _) = call(
         &app,

@@ -106,6 +106,9 @@ pub struct AuditQuery {
     pub limit: usize,
     /// The `next_cursor` of the previous page.
     pub cursor: Option<String>,
+    /// List the namespace registry's records (register, delete, recover, purge of every
+    /// namespace) instead of this namespace's.
+    pub registry: bool,
 }
 
 /// The JSON image of a config item: its limits, `on_unavailable` and cascade policy
@@ -114,12 +117,26 @@ pub(crate) fn config_image(item: Option<&Item>) -> Json {
     let Some(item) = item else {
         return Json::Null;
     };
+    let merge = match config::decode_merge(item) {
+        Ok(m) => m,
+        Err(e) => return json!({ "corrupt": e.to_string() }),
+    };
     match (config::decode(item), config::decode_cascade(item)) {
-        (Ok((limits, on)), Ok(cascade)) => json!({
-            "limits": limits.iter().map(LimitSpec::from).collect::<Vec<_>>(),
-            "on_unavailable": on,
-            "cascade": cascade,
-        }),
+        (Ok((limits, on)), Ok(cascade)) => {
+            let mut image = json!({
+                "limits": limits.iter().map(LimitSpec::from).collect::<Vec<_>>(),
+                "on_unavailable": on,
+                "cascade": cascade,
+            });
+            // The merge flags (ADR-143), only where a level sets them.
+            if let (Some(o), Ok(Json::Object(m))) = (
+                image.as_object_mut(),
+                serde_json::to_value(tollgate_core::merge::MergeSpec::from(&merge)),
+            ) {
+                o.extend(m);
+            }
+            image
+        }
         (Err(e), _) | (_, Err(e)) => json!({ "corrupt": e.to_string() }),
     }
 }
@@ -183,6 +200,10 @@ impl Limiter {
             level: target.level(),
             entity: target.entity().map(str::to_string),
             resource: target.resource().map(str::to_string),
+            namespace: match target {
+                Target::Namespace(n) => Some(n.clone()),
+                _ => None,
+            },
             before,
             after,
             expires_at_s: now.div_euclid(1000).saturating_add(keep_s),
@@ -196,7 +217,11 @@ impl Limiter {
         mut ops: Vec<TransactOp>,
         record: AuditRecord,
     ) -> std::result::Result<AuditRecord, StoreError> {
-        let ns = self.inner.ns();
+        // Registry changes are recorded in the registry namespace (a purge keeps them).
+        let ns = match record.namespace {
+            Some(_) => keys::REGISTRY_NS,
+            None => self.inner.ns(),
+        };
         debug_assert!(ops.len() < tollgate_store::MAX_TRANSACT_OPS);
         ops.push(TransactOp::Put(PutRequest {
             key: record.key(ns),
@@ -311,7 +336,11 @@ impl Limiter {
                 reason: "a page holds 1 to 1000 records",
             }));
         }
-        let ns = self.inner.ns();
+        let ns = if q.registry {
+            keys::REGISTRY_NS
+        } else {
+            self.inner.ns()
+        };
         let query = match &q.entity {
             Some(e) => Query::table(keys::audit_entity_pk(ns, e), Some(keys::AUDIT_SK_PREFIX)),
             None => Query::index("GSI1", keys::gsi1_audit(ns), Some(keys::GSI1_AUDIT_PREFIX)),

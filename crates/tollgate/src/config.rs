@@ -16,6 +16,7 @@ use std::sync::{Arc, Mutex};
 use tollgate_core::bucket::SCHED_NONE;
 use tollgate_core::error::RuleError;
 use tollgate_core::keys;
+use tollgate_core::merge::{self, Level, Merge};
 use tollgate_core::schedule::Schedule;
 use tollgate_core::value::{Item, Key, Value};
 use tollgate_core::Limit;
@@ -242,6 +243,65 @@ pub fn decode_cascade(item: &Item) -> Result<Option<bool>> {
 /// The config item attribute holding the tri-state cascade policy (ADR-146).
 pub const CASCADE: &str = "cascade";
 
+/// Config item attribute: merge the limits of the levels beneath (ADR-143).
+pub const INHERIT: &str = "inherit_limits";
+/// Config item attribute: inherited limit names to drop (a string set, ADR-143).
+pub const EXCLUDE: &str = "exclude_limits";
+/// Config item attribute: the names whose inherited schedule is patched (a string set,
+/// ADR-143); each patch's schedule is stored under `p_{name}_sched`.
+pub const PATCH: &str = "patch_limits";
+
+/// Add a level's merge flags to its config item (nothing for the default "replace").
+pub fn encode_merge(item: &mut Item, m: &Merge) {
+    if m.inherit {
+        item.insert(INHERIT.into(), Value::Bool(true));
+    }
+    if !m.exclude.is_empty() {
+        item.insert(EXCLUDE.into(), Value::Ss(m.exclude.clone()));
+    }
+    if !m.patch.is_empty() {
+        item.insert(PATCH.into(), Value::Ss(m.patch.keys().cloned().collect()));
+        for (n, s) in &m.patch {
+            item.insert(format!("p_{n}_sched"), Value::S(s.encode()));
+        }
+    }
+}
+
+/// A config item's merge flags; a wrong type, or a patched name without a decodable
+/// `p_{name}_sched`, is corrupt (naming the attribute).
+pub fn decode_merge(item: &Item) -> Result<Merge> {
+    let key = Key::of(item).map(|k| k.to_string()).unwrap_or_default();
+    let set = |a: &str| -> Result<std::collections::BTreeSet<String>> {
+        match item.get(a) {
+            None | Some(Value::Null) => Ok(Default::default()),
+            Some(Value::Ss(s)) => Ok(s.clone()),
+            Some(_) => Err(corrupt(&key, a, "expected a string set")),
+        }
+    };
+    let inherit = match item.get(INHERIT) {
+        None | Some(Value::Null) => false,
+        Some(Value::Bool(b)) => *b,
+        Some(_) => return Err(corrupt(&key, INHERIT, "expected a boolean")),
+    };
+    let exclude = set(EXCLUDE)?;
+    let mut patch = BTreeMap::new();
+    for n in set(PATCH)? {
+        let a = format!("p_{n}_sched");
+        let raw = match item.get(&a) {
+            Some(Value::S(v)) => v,
+            None => return Err(corrupt(&key, &a, "missing")),
+            Some(_) => return Err(corrupt(&key, &a, "expected a string")),
+        };
+        let s = Schedule::decode(raw).map_err(|e| corrupt(&key, &a, &e.to_string()))?;
+        patch.insert(n, s);
+    }
+    Ok(Merge {
+        inherit,
+        exclude,
+        patch,
+    })
+}
+
 #[derive(Debug, Clone)]
 struct Entry {
     expires_at: i64,
@@ -251,6 +311,11 @@ struct Entry {
     cascade: Option<bool>,
     /// The entity's parent (META only).
     parent_id: Option<String>,
+    /// The level's merge flags (config levels only, ADR-143).
+    merge: Merge,
+    /// The namespace's registry status (its reverse record only): `None` when the
+    /// namespace was never registered or is active.
+    ns_closed: Option<String>,
 }
 
 /// Resolved limits for one call. Cheap to clone: the limits and their parameter hash are
@@ -304,9 +369,19 @@ pub struct ConfigCache {
     wholes: Mutex<Wholes>,
     /// The system level's `on_unavailable` as last read, and when (ms).
     last_policy: Mutex<Option<(Option<OnUnavailable>, i64)>>,
+    /// The namespace was resolved from the registry: a missing registry record means it
+    /// was purged (a namespace never registered, the library's plain prefix, has none).
+    registered: bool,
 }
 
 impl ConfigCache {
+    /// Treat a missing registry record of the namespace as purged (see
+    /// [`crate::LimiterBuilder::open_namespace`]).
+    pub fn registered(mut self, on: bool) -> Self {
+        self.registered = on;
+        self
+    }
+
     /// A cache whose entries live `ttl_ms` (0 disables caching; entries are still kept
     /// to be served stale during an outage, see [`ConfigCache::with_stale_max`]).
     pub fn new(ttl_ms: i64) -> Self {
@@ -316,6 +391,7 @@ impl ConfigCache {
             entries: Mutex::new(HashMap::new()),
             wholes: Mutex::new(HashMap::new()),
             last_policy: Mutex::new(None),
+            registered: false,
         }
     }
 
@@ -386,7 +462,14 @@ impl ConfigCache {
             (keys::system_config(ns), Source::System),
         ];
         let meta = keys::entity_meta(ns, entity);
-        let wanted: Vec<&Key> = levels.iter().map(|(k, _)| k).chain([&meta]).collect();
+        // The namespace's registry record rides in the same batch read: a soft-deleted
+        // namespace refuses acquires without a request of its own.
+        let registry = keys::namespace_reverse(ns);
+        let wanted: Vec<&Key> = levels
+            .iter()
+            .map(|(k, _)| k)
+            .chain([&meta, &registry])
+            .collect();
         // Fresh entries, and the expired ones still within the stale bound.
         let (mut found, stale): (Vec<Option<Entry>>, Vec<Option<Entry>>) = {
             let g = self.lock();
@@ -435,31 +518,44 @@ impl ConfigCache {
         if let Some(items) = read {
             let mut g = self.lock();
             for (k, item) in missing.iter().zip(items) {
+                let empty = Entry {
+                    expires_at: now + self.ttl_ms,
+                    limits: Vec::new(),
+                    on_unavailable: None,
+                    cascade: None,
+                    parent_id: None,
+                    merge: Merge::default(),
+                    ns_closed: None,
+                };
                 let e = match item {
+                    Some(i) if *k == registry => Entry {
+                        ns_closed: i
+                            .get("status")
+                            .and_then(Value::as_s)
+                            .filter(|s| *s != "active")
+                            .map(str::to_string),
+                        ..empty
+                    },
                     Some(i) if *k == meta => Entry {
-                        expires_at: now + self.ttl_ms,
-                        limits: Vec::new(),
-                        on_unavailable: None,
                         cascade: decode_cascade(&i)?,
                         parent_id: i.get("parent_id").and_then(Value::as_s).map(str::to_string),
+                        ..empty
                     },
                     Some(i) => {
                         let (limits, on) = decode(&i)?;
                         Entry {
-                            expires_at: now + self.ttl_ms,
                             limits,
                             on_unavailable: on,
                             cascade: decode_cascade(&i)?,
-                            parent_id: None,
+                            merge: decode_merge(&i)?,
+                            ..empty
                         }
                     }
-                    None => Entry {
-                        expires_at: now + self.ttl_ms,
-                        limits: Vec::new(),
-                        on_unavailable: None,
-                        cascade: None,
-                        parent_id: None,
+                    None if *k == registry && self.registered => Entry {
+                        ns_closed: Some("purged".into()),
+                        ..empty
                     },
+                    None => empty,
                 };
                 if *k == levels[3].0 {
                     *self.last_policy.lock().unwrap_or_else(|e| e.into_inner()) =
@@ -474,6 +570,12 @@ impl ConfigCache {
             }
         }
         debug_assert!(found.iter().all(Option::is_some), "every level resolved");
+        if let Some(status) = found[5].as_ref().and_then(|e| e.ns_closed.clone()) {
+            return Err(Error::NamespaceDeleted {
+                namespace: ns.into(),
+                status,
+            });
+        }
         let on_unavailable = found[3].as_ref().and_then(|e| e.on_unavailable);
         let meta = found[4].take();
         let parent_id = meta.as_ref().and_then(|e| e.parent_id.clone());
@@ -493,11 +595,23 @@ impl ConfigCache {
             .min()
             .unwrap_or(now);
         let fresh = unreachable.is_none() && expires_at > now && self.ttl_ms > 0;
-        let (limits, source) = levels
-            .iter()
-            .zip(found)
-            .find_map(|((_, src), f)| f.filter(|e| !e.limits.is_empty()).map(|e| (e.limits, *src)))
-            .unwrap_or((Vec::new(), Source::System));
+        // ADR-143: the levels merged (by default the first that defines limits wins whole).
+        let merged = merge::merge_levels(&[0, 1, 2, 3].map(|i| {
+            found[i].as_ref().map(|e| Level {
+                limits: &e.limits,
+                merge: &e.merge,
+            })
+        }))
+        .map_err(|e| Error::LimitsConflict {
+            entity: entity.into(),
+            resource: resource.into(),
+            reason: e.to_string(),
+        })?;
+        let source = merged
+            .source
+            .and_then(|i| levels.get(i))
+            .map_or(Source::System, |(_, s)| *s);
+        let limits = merged.limits;
         let resolved = Resolved {
             ph: tollgate_core::writes::params_hash(&limits).into(),
             limits: limits.into(),

@@ -248,7 +248,8 @@ pub fn check_item(ns: &str, key: &Key, item: &Item) -> Option<CorruptItem> {
         | ItemKind::ResourceLimits { .. }
         | ItemKind::EntityLimits { .. } => config::decode(item)
             .err()
-            .or_else(|| config::decode_cascade(item).err()),
+            .or_else(|| config::decode_cascade(item).err())
+            .or_else(|| config::decode_merge(item).err()),
         ItemKind::Entity { .. } => config::decode_cascade(item).err(),
         ItemKind::Bucket { .. } => BucketImage::decode(item)
             .and_then(|img| stored_limits(&img).map(drop))

@@ -147,6 +147,39 @@ pub enum Error {
         /// Resource.
         resource: String,
     },
+    /// The levels' merge flags make a set that cannot be enforced (ADR-143: schedules in
+    /// different time zones, a patch that does not fit the inherited limit): the spec's
+    /// RateLimiterUnavailable, never a silent pick.
+    #[error("limits for entity {entity:?} and resource {resource:?} cannot be merged: {reason}")]
+    LimitsConflict {
+        /// The entity.
+        entity: String,
+        /// The resource.
+        resource: String,
+        /// Why.
+        reason: String,
+    },
+    /// The limiter's namespace was soft-deleted, is being purged or was purged: nothing is
+    /// admitted in it (until it is recovered, for a deleted one; spec-base-system.md §7.3).
+    #[error("namespace {namespace:?} is {status}: recover it to use it again")]
+    NamespaceDeleted {
+        /// The namespace id.
+        namespace: String,
+        /// `deleted`, `purging` or `purged`.
+        status: String,
+    },
+    /// No active namespace of this name (or id).
+    #[error("namespace {0:?} not found")]
+    NamespaceNotFound(String),
+    /// A namespace operation that its registry state refuses (recover an active one,
+    /// purge an active one, recover a name registered again).
+    #[error("namespace {namespace:?}: {reason}")]
+    NamespaceState {
+        /// The namespace name or id.
+        namespace: String,
+        /// Why.
+        reason: String,
+    },
     /// A usage query or an aggregator option is not valid (no entity nor resource, a bad
     /// window, limit or page token, an empty window list).
     #[error("invalid usage query: {0}")]

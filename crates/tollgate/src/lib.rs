@@ -66,6 +66,7 @@ mod lease;
 mod lease_token;
 mod limiter;
 pub mod limits_file;
+pub mod namespace;
 pub mod reparent;
 mod shards;
 #[cfg(feature = "testing")]
@@ -88,8 +89,10 @@ pub use lease_token::{
 pub use limiter::{
     Entity, EntityDeleted, Limiter, LimiterBuilder, NewEntity, Options, StatsSnapshot,
 };
+pub use namespace::{Namespace, NamespaceStatus};
 pub use reparent::Moved;
 pub use shards::should_double;
+pub use tollgate_core::merge::{Merge, MergeSpec, PatchSpec};
 pub use tollgate_core::usage::{Snapshot, Window};
 pub use tollgate_core::{Limit, LimitSpec, LimitStatus};
 pub use usage::{checkpoint_key, FeedAggregator, PassReport, UsageOptions, UsagePage, UsageQuery};

@@ -9,6 +9,7 @@ use serde_json::Value as Json;
 use tollgate_core::expr::Condition;
 use tollgate_core::ids::{validate_entity_id, validate_limit_name};
 use tollgate_core::keys;
+use tollgate_core::merge::Merge;
 use tollgate_core::value::{Item, Key, Value};
 use tollgate_core::{Limit, RuleError};
 use tollgate_store::{DeleteRequest, PutRequest, Query, Store, StoreError, TransactOp};
@@ -172,6 +173,8 @@ pub struct LimiterBuilder {
     opts: Options,
     principal: String,
     audit_seed: u64,
+    /// Opened from the namespace registry (see `open_namespace`).
+    pub(crate) registered: bool,
 }
 
 impl LimiterBuilder {
@@ -256,6 +259,10 @@ impl LimiterBuilder {
         self.opts.max_shard_count = n.clamp(1, tollgate_core::bucket::MAX_SHARD_COUNT);
         self
     }
+    /// The store the limiter will use.
+    pub(crate) fn store_handle(&self) -> Arc<dyn Store> {
+        self.store.clone()
+    }
     /// Build.
     pub fn build(self) -> Result<Limiter> {
         validate_entity_id(&self.opts.namespace)?;
@@ -268,7 +275,9 @@ impl LimiterBuilder {
                 store: self.store,
                 clock: self.clock,
                 rng: self.rng,
-                config: ConfigCache::new(ttl_ms).with_stale_max(stale_ms),
+                config: ConfigCache::new(ttl_ms)
+                    .with_stale_max(stale_ms)
+                    .registered(self.registered),
                 shards: ShardCounts::default(),
                 rejections: RejectionCache::new(rej_ms),
                 images: ImageCache::default(),
@@ -379,6 +388,7 @@ impl Limiter {
             opts: Options::default(),
             principal: crate::audit::DEFAULT_PRINCIPAL.into(),
             audit_seed: rand::random(),
+            registered: false,
         }
     }
 
@@ -688,7 +698,28 @@ impl Limiter {
         limits: &[Limit],
         on_unavailable: Option<OnUnavailable>,
     ) -> Result<Vec<Repair>> {
+        self.set_merged_limits(scope, limits, &Merge::default(), on_unavailable)
+            .await
+    }
+
+    /// Store limits at a scope with merge flags (ADR-143): with `merge.inherit` the level
+    /// takes, by name, the limits of the levels beneath it that it does not define itself,
+    /// minus `merge.exclude`, with `merge.patch` replacing only the schedule of an
+    /// inherited limit. The system level cannot carry flags, and excluding or patching
+    /// without inheriting is refused ([`Merge::validate`]). Otherwise as
+    /// [`Limiter::set_limits_with_repairs`] (the write replaces the item whole, flags
+    /// included). A change at any level reaches exactly the buckets whose merged set
+    /// includes it: their parameter hash changes, and their next acquire syncs them
+    /// (ADR-144).
+    pub async fn set_merged_limits(
+        &self,
+        scope: &Scope,
+        limits: &[Limit],
+        merge: &Merge,
+        on_unavailable: Option<OnUnavailable>,
+    ) -> Result<Vec<Repair>> {
         scope.validate()?;
+        merge.validate(*scope == Scope::System)?;
         let mut names = std::collections::BTreeSet::new();
         for l in limits {
             validate_limit_name(l.name())?;
@@ -715,6 +746,7 @@ impl Limiter {
         let (old, _) = self
             .audited_config_change(scope, Action::LimitsSet, first, |old| {
                 let mut item = config::encode(limits, on_unavailable);
+                config::encode_merge(&mut item, merge);
                 // The level's cascade policy (ADR-146) is not a limit: replacing limits keeps it.
                 if let Some(c) = old.and_then(|o| config::decode_cascade(o).ok().flatten()) {
                     item.insert(config::CASCADE.into(), Value::Bool(c));
@@ -750,7 +782,22 @@ impl Limiter {
         }
     }
 
-    /// Delete the limits stored at a scope; `true` if there were any. The level's cascade
+    /// The merge flags stored at a scope (none if the level has no item).
+    pub async fn get_merge(&self, scope: &Scope) -> Result<Merge> {
+        scope.validate()?;
+        match self
+            .inner
+            .store
+            .get(&scope.key(self.inner.ns()), true)
+            .await?
+        {
+            Some(i) => config::decode_merge(&i),
+            None => Ok(Merge::default()),
+        }
+    }
+
+    /// Delete the limits stored at a scope (their merge flags with them); `true` if there
+    /// were any. The level's cascade
     /// policy, if set, stays (see [`Limiter::set_cascade`]). A corrupt item is deleted (see
     /// [`Limiter::delete_limits_with_repairs`]).
     pub async fn delete_limits(&self, scope: &Scope) -> Result<bool> {

@@ -26,12 +26,17 @@ pub struct Level {
     pub on_unavailable: Option<OnUnavailable>,
     /// Resource and entity levels only.
     pub cascade: Option<bool>,
+    /// The level's merge flags (ADR-143; resource and entity levels only).
+    pub merge: tollgate_core::merge::Merge,
 }
 
 impl Level {
     /// Declares nothing: no limits, no policy, no cascade flag (the same as absent).
     pub fn is_empty(&self) -> bool {
-        self.limits.is_empty() && self.on_unavailable.is_none() && self.cascade.is_none()
+        self.limits.is_empty()
+            && self.on_unavailable.is_none()
+            && self.cascade.is_none()
+            && self.merge.is_empty()
     }
 
     fn sorted(mut self) -> Self {
@@ -191,11 +196,13 @@ impl Limiter {
                 };
                 let (limits, on_unavailable) = config::decode(&item)?;
                 let cascade = config::decode_cascade(&item)?;
+                let merge = config::decode_merge(&item)?;
                 let level = Level {
                     scope: scope.clone(),
                     limits,
                     on_unavailable,
                     cascade,
+                    merge,
                 };
                 out.insert(scope_key(&scope), level.sorted());
             }
@@ -214,13 +221,16 @@ impl Limiter {
         match &change.after {
             Some(after) => {
                 let same_limits = change.before.as_ref().is_some_and(|b| {
-                    b.limits == after.limits && b.on_unavailable == after.on_unavailable
+                    b.limits == after.limits
+                        && b.on_unavailable == after.on_unavailable
+                        && b.merge == after.merge
                 });
                 if !same_limits {
                     repairs.extend(
-                        self.set_limits_with_repairs(
+                        self.set_merged_limits(
                             &after.scope,
                             &after.limits,
+                            &after.merge,
                             after.on_unavailable,
                         )
                         .await?,
@@ -254,6 +264,7 @@ mod tests {
             limits,
             on_unavailable: None,
             cascade: None,
+            merge: Default::default(),
         }
     }
 

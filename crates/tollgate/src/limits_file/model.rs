@@ -4,6 +4,7 @@ use std::collections::BTreeMap;
 use std::ops::Range;
 
 use serde::Deserialize;
+use tollgate_core::merge::Merge;
 use tollgate_core::{Limit, LimitSpec};
 
 use super::descriptors::{EnvoySettings, RawEnvoy};
@@ -72,6 +73,12 @@ struct RawLevel {
     #[serde(default)]
     cascade: Option<bool>,
     #[serde(default)]
+    inherit_limits: bool,
+    #[serde(default)]
+    exclude_limits: std::collections::BTreeSet<String>,
+    #[serde(default)]
+    patch_limits: BTreeMap<String, tollgate_core::merge::PatchSpec>,
+    #[serde(default)]
     limits: BTreeMap<String, toml::Spanned<RawLimit>>,
 }
 
@@ -80,6 +87,12 @@ struct RawLevel {
 struct RawEntity {
     #[serde(default)]
     cascade: Option<bool>,
+    #[serde(default)]
+    inherit_limits: bool,
+    #[serde(default)]
+    exclude_limits: std::collections::BTreeSet<String>,
+    #[serde(default)]
+    patch_limits: BTreeMap<String, tollgate_core::merge::PatchSpec>,
     #[serde(default)]
     limits: Option<BTreeMap<String, toml::Spanned<RawLimit>>>,
     #[serde(default)]
@@ -138,6 +151,28 @@ impl Ctx<'_> {
             reason: reason.into(),
         }
     }
+}
+
+/// A level's merge flags (ADR-143), checked as `limits set` checks them.
+fn merge_of(
+    cx: &Ctx<'_>,
+    span: Range<usize>,
+    path: &str,
+    inherit: bool,
+    exclude: &std::collections::BTreeSet<String>,
+    patch: &BTreeMap<String, tollgate_core::merge::PatchSpec>,
+) -> Result<Merge, LimitsFileError> {
+    let spec = tollgate_core::merge::MergeSpec {
+        inherit_limits: inherit,
+        exclude_limits: exclude.clone(),
+        patch_limits: patch.clone(),
+    };
+    let m = spec
+        .to_merge()
+        .map_err(|e| cx.err(span.clone(), path, e.to_string()))?;
+    m.validate(false)
+        .map_err(|e| cx.err(span, path, e.to_string()))?;
+    Ok(m)
 }
 
 fn limits_of(
@@ -202,6 +237,7 @@ pub fn parse(origin: &str, text: &str) -> Result<LimitsFile, LimitsFileError> {
                 limits,
                 on_unavailable: sys.on_unavailable,
                 cascade: None,
+                merge: Merge::default(),
             },
         );
     }
@@ -210,13 +246,23 @@ pub fn parse(origin: &str, text: &str) -> Result<LimitsFile, LimitsFileError> {
         let scope = Scope::Resource(r.clone());
         check_scope(&cx, lvl.span(), &path, &scope)?;
         let limits = limits_of(&cx, &path, &lvl.get_ref().limits)?;
+        let l = lvl.get_ref();
+        let merge = merge_of(
+            &cx,
+            lvl.span(),
+            &path,
+            l.inherit_limits,
+            &l.exclude_limits,
+            &l.patch_limits,
+        )?;
         levels.insert(
             scope_key(&scope),
             Level {
                 scope,
                 limits,
                 on_unavailable: None,
-                cascade: lvl.get_ref().cascade,
+                cascade: l.cascade,
+                merge,
             },
         );
     }
@@ -226,11 +272,19 @@ pub fn parse(origin: &str, text: &str) -> Result<LimitsFile, LimitsFileError> {
         let ent = ent.get_ref();
         let default_scope = Scope::Entity(e.clone(), None);
         check_scope(&cx, span.clone(), &path, &default_scope)?;
-        if ent.limits.is_some() || ent.cascade.is_some() {
+        if ent.limits.is_some() || ent.cascade.is_some() || ent.inherit_limits {
             let limits = match &ent.limits {
                 Some(l) => limits_of(&cx, &path, l)?,
                 None => Vec::new(),
             };
+            let merge = merge_of(
+                &cx,
+                span.clone(),
+                &path,
+                ent.inherit_limits,
+                &ent.exclude_limits,
+                &ent.patch_limits,
+            )?;
             levels.insert(
                 scope_key(&default_scope),
                 Level {
@@ -238,6 +292,7 @@ pub fn parse(origin: &str, text: &str) -> Result<LimitsFile, LimitsFileError> {
                     limits,
                     on_unavailable: None,
                     cascade: ent.cascade,
+                    merge,
                 },
             );
         } else if ent.resources.is_empty() {
@@ -252,13 +307,23 @@ pub fn parse(origin: &str, text: &str) -> Result<LimitsFile, LimitsFileError> {
             let scope = Scope::Entity(e.clone(), Some(r.clone()));
             check_scope(&cx, lvl.span(), &rpath, &scope)?;
             let limits = limits_of(&cx, &rpath, &lvl.get_ref().limits)?;
+            let l = lvl.get_ref();
+            let merge = merge_of(
+                &cx,
+                lvl.span(),
+                &rpath,
+                l.inherit_limits,
+                &l.exclude_limits,
+                &l.patch_limits,
+            )?;
             levels.insert(
                 scope_key(&scope),
                 Level {
                     scope,
                     limits,
                     on_unavailable: None,
-                    cascade: lvl.get_ref().cascade,
+                    cascade: l.cascade,
+                    merge,
                 },
             );
         }
@@ -370,6 +435,27 @@ rpm = { capacity = 5, refill_amount = 5 }
                 assert!(e.line <= text[..i].lines().count() + 1, "{e}");
             }
         }
+    }
+
+    /// ADR-143 merge flags on resource and entity levels; refused on the system level (an
+    /// unknown field there) and without `inherit_limits`.
+    #[test]
+    fn merge_flags_in_a_file() {
+        let text = "[resources.gpt-4]\ninherit_limits = true\nexclude_limits = [\"tpm\"]\n\
+                    [resources.gpt-4.patch_limits.rpm]\nschedule = [\"* 22:00-06:00 500/500\"]\n\
+                    [resources.gpt-4.limits]\nrpm = { capacity = 50, refill_amount = 50 }\n\
+                    [entities.u1]\ninherit_limits = true\n";
+        let f = parse("m.toml", text).unwrap();
+        let r = &f.levels[&scope_key(&Scope::Resource("gpt-4".into()))];
+        assert!(r.merge.inherit);
+        assert!(r.merge.exclude.contains("tpm"));
+        assert_eq!(r.merge.patch["rpm"].tz(), "UTC");
+        let e = &f.levels[&scope_key(&Scope::Entity("u1".into(), None))];
+        assert!(e.merge.inherit && e.limits.is_empty());
+        let e = parse("s.toml", "[system]\ninherit_limits = true\n").unwrap_err();
+        assert_eq!(e.line, 2, "{e}");
+        let e = parse("x.toml", "[resources.r]\nexclude_limits = [\"tpm\"]\n").unwrap_err();
+        assert!(e.reason.contains("inherit_limits"), "{e}");
     }
 
     #[test]

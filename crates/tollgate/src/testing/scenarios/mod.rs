@@ -8,7 +8,9 @@ pub mod cascade;
 pub mod exactness;
 pub mod gaps;
 pub mod limits_file;
+pub mod merge;
 pub mod multi;
+pub mod namespaces;
 pub mod operator;
 pub mod outage;
 pub mod repair;
@@ -157,6 +159,12 @@ macro_rules! scenario_tests {
             audit::a_refused_change_writes_no_record,
             audit::pages_retention_and_purge,
             audit::a_doctor_repair_is_recorded,
+            merge::s112_inherit_exclude_patch,
+            merge::s113_system_cannot_inherit,
+            merge::s114_time_zones_conflict,
+            merge::s116_change_reaches_merged_buckets_only,
+            namespaces::ns_register_and_isolation,
+            namespaces::ns_delete_recover_purge,
             multi::s92_exhausted_resource_refunds_the_others,
             multi::s93_seventeen_resources_are_refused,
             multi::s94_disabled_outranks_exceeded,
