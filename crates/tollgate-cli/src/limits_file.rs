@@ -62,14 +62,14 @@ pub async fn apply(
     Ok(repairs)
 }
 
+/// A limit in the CLI's syntax; a calendar quota whose schedule keeps time in another zone
+/// than its reset (the syntax's one `tz=` is the reset's) names the schedule's zone too.
 fn describe(l: &Limit) -> String {
     let mut s = spec::format_limit(l);
-    if let Some(sched) = l.schedule() {
-        s.push_str(&format!(
-            ",schedule=[{}],schedule_tz={}",
-            sched.entry_texts().join("; "),
-            sched.tz()
-        ));
+    if let (Some(sched), Some(cal)) = (l.schedule(), l.calendar()) {
+        if sched.tz() != cal.tz() {
+            s.push_str(&format!(",schedule_tz={}", sched.tz()));
+        }
     }
     s
 }

@@ -320,8 +320,12 @@ pub async fn run(a: ServeArgs, json_out: bool) -> Result<(), Failure> {
         )
         .await?;
         // The namespace by name (spec-base-system.md §7.3): its registered id is the prefix.
-        let limiter = Limiter::builder(store_metrics.wrap(raw))
-            .audit_retention(a.store.audit.audit_retention)
+        // Changes the server makes itself (a limits file at start and on reload) are
+        // recorded for `--principal` or the OS user; an HTTP admin route names its token.
+        let limiter = a
+            .store
+            .audit
+            .apply(Limiter::builder(store_metrics.wrap(raw)))
             .open_namespace(&a.store.namespace)
             .await?;
         (limiter, None)

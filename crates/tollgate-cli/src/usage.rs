@@ -75,8 +75,9 @@ pub async fn open_run(
     )
     .await?;
     // The namespace by name (spec-base-system.md §7.3), as every store command.
-    let limiter = Limiter::builder(wrap(feed.clone()))
-        .audit_retention(store.audit.audit_retention)
+    let limiter = store
+        .audit
+        .apply(Limiter::builder(wrap(feed.clone())))
         .open_namespace(&store.namespace)
         .await?;
     let agg = FeedAggregator::new(&limiter, feed, usage.options())?;

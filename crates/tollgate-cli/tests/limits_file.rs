@@ -334,6 +334,8 @@ fn serve_walk(store: &[&str], dir: &Path) {
         fs,
         "--limits-poll",
         "200ms",
+        "--principal",
+        "deploy-bot",
     ];
     sargs.extend_from_slice(store);
     let s = ServerProc::start_args(
@@ -413,6 +415,31 @@ fn serve_walk(store: &[&str], dir: &Path) {
         .find(|l| l["limit"] == "tpd")
         .unwrap();
     assert_eq!(tpd["available"], 270, "{v}");
+    // What the server applied from the file is recorded for its --principal.
+    let o = run(&["--json", "audit", "list", "--resource", "gpt-4"], store);
+    let v: serde_json::Value = serde_json::from_str(&stdout(&o)).unwrap();
+    let sets: Vec<&serde_json::Value> = v["records"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|r| r["action"] == "limits.set")
+        .collect();
+    let caps: Vec<(&str, i64)> = sets
+        .iter()
+        .map(|r| {
+            let rpm = &r["after"]["limits"][0];
+            (
+                r["principal"].as_str().unwrap_or(""),
+                rpm["capacity"].as_i64().unwrap_or(-1),
+            )
+        })
+        .collect();
+    // Newest first: the poll (7), SIGHUP (5), the start (2); the refused file wrote nothing.
+    assert_eq!(
+        caps,
+        [("deploy-bot", 7), ("deploy-bot", 5), ("deploy-bot", 2)],
+        "{v}"
+    );
     s.stop();
 }
 
