@@ -40,11 +40,17 @@ impl Inner {
             // as good as the `now` it compares.
             let now = self.clock.now_ms();
             // ADR-151: shaped by the stamp this process last saw on the shard.
-            let shaped = Request {
-                bypass: self.guess_bypass(req, cur),
-                ..req.clone()
+            let guess = self.guess_bypass(req, cur);
+            let shaped;
+            let req = if guess == req.bypass {
+                req
+            } else {
+                shaped = Request {
+                    bypass: guess,
+                    ..req.clone()
+                };
+                &shaped
             };
-            let req = &shaped;
             let (failure, img) = match self.fast_once(req, cur, now).await? {
                 FastOnce::Admitted(lease) => return Ok(Fast::Granted(Box::new(lease))),
                 FastOnce::Throttled => {
