@@ -382,6 +382,22 @@ enum EntityCmd {
         #[command(flatten)]
         store: StoreArgs,
     },
+    /// Set how the entity's bucket for a resource treats its limits (ADR-151), on every
+    /// shard, in one transaction with an audit record: enforce (the default), disabled
+    /// (every acquire refused) or bypass (every acquire admitted and recorded in usage, no
+    /// balance debited, no window opened nor quota reset; enforcing again resumes from the
+    /// balances as they were).
+    Enforce {
+        /// Entity id.
+        id: String,
+        /// Resource name.
+        resource: String,
+        /// enforce, disabled or bypass.
+        #[arg(long, value_parser = parse_enforcement)]
+        mode: tollgate::Enforcement,
+        #[command(flatten)]
+        store: StoreArgs,
+    },
     /// Top up the entity's bucket for a resource: add NAME=TOKENS above the current
     /// allowance (a quota's ceiling rises until its next reset; a rate limit gains at most
     /// its headroom), split across the shards, in one transaction with an audit record.
@@ -986,6 +1002,25 @@ async fn entity(cmd: EntityCmd, json: bool) -> Result<(), Failure> {
             show_bucket_op("reset", &id, &resource, &out, json);
             Ok(())
         }
+        EntityCmd::Enforce {
+            id,
+            resource,
+            mode,
+            store,
+        } => {
+            let limiter = store.limiter(Access::Existing).await?;
+            let shards = limiter.set_enforcement(&id, &resource, mode).await?;
+            if json {
+                print_json(&json!({
+                    "entity": id, "resource": resource, "mode": mode, "shards": shards,
+                }));
+            } else if shards == 0 {
+                println!("{id} has no bucket for {resource}: nothing to stamp");
+            } else {
+                println!("{id} / {resource}: {mode} on {shards} shard(s)");
+            }
+            Ok(())
+        }
         EntityCmd::TopUp {
             id,
             resource,
@@ -1000,6 +1035,11 @@ async fn entity(cmd: EntityCmd, json: bool) -> Result<(), Failure> {
             Ok(())
         }
     }
+}
+
+/// `--mode enforce|disabled|bypass`.
+fn parse_enforcement(s: &str) -> std::result::Result<tollgate::Enforcement, String> {
+    s.parse()
 }
 
 /// Print what a reset or top-up did.

@@ -13,7 +13,7 @@ use serde_json::Value;
 
 /// Commands that change stored configuration (`doctor` with `--repair`): each has a case
 /// below.
-const ADMIN: [&str; 13] = [
+const ADMIN: [&str; 14] = [
     "limits set",
     "limits delete",
     "limits apply",
@@ -22,6 +22,7 @@ const ADMIN: [&str; 13] = [
     "entity move",
     "entity reset",
     "entity top-up",
+    "entity enforce",
     "doctor",
     "namespace register",
     "namespace delete",
@@ -238,6 +239,23 @@ fn every_admin_command_writes_one_record_with_its_principal() {
         ),
         (
             vec![
+                "entity",
+                "enforce",
+                "u1",
+                "gpt-4",
+                "--mode",
+                "bypass",
+                "--principal",
+                "frank",
+            ],
+            "frank",
+            "resource.enforcement",
+            "entity",
+            None,
+            None,
+        ),
+        (
+            vec![
                 "limits",
                 "delete",
                 "--entity",
@@ -287,7 +305,7 @@ fn every_admin_command_writes_one_record_with_its_principal() {
     }
     let rs = newest(&st, cases.len());
     assert_eq!(rs[0]["before"]["entity"]["name"], "User one");
-    assert_eq!(rs[8]["after"]["name"], "User one");
+    assert_eq!(rs[9]["after"]["name"], "User one");
 
     // `doctor --repair` over a corrupt bucket: one record, before its deletes.
     let o = as_user(
@@ -402,6 +420,7 @@ fn every_admin_command_writes_one_record_with_its_principal() {
         [
             "entity.delete",
             "limits.delete",
+            "resource.enforcement",
             "bucket.reset",
             "bucket.top_up",
             "entity.move",

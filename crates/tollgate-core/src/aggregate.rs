@@ -159,12 +159,18 @@ pub struct RefillWrite {
 /// The written `rf` is [`next_rf`] over the window starts in force; `vu` is SET to the next
 /// boundary when the stored one has expired (or is absent) and that boundary is after now.
 /// The write is conditioned on `rf` and `vu` as read.
+///
+/// ADR-151: a bypassed item is left alone (rule "bypass never opens, rolls or resets",
+/// [`crate::bypass`]): its balances wait for the first enforced pass.
 pub fn plan_refill(
     img: &BucketImage,
     shard_count: i64,
     now: i64,
     consumed: &BTreeMap<String, i64>,
 ) -> Result<Decision, RuleError> {
+    if img.bypass {
+        return Ok(Decision::Nothing);
+    }
     for n in img.limits.keys() {
         if let Err(e) = stored_schedule(img, n) {
             return Ok(Decision::Unevaluable {
@@ -204,7 +210,7 @@ pub fn plan_refill(
     let mut worth = false;
     let mut w = RefillWrite {
         update: Update::new(),
-        condition: Condition::eq(attr::RF, img.rf),
+        condition: Condition::eq(attr::RF, img.rf).and(crate::bypass::stamp(false)),
         rolled: Vec::new(),
         reset: Vec::new(),
         refilled: Vec::new(),
@@ -356,6 +362,7 @@ mod tests {
                 .collect(),
             wcu: None,
             disabled: false,
+            bypass: false,
             op: None,
         }
     }

@@ -39,6 +39,9 @@ pub enum Action {
     /// An entity's use of a resource enabled again.
     #[serde(rename = "resource.enable")]
     Enable,
+    /// An entity's use of a resource set to enforce, disabled or bypassed (ADR-151).
+    #[serde(rename = "resource.enforcement")]
+    Enforcement,
     /// Corrupt bucket items deleted by `doctor --repair` (every shard of the pair).
     #[serde(rename = "buckets.repair")]
     BucketsRepair,
@@ -67,7 +70,7 @@ pub enum Action {
 
 impl Action {
     /// Every action, in declaration order.
-    pub const ALL: [Action; 15] = [
+    pub const ALL: [Action; 16] = [
         Action::LimitsSet,
         Action::LimitsDelete,
         Action::CascadeSet,
@@ -75,6 +78,7 @@ impl Action {
         Action::EntityDelete,
         Action::Disable,
         Action::Enable,
+        Action::Enforcement,
         Action::BucketsRepair,
         Action::BucketReset,
         Action::BucketTopUp,
@@ -95,6 +99,7 @@ impl Action {
             Action::EntityDelete => "entity.delete",
             Action::Disable => "resource.disable",
             Action::Enable => "resource.enable",
+            Action::Enforcement => "resource.enforcement",
             Action::BucketsRepair => "buckets.repair",
             Action::BucketReset => "bucket.reset",
             Action::BucketTopUp => "bucket.top_up",

@@ -37,6 +37,9 @@ pub mod attr {
     pub const SHARD: &str = "shard";
     /// Present (true) while the (entity, resource) is disabled: every acquire is refused.
     pub const DISABLED: &str = "disabled";
+    /// Present (true) while the (entity, resource) is bypassed (ADR-151): every acquire is
+    /// admitted, recorded in `tc`, and debits no balance but `wcu`.
+    pub const BYPASS: &str = "bypass";
     /// The effective cascade policy of the (entity, resource) when the item was last
     /// materialised (ADR-146): whether an acquire also debits the parent.
     pub const CASCADE: &str = "cascade";
@@ -115,6 +118,8 @@ pub struct BucketImage {
     pub wcu: Option<LimitState>,
     /// The (entity, resource) is disabled.
     pub disabled: bool,
+    /// The (entity, resource) is bypassed (ADR-151, `bypass` stamp).
+    pub bypass: bool,
     /// The id of the last reset / top-up that landed on this shard (`op`, ADR-149).
     pub op: Option<String>,
 }
@@ -274,6 +279,7 @@ impl BucketImage {
         let ttl = num(item, k, attr::TTL)?;
         let ph = string(item, k, attr::PH)?;
         let disabled = item.contains_key(attr::DISABLED);
+        let bypass = item.contains_key(attr::BYPASS);
         let op = string(item, k, attr::OP)?;
         Ok(BucketImage {
             key,
@@ -285,6 +291,7 @@ impl BucketImage {
             limits,
             wcu,
             disabled,
+            bypass,
             op,
         })
     }

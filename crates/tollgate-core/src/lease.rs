@@ -74,6 +74,7 @@ mod tests {
             limits: [("rpm".to_string(), st(tk))].into_iter().collect(),
             wcu: None,
             disabled: false,
+            bypass: false,
             op: None,
         };
         assert!(refund_left_above_ceiling(

@@ -7,6 +7,7 @@
 pub mod aggregate;
 pub mod audit;
 pub mod bucket;
+pub mod bypass;
 pub mod calendar;
 pub mod cascade;
 pub mod error;

@@ -52,11 +52,15 @@ pub enum Mutant {
     /// The feed aggregator moves its checkpoint only from the one it read (falls back to an
     /// unconditional write: two aggregators that read one batch both count it).
     UsageCheckpoint,
+    /// ADR-151: a write shaped for a bypassed scope requires the item's `bypass` stamp
+    /// (falls back to no stamp condition: a client whose cache still says "bypassed" admits
+    /// without debiting after enforcement resumed).
+    BypassStamp,
 }
 
 impl Mutant {
     /// Every mutant, in declaration order.
-    pub const ALL: [Mutant; 16] = [
+    pub const ALL: [Mutant; 17] = [
         Mutant::WindowFloor,
         Mutant::WaMarker,
         Mutant::WtcCharge,
@@ -73,6 +77,7 @@ impl Mutant {
         Mutant::SoftScope,
         Mutant::OpOnce,
         Mutant::UsageCheckpoint,
+        Mutant::BypassStamp,
     ];
 
     /// The name used on the command line.
@@ -94,6 +99,7 @@ impl Mutant {
             Mutant::SoftScope => "SoftScope",
             Mutant::OpOnce => "OpOnce",
             Mutant::UsageCheckpoint => "UsageCheckpoint",
+            Mutant::BypassStamp => "BypassStamp",
         }
     }
 

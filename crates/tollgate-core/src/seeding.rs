@@ -420,6 +420,7 @@ mod tests {
                 .collect::<BTreeMap<_, _>>(),
             wcu: None,
             disabled: false,
+            bypass: false,
             op: None,
         }
     }

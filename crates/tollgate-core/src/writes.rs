@@ -75,6 +75,7 @@ pub fn fast_write(
         .and(Condition::ge(battr(WCU, "tk"), WCU_COST))
         .and(Condition::not_exists(attr::TTL).or(Condition::gt(attr::TTL, now_ms / 1000)))
         .and(Condition::not_exists(attr::DISABLED))
+        .and(crate::bypass::stamp(false))
         .and(Condition::eq(attr::PH, ph))
         .and(trusted(limits, amounts, now_ms));
     (u, c)
@@ -132,6 +133,9 @@ pub enum FastFailure {
     Missing,
     /// The (entity, resource) is disabled: refuse, no slow path.
     Disabled,
+    /// The item carries the other ADR-151 stamp than the write was shaped for (see
+    /// [`crate::bypass::mismatch`]): write again in the item's shape.
+    StampMismatch,
     /// Past its TTL but not yet swept: decide on the slow path.
     Expired,
     /// `vu` reached (calendar edge, window end, forced slow): slow path.
@@ -161,6 +165,9 @@ pub fn classify_fast_failure(
     };
     if img.disabled {
         return FastFailure::Disabled;
+    }
+    if crate::bypass::mismatch(img, false) {
+        return FastFailure::StampMismatch;
     }
     if img.ttl.is_some_and(|t| t <= now_ms / 1000) {
         return FastFailure::Expired;
@@ -195,6 +202,8 @@ pub enum FastRoute {
     /// The slow path on this shard; `with_image`: it plans from the failed write's image
     /// (no read needed).
     Slow { with_image: bool },
+    /// The item's ADR-151 stamp differs from the write's shape: write again in its shape.
+    Reshape,
     /// Only write capacity is short, on a hot shard: double the shard count.
     Double,
     /// Even refilled, this shard cannot pay: probe other shards, then refuse honestly.
@@ -226,6 +235,7 @@ pub fn route_fast_failure(
     );
     match (failure, old) {
         (FastFailure::Disabled, _) => FastRoute::Disabled,
+        (FastFailure::StampMismatch, _) => FastRoute::Reshape,
         (FastFailure::Missing, _) => FastRoute::Slow { with_image: false },
         (_, None) => FastRoute::Slow { with_image: false },
         (FastFailure::WcuExhausted | FastFailure::Both, Some(img)) => {
@@ -258,13 +268,16 @@ pub fn route_fast_failure(
 
 /// Rule `would_refill_satisfy`: project every named limit from the image at `now` (refill,
 /// calendar edge, ended window, pending roll — the same [`evaluate`] the slow path runs)
-/// and say whether each covers its amount.
+/// and say whether each covers its amount. A bypassed item (ADR-151) always satisfies.
 pub fn would_refill_satisfy(
     img: &BucketImage,
     limits: &[Limit],
     amounts: &Amounts,
     now_ms: i64,
 ) -> bool {
+    if img.bypass {
+        return true;
+    }
     amounts.iter().all(|(n, a)| {
         let Some(l) = limits.iter().find(|l| l.name() == n) else {
             return false;
@@ -507,7 +520,9 @@ pub fn set_pin(limit: &str, read_tk: i64) -> Condition {
 /// window or grant stamp.
 pub fn retry_write(amounts: &Amounts, limits: &[Limit], now_ms: i64) -> (Update, Condition) {
     let mut u = Update::new();
-    let mut c = Condition::exists("PK").and(trusted(limits, amounts, now_ms));
+    let mut c = Condition::exists("PK")
+        .and(crate::bypass::stamp(false))
+        .and(trusted(limits, amounts, now_ms));
     for (n, a) in amounts {
         if *a != 0 {
             u = u.add(battr(n, "tk"), -a).add(battr(n, "tc"), *a);
@@ -830,6 +845,7 @@ mod route_tests {
                 ..LimitState::default()
             }),
             disabled: false,
+            bypass: false,
             op: None,
         }
     }

@@ -83,6 +83,12 @@ fn table() -> Vec<(RouteInfo, Handler)> {
             post(top_up_bucket),
         ),
         r("PUT", "/v1/entities/{id}/parent", ADMIN, put(move_entity)),
+        r(
+            "PUT",
+            "/v1/entities/{id}/enforcement",
+            ADMIN,
+            put(set_enforcement),
+        ),
         r("GET", "/v1/limits/system", ADMIN, get(get_system)),
         r("PUT", "/v1/limits/system", ADMIN, put(put_system)),
         r("DELETE", "/v1/limits/system", ADMIN, delete(delete_system)),
@@ -883,6 +889,39 @@ async fn top_up_bucket(
         .await?;
     tracing::info!(target: "tollgate::admin", principal = %who.name, entity = %id, resource = %b.resource, op = %out.op, shards = out.shards, already_applied = out.already_applied, "bucket topped up");
     Ok(Json(out).into_response())
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct EnforcementBody {
+    resource: String,
+    /// `enforce`, `disabled` or `bypass` (ADR-151).
+    mode: tollgate::Enforcement,
+}
+
+/// `PUT /v1/entities/{id}/enforcement` (ADR-151): put the entity's use of `resource` in
+/// `mode` — `enforce`, `disabled` (every acquire `403 resource_disabled`) or `bypass`
+/// (every acquire admitted and recorded, no balance debited) — on every shard, in one
+/// transaction with its audit record.
+async fn set_enforcement(
+    State(app): St,
+    Extension(who): Extension<Principal>,
+    PathParams(id): PathParams<String>,
+    JsonBody(b): JsonBody<EnforcementBody>,
+) -> ApiResult<Response> {
+    let shards = app
+        .limiter
+        .acting_as(&who.name)?
+        .set_enforcement(&id, &b.resource, b.mode)
+        .await?;
+    tracing::info!(target: "tollgate::admin", principal = %who.name, entity = %id, resource = %b.resource, mode = %b.mode, shards, "enforcement set");
+    Ok(Json(serde_json::json!({
+        "entity": id,
+        "resource": b.resource,
+        "mode": b.mode,
+        "shards": shards,
+    }))
+    .into_response())
 }
 
 #[derive(Debug, Deserialize)]

@@ -198,6 +198,17 @@ fn cases() -> Vec<Case> {
             None,
         ),
         c(
+            ("PUT", "/v1/entities/{id}/enforcement"),
+            "/v1/entities/u1/enforcement",
+            Some(json!({ "resource": "openai/gpt-4", "mode": "bypass" })),
+            "resource.enforcement",
+            "entity",
+            Some("u1"),
+            Some("openai/gpt-4"),
+            None,
+            None,
+        ),
+        c(
             (
                 "DELETE",
                 "/v1/limits/entities/{entity}/resources/{*resource}",
@@ -410,6 +421,10 @@ async fn walk(store: Arc<dyn Store>) {
                 assert_eq!(r["before"]["items"], 2, "{what}");
                 assert_eq!(r["after"], Value::Null, "{what}");
             }
+            "resource.enforcement" => {
+                assert_eq!(r["before"]["enforcement"], "enforce", "{what}");
+                assert_eq!(r["after"]["enforcement"], "bypass", "{what}");
+            }
             "limits.delete" => assert_eq!(r["after"], Value::Null, "{what}"),
             _ => {}
         }
@@ -459,6 +474,7 @@ async fn walk(store: Arc<dyn Store>) {
             "entity.delete",
             "limits.delete",
             "limits.delete",
+            "resource.enforcement",
             "bucket.reset",
             "entity.move",
             "bucket.top_up",
@@ -468,7 +484,7 @@ async fn walk(store: Arc<dyn Store>) {
         ]
     );
     let gpt = records(&app, Some(ADMIN), "?resource=openai/gpt-4").await;
-    assert_eq!(gpt.len(), 6);
+    assert_eq!(gpt.len(), 7);
     let (s, p1) = call(&app, "GET", "/v1/audit?limit=6", Some(ADMIN), None).await;
     assert_eq!(s, StatusCode::OK);
     assert_eq!(p1["records"].as_array().map(Vec::len), Some(6));
@@ -492,14 +508,14 @@ async fn walk(store: Arc<dyn Store>) {
         None,
     )
     .await;
-    assert_eq!(p3["records"].as_array().map(Vec::len), Some(3));
+    assert_eq!(p3["records"].as_array().map(Vec::len), Some(4));
     assert_eq!(p3["next_cursor"], Value::Null);
     let ids: BTreeSet<String> = [&p1, &p2, &p3]
         .iter()
         .flat_map(|p| p["records"].as_array().cloned().unwrap_or_default())
         .filter_map(|r| r["id"].as_str().map(str::to_string))
         .collect();
-    assert_eq!(ids.len(), 15, "pages do not overlap");
+    assert_eq!(ids.len(), 16, "pages do not overlap");
 
     // Bad queries, roles.
     for (q, code) in [

@@ -49,6 +49,11 @@
 //!   amount"; its consumption is still checked by `consumed-once` and `tc-total` (recorded
 //!   exactly, conserved when enforcement resumes), and every enforced limit of the same
 //!   requests keeps every check.
+//! - Bypass (ADR-151): a write that leaves the item stamped `bypass` recorded its
+//!   consumption without debiting; it is no admission for the allowance checks (but counts
+//!   for `consumed-once` and `tc-total`). A bypass-shaped write that lands on an item without
+//!   the stamp is an admission like any other — so a client that still believes the scope
+//!   bypassed cannot admit for free once enforcement resumed (mutant `BypassStamp`).
 //! - `honest-answer`: a refusal names at least one exceeded limit; an exceeded limit reports
 //!   less available than requested, no retry-after exactly when the request is larger than
 //!   the capacity, and a limit reported as not exceeded fits; an admission reports no limit
@@ -224,6 +229,25 @@ pub struct TcEvent {
     pub step: u64,
     /// The write's response was lost (the caller saw `Ambiguous`).
     pub lost: bool,
+    /// The item after the write carries the `bypass` stamp (ADR-151): the consumption was
+    /// recorded, not debited, and is exempt from the allowance checks.
+    pub bypassed: bool,
+}
+
+/// ADR-151: whether a write that moved `limit`'s `tc` by `delta` recorded it without
+/// debiting: consumption landing on an item stamped `bypass` (no enforced debit can land
+/// there), or a refund that left the balance where it was on a stamped item (a bypassed
+/// lease's; an enforced lease's refund credits its balance and counts).
+fn recorded_only(before: Option<&Item>, after: &Item, limit: &str, delta: i64) -> bool {
+    let stamped = |i: &Item| i.contains_key("bypass");
+    if !stamped(after) {
+        return false;
+    }
+    if delta > 0 {
+        return before.is_none_or(stamped);
+    }
+    let tk = |i: &Item| n(i, &format!("b_{limit}_tk"));
+    before.is_some_and(|b| tk(b) == tk(after))
 }
 
 /// A bucket item came into being.
@@ -449,6 +473,7 @@ impl Ledger {
                     t,
                     step,
                     lost,
+                    bypassed: recorded_only(before, a, &l, tc_a - tc_b),
                 });
             }
         }
@@ -670,6 +695,34 @@ impl Ledger {
         }
     }
 
+    /// ADR-151: a lease whose acquire landed on a bypassed item finishes bypassed — its
+    /// adjustments and rollback record `tc` only, wherever the stamp is by then: mark them.
+    fn mark_bypassed_leases(&mut self) {
+        let leases: std::collections::BTreeSet<usize> = self
+            .tc
+            .iter()
+            .filter(|e| e.bypassed)
+            .filter_map(|e| e.op)
+            .filter(|o| {
+                matches!(
+                    self.ops.get(*o).map(|r| &r.kind),
+                    Some(OpKind::Acquire { .. })
+                )
+            })
+            .collect();
+        for e in &mut self.tc {
+            let of = match e.op.and_then(|o| self.ops.get(o)).map(|r| &r.kind) {
+                Some(OpKind::Commit { lease_of, .. } | OpKind::Rollback { lease_of, .. }) => {
+                    Some(*lease_of)
+                }
+                _ => None,
+            };
+            if of.is_some_and(|l| leases.contains(&l)) {
+                e.bypassed = true;
+            }
+        }
+    }
+
     fn violate(&mut self, invariant: &'static str, detail: String) {
         self.violations.push(Violation { invariant, detail });
     }
@@ -677,6 +730,7 @@ impl Ledger {
     /// Run every end-of-run check. `limits` per resource; `items` = every stored item;
     /// `skew` = the clock-skew bound (ms).
     pub fn finish(&mut self, limits: &BTreeMap<String, Vec<Limit>>, items: &[Item], skew: i64) {
+        self.mark_bypassed_leases();
         self.soft = limits
             .values()
             .flatten()
@@ -871,6 +925,11 @@ impl Ledger {
             let Some(rec) = self.ops.get(op) else {
                 continue;
             };
+            // ADR-151: what a bypassed item recorded took nothing from its balance (its
+            // refunds give nothing back): no admission against the allowance.
+            if e.bypassed {
+                continue;
+            }
             // A write whose response was lost still applied: its debit was admitted (the
             // tokens are gone) and its refund was credited, whatever the caller was told. So
             // was the applied side of a failed cascade commit or rollback (its refund is back
@@ -1166,10 +1225,11 @@ impl Ledger {
         let cap = i128::from(l.capacity_milli());
         let full_ms = i128::from(l.capacity_milli()) * i128::from(rp) / i128::from(ra.max(1));
         let mut by_entity: BTreeMap<&str, Vec<&TcEvent>> = BTreeMap::new();
+        // ADR-151: what a bypassed item recorded was not debited (see the module docs).
         for e in self
             .tc
             .iter()
-            .filter(|e| e.resource == res && e.limit == l.name())
+            .filter(|e| e.resource == res && e.limit == l.name() && !e.bypassed)
         {
             by_entity.entry(e.entity.as_str()).or_default().push(e);
         }

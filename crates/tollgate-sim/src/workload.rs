@@ -91,6 +91,9 @@ pub struct Spec {
     /// Probability, before each acquire, that the client switches the soft limits of
     /// `limits` (the ones stored soft at the start) to soft or enforced (ADR-151).
     pub soft_switch_p: f64,
+    /// Probability, before each acquire, that the client sets the entity's use of the
+    /// resource to bypass or back to enforce (ADR-151).
+    pub bypass_switch_p: f64,
     /// Operator actions (ADR-149 resets and top-ups) racing the clients; 0: no operator.
     pub operator_actions: usize,
 }
@@ -133,6 +136,7 @@ pub fn build(name: &'static str, rng: &mut SmallRng, clients: Option<usize>) -> 
         over_refund_p: 0.0,
         also: None,
         soft_switch_p: 0.0,
+        bypass_switch_p: 0.0,
         operator_actions: 0,
     };
     let window = |rng: &mut SmallRng, cap: i64| -> (Limit, i64) {
@@ -285,6 +289,8 @@ pub fn build(name: &'static str, rng: &mut SmallRng, clients: Option<usize>) -> 
             ];
             s.tok_max = rng.gen_range(1..=3);
             s.soft_switch_p = *[0.03, 0.1, 0.25].choose(rng).unwrap_or(&0.1);
+            // ADR-151 bypass: the entity is bypassed and enforced again while it runs.
+            s.bypass_switch_p = *[0.05, 0.1, 0.2].choose(rng).unwrap_or(&0.1);
             s.lease_p = 0.4;
             s.knobs.max_step_ms = *[100, 500, 2000].choose(rng).unwrap_or(&500);
             s.ops_per_client = rng.gen_range(20..=40);
@@ -532,6 +538,9 @@ pub async fn client(
         if spec.soft_switch_p > 0.0 && rng.gen_bool(spec.soft_switch_p) {
             switch_soft(&sh, id, &lim, &spec, &mut rng).await;
         }
+        if spec.bypass_switch_p > 0.0 && rng.gen_bool(spec.bypass_switch_p) {
+            switch_bypass(&sh, id, &lim, &spec, &ent, &mut rng).await;
+        }
         if let Some((also, also_limits)) = &spec.also {
             let a = amounts(&spec, &mut rng);
             let b = amounts_of(&spec, also_limits, &mut rng);
@@ -617,6 +626,33 @@ async fn switch_soft(sh: &Arc<Shared>, id: usize, lim: &Limiter, spec: &Spec, rn
             spec.resource,
             if soft { "soft" } else { "enforced" },
             r.as_ref().map_or_else(err_text, |_| "ok".into())
+        ));
+    }
+}
+
+/// ADR-151: set `ent`'s use of the resource to bypass or back to enforce (an
+/// administrative write, outside any ledger operation; other clients learn the stamp from
+/// their next write on the item).
+async fn switch_bypass(
+    sh: &Arc<Shared>,
+    id: usize,
+    lim: &Limiter,
+    spec: &Spec,
+    ent: &str,
+    rng: &mut SmallRng,
+) {
+    let mode = if rng.gen_bool(0.5) {
+        tollgate::Enforcement::Bypass
+    } else {
+        tollgate::Enforcement::Enforce
+    };
+    let r = lim.set_enforcement(ent, &spec.resource, mode).await;
+    if let Some(t) = sh.lock().trace.as_mut() {
+        t.push(format!(
+            "c{id}: {ent}/{} set to {mode} ({})",
+            spec.resource,
+            r.as_ref()
+                .map_or_else(err_text, |n| format!("{n} shard(s)"))
         ));
     }
 }

@@ -175,6 +175,21 @@ fn soft_scope_is_needed() {
 }
 
 #[test]
+fn bypass_stamp_is_needed() {
+    // ADR-151: without the `bypass` stamp condition, a client whose last image said
+    // "bypassed" writes `tc` only on an item whose bypass was lifted, and `tok` admits
+    // without debiting (the soft workload, which switches bypass on and off, finds it at once;
+    // `--seeds 2000 --workload soft --mutant BypassStamp`: 115 violations; over every
+    // workload, `--seeds 2000 --mutant BypassStamp`: 12).
+    caught(
+        Mutant::BypassStamp,
+        Some("soft"),
+        2000,
+        &["rate-allowance", "rate-envelope"],
+    );
+}
+
+#[test]
 fn op_once_is_needed() {
     // ADR-149: an operator's top-up whose response was lost is retried; without the check
     // that reads its id back, the retry lands a second time and the clients spend the

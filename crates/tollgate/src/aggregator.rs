@@ -104,6 +104,7 @@ fn request(entity: &str, resource: &str, limits: Vec<Limit>, ph: &str) -> Result
         // The aggregator never stamps the cascade policy (ADR-146): its writes do not carry
         // `cascade`, so an item keeps what its last client write stamped.
         cascade: false,
+        bypass: false,
     })
 }
 

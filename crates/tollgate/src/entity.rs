@@ -137,6 +137,7 @@ impl Inner {
                         held: takes.into_iter().collect(),
                         pins,
                         image: None,
+                        bypassed: false,
                     });
                 }
                 let s_now = self.shards.get(&req.entity, &req.resource).unwrap_or(s);

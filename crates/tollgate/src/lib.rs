@@ -92,6 +92,7 @@ pub use limiter::{
 pub use namespace::{Namespace, NamespaceStatus};
 pub use reparent::Moved;
 pub use shards::should_double;
+pub use tollgate_core::bypass::Enforcement;
 pub use tollgate_core::merge::{Merge, MergeSpec, PatchSpec};
 pub use tollgate_core::usage::{Snapshot, Window};
 pub use tollgate_core::{Limit, LimitSpec, LimitStatus};

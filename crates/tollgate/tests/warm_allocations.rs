@@ -138,11 +138,14 @@ fn warm_acquire_allocation_count_is_bounded() {
     // Raised by 5 when the change feed landed: every bucket write also carries the usage
     // counters `rq` (ADD 1) and `wt` (the write's time), two more attribute names in the
     // write and two more attributes in each copy of the item (107/167/100/149 before).
-    assert!(slow_1 <= 112, "1 limit, 1 ms apart: {slow_1} allocations");
-    assert!(slow_3 <= 172, "3 limits, 1 ms apart: {slow_3} allocations");
-    assert!(fast_1 <= 105, "1 limit, same instant: {fast_1} allocations");
+    // Raised by up to 2 with ADR-151's bypass: every balance write carries the stamp term
+    // `attribute_not_exists(bypass)` (its attribute name and condition node;
+    // 112/172/105/154 before).
+    assert!(slow_1 <= 114, "1 limit, 1 ms apart: {slow_1} allocations");
+    assert!(slow_3 <= 174, "3 limits, 1 ms apart: {slow_3} allocations");
+    assert!(fast_1 <= 107, "1 limit, same instant: {fast_1} allocations");
     assert!(
-        fast_3 <= 154,
+        fast_3 <= 155,
         "3 limits, same instant: {fast_3} allocations"
     );
 }

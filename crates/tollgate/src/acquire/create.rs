@@ -16,15 +16,26 @@ impl Inner {
         known: &mut Option<Arc<BucketImage>>,
     ) -> Pass<Lease> {
         let cached = self.shards.get(&req.entity, &req.resource).unwrap_or(1);
+        let shaped;
+        let mut req = req;
         if shard != 0 {
-            // A disabled entity stays disabled on the shards it grows.
+            // A disabled entity stays disabled on the shards it grows, a bypassed one
+            // bypassed (ADR-151: shard 0's stamp decides).
             let k0 = self.bucket_key(req, 0);
             if let Some(i) = self.store.get(&k0, true).await? {
-                if BucketImage::decode(&i)?.disabled {
+                let s0 = BucketImage::decode(&i)?;
+                if s0.disabled {
                     return Err(Flow::Fail(Error::ResourceDisabled {
                         entity: req.entity.to_string(),
                         resource: req.resource.to_string(),
                     }));
+                }
+                if s0.bypass != req.bypass {
+                    shaped = Request {
+                        bypass: s0.bypass,
+                        ..req.clone()
+                    };
+                    req = &shaped;
                 }
             }
         }
@@ -51,7 +62,14 @@ impl Inner {
         let evals: Vec<Evaluated> = req
             .limits
             .iter()
-            .map(|l| evaluate(l, None, now, s, now, plan.seed(l.name())))
+            .map(|l| {
+                let e = evaluate(l, None, now, s, now, plan.seed(l.name()));
+                if req.bypass {
+                    tollgate_core::bypass::hold(e, None, now)
+                } else {
+                    e
+                }
+            })
             .collect();
         let refusal = self.refuse(req, &evals, s, now);
         if let (Some(x), true) = (&refusal, plan.moves.is_empty() && plan.splits.is_empty()) {
@@ -71,7 +89,11 @@ impl Inner {
         let rf = next_rf(now, None, &evals);
         let stamp = ItemStamp {
             rf,
-            vu: valid_until(&req.limits, &evals, now),
+            vu: if req.bypass {
+                Some(tollgate_core::bypass::VALID_UNTIL)
+            } else {
+                valid_until(&req.limits, &evals, now)
+            },
             ttl: req.ttl,
             ph: &req.ph,
         };
@@ -83,7 +105,16 @@ impl Inner {
             shard_count: s,
         };
         let mut item = create_item(&id, &stamp, &req.limits, &evals, &amounts);
-        tollgate_core::usage::stamp_created(&mut item, refusal.is_none(), now);
+        if req.bypass {
+            tollgate_core::bypass::stamp_created(&mut item, &evals);
+        }
+        // An item created with nothing asked (a split's intermediate level, a bypassed
+        // scope's first shard) counts no request.
+        tollgate_core::usage::stamp_created(
+            &mut item,
+            refusal.is_none() && !(req.bypass && req.amounts.is_empty()),
+            now,
+        );
         // ADR-146: the effective cascade policy is stamped on every item the slow path writes.
         item.insert(attr::CASCADE.into(), req.cascade.into());
         let put = PutRequest {

@@ -15,6 +15,14 @@ pub(super) enum FastOnce {
 }
 
 impl Inner {
+    /// ADR-151: whether the next write on `shard` is shaped for bypass — the stamp on the
+    /// image this process last saw there, enforced when it saw none.
+    pub(crate) fn guess_bypass(&self, req: &Request, shard: u32) -> bool {
+        self.images
+            .get(&req.entity, &req.resource, shard)
+            .map_or(req.bypass, |img| img.bypass)
+    }
+
     /// The speculative write on one shard, then probes and doubling as §4.3 says.
     pub(super) async fn fast(
         self: &Arc<Self>,
@@ -26,10 +34,23 @@ impl Inner {
         let mut tried = vec![shard];
         let mut images: Vec<BucketImage> = Vec::new();
         let mut cur = shard;
+        let mut reshaped = false;
         loop {
             // Each speculative write carries a fresh clock reading: its trust check is only
             // as good as the `now` it compares.
             let now = self.clock.now_ms();
+            // ADR-151: shaped by the stamp this process last saw on the shard.
+            let guess = self.guess_bypass(req, cur);
+            let shaped;
+            let req = if guess == req.bypass {
+                req
+            } else {
+                shaped = Request {
+                    bypass: guess,
+                    ..req.clone()
+                };
+                &shaped
+            };
             let (failure, img) = match self.fast_once(req, cur, now).await? {
                 FastOnce::Admitted(lease) => return Ok(Fast::Granted(Box::new(lease))),
                 FastOnce::Throttled => {
@@ -52,6 +73,17 @@ impl Inner {
                 FastRoute::Slow { with_image } => {
                     return Ok(Fast::Slow(cur, img.filter(|_| with_image).map(Arc::new)))
                 }
+                FastRoute::Reshape
+                    if !reshaped
+                        && !img
+                            .as_ref()
+                            .is_some_and(|i| needs_materialising(i, req, now)) =>
+                {
+                    // The item's stamp (now cached) decides the shape of the second write.
+                    reshaped = true;
+                    continue;
+                }
+                FastRoute::Reshape => return Ok(Fast::Slow(cur, img.map(Arc::new))),
                 FastRoute::Double => {
                     let img = img.ok_or_else(|| Error::Corrupt("no image".into()))?;
                     let new_s = self.bump(req, img.shard_count.max(s)).await?;
@@ -117,7 +149,11 @@ impl Inner {
         now: i64,
     ) -> Result<FastOnce> {
         let key = self.bucket_key(req, shard);
-        let (update, condition) = fast_write(&req.amounts, &req.limits, &req.ph, now);
+        let (update, condition) = if req.bypass {
+            tollgate_core::bypass::fast_write(&req.amounts, &req.ph, now)
+        } else {
+            fast_write(&req.amounts, &req.limits, &req.ph, now)
+        };
         let r = self
             .store
             .update(UpdateRequest {
@@ -157,8 +193,12 @@ impl Inner {
                     }
                     None => self.images.forget(&req.entity, &req.resource, shard),
                 }
-                let f =
-                    classify_fast_failure(img.as_ref(), &req.amounts, &req.limits, &req.ph, now);
+                let f = match &img {
+                    Some(i) if req.bypass => tollgate_core::bypass::classify(i, &req.ph, now),
+                    _ => {
+                        classify_fast_failure(img.as_ref(), &req.amounts, &req.limits, &req.ph, now)
+                    }
+                };
                 Ok(FastOnce::Refused(f, img))
             }
             Err(StoreError::Throttled(_)) => Ok(FastOnce::Throttled),

@@ -64,6 +64,10 @@ pub(crate) struct Request {
     /// The effective cascade policy, stamped on the items the slow path writes (ADR-146);
     /// `request` leaves it off, the caller sets it from the resolved config.
     pub cascade: bool,
+    /// ADR-151: the shape the next write is made in — bypassed (`tc` and `wcu` only) or
+    /// enforced. A guess from the image this process last saw until a write or read shows
+    /// the item's `bypass` stamp, which then decides (see `tollgate_core::bypass`).
+    pub bypass: bool,
 }
 
 /// Validate names and amounts (tokens → millitokens): negative, huge or duplicate amounts
@@ -118,6 +122,10 @@ enum Fast {
 /// (its trust horizon passed, its parameters or limits changed, its TTL passed): then the
 /// slow path plans from `img` at once instead of spending a write to learn it.
 fn needs_materialising(img: &BucketImage, req: &Request, now: i64) -> bool {
+    if img.bypass {
+        // A bypassed item is written `tc`-only, trusted or not (ADR-151).
+        return img.ph.as_deref() != Some(&*req.ph) || img.ttl.is_some_and(|t| t <= now / 1000);
+    }
     !image_trusted(img, &req.limits, &req.amounts, now)
         || img.ph.as_deref() != Some(&*req.ph)
         || img.ttl.is_some_and(|t| t <= now / 1000)
@@ -277,6 +285,7 @@ impl Inner {
             limits,
             ttl,
             cascade: false,
+            bypass: false,
         })
     }
 

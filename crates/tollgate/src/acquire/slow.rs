@@ -104,6 +104,17 @@ impl Inner {
                 resource: req.resource.to_string(),
             }));
         }
+        // ADR-151: the item's stamp decides the pass's shape (the request only guessed).
+        let shaped;
+        let req = if img.bypass != req.bypass {
+            shaped = Request {
+                bypass: img.bypass,
+                ..req.clone()
+            };
+            &shaped
+        } else {
+            req
+        };
         let img_rf = img.rf;
         let cached = self.shards.get(&req.entity, &req.resource).unwrap_or(1);
         let missing: Vec<&Limit> = req
@@ -137,7 +148,12 @@ impl Inner {
                 .iter()
                 .map(|l| {
                     let st = img.limits.get(l.name());
-                    evaluate(l, st, img.rf, s, now, plan.seed(l.name()))
+                    let e = evaluate(l, st, img.rf, s, now, plan.seed(l.name()));
+                    if req.bypass {
+                        tollgate_core::bypass::hold(e, st, img.rf)
+                    } else {
+                        e
+                    }
                 })
                 .collect()
         };
@@ -177,8 +193,17 @@ impl Inner {
         } else {
             req.amounts.clone()
         };
+        let tc_only = if req.bypass {
+            tollgate_core::bypass::tc_only(&amounts)
+        } else {
+            Vec::new()
+        };
+        let charging = Charging {
+            debt: false,
+            tc_only: &tc_only,
+        };
         let (mut write, rf_written) =
-            self.materialising_write(req, key, &img, &evals, &amounts, Charging::default(), now);
+            self.materialising_write(req, key, &img, &evals, &amounts, charging, now);
         if refusal.is_none() {
             write.update = tollgate_core::usage::count_request(write.update);
         }
@@ -233,7 +258,11 @@ impl Inner {
         let rf = next_rf(now, Some(img.rf), evals);
         let stamp = ItemStamp {
             rf,
-            vu: valid_until(&req.limits, evals, now),
+            vu: if req.bypass {
+                Some(tollgate_core::bypass::VALID_UNTIL)
+            } else {
+                valid_until(&req.limits, evals, now)
+            },
             ttl: req.ttl,
             ph: &req.ph,
         };
@@ -244,7 +273,11 @@ impl Inner {
             UpdateRequest {
                 key: key.clone(),
                 update: update.set(attr::CASCADE, req.cascade),
-                condition: Some(condition.and(Condition::not_exists(attr::DISABLED))),
+                condition: Some(
+                    condition
+                        .and(Condition::not_exists(attr::DISABLED))
+                        .and(tollgate_core::bypass::stamp(img.bypass)),
+                ),
                 returns: ReturnValues::AllNew,
             },
             rf,
@@ -305,6 +338,12 @@ impl Inner {
         let old = Arc::new(old);
         self.images
             .put(&req.entity, &req.resource, shard, Arc::clone(&old));
+        if old.bypass || req.bypass {
+            // ADR-151: a bypassed item (or one no longer bypassed) is planned again in the
+            // shape its stamp says.
+            *known = Some(old);
+            return Err(Flow::Reread);
+        }
         // The lock is still ours (rf unchanged) but a pinned balance moved: re-plan rather
         // than spend the pre-reset balance.
         let lock_held = old.rf == read_rf;
@@ -381,7 +420,7 @@ impl Inner {
                         resource: req.resource.to_string(),
                     });
                 }
-                if needs_materialising(&img, req, now) {
+                if img.bypass || needs_materialising(&img, req, now) {
                     return Ok(Err(Some(img)));
                 }
                 if s > 1 {

@@ -58,7 +58,11 @@ impl Inner {
             if let Some((_, a)) = req.amounts.iter().find(|(n, _)| n == l.name()) {
                 // The write landed: a window this pass opened is in force now.
                 let after = Evaluated {
-                    balance: if debited { e.balance } else { e.balance - a },
+                    balance: if debited || req.bypass {
+                        e.balance
+                    } else {
+                        e.balance - a
+                    },
                     opened: false,
                     ..e.clone()
                 };
@@ -76,6 +80,7 @@ impl Inner {
             held: req.amounts.iter().cloned().collect(),
             pins,
             image: after,
+            bypassed: req.bypass,
         };
         Lease::granted(self.clone(), req, vec![part], statuses)
     }
@@ -91,6 +96,10 @@ impl Inner {
         s: i64,
         now: i64,
     ) -> Option<Box<Exceeded>> {
+        if req.bypass || images.iter().flatten().any(|i| i.bypass) {
+            // ADR-151: nothing refuses on a bypassed item (the caller writes it instead).
+            return None;
+        }
         let statuses = self.statuses(req, images, s, now, Some(&req.amounts));
         statuses
             .iter()
@@ -161,6 +170,10 @@ impl Inner {
         s: i64,
         now: i64,
     ) -> Option<Box<Exceeded>> {
+        if req.bypass {
+            // ADR-151: a bypassed scope admits every request.
+            return None;
+        }
         let short = req.limits.iter().zip(evals).any(|(l, e)| {
             req.amounts.iter().any(|(n, a)| {
                 n == l.name() && tollgate_core::soft::short(&req.limits, n, e.balance, *a)

@@ -228,6 +228,7 @@ impl Lease {
                         held: BTreeMap::new(),
                         pins: BTreeMap::new(),
                         image: None,
+                        bypassed: false,
                     });
                     self.parts.len() - 1
                 }

@@ -59,6 +59,9 @@ pub(super) struct PartDoc {
     pub(super) held: BTreeMap<String, i64>,
     pub(super) pins: BTreeMap<String, Condition>,
     pub(super) image: Option<ImageDoc>,
+    /// ADR-151: debited while bypassed (its adjustments are recorded in `tc` only).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub(super) bypassed: bool,
 }
 
 /// A [`BucketImage`], compact: absent attributes are left out (a token travels in a URL
@@ -78,6 +81,8 @@ pub(super) struct ImageDoc {
     pub(super) w: Option<StateDoc>,
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub(super) d: bool,
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub(super) bp: bool,
 }
 
 /// A [`LimitState`], compact (names as in the item, `b_{limit}_{name}`).
@@ -218,6 +223,7 @@ impl From<&BucketImage> for ImageDoc {
             limits,
             wcu,
             disabled,
+            bypass,
             op: _,
         } = i;
         ImageDoc {
@@ -229,6 +235,7 @@ impl From<&BucketImage> for ImageDoc {
             l: limits.iter().map(|(n, s)| (n.clone(), s.into())).collect(),
             w: wcu.as_ref().map(StateDoc::from),
             d: *disabled,
+            bp: *bypass,
         }
     }
 }
@@ -245,6 +252,7 @@ impl ImageDoc {
             limits: self.l.into_iter().map(|(n, s)| (n, s.into())).collect(),
             wcu: self.w.map(LimitState::from),
             disabled: self.d,
+            bypass: self.bp,
             op: None,
         }
     }
@@ -283,6 +291,7 @@ pub(super) fn doc_of(inner: &Inner, l: &Lease) -> Doc {
                 held: p.held.clone(),
                 pins: p.pins.clone(),
                 image: p.image.as_deref().map(ImageDoc::from),
+                bypassed: p.bypassed,
             })
             .collect(),
         pending: l.pending.clone(),
@@ -320,6 +329,7 @@ pub(super) fn lease_of(inner: &Arc<Inner>, d: Doc, depth: u32) -> Result<Lease> 
                 ph: r.ph.into(),
                 ttl: r.ttl.map_or(TtlWrite::Remove, TtlWrite::Set),
                 cascade: r.cascade,
+                bypass: d.parts.iter().any(|p| p.bypassed),
             })
         }
     };
@@ -352,6 +362,7 @@ pub(super) fn lease_of(inner: &Arc<Inner>, d: Doc, depth: u32) -> Result<Lease> 
                 key: p.key,
                 held: p.held,
                 pins: p.pins,
+                bypassed: p.bypassed,
             })
             .collect(),
         pending: d.pending,

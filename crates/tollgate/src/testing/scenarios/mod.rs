@@ -4,6 +4,7 @@
 pub mod aggregator;
 pub mod audit;
 pub mod basics;
+pub mod bypass;
 pub mod cascade;
 pub mod exactness;
 pub mod gaps;
@@ -173,6 +174,10 @@ macro_rules! scenario_tests {
             soft::soft_limit_leaves_its_siblings_enforced,
             soft::enforcing_a_soft_limit_keeps_its_debt,
             soft::s110_soft_quota_reset_forgives_debt,
+            bypass::s108_bypass_records_without_debiting,
+            bypass::s109_bypass_opens_no_window,
+            bypass::s111_a_bypass_write_needs_the_stamp,
+            bypass::bypass_reaches_new_shards_and_is_audited,
             operator::s96_reset_two_shards,
             operator::s97_retry_lands_once,
             operator::s98_top_up_splits_by_grant,

@@ -315,6 +315,7 @@ pub async fn s64_fast_path_projection(_b: &Backend) {
         limits: Default::default(),
         wcu: None,
         disabled: false,
+        bypass: false,
         op: None,
     };
     let st = LimitState {
