@@ -188,11 +188,11 @@ impl Lease {
                     })
                 });
             if in_debt && seen_s <= 1 {
-                // One shard: the refund repays its own debt.
+                // One shard: the refund repays its own debt. The same failure may also
+                // show the item moved on (its trust horizon, an ended period): that is
+                // read below too, or the retry would meet the same condition again.
                 debt_ok = true;
-                continue;
-            }
-            if in_debt {
+            } else if in_debt {
                 let ride: Vec<crate::entity::RideAlong<'_>> = ones
                     .iter()
                     .map(|o| crate::entity::RideAlong {
