@@ -256,11 +256,16 @@ pub async fn usage(cmd: UsageCmd, json: bool) -> Result<(), Failure> {
                 println!("no usage recorded");
             }
             for s in &snaps {
-                let limits: Vec<String> = s
+                let mut limits: Vec<String> = s
                     .milli
                     .iter()
                     .map(|(l, m)| format!("{l}={}", tokens(*m)))
                     .collect();
+                limits.extend(
+                    s.overdraw
+                        .iter()
+                        .map(|(l, m)| format!("overdraw.{l}={}", tokens(*m))),
+                );
                 println!(
                     "{}  {} {}  {} / {}  requests={}  {}",
                     tollgate_core::usage::iso_utc(s.start_ms),
@@ -277,10 +282,14 @@ pub async fn usage(cmd: UsageCmd, json: bool) -> Result<(), Failure> {
         UsageCmd::Summary { q, plot, limit } => {
             let snaps = fetch(&q).await?;
             let mut totals: BTreeMap<String, i64> = BTreeMap::new();
+            let mut overdraw: BTreeMap<String, i64> = BTreeMap::new();
             let mut requests = 0;
             for s in &snaps {
                 for (l, m) in &s.milli {
                     *totals.entry(l.clone()).or_default() += m;
+                }
+                for (l, m) in &s.overdraw {
+                    *overdraw.entry(l.clone()).or_default() += m;
                 }
                 requests += s.requests;
             }
@@ -303,6 +312,7 @@ pub async fn usage(cmd: UsageCmd, json: bool) -> Result<(), Failure> {
                     "windows": snaps.len(),
                     "requests": requests,
                     "consumed_milli": totals,
+                    "overdraw_milli": overdraw,
                     "chart": chart,
                 }));
                 return Ok(());
@@ -314,7 +324,10 @@ pub async fn usage(cmd: UsageCmd, json: bool) -> Result<(), Failure> {
                 requests
             );
             for (l, m) in &totals {
-                println!("  {l}: {}", tokens(*m));
+                match overdraw.get(l) {
+                    Some(od) => println!("  {l}: {} (overdraw {})", tokens(*m), tokens(*od)),
+                    None => println!("  {l}: {}", tokens(*m)),
+                }
             }
             if let Some(c) = chart {
                 print!("{c}");
@@ -337,6 +350,7 @@ mod tests {
             window: Window::Hourly,
             start_ms,
             milli: [("tpm".to_string(), tpm)].into(),
+            overdraw: BTreeMap::new(),
             requests,
         }
     }

@@ -16,7 +16,7 @@ use std::collections::BTreeMap;
 use crate::bucket::attr as bucket_attr;
 use crate::expr::Update;
 use crate::ids::WCU;
-use crate::keys::STATE;
+use crate::keys::{battr, STATE};
 use crate::value::{Item, Key, Value};
 
 /// Item attributes of usage accounting on a bucket item.
@@ -171,6 +171,9 @@ pub struct UsageDelta {
     pub at_ms: i64,
     /// Net consumption per limit, millitokens (zero deltas left out; never `wcu`).
     pub milli: BTreeMap<String, i64>,
+    /// Overdraw per limit, millitokens: the part of the write's consumption that drove the
+    /// shard's balance below zero ([`overdraw_of`]; zeros left out).
+    pub overdraw: BTreeMap<String, i64>,
     /// Admitted acquires.
     pub requests: i64,
 }
@@ -188,6 +191,37 @@ fn num(i: Option<&Item>, name: &str) -> i64 {
         .unwrap_or(0)
 }
 
+/// Rule "overdraw is consumption below zero" (ADR-151's `{limit}#od`): of what one applied
+/// write consumed of a limit (`consumed`, its `tc` delta, milli), the part that took the
+/// shard's balance below zero — `clamp(−new tk, 0, consumed)`. A write debits after it
+/// refills or resets, so the consumption is the last move of the balance, ending at the
+/// new `tk`: old 1000 → new −2000 after 3000 is 2000, old −2000 → new −3000 is 1000, a
+/// quota reset to 500 that then spends 1000 is 500. A refund or a refill (`consumed ≤ 0`)
+/// is never overdraw, and neither is a write that recorded consumption without debiting
+/// the balance (`debited` false: a bypass pass, a bypassed lease's adjustment).
+pub fn overdraw_of(consumed: i64, new_tk: i64, debited: bool) -> i64 {
+    if !debited || consumed <= 0 {
+        return 0;
+    }
+    (-new_tk).clamp(0, consumed)
+}
+
+/// Whether a write of a bucket item debited its balances, not only recorded consumption
+/// (the precondition of [`overdraw_of`]): a bypassed item's writes never do, and a
+/// `tc`-only write (a bypassed lease settling on an item since enforced) moves neither the
+/// limit's `tk` nor `rf`. Every write that debits moves one of them: the fast path ADDs to
+/// `tk`, the slow path SETs `rf`.
+fn debited(old: Option<&Item>, new: &Item, limit: &str) -> bool {
+    if new.get(bucket_attr::BYPASS).is_some() {
+        return false;
+    }
+    let Some(old) = old else {
+        return true;
+    };
+    let tk = battr(limit, "tk");
+    old.get(&tk) != new.get(&tk) || old.get(bucket_attr::RF) != new.get(bucket_attr::RF)
+}
+
 /// The namespace of a bucket key (`{ns}/BUCKET#…`, `#STATE`), or `None` for other items.
 pub fn bucket_ns(key: &Key) -> Option<&str> {
     if key.sk != STATE {
@@ -202,7 +236,8 @@ pub fn bucket_ns(key: &Key) -> Option<&str> {
 /// counts its first consumption; a delete counts nothing — plus `new rq − old rq` admitted
 /// acquires (one per acquire, not per limit), dated by the new image's `wt` (the writer's
 /// clock at this write; `at_ms`, the store's time of the write, for a writer that does not
-/// stamp it). `None` for an item that is not a bucket or a write that carries no usage.
+/// stamp it). Each limit's overdraw is [`overdraw_of`] its consumption. `None` for an item
+/// that is not a bucket or a write that carries no usage.
 pub fn usage_of(
     key: &Key,
     old: Option<&Item>,
@@ -214,6 +249,7 @@ pub fn usage_of(
     let text = |a: &str| new.get(a).and_then(Value::as_s).map(str::to_string);
     let (entity, resource) = (text(bucket_attr::ENTITY)?, text(bucket_attr::RESOURCE)?);
     let mut milli = BTreeMap::new();
+    let mut overdraw = BTreeMap::new();
     for name in new.keys() {
         let Some(limit) = name.strip_prefix("b_").and_then(|r| r.strip_suffix("_tc")) else {
             continue;
@@ -225,6 +261,14 @@ pub fn usage_of(
         if d != 0 {
             milli.insert(limit.to_string(), d);
         }
+        let od = overdraw_of(
+            d,
+            num(Some(new), &battr(limit, "tk")),
+            debited(old, new, limit),
+        );
+        if od != 0 {
+            overdraw.insert(limit.to_string(), od);
+        }
     }
     let requests = num(Some(new), attr::RQ) - num(old, attr::RQ);
     let at_ms = new.get(attr::WT).and_then(Value::as_n).unwrap_or(at_ms);
@@ -234,6 +278,7 @@ pub fn usage_of(
         resource,
         at_ms,
         milli,
+        overdraw,
         requests,
     };
     (!d.is_empty()).then_some(d)
@@ -263,6 +308,12 @@ pub fn snapshot_attr(limit: &str) -> String {
     format!("u_{limit}")
 }
 
+/// The snapshot attribute of limit `limit`'s overdraw (millitokens; upstream's
+/// `{limit}#od`, spelt without the `#`).
+pub fn overdraw_attr(limit: &str) -> String {
+    format!("od_{limit}")
+}
+
 /// Snapshot attribute names.
 pub mod snap {
     /// Admitted acquires.
@@ -275,7 +326,7 @@ pub mod snap {
     pub const START_ISO: &str = "window_start_iso";
 }
 
-/// The update that adds `milli` and `requests` to the snapshot of (entity, resource,
+/// The update that adds `milli`, `overdraw` and `requests` to the snapshot of (entity, resource,
 /// window, start): identity attributes SET (idempotent), counters ADDed, `ttl` = window end
 /// + `retention_s`, and GSI2 keys for listing a resource's usage over all entities.
 #[allow(clippy::too_many_arguments)]
@@ -286,6 +337,7 @@ pub fn snapshot_update(
     window: Window,
     start_ms: i64,
     milli: &BTreeMap<String, i64>,
+    overdraw: &BTreeMap<String, i64>,
     requests: i64,
     retention_s: i64,
 ) -> Update {
@@ -307,6 +359,9 @@ pub fn snapshot_update(
     for (l, d) in milli {
         u = u.add(snapshot_attr(l), *d);
     }
+    for (l, d) in overdraw {
+        u = u.add(overdraw_attr(l), *d);
+    }
     if requests != 0 || milli.is_empty() {
         u = u.add(snap::REQUESTS, requests);
     }
@@ -326,6 +381,9 @@ pub struct Snapshot {
     pub start_ms: i64,
     /// Consumption per limit (millitokens).
     pub milli: BTreeMap<String, i64>,
+    /// Overdraw per limit (millitokens): consumption that drove a balance below zero
+    /// ([`overdraw_of`]); limits never overdrawn in the window are absent.
+    pub overdraw: BTreeMap<String, i64>,
     /// Admitted acquires.
     pub requests: i64,
 }
@@ -334,16 +392,19 @@ impl Snapshot {
     /// Decode a stored snapshot item; `None` for an item that is not one.
     pub fn decode(i: &Item) -> Option<Snapshot> {
         let s = |a: &str| i.get(a).and_then(Value::as_s).map(str::to_string);
-        let milli = i
-            .iter()
-            .filter_map(|(k, v)| Some((k.strip_prefix("u_")?.to_string(), v.as_n()?)))
-            .collect();
+        let counters = |prefix: &str| {
+            i.iter()
+                .filter_map(|(k, v)| Some((k.strip_prefix(prefix)?.to_string(), v.as_n()?)))
+                .collect()
+        };
+        let (milli, overdraw) = (counters("u_"), counters("od_"));
         Some(Snapshot {
             entity: s(bucket_attr::ENTITY)?,
             resource: s(bucket_attr::RESOURCE)?,
             window: Window::parse(&s(snap::WINDOW)?)?,
             start_ms: i.get(snap::START).and_then(Value::as_n)?,
             milli,
+            overdraw,
             requests: i.get(snap::REQUESTS).and_then(Value::as_n).unwrap_or(0),
         })
     }
@@ -442,6 +503,79 @@ mod tests {
         assert_eq!(d.at_ms, 77);
     }
 
+    fn with_tk(mut i: Item, limit: &str, tk: i64) -> Item {
+        i.insert(format!("b_{limit}_tk"), Value::N(tk));
+        i
+    }
+
+    /// The brief's and scenario 107's numbers: only the consumption below zero counts.
+    #[test]
+    fn overdraw_is_the_consumption_below_zero() {
+        assert_eq!(overdraw_of(3000, -2000, true), 2000, "1000 → −2000");
+        assert_eq!(overdraw_of(1000, -3000, true), 1000, "−2000 → −3000");
+        assert_eq!(
+            overdraw_of(3000, -3000, true),
+            3000,
+            "0 → −3000 (scenario 107)"
+        );
+        assert_eq!(overdraw_of(500, 200, true), 0, "stays above zero");
+        assert_eq!(
+            overdraw_of(-1000, -2000, true),
+            0,
+            "a refund repays, never negative"
+        );
+        assert_eq!(overdraw_of(0, -2000, true), 0, "a refill is no overdraw");
+        assert_eq!(
+            overdraw_of(5000, -3000, false),
+            0,
+            "a bypass pass debits nothing"
+        );
+    }
+
+    /// From the images: a debit into debt, a refund of part of it, a bypass pass, and a
+    /// `tc`-only write on an item in debt.
+    #[test]
+    fn overdraw_from_images() {
+        let b = |tc: i64, tk: i64, rq: i64| with_tk(bucket(&[("rpm", tc)], rq, Some(1)), "rpm", tk);
+        let into_debt = usage_of(&key(), Some(&b(0, 1000, 0)), Some(&b(3000, -2000, 1)), 0);
+        let d = into_debt.expect("usage");
+        assert_eq!(d.overdraw, [("rpm".into(), 2000)].into());
+        let refund = usage_of(
+            &key(),
+            Some(&b(3000, -2000, 1)),
+            Some(&b(2000, -1000, 1)),
+            0,
+        );
+        assert_eq!(refund.expect("usage").overdraw, BTreeMap::new());
+        let created = usage_of(&key(), None, Some(&b(3000, -3000, 1)), 0).expect("usage");
+        assert_eq!(created.overdraw, [("rpm".into(), 3000)].into());
+        let tc_only = usage_of(
+            &key(),
+            Some(&b(3000, -3000, 1)),
+            Some(&b(5000, -3000, 1)),
+            0,
+        );
+        let tc_only = tc_only.expect("usage");
+        assert_eq!(tc_only.milli, [("rpm".into(), 2000)].into());
+        assert!(
+            tc_only.overdraw.is_empty(),
+            "tk and rf unmoved: nothing debited"
+        );
+        let mut slow = b(5000, -3000, 2);
+        slow.insert("rf".into(), Value::N(99));
+        let d = usage_of(&key(), Some(&b(3000, -3000, 1)), Some(&slow), 0).expect("usage");
+        assert_eq!(
+            d.overdraw,
+            [("rpm".into(), 2000)].into(),
+            "refill == debit, rf moved"
+        );
+        let mut bypassed = b(5000, -3000, 2);
+        bypassed.insert("bypass".into(), Value::Bool(true));
+        bypassed.insert("rf".into(), Value::N(99));
+        let d = usage_of(&key(), Some(&b(3000, -3000, 1)), Some(&bypassed), 0).expect("usage");
+        assert!(d.overdraw.is_empty());
+    }
+
     #[test]
     fn instants_parse_as_ms_or_rfc3339() {
         assert_eq!(parse_instant("1756998000000"), Some(1_756_998_000_000));
@@ -484,12 +618,14 @@ mod tests {
             Window::Hourly,
             3_600_000,
             &[("tpm".into(), 1500)].into(),
+            &[("tpm".into(), 500)].into(),
             1,
             86_400,
         );
         let targets: Vec<&str> = u.actions.iter().map(|a| a.target()).collect();
         for t in [
             "u_tpm",
+            "od_tpm",
             "requests",
             "ttl",
             "GSI2PK",
@@ -504,10 +640,12 @@ mod tests {
             ("window", Value::S("hourly".into())),
             ("window_start", Value::N(3_600_000)),
             ("u_tpm", Value::N(1500)),
+            ("od_tpm", Value::N(500)),
             ("requests", Value::N(1)),
         ]);
         let s = Snapshot::decode(&stored).expect("decodes");
         assert_eq!(s.milli, [("tpm".into(), 1500)].into());
+        assert_eq!(s.overdraw, [("tpm".into(), 500)].into());
         assert_eq!(s.requests, 1);
         assert_eq!(s.window, Window::Hourly);
         assert_eq!(

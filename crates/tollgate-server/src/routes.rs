@@ -703,13 +703,16 @@ async fn availability_get(State(app): St, QueryPairs(q): QueryPairs) -> ApiResul
 // ---------------------------------------------------------------------------------------
 // Usage
 
-/// One usage snapshot as the API shows it.
-pub fn snapshot_json(s: &tollgate::Snapshot) -> Json_ {
-    let consumed: BTreeMap<&str, f64> = s
-        .milli
+/// Millitokens per limit as tokens.
+fn in_tokens(milli: &BTreeMap<String, i64>) -> BTreeMap<&str, f64> {
+    milli
         .iter()
         .map(|(l, m)| (l.as_str(), *m as f64 / 1000.0))
-        .collect();
+        .collect()
+}
+
+/// One usage snapshot as the API shows it: consumption, and overdraw (ADR-151), per limit.
+pub fn snapshot_json(s: &tollgate::Snapshot) -> Json_ {
     serde_json::json!({
         "entity": s.entity,
         "resource": s.resource,
@@ -718,8 +721,10 @@ pub fn snapshot_json(s: &tollgate::Snapshot) -> Json_ {
         "window_end": tollgate_core::usage::iso_utc(s.window.end_ms(s.start_ms)),
         "window_start_ms": s.start_ms,
         "requests": s.requests,
-        "consumed": consumed,
+        "consumed": in_tokens(&s.milli),
         "consumed_milli": s.milli,
+        "overdraw": in_tokens(&s.overdraw),
+        "overdraw_milli": s.overdraw,
     })
 }
 

@@ -186,8 +186,10 @@ pub fn check(mem: &MemoryStore) -> Vec<Violation> {
         t.1 += i.get("rq").and_then(Value::as_n).unwrap_or(0);
     }
     let mut out = Vec::new();
+    let mut overdrawn: Vec<BTreeMap<(String, String), i64>> = Vec::new();
     for w in [Window::Hourly, Window::Daily] {
         let mut got: Totals = BTreeMap::new();
+        let mut od: BTreeMap<(String, String), i64> = BTreeMap::new();
         for s in items
             .iter()
             .filter_map(Snapshot::decode)
@@ -199,14 +201,47 @@ pub fn check(mem: &MemoryStore) -> Vec<Violation> {
             for (l, m) in &s.milli {
                 *g.0.entry(l.clone()).or_default() += m;
             }
+            for (l, m) in &s.overdraw {
+                let k = (format!("{}/{}", s.entity, s.resource), l.clone());
+                *od.entry(k).or_default() += m;
+            }
             g.1 += s.requests;
         }
+        od.retain(|_, m| *m != 0);
+        overdrawn.push(od);
         let (want, have) = (clean(&truth), clean(&got));
         if want != have {
             out.push(Violation {
                 invariant: "usage-counted-once",
                 detail: format!("{} snapshots {have:?}, buckets hold {want:?}", w.name()),
             });
+        }
+    }
+    out.extend(check_overdraw(&overdrawn));
+    out
+}
+
+/// `usage-overdraw` (ADR-151): no overdraw is negative, and every window kind counts the
+/// same overdraw (each change once). Not checked: the exact figure — it needs every
+/// write's images, which the ledger does not keep — nor "overdraw ≥ the debt the shards
+/// hold at the end": clean runs end with small debts on enforced limits that no counted
+/// overdraw explains (seen on the rate, burst, drip and many workloads; the writes that
+/// make them, which consume nothing, are not yet traced), so that bound fails.
+fn check_overdraw(per_window: &[BTreeMap<(String, String), i64>]) -> Vec<Violation> {
+    let mut out = Vec::new();
+    let v = |detail: String| Violation {
+        invariant: "usage-overdraw",
+        detail,
+    };
+    let Some(first) = per_window.first() else {
+        return out;
+    };
+    for od in per_window {
+        if let Some((k, m)) = od.iter().find(|(_, m)| **m < 0) {
+            out.push(v(format!("{k:?}: negative overdraw {m}")));
+        }
+        if od != first {
+            out.push(v(format!("window kinds disagree: {first:?} vs {od:?}")));
         }
     }
     out

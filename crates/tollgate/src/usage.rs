@@ -2,7 +2,7 @@
 //!
 //! [`FeedAggregator::pass`] reads the store's [`ChangeFeed`] from the consumer's checkpoint,
 //! turns each bucket write into usage ([`tollgate_core::usage::usage_of`]: `tc` and `rq`
-//! deltas dated by the write's `wt`), adds it to the snapshots of every configured window,
+//! deltas dated by the write's `wt`, and each limit's overdraw, ADR-151), adds it to the snapshots of every configured window,
 //! and — in the same transaction — moves the checkpoint, conditioned on the checkpoint it
 //! started from. A batch read twice (a restarted aggregator, a second aggregator on the
 //! same store) therefore lands once: the second commit's checkpoint condition fails and it
@@ -120,6 +120,7 @@ struct Sum {
     window: Window,
     start_ms: i64,
     milli: BTreeMap<String, i64>,
+    overdraw: BTreeMap<String, i64>,
     requests: i64,
 }
 
@@ -204,10 +205,14 @@ impl FeedAggregator {
                 window: *w,
                 start_ms: start,
                 milli: BTreeMap::new(),
+                overdraw: BTreeMap::new(),
                 requests: 0,
             });
             for (l, m) in &d.milli {
                 *e.milli.entry(l.clone()).or_default() += m;
+            }
+            for (l, m) in &d.overdraw {
+                *e.overdraw.entry(l.clone()).or_default() += m;
             }
             e.requests += d.requests;
         }
@@ -235,6 +240,7 @@ impl FeedAggregator {
                         x.window,
                         x.start_ms,
                         &x.milli,
+                        &x.overdraw,
                         x.requests,
                         retention_s,
                     ),

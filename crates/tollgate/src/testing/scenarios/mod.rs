@@ -174,6 +174,7 @@ macro_rules! scenario_tests {
             soft::soft_limit_leaves_its_siblings_enforced,
             soft::enforcing_a_soft_limit_keeps_its_debt,
             soft::s110_soft_quota_reset_forgives_debt,
+            soft::s107_overdraw_in_usage,
             bypass::s108_bypass_records_without_debiting,
             bypass::s109_bypass_opens_no_window,
             bypass::s111_a_bypass_write_needs_the_stamp,
