@@ -462,6 +462,12 @@ fn json_requested() -> bool {
         .any(|a| a == "--json")
 }
 
+// The server's request path allocates for every JSON body, item image and change-feed
+// record; mimalloc serves those faster than the system allocator, and without glibc's
+// consolidation passes (measured with `scripts/bench-peers http`).
+#[global_allocator]
+static ALLOC: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 fn main() -> ExitCode {
     let cli = match Cli::try_parse() {
         Ok(c) => c,
