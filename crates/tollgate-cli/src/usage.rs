@@ -80,7 +80,14 @@ pub async fn open_run(
         .apply(Limiter::builder(wrap(feed.clone())))
         .open_namespace(&store.namespace)
         .await?;
-    let agg = FeedAggregator::new(&limiter, feed, usage.options())?;
+    let mut opts = usage.options();
+    if matches!(store.store, store::StoreSpec::Memory) {
+        // A memory store lives in this process: no other consumer can read its feed, so
+        // what this aggregator counted is dropped at once instead of kept a day (a full
+        // in-process log costs every write a fresh allocation).
+        opts.feed_retention_ms = 0;
+    }
+    let agg = FeedAggregator::new(&limiter, feed, opts)?;
     Ok((limiter, AggregatorRun::new(agg, usage.aggregate_interval)))
 }
 

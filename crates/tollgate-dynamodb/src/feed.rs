@@ -96,8 +96,8 @@ fn change(shard: &str, r: &Record) -> Result<Change, StoreError> {
             seq: seq.to_string(),
         },
         key,
-        old: image(d.old_image())?,
-        new: image(d.new_image())?,
+        old: image(d.old_image())?.map(std::sync::Arc::new),
+        new: image(d.new_image())?.map(std::sync::Arc::new),
         at_ms,
     })
 }

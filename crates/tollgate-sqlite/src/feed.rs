@@ -132,8 +132,8 @@ pub fn read_in(
         };
         next.advance(&position);
         changes.push(Change {
-            old: image(&key, seq, old)?,
-            new: image(&key, seq, new)?,
+            old: image(&key, seq, old)?.map(std::sync::Arc::new),
+            new: image(&key, seq, new)?.map(std::sync::Arc::new),
             key,
             position,
             at_ms,

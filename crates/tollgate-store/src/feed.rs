@@ -18,6 +18,7 @@
 //! sequence; DynamoDB has one per stream shard, each with its own sequence numbers.
 
 use std::collections::BTreeMap;
+use std::sync::Arc;
 
 use async_trait::async_trait;
 use tollgate_core::value::{Item, Key};
@@ -40,10 +41,11 @@ pub struct Change {
     pub position: FeedPosition,
     /// The item written.
     pub key: Key,
-    /// The item before the write (`None`: it did not exist).
-    pub old: Option<Item>,
-    /// The item after the write (`None`: it was deleted).
-    pub new: Option<Item>,
+    /// The item before the write (`None`: it did not exist). Shared: a feed that keeps its
+    /// changes hands out the same image to every read instead of a copy.
+    pub old: Option<Arc<Item>>,
+    /// The item after the write (`None`: it was deleted). Shared, as `old`.
+    pub new: Option<Arc<Item>>,
     /// When the store applied the write (epoch ms; DynamoDB Streams' approximate creation
     /// time, to the second on DynamoDB Local).
     pub at_ms: i64,

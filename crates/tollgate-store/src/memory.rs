@@ -310,8 +310,8 @@ fn log_change(g: &mut Inner, key: &Key, old: Option<Item>, new: Option<Item>, at
             seq: seq.to_string(),
         },
         key: key.clone(),
-        old,
-        new,
+        old: old.map(Arc::new),
+        new: new.map(Arc::new),
         at_ms,
     });
     while g.log.len() > FEED_CAPACITY {

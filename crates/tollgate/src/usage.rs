@@ -311,7 +311,7 @@ impl FeedAggregator {
             let mut at = cursor.clone();
             let mut lost = false;
             for c in &batch.changes {
-                if let Some(d) = usage_of(&c.key, c.old.as_ref(), c.new.as_ref(), c.at_ms)
+                if let Some(d) = usage_of(&c.key, c.old.as_deref(), c.new.as_deref(), c.at_ms)
                     .filter(|d| d.ns == self.ns())
                 {
                     let new_keys = self

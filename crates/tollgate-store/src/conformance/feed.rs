@@ -142,7 +142,11 @@ async fn markers(s: &dyn ChangeFeed, keys: &[&Key]) -> CheckResult {
 }
 
 fn shape(c: &Change) -> (Key, Option<Item>, Option<Item>) {
-    (c.key.clone(), c.old.clone(), c.new.clone())
+    (
+        c.key.clone(),
+        c.old.as_deref().cloned(),
+        c.new.as_deref().cloned(),
+    )
 }
 
 /// A put, an update and a delete of one item appear once each, in order, with their old and
@@ -343,7 +347,9 @@ pub async fn feed_cursor_resumes_in_order(s: &dyn ChangeFeed) -> CheckResult {
     }
     markers(s, &[&x, &y]).await?;
     let (all, _) = read_until(s, FeedCursor::start(), &[&x, &y], 1).await?;
-    let n = |i: &Option<Item>| i.as_ref().and_then(|i| i.get("n")).and_then(Value::as_n);
+    let n = |i: &Option<std::sync::Arc<Item>>| {
+        i.as_deref().and_then(|i| i.get("n")).and_then(Value::as_n)
+    };
     for k in [&x, &y] {
         let seq: Vec<(Option<i64>, Option<i64>)> = all
             .iter()
