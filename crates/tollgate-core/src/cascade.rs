@@ -1,8 +1,6 @@
 //! Cascade rules that need no store (ADR-146): whether a child entity spends from its
 //! parent. The limiter's cascade executes the two acquires.
 
-use crate::mutants::{self, Mutant};
-
 /// Rule ADR-146 / C3, the effective cascade policy of (entity, resource): the first
 /// explicit flag along the ADR-125 walk `[entity×resource config, entity _default_ config,
 /// resource config]`, else the entity META's `cascade`, else off. An entity without a parent
@@ -23,9 +21,6 @@ pub fn effective_policy(walk: [Option<bool>; 3], meta: Option<bool>, parent: Opt
 /// stamp questions nothing. The stamp never decides by itself: it may be older than the
 /// cache (config changes do not restamp buckets), so only the re-read's policy does.
 pub fn stamp_questions_policy(policy: bool, stamp: Option<bool>, confirmed: bool) -> bool {
-    if mutants::off(Mutant::CascadeStamp) {
-        return false;
-    }
     !confirmed && stamp.is_some_and(|s| s != policy)
 }
 

@@ -56,16 +56,11 @@ pub enum Mutant {
     /// (falls back to no stamp condition: a client whose cache still says "bypassed" admits
     /// without debiting after enforcement resumed).
     BypassStamp,
-    /// ADR-146 / C3: a cascade stamp that disagrees with the cached policy makes the acquire
-    /// re-read its config before the parent write (falls back to trusting the cache: a
-    /// policy changed by another process is applied only when that process's cache entry
-    /// expires).
-    CascadeStamp,
 }
 
 impl Mutant {
     /// Every mutant, in declaration order.
-    pub const ALL: [Mutant; 18] = [
+    pub const ALL: [Mutant; 17] = [
         Mutant::WindowFloor,
         Mutant::WaMarker,
         Mutant::WtcCharge,
@@ -83,7 +78,6 @@ impl Mutant {
         Mutant::OpOnce,
         Mutant::UsageCheckpoint,
         Mutant::BypassStamp,
-        Mutant::CascadeStamp,
     ];
 
     /// The name used on the command line.
@@ -106,7 +100,6 @@ impl Mutant {
             Mutant::OpOnce => "OpOnce",
             Mutant::UsageCheckpoint => "UsageCheckpoint",
             Mutant::BypassStamp => "BypassStamp",
-            Mutant::CascadeStamp => "CascadeStamp",
         }
     }
 

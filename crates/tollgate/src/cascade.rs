@@ -67,7 +67,12 @@ pub(crate) fn parent_request(
 impl Inner {
     /// The parent's request for `child` (ADR-146): the parent's own resolved limits, with
     /// the amounts of the limits it shares.
-    pub(crate) async fn parent_for(&self, child: &Request, parent: &str, now: i64) -> Result<Request> {
+    pub(crate) async fn parent_for(
+        &self,
+        child: &Request,
+        parent: &str,
+        now: i64,
+    ) -> Result<Request> {
         let pres = self
             .config
             .resolve(self.store.as_ref(), self.ns(), parent, &child.resource, now)
@@ -91,7 +96,10 @@ impl Inner {
             self.parent_precheck(preq)?;
         }
         let mut lease = self.acquire(child).await?;
-        let parent = match self.corrected_parent(child, &lease, parent, confirmed).await {
+        let parent = match self
+            .corrected_parent(child, &lease, parent, confirmed)
+            .await
+        {
             Ok(p) => p,
             Err(e) => {
                 undo_child(&mut lease, child).await;

@@ -340,8 +340,9 @@ pub struct Resolved {
     /// error's message. An acquire then answers by the policy at once rather than spend
     /// another deadline on a write to the same unreachable store.
     pub unreachable: Option<String>,
-    /// The answer of a C3 re-read ([`ConfigCache::resolve_confirmed`]): a bucket stamp that
-    /// disagrees with it is the stale one and asks for no further re-read.
+    /// The answer of a C3 re-read ([`ConfigCache::resolve_confirmed`]), or of a cache that
+    /// keeps nothing (TTL 0): a bucket stamp that disagrees with it is the stale one and
+    /// asks for no further re-read.
     pub confirmed: bool,
 }
 
@@ -525,7 +526,11 @@ impl ConfigCache {
         let read = if missing.is_empty() {
             None
         } else {
-            match store.batch_get(&missing, confirm).await.map_err(Error::from) {
+            match store
+                .batch_get(&missing, confirm)
+                .await
+                .map_err(Error::from)
+            {
                 Ok(items) => Some(items),
                 Err(e) => {
                     let covered = found
@@ -653,7 +658,8 @@ impl ConfigCache {
             parent_id,
             cascade,
             unreachable,
-            confirmed: confirm,
+            // A cache that keeps nothing serves no stale policy: every resolution is fresh.
+            confirmed: confirm || self.ttl_ms == 0,
         };
         if fresh {
             let mut g = self.wholes();

@@ -442,7 +442,11 @@ pub async fn c3_stamp_adds_the_missing_parent_write(b: &Backend) {
     let s = h.stats();
     h.lim.acquire(C, R, &[("tpd", 1)]).await.unwrap();
     let d = h.stats().since(&s);
-    assert_eq!(h.tks(P, R, "tpd", 1), vec![98_000], "the parent charged once");
+    assert_eq!(
+        h.tks(P, R, "tpd", 1),
+        vec![98_000],
+        "the parent charged once"
+    );
     assert_eq!(h.tks(C, R, "tpd", 1), vec![96_000]);
     // The child write, then the parent's: reads for the re-read, the parent's config and
     // the parent's item (this client never saw it); the stamp agreed with the answer, so
