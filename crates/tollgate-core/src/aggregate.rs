@@ -364,6 +364,7 @@ mod tests {
             disabled: false,
             bypass: false,
             op: None,
+            cascade: None,
         }
     }
 

@@ -122,6 +122,9 @@ pub struct BucketImage {
     pub bypass: bool,
     /// The id of the last reset / top-up that landed on this shard (`op`, ADR-149).
     pub op: Option<String>,
+    /// The cascade stamp (`cascade`, ADR-146): the policy the last stamping write
+    /// resolved; `None` on an item no stamping write has touched.
+    pub cascade: Option<bool>,
 }
 
 const FIELDS: [&str; 19] = [
@@ -281,6 +284,17 @@ impl BucketImage {
         let disabled = item.contains_key(attr::DISABLED);
         let bypass = item.contains_key(attr::BYPASS);
         let op = string(item, k, attr::OP)?;
+        let cascade = match item.get(attr::CASCADE) {
+            None => None,
+            Some(Value::Bool(b)) => Some(*b),
+            Some(v) => {
+                return Err(corrupt(
+                    k,
+                    attr::CASCADE,
+                    format!("expected a bool, found {}", v.type_name()),
+                ))
+            }
+        };
         Ok(BucketImage {
             key,
             rf,
@@ -293,6 +307,7 @@ impl BucketImage {
             disabled,
             bypass,
             op,
+            cascade,
         })
     }
 }

@@ -76,6 +76,7 @@ mod tests {
             disabled: false,
             bypass: false,
             op: None,
+            cascade: None,
         };
         assert!(refund_left_above_ceiling(
             &img(12_000, None),

@@ -422,6 +422,7 @@ mod tests {
             disabled: false,
             bypass: false,
             op: None,
+            cascade: None,
         }
     }
 

@@ -847,6 +847,7 @@ mod route_tests {
             disabled: false,
             bypass: false,
             op: None,
+            cascade: None,
         }
     }
 

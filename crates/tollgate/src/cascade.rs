@@ -20,7 +20,10 @@ use crate::acquire::{backoff, Request};
 use crate::error::{Error, Result};
 use crate::lease::Lease;
 use crate::limiter::{Inner, Stats};
-use tollgate_store::StoreError;
+use tollgate_core::bucket::attr;
+use tollgate_core::cascade::{correct_parent, stamp_questions_policy, ParentCorrection};
+use tollgate_core::expr::{Condition, ReturnValues, Update};
+use tollgate_store::{StoreError, UpdateRequest};
 
 pub use tollgate_core::cascade::effective_policy;
 
@@ -62,23 +65,51 @@ pub(crate) fn parent_request(
 }
 
 impl Inner {
+    /// The parent's request for `child` (ADR-146): the parent's own resolved limits, with
+    /// the amounts of the limits it shares.
+    pub(crate) async fn parent_for(
+        &self,
+        child: &Request,
+        parent: &str,
+        now: i64,
+    ) -> Result<Request> {
+        let pres = self
+            .config
+            .resolve(self.store.as_ref(), self.ns(), parent, &child.resource, now)
+            .await?;
+        parent_request(self, child, parent, pres, now)
+    }
+
     /// Acquire for the child and, when `parent` is given, for the parent: both must admit or
     /// nothing is kept. A parent refusal or failure rolls the child's debit back exactly and
     /// returns the parent's error (which names the parent). The parent's own acquire never
-    /// cascades further (C4: a child lease never debits the grandparent).
+    /// cascades further (C4: a child lease never debits the grandparent). Between the two,
+    /// rule C3 ([`Inner::corrected_parent`]) may add or drop the parent write when the
+    /// child's item shows a cascade stamp the plan (`confirmed` or not) disagrees with.
     pub(crate) async fn acquire_cascade(
         self: &Arc<Self>,
         child: &Request,
-        parent: Option<&Request>,
+        parent: Option<Request>,
+        confirmed: bool,
     ) -> Result<Lease> {
-        if let Some(preq) = parent {
+        if let Some(preq) = &parent {
             self.parent_precheck(preq)?;
         }
         let mut lease = self.acquire(child).await?;
+        let parent = match self
+            .corrected_parent(child, &lease, parent, confirmed)
+            .await
+        {
+            Ok(p) => p,
+            Err(e) => {
+                undo_child(&mut lease, child).await;
+                return Err(e);
+            }
+        };
         let Some(preq) = parent else {
             return Ok(lease);
         };
-        match self.acquire(preq).await {
+        match self.acquire(&preq).await {
             Ok(p) => {
                 lease.parent = Some(Box::new(p));
                 Ok(lease)
@@ -87,6 +118,84 @@ impl Inner {
                 undo_child(&mut lease, child).await;
                 Err(e)
             }
+        }
+    }
+
+    /// Rule C3 executed (`tollgate_core::cascade::stamp_questions_policy`): when the child's
+    /// written item carries a cascade stamp that disagrees with the planned policy, re-read
+    /// the config once (consistently; the cache keeps the answer, marked confirmed) and let
+    /// that answer decide the parent write: add it (the parent's limits resolved, its
+    /// trusted views consulted) or drop it. The shard's stamp is then set to the answer,
+    /// so that the other processes' stale caches are questioned in turn. A re-read that
+    /// fails leaves the plan as it was (the cache's policy, as without C3).
+    async fn corrected_parent(
+        &self,
+        child: &Request,
+        lease: &Lease,
+        parent: Option<Request>,
+        confirmed: bool,
+    ) -> Result<Option<Request>> {
+        let Some(part) = lease.parts.first() else {
+            return Ok(parent);
+        };
+        let stamp = part.image.as_ref().and_then(|i| i.cascade);
+        if !stamp_questions_policy(child.cascade, stamp, confirmed) {
+            return Ok(parent);
+        }
+        let now = self.clock.now_ms();
+        let res = match self
+            .config
+            .resolve_confirmed(
+                self.store.as_ref(),
+                self.ns(),
+                &child.entity,
+                &child.resource,
+                now,
+            )
+            .await
+        {
+            Ok(r) => r,
+            Err(e) => {
+                tracing::warn!(error = %e, entity = %child.entity, resource = %child.resource,
+                    "cascade: the config re-read a disagreeing stamp asked for failed; the cached policy stands");
+                return Ok(parent);
+            }
+        };
+        if stamp != Some(res.cascade) {
+            self.restamp(&part.key, stamp, res.cascade).await;
+        }
+        match correct_parent(parent.is_some(), res.cascade) {
+            ParentCorrection::AsPlanned => Ok(parent),
+            ParentCorrection::Drop => Ok(None),
+            ParentCorrection::Add => match &res.parent_id {
+                Some(p) => {
+                    let preq = self.parent_for(child, p, now).await?;
+                    self.parent_precheck(&preq)?;
+                    Ok(Some(preq))
+                }
+                None => Ok(None),
+            },
+        }
+    }
+
+    /// Set a shard's cascade stamp to the policy a C3 re-read answered, if it still holds
+    /// the stamp that was questioned (a concurrent stamping write wins). Best effort: a
+    /// failure leaves the stale stamp, which questions a cache at most once more.
+    async fn restamp(&self, key: &tollgate_core::value::Key, old: Option<bool>, new: bool) {
+        let Some(old) = old else {
+            return;
+        };
+        let r = self
+            .store
+            .update(UpdateRequest {
+                key: key.clone(),
+                update: Update::new().set(attr::CASCADE, new),
+                condition: Some(Condition::eq(attr::CASCADE, old)),
+                returns: ReturnValues::None,
+            })
+            .await;
+        if let Err(e) = r {
+            tracing::debug!(error = %e, %key, "cascade: the stamp was not corrected");
         }
     }
 }

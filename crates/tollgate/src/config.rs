@@ -340,6 +340,10 @@ pub struct Resolved {
     /// error's message. An acquire then answers by the policy at once rather than spend
     /// another deadline on a write to the same unreachable store.
     pub unreachable: Option<String>,
+    /// The answer of a C3 re-read ([`ConfigCache::resolve_confirmed`]), or of a cache that
+    /// keeps nothing (TTL 0): a bucket stamp that disagrees with it is the stale one and
+    /// asks for no further re-read.
+    pub confirmed: bool,
 }
 
 /// A whole resolution kept for its (entity, resource): valid while every level it was
@@ -444,7 +448,36 @@ impl ConfigCache {
         resource: &str,
         now: i64,
     ) -> Result<Resolved> {
-        {
+        self.resolve_with(store, ns, entity, resource, now, false)
+            .await
+    }
+
+    /// Rule C3 (ADR-146): resolve (entity, resource) again from the store, every level and
+    /// the META read consistently whatever the cache holds; the cache is refreshed with the
+    /// answer, which is marked [`Resolved::confirmed`]. Used once when a bucket's cascade
+    /// stamp disagrees with the cached policy. Never served stale: an outage is an error.
+    pub async fn resolve_confirmed(
+        &self,
+        store: &dyn Store,
+        ns: &str,
+        entity: &str,
+        resource: &str,
+        now: i64,
+    ) -> Result<Resolved> {
+        self.resolve_with(store, ns, entity, resource, now, true)
+            .await
+    }
+
+    async fn resolve_with(
+        &self,
+        store: &dyn Store,
+        ns: &str,
+        entity: &str,
+        resource: &str,
+        now: i64,
+        confirm: bool,
+    ) -> Result<Resolved> {
+        if !confirm {
             let g = self.wholes();
             if let Some(w) = g.get(entity).and_then(|m| m.get(resource)) {
                 if w.expires_at > now && w.ns == ns {
@@ -476,6 +509,7 @@ impl ConfigCache {
             wanted
                 .iter()
                 .map(|k| match g.get(*k) {
+                    _ if confirm => (None, None),
                     Some(e) if e.expires_at > now => (Some(e.clone()), None),
                     Some(e) if now - e.expires_at <= self.stale_max_ms => (None, Some(e.clone())),
                     _ => (None, None),
@@ -492,7 +526,11 @@ impl ConfigCache {
         let read = if missing.is_empty() {
             None
         } else {
-            match store.batch_get(&missing, false).await.map_err(Error::from) {
+            match store
+                .batch_get(&missing, confirm)
+                .await
+                .map_err(Error::from)
+            {
                 Ok(items) => Some(items),
                 Err(e) => {
                     let covered = found
@@ -620,6 +658,8 @@ impl ConfigCache {
             parent_id,
             cascade,
             unreachable,
+            // A cache that keeps nothing serves no stale policy: every resolution is fresh.
+            confirmed: confirm || self.ttl_ms == 0,
         };
         if fresh {
             let mut g = self.wholes();

@@ -183,16 +183,10 @@ impl Limiter {
             // ADR-146: the parent is charged with its own resolved limits (resolved before
             // any write, so a parent without limits fails without debiting the child).
             let parent = match (&res.parent_id, res.cascade) {
-                (Some(p), true) => {
-                    let pres = inner
-                        .config
-                        .resolve(inner.store.as_ref(), inner.ns(), p, resource, now)
-                        .await?;
-                    Some(crate::cascade::parent_request(inner, &req, p, pres, now)?)
-                }
+                (Some(p), true) => Some(inner.parent_for(&req, p, now).await?),
                 _ => None,
             };
-            inner.acquire_cascade(&req, parent.as_ref()).await
+            inner.acquire_cascade(&req, parent, res.confirmed).await
         }
         .await;
         // Rule "only an outage fails open": a misconfiguration, corrupt data or contention

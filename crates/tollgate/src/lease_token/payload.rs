@@ -225,6 +225,7 @@ impl From<&BucketImage> for ImageDoc {
             disabled,
             bypass,
             op: _,
+            cascade: _,
         } = i;
         ImageDoc {
             rf: *rf,
@@ -254,6 +255,7 @@ impl ImageDoc {
             disabled: self.d,
             bypass: self.bp,
             op: None,
+            cascade: None,
         }
     }
 }

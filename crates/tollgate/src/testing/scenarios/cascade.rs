@@ -416,3 +416,128 @@ pub async fn cascade_child_undo_survives_a_throttle(b: &Backend) {
     );
     assert_eq!(h.n(C, R, 0, "b_tpd_tc"), Some(2000));
 }
+
+/// C3, cascade turned on by another process: client 1 has cached "no cascade" for the child;
+/// client 2 (its own caches) turns cascade on and acquires, stamping the child's item. Client
+/// 1's next acquire sees the stamp on the item its fast write returned, re-reads the config
+/// once and adds the parent write: the parent is charged exactly once. From then on its
+/// cache agrees and a warm cascade acquire is one write per side, no read.
+pub async fn c3_stamp_adds_the_missing_parent_write(b: &Backend) {
+    let h = b.harness(T0).await;
+    let tpd = [Limit::per_day("tpd", 100).unwrap()];
+    family(&h, false, &tpd, &tpd).await;
+    let other = h.slow();
+    for _ in 0..2 {
+        h.lim.acquire(C, R, &[("tpd", 1)]).await.unwrap();
+    }
+    assert!(!exists(&h, P, 0));
+    other
+        .set_cascade(&Scope::Entity(C.into(), Some(R.into())), Some(true))
+        .await
+        .unwrap();
+    other.acquire(C, R, &[("tpd", 1)]).await.unwrap();
+    assert_eq!(stamp(&h, C), Some(Value::Bool(true)));
+    assert_eq!(h.tks(P, R, "tpd", 1), vec![99_000]);
+    // Client 1, cache still "no cascade": corrected once.
+    let s = h.stats();
+    h.lim.acquire(C, R, &[("tpd", 1)]).await.unwrap();
+    let d = h.stats().since(&s);
+    assert_eq!(
+        h.tks(P, R, "tpd", 1),
+        vec![98_000],
+        "the parent charged once"
+    );
+    assert_eq!(h.tks(C, R, "tpd", 1), vec![96_000]);
+    // The child write, then the parent's: reads for the re-read, the parent's config and
+    // the parent's item (this client never saw it); the stamp agreed with the answer, so
+    // no restamp.
+    assert_eq!((d.writes(), d.reads()), (2, 3), "{d:?}");
+    // Warm and agreeing: one write per side, no read.
+    let s = h.stats();
+    h.lim.acquire(C, R, &[("tpd", 1)]).await.unwrap();
+    let d = h.stats().since(&s);
+    assert_eq!((d.writes(), d.reads()), (2, 0), "{d:?}");
+    assert_eq!(h.tks(P, R, "tpd", 1), vec![97_000]);
+    assert_eq!(h.tks(C, R, "tpd", 1), vec![95_000]);
+}
+
+/// C3, the added parent write refuses: the child's debit is rolled back exactly, as for a
+/// planned parent write.
+pub async fn c3_an_added_parent_write_that_refuses_rolls_the_child_back(b: &Backend) {
+    let h = b.harness(T0).await;
+    family(
+        &h,
+        false,
+        &[Limit::per_day("tpd", 100).unwrap()],
+        &[Limit::per_day("tpd", 1).unwrap()],
+    )
+    .await;
+    let other = h.slow();
+    h.lim.acquire(C, R, &[("tpd", 1)]).await.unwrap();
+    other
+        .set_cascade(&Scope::Entity(C.into(), Some(R.into())), Some(true))
+        .await
+        .unwrap();
+    other.acquire(C, R, &[("tpd", 1)]).await.unwrap(); // the parent's one token
+    assert_eq!(h.tks(P, R, "tpd", 1), vec![0]);
+    assert_eq!(h.tks(C, R, "tpd", 1), vec![98_000]);
+    let r = h.lim.acquire(C, R, &[("tpd", 1)]).await;
+    assert!(matches!(r, Err(Error::RateLimitExceeded(_))), "{r:?}");
+    assert_eq!(h.tks(C, R, "tpd", 1), vec![98_000], "the child rolled back");
+    assert_eq!(h.tks(P, R, "tpd", 1), vec![0]);
+}
+
+/// C3, cascade turned off by another process: client 1 has cached "cascade"; client 2
+/// turns it off and acquires (stamp false). Client 1's next acquire re-reads once and
+/// leaves the parent write out: no parent debit remains.
+pub async fn c3_stamp_drops_the_parent_write(b: &Backend) {
+    let h = b.harness(T0).await;
+    let tpd = [Limit::per_day("tpd", 100).unwrap()];
+    family(&h, true, &tpd, &tpd).await;
+    let other = h.slow();
+    for _ in 0..2 {
+        h.lim.acquire(C, R, &[("tpd", 1)]).await.unwrap();
+    }
+    assert_eq!(h.tks(P, R, "tpd", 1), vec![98_000]);
+    other
+        .set_cascade(&Scope::Entity(C.into(), Some(R.into())), Some(false))
+        .await
+        .unwrap();
+    other.acquire(C, R, &[("tpd", 1)]).await.unwrap();
+    assert_eq!(stamp(&h, C), Some(Value::Bool(false)));
+    let s = h.stats();
+    h.lim.acquire(C, R, &[("tpd", 1)]).await.unwrap();
+    let d = h.stats().since(&s);
+    assert_eq!(h.tks(P, R, "tpd", 1), vec![98_000], "no parent debit");
+    assert_eq!(h.tks(C, R, "tpd", 1), vec![96_000]);
+    assert_eq!((d.writes(), d.reads()), (1, 1), "{d:?}");
+    let s = h.stats();
+    h.lim.acquire(C, R, &[("tpd", 1)]).await.unwrap();
+    let d = h.stats().since(&s);
+    assert_eq!((d.writes(), d.reads()), (1, 0), "{d:?}");
+    assert_eq!(h.tks(P, R, "tpd", 1), vec![98_000]);
+}
+
+/// C3, a stamp older than the cache (config changes restamp no bucket, the fast path
+/// writes no stamp): it asks for one re-read, whose answer confirms the cache and is
+/// stamped on the shard; nothing else changes and nothing loops.
+pub async fn c3_a_stale_stamp_is_questioned_once(b: &Backend) {
+    let h = b.harness(T0).await;
+    let tpd = [Limit::per_day("tpd", 100).unwrap()];
+    family(&h, false, &tpd, &tpd).await;
+    h.lim.acquire(C, R, &[("tpd", 1)]).await.unwrap();
+    h.lim
+        .set_cascade(&Scope::Entity(C.into(), Some(R.into())), Some(true))
+        .await
+        .unwrap();
+    h.lim.acquire(C, R, &[("tpd", 1)]).await.unwrap();
+    assert_eq!(h.tks(P, R, "tpd", 1), vec![99_000], "charged once");
+    assert_eq!(stamp(&h, C), Some(Value::Bool(true)), "restamped");
+    for i in 0..3 {
+        let s = h.stats();
+        h.lim.acquire(C, R, &[("tpd", 1)]).await.unwrap();
+        let d = h.stats().since(&s);
+        assert_eq!((d.writes(), d.reads()), (2, 0), "{d:?}");
+        assert_eq!(h.tks(P, R, "tpd", 1), vec![98_000 - i * 1000]);
+    }
+}

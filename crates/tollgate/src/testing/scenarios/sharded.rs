@@ -317,6 +317,7 @@ pub async fn s64_fast_path_projection(_b: &Backend) {
         disabled: false,
         bypass: false,
         op: None,
+        cascade: None,
     };
     let st = LimitState {
         tk: 0,
