@@ -294,6 +294,10 @@ impl FeedAggregator {
                 break;
             }
             batches += 1;
+            // A pass is CPU work over store calls that are often ready at once (a memory
+            // store): give the runtime's other tasks — the server's requests — their turn
+            // between batches instead of holding a worker thread for the whole pass.
+            tokio::task::yield_now().await;
             let batch = self.feed.read_feed(&cursor, self.opts.batch).await?;
             if batch.changes.is_empty() {
                 // Finished streams (a closed DynamoDB shard) still move the cursor.
@@ -380,7 +384,10 @@ impl FeedAggregator {
             }
         }
         if self.opts.background {
-            for (e, r) in &touched {
+            for (i, (e, r)) in touched.iter().enumerate() {
+                if i % 16 == 15 {
+                    tokio::task::yield_now().await;
+                }
                 match self.background.refill_entity(e, r).await {
                     Ok(x) => rep.background.merge(x),
                     Err(err) => {
