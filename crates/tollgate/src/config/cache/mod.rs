@@ -1,0 +1,150 @@
+//! [`ConfigCache`]: the TTL cache of config items and whole resolutions, and what a
+//! resolution answers ([`Resolved`]); the resolution itself is in `resolve`.
+
+mod resolve;
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+
+use tollgate_core::merge::Merge;
+use tollgate_core::value::Key;
+use tollgate_core::Limit;
+
+use super::{OnUnavailable, Source};
+
+#[derive(Debug, Clone)]
+struct Entry {
+    expires_at: i64,
+    limits: Vec<Limit>,
+    on_unavailable: Option<OnUnavailable>,
+    /// The item's explicit `cascade` (config levels and META).
+    cascade: Option<bool>,
+    /// The entity's parent (META only).
+    parent_id: Option<String>,
+    /// The level's merge flags (config levels only, ADR-143).
+    merge: Merge,
+    /// The namespace's registry status (its reverse record only): `None` when the
+    /// namespace was never registered or is active.
+    ns_closed: Option<String>,
+}
+
+/// Resolved limits for one call. Cheap to clone: the limits and their parameter hash are
+/// shared with the cache.
+#[derive(Debug, Clone)]
+pub struct Resolved {
+    /// The limits.
+    pub limits: Arc<[Limit]>,
+    /// Their parameter hash ([`tollgate_core::writes::params_hash`]), computed once per
+    /// resolution rather than per call.
+    pub ph: Arc<str>,
+    /// Where they came from.
+    pub source: Source,
+    /// The system-level `on_unavailable`, if stored.
+    pub on_unavailable: Option<OnUnavailable>,
+    /// The entity's parent, from its META (`None` without a META or a parent).
+    pub parent_id: Option<String>,
+    /// The effective cascade policy for (entity, resource) (ADR-146, see
+    /// [`crate::cascade::effective_policy`]).
+    pub cascade: bool,
+    /// Served stale because the store could not be reached (not merely throttled): the
+    /// error's message. An acquire then answers by the policy at once rather than spend
+    /// another deadline on a write to the same unreachable store.
+    pub unreachable: Option<String>,
+    /// The answer of a C3 re-read ([`ConfigCache::resolve_confirmed`]), or of a cache that
+    /// keeps nothing (TTL 0): a bucket stamp that disagrees with it is the stale one and
+    /// asks for no further re-read.
+    pub confirmed: bool,
+}
+
+/// A whole resolution kept for its (entity, resource): valid while every level it was
+/// made of is fresh, i.e. until the earliest of their expiries.
+#[derive(Debug)]
+struct Whole {
+    ns: String,
+    expires_at: i64,
+    resolved: Resolved,
+}
+
+/// Whole resolutions by entity, then resource: nested so a lookup by `&str` allocates
+/// nothing.
+type Wholes = HashMap<String, HashMap<String, Whole>>;
+
+/// Most entities the whole-resolution cache keeps before it is emptied.
+const WHOLE_CAP: usize = 100_000;
+
+/// A TTL cache of config items (negative entries included), keyed by item key.
+#[derive(Debug, Default)]
+pub struct ConfigCache {
+    ttl_ms: i64,
+    stale_max_ms: i64,
+    entries: Mutex<HashMap<Key, Entry>>,
+    /// The hit path: a resolution whose levels are all fresh, served without building a
+    /// key or copying an entry. Emptied whenever an entry is evicted.
+    wholes: Mutex<Wholes>,
+    /// The system level's `on_unavailable` as last read, and when (ms).
+    last_policy: Mutex<Option<(Option<OnUnavailable>, i64)>>,
+    /// The namespace was resolved from the registry: a missing registry record means it
+    /// was purged (a namespace never registered, the library's plain prefix, has none).
+    registered: bool,
+}
+
+impl ConfigCache {
+    /// Treat a missing registry record of the namespace as purged (see
+    /// [`crate::LimiterBuilder::open_namespace`]).
+    pub fn registered(mut self, on: bool) -> Self {
+        self.registered = on;
+        self
+    }
+
+    /// A cache whose entries live `ttl_ms` (0 disables caching; entries are still kept
+    /// to be served stale during an outage, see [`ConfigCache::with_stale_max`]).
+    pub fn new(ttl_ms: i64) -> Self {
+        ConfigCache {
+            ttl_ms,
+            stale_max_ms: 0,
+            entries: Mutex::new(HashMap::new()),
+            wholes: Mutex::new(HashMap::new()),
+            last_policy: Mutex::new(None),
+            registered: false,
+        }
+    }
+
+    /// Serve entries up to `ms` past their TTL while the store cannot be read.
+    pub fn with_stale_max(mut self, ms: i64) -> Self {
+        self.stale_max_ms = ms.max(0);
+        self
+    }
+
+    /// The system level's `on_unavailable` as last read from the store, if that read is at
+    /// most `stale_max` old at `now`: the policy for a request whose config could not be
+    /// resolved because the store is down.
+    pub fn last_policy(&self, now: i64) -> Option<OnUnavailable> {
+        let g = self.last_policy.lock().unwrap_or_else(|e| e.into_inner());
+        g.and_then(|(p, at)| {
+            (now.saturating_sub(at) <= self.ttl_ms.saturating_add(self.stale_max_ms))
+                .then_some(p)
+                .flatten()
+        })
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<Key, Entry>> {
+        self.entries.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn wholes(&self) -> std::sync::MutexGuard<'_, Wholes> {
+        self.wholes.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Forget one config item (and every whole resolution, which may have used it).
+    pub fn evict(&self, key: &Key) {
+        self.lock().remove(key);
+        self.wholes().clear();
+    }
+
+    /// Forget everything (the last-read system policy included).
+    pub fn clear(&self) {
+        self.lock().clear();
+        self.wholes().clear();
+        *self.last_policy.lock().unwrap_or_else(|e| e.into_inner()) = None;
+    }
+}

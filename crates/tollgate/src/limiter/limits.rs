@@ -1,0 +1,258 @@
+//! Limit and cascade administration at a scope: set (with merge flags), read, delete, set
+//! the cascade policy, and resolve what applies to an (entity, resource).
+
+use tollgate_core::ids::{validate_entity_id, validate_limit_name};
+use tollgate_core::merge::Merge;
+use tollgate_core::value::{Item, Value};
+use tollgate_core::{Limit, RuleError};
+
+use super::Limiter;
+use crate::audit::{Action, ConfigWrite};
+use crate::config::{self, OnUnavailable, Scope};
+use crate::doctor::{self, Repair};
+use crate::error::{Error, Result};
+
+fn replaced_action(cascade_dropped: bool) -> String {
+    let mut a = String::from("replaced by the new limits");
+    if cascade_dropped {
+        a.push_str(" (its cascade policy could not be read and was not kept)");
+    }
+    a
+}
+
+fn deleted_action(cascade_lost: bool) -> String {
+    let mut a = String::from("deleted");
+    if cascade_lost {
+        a.push_str(" (its cascade policy could not be read and was not kept)");
+    }
+    a
+}
+
+impl Limiter {
+    /// Store limits at a scope (replacing what was there). Existing buckets pick the new
+    /// parameters up on their next acquire (the parameter hash on each bucket sends the fast
+    /// path to the slow path, which re-materialises): at once in this process, within the
+    /// config cache TTL elsewhere. A corrupt item at the scope is replaced (see
+    /// [`Limiter::set_limits_with_repairs`]).
+    pub async fn set_limits(
+        &self,
+        scope: &Scope,
+        limits: &[Limit],
+        on_unavailable: Option<OnUnavailable>,
+    ) -> Result<()> {
+        self.set_limits_with_repairs(scope, limits, on_unavailable)
+            .await
+            .map(drop)
+    }
+
+    /// [`Limiter::set_limits`], reporting the corrupt item it replaced (empty when the
+    /// scope's item was sound or absent). The write replaces the scope's config item whole,
+    /// in one transaction with its audit record, conditioned on the item being what was
+    /// read (retried over a concurrent change; see [`crate::audit`]); the level's cascade
+    /// policy is kept when it can be read, and dropped (reported) when it is the corrupt
+    /// part or the store cannot decode the item at all.
+    pub async fn set_limits_with_repairs(
+        &self,
+        scope: &Scope,
+        limits: &[Limit],
+        on_unavailable: Option<OnUnavailable>,
+    ) -> Result<Vec<Repair>> {
+        self.set_merged_limits(scope, limits, &Merge::default(), on_unavailable)
+            .await
+    }
+
+    /// Store limits at a scope with merge flags (ADR-143): with `merge.inherit` the level
+    /// takes, by name, the limits of the levels beneath it that it does not define itself,
+    /// minus `merge.exclude`, with `merge.patch` replacing only the schedule of an
+    /// inherited limit. The system level cannot carry flags, and excluding or patching
+    /// without inheriting is refused ([`Merge::validate`]). Otherwise as
+    /// [`Limiter::set_limits_with_repairs`] (the write replaces the item whole, flags
+    /// included). A change at any level reaches exactly the buckets whose merged set
+    /// includes it: their parameter hash changes, and their next acquire syncs them
+    /// (ADR-144).
+    pub async fn set_merged_limits(
+        &self,
+        scope: &Scope,
+        limits: &[Limit],
+        merge: &Merge,
+        on_unavailable: Option<OnUnavailable>,
+    ) -> Result<Vec<Repair>> {
+        scope.validate()?;
+        merge.validate(*scope == Scope::System)?;
+        let mut names = std::collections::BTreeSet::new();
+        for l in limits {
+            validate_limit_name(l.name())?;
+            if !names.insert(l.name()) {
+                return Err(Error::Invalid(RuleError::InvalidLimit {
+                    name: l.name().into(),
+                    reason: "named twice".into(),
+                }));
+            }
+        }
+        if on_unavailable.is_some() && *scope != Scope::System {
+            return Err(Error::Invalid(RuleError::InvalidLimit {
+                name: "on_unavailable".into(),
+                reason: "on_unavailable is stored at the system level only".into(),
+            }));
+        }
+        let ns = self.inner.ns();
+        let key = scope.key(ns);
+        let read = doctor::read_for_repair(self.inner.store.as_ref(), ns, &key).await?;
+        let first = match &read {
+            Ok(old) => Ok(old.clone()),
+            Err(c) => Err(c.to_string()),
+        };
+        let (old, _) = self
+            .audited_config_change(scope, Action::LimitsSet, first, |old| {
+                let mut item = config::encode(limits, on_unavailable);
+                config::encode_merge(&mut item, merge);
+                // The level's cascade policy (ADR-146) is not a limit: replacing limits keeps it.
+                if let Some(c) = old.and_then(|o| config::decode_cascade(o).ok().flatten()) {
+                    item.insert(config::CASCADE.into(), Value::Bool(c));
+                }
+                Some(ConfigWrite::Put(item))
+            })
+            .await?;
+        let mut repairs = Vec::new();
+        match read {
+            Err(c) => repairs.push(Repair::logged(c, replaced_action(true))),
+            Ok(_) => {
+                if let Some(c) = old.and_then(|old| doctor::check_item(ns, &key, &old)) {
+                    let dropped = c.attribute.as_deref() == Some(config::CASCADE);
+                    repairs.push(Repair::logged(c, replaced_action(dropped)));
+                }
+            }
+        }
+        self.forget_cached();
+        Ok(repairs)
+    }
+
+    /// Limits stored at a scope (empty if none).
+    pub async fn get_limits(&self, scope: &Scope) -> Result<(Vec<Limit>, Option<OnUnavailable>)> {
+        scope.validate()?;
+        match self
+            .inner
+            .store
+            .get(&scope.key(self.inner.ns()), true)
+            .await?
+        {
+            Some(i) => config::decode(&i),
+            None => Ok((Vec::new(), None)),
+        }
+    }
+
+    /// The merge flags stored at a scope (none if the level has no item).
+    pub async fn get_merge(&self, scope: &Scope) -> Result<Merge> {
+        scope.validate()?;
+        match self
+            .inner
+            .store
+            .get(&scope.key(self.inner.ns()), true)
+            .await?
+        {
+            Some(i) => config::decode_merge(&i),
+            None => Ok(Merge::default()),
+        }
+    }
+
+    /// Delete the limits stored at a scope (their merge flags with them); `true` if there
+    /// were any. The level's cascade
+    /// policy, if set, stays (see [`Limiter::set_cascade`]). A corrupt item is deleted (see
+    /// [`Limiter::delete_limits_with_repairs`]).
+    pub async fn delete_limits(&self, scope: &Scope) -> Result<bool> {
+        Ok(self.delete_limits_with_repairs(scope).await?.0)
+    }
+
+    /// [`Limiter::delete_limits`], reporting the corrupt item it deleted. The cascade policy
+    /// is kept when it can be read, and lost (reported) when it is the corrupt part or the
+    /// store cannot decode the item.
+    pub async fn delete_limits_with_repairs(&self, scope: &Scope) -> Result<(bool, Vec<Repair>)> {
+        scope.validate()?;
+        let ns = self.inner.ns();
+        let key = scope.key(ns);
+        let read = doctor::read_for_repair(self.inner.store.as_ref(), ns, &key).await?;
+        let first = match &read {
+            Ok(old) => Ok(old.clone()),
+            Err(c) => Err(c.to_string()),
+        };
+        let undecodable = read.is_err();
+        let (old, record) = self
+            .audited_config_change(scope, Action::LimitsDelete, first, |old| {
+                // The level's cascade policy, if set, stays (the item keeps only it).
+                match old.map(|o| config::decode_cascade(o).ok().flatten()) {
+                    None if !undecodable => None,
+                    Some(Some(c)) => {
+                        let mut item = Item::new();
+                        item.insert(config::CASCADE.into(), Value::Bool(c));
+                        Some(ConfigWrite::Put(item))
+                    }
+                    _ => Some(ConfigWrite::Delete),
+                }
+            })
+            .await?;
+        let mut repairs = Vec::new();
+        match read {
+            Err(c) => repairs.push(Repair::logged(c, deleted_action(true))),
+            Ok(_) => {
+                if let Some(c) = old.and_then(|old| doctor::check_item(ns, &key, &old)) {
+                    let lost = c.attribute.as_deref() == Some(config::CASCADE);
+                    repairs.push(Repair::logged(c, deleted_action(lost)));
+                }
+            }
+        }
+        self.forget_cached();
+        Ok((record.is_some(), repairs))
+    }
+
+    /// Set (`Some`) or unset (`None`) the cascade policy at a resource or entity scope
+    /// (ADR-146: tri-state, resolved along entity×resource → entity `_default_` → resource,
+    /// then the entity META's flag). Buckets take the new policy on their next acquire in
+    /// this process, within the config cache TTL elsewhere; the stamp on each bucket item
+    /// follows on its next slow-path write. The system level has no cascade policy.
+    pub async fn set_cascade(&self, scope: &Scope, cascade: Option<bool>) -> Result<()> {
+        scope.validate()?;
+        if *scope == Scope::System {
+            return Err(Error::Invalid(RuleError::InvalidLimit {
+                name: config::CASCADE.into(),
+                reason: "cascade is set on resource and entity scopes only".into(),
+            }));
+        }
+        let key = scope.key(self.inner.ns());
+        let first = self.inner.store.get(&key, true).await?;
+        self.audited_config_change(scope, Action::CascadeSet, Ok(first), |old| {
+            let mut item = old.cloned().unwrap_or_default();
+            item.remove("PK");
+            item.remove("SK");
+            match cascade {
+                Some(c) => item.insert(config::CASCADE.into(), Value::Bool(c)),
+                None => item.remove(config::CASCADE),
+            };
+            Some(ConfigWrite::Put(item))
+        })
+        .await?;
+        self.inner.config.clear();
+        self.inner.rejections.clear();
+        self.inner.images.clear();
+        Ok(())
+    }
+
+    /// Resolve the limits that apply to (entity, resource).
+    pub async fn resolve_limits(&self, entity: &str, resource: &str) -> Result<Vec<Limit>> {
+        validate_entity_id(entity)?;
+        tollgate_core::ids::validate_resource(resource)?;
+        let now = self.now_ms();
+        Ok(self
+            .inner
+            .config
+            .resolve(
+                self.inner.store.as_ref(),
+                self.inner.ns(),
+                entity,
+                resource,
+                now,
+            )
+            .await?
+            .limits
+            .to_vec())
+    }
+}

@@ -1,0 +1,88 @@
+//! The `Limiter`: acquire / lease / check_availability / administration over any Store.
+//!
+//! Split by what each part holds: [`Options`] (`options`), the builder (`builder`), the
+//! counters (`stats`), entity administration (`entities`) and limit and cascade
+//! administration at a scope (`limits`).
+
+mod builder;
+mod entities;
+mod limits;
+mod options;
+mod stats;
+
+use std::sync::Arc;
+
+use tollgate_store::Store;
+
+use crate::caches::{ImageCache, RejectionCache, ShardCounts};
+use crate::clock::{Clock, ShardRng};
+use crate::config::ConfigCache;
+
+pub use builder::LimiterBuilder;
+pub use entities::{Entity, EntityDeleted, NewEntity};
+pub use options::Options;
+pub use stats::{Stats, StatsSnapshot};
+
+/// Shared state behind a [`Limiter`] handle.
+pub struct Inner {
+    pub(crate) store: Arc<dyn Store>,
+    pub(crate) clock: Arc<dyn Clock>,
+    pub(crate) rng: Arc<dyn ShardRng>,
+    pub(crate) opts: Options,
+    pub(crate) config: ConfigCache,
+    pub(crate) shards: ShardCounts,
+    pub(crate) rejections: RejectionCache,
+    pub(crate) images: ImageCache,
+    pub(crate) stats: Stats,
+    /// Closure records of shared leases to delete later (stores without native TTL).
+    pub(crate) closures: crate::lease_token::Closures,
+    /// Ids of audit records.
+    pub(crate) audit_ids: crate::audit::AuditIds,
+}
+
+impl std::fmt::Debug for Inner {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Limiter")
+            .field("backend", &self.store.backend())
+            .field("opts", &self.opts)
+            .finish()
+    }
+}
+
+impl Inner {
+    pub(crate) fn ns(&self) -> &str {
+        &self.opts.namespace
+    }
+}
+
+/// The rate limiter. Cheap to clone; every clone shares caches and the store.
+#[derive(Debug, Clone)]
+pub struct Limiter {
+    pub(crate) inner: Arc<Inner>,
+    /// Whom administrative changes are recorded for (see [`Limiter::acting_as`]).
+    pub(crate) principal: Arc<str>,
+}
+
+impl Limiter {
+    /// The store's backend name.
+    pub fn backend(&self) -> &'static str {
+        self.inner.store.backend()
+    }
+
+    /// The store.
+    pub fn store(&self) -> &Arc<dyn Store> {
+        &self.inner.store
+    }
+
+    /// Now, by the injected clock.
+    pub fn now_ms(&self) -> i64 {
+        self.inner.clock.now_ms()
+    }
+
+    /// Forget every cached config item, refusal and bucket image.
+    pub(crate) fn forget_cached(&self) {
+        self.inner.config.clear();
+        self.inner.rejections.clear();
+        self.inner.images.clear();
+    }
+}
