@@ -214,6 +214,33 @@ fn check_scope(
         .map_err(|e| cx.err(span, path.to_string(), e.to_string()))
 }
 
+/// A `[resources.R]` or `[entities.E.resources.R]` table as the level of `scope`.
+fn level_of(
+    cx: &Ctx<'_>,
+    lvl: &toml::Spanned<RawLevel>,
+    path: &str,
+    scope: Scope,
+) -> Result<Level, LimitsFileError> {
+    check_scope(cx, lvl.span(), path, &scope)?;
+    let l = lvl.get_ref();
+    let limits = limits_of(cx, path, &l.limits)?;
+    let merge = merge_of(
+        cx,
+        lvl.span(),
+        path,
+        l.inherit_limits,
+        &l.exclude_limits,
+        &l.patch_limits,
+    )?;
+    Ok(Level {
+        scope,
+        limits,
+        on_unavailable: None,
+        cascade: l.cascade,
+        merge,
+    })
+}
+
 /// Parse and validate a limits file (`origin` names it in errors).
 pub fn parse(origin: &str, text: &str) -> Result<LimitsFile, LimitsFileError> {
     let cx = Ctx { origin, text };
@@ -242,29 +269,13 @@ pub fn parse(origin: &str, text: &str) -> Result<LimitsFile, LimitsFileError> {
         );
     }
     for (r, lvl) in &raw.resources {
-        let path = format!("resources.{r}");
-        let scope = Scope::Resource(r.clone());
-        check_scope(&cx, lvl.span(), &path, &scope)?;
-        let limits = limits_of(&cx, &path, &lvl.get_ref().limits)?;
-        let l = lvl.get_ref();
-        let merge = merge_of(
+        let level = level_of(
             &cx,
-            lvl.span(),
-            &path,
-            l.inherit_limits,
-            &l.exclude_limits,
-            &l.patch_limits,
+            lvl,
+            &format!("resources.{r}"),
+            Scope::Resource(r.clone()),
         )?;
-        levels.insert(
-            scope_key(&scope),
-            Level {
-                scope,
-                limits,
-                on_unavailable: None,
-                cascade: l.cascade,
-                merge,
-            },
-        );
+        levels.insert(scope_key(&level.scope), level);
     }
     for (e, ent) in &raw.entities {
         let path = format!("entities.{e}");
@@ -303,29 +314,9 @@ pub fn parse(origin: &str, text: &str) -> Result<LimitsFile, LimitsFileError> {
             ));
         }
         for (r, lvl) in &ent.resources {
-            let rpath = format!("{path}.resources.{r}");
             let scope = Scope::Entity(e.clone(), Some(r.clone()));
-            check_scope(&cx, lvl.span(), &rpath, &scope)?;
-            let limits = limits_of(&cx, &rpath, &lvl.get_ref().limits)?;
-            let l = lvl.get_ref();
-            let merge = merge_of(
-                &cx,
-                lvl.span(),
-                &rpath,
-                l.inherit_limits,
-                &l.exclude_limits,
-                &l.patch_limits,
-            )?;
-            levels.insert(
-                scope_key(&scope),
-                Level {
-                    scope,
-                    limits,
-                    on_unavailable: None,
-                    cascade: l.cascade,
-                    merge,
-                },
-            );
+            let level = level_of(&cx, lvl, &format!("{path}.resources.{r}"), scope)?;
+            levels.insert(scope_key(&level.scope), level);
         }
     }
     let envoy = match &raw.envoy {
