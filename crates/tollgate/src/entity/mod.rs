@@ -3,6 +3,13 @@
 //! read every shard of the entity (strongly consistently), materialise each, and either
 //! charge several shards in one transaction — all or none — or refuse with statuses that
 //! speak of what the entity has (the same balances the decision used).
+//!
+//! The entity-wide debit and the shard types it works over are here; its two entry points,
+//! an acquire and a lease's usage, are in `admit`, and the types it exchanges with a lease
+//! in `landing`.
+
+mod admit;
+mod landing;
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -14,14 +21,15 @@ use tollgate_core::mutants::{self, Mutant};
 use tollgate_core::spread::{plan_refund, plan_spread};
 use tollgate_core::status::{limit_status, ShardView};
 use tollgate_core::value::Key;
-use tollgate_core::writes::{refund_pin, Charging};
+use tollgate_core::writes::Charging;
 use tollgate_core::LimitStatus;
 use tollgate_store::{CancelReason, StoreError, TransactOp};
 
 use crate::acquire::{backoff, Request};
-use crate::error::{Error, Exceeded, Result};
-use crate::lease::{Lease, Part};
-use crate::limiter::{Inner, Stats};
+use crate::error::{Error, Result};
+use crate::limiter::Inner;
+
+pub(crate) use landing::{Landing, RideAlong};
 
 /// One shard as the entity-wide planner saw it.
 struct Seen {
@@ -32,34 +40,6 @@ struct Seen {
     /// Materialised at now, one per limit of the request (empty: the shard cannot take
     /// part — it does not exist, or does not carry every limit yet).
     evals: Vec<Evaluated>,
-}
-
-/// Refunds that ride in the transaction of an entity-wide charge: a lease's refunds on
-/// the shards it holds tokens on, landing all or none with its usage.
-#[derive(Debug, Clone)]
-pub(crate) struct RideAlong<'a> {
-    /// The shard.
-    pub shard: u32,
-    /// Milli returned per limit (positive).
-    pub refunds: Vec<(String, i64)>,
-    /// Per quota limit: the condition under which the refund still credits the balance
-    /// (its period); otherwise it is recorded in `tc` only.
-    pub pins: &'a BTreeMap<String, Condition>,
-    /// The entity is in debt: the dripping refunds repay it over every shard from the
-    /// bottom up (`tollgate_core::spread::plan_refund`) rather than landing on `shard`.
-    pub spread: bool,
-}
-
-/// Where part of a charge landed: the shard, its key, and the milli charged per limit
-/// (negative: refunded).
-#[derive(Debug, Clone)]
-pub(crate) struct Landing {
-    /// The shard.
-    pub shard: u32,
-    /// Its bucket key.
-    pub key: Key,
-    /// Milli per limit.
-    pub charged: Vec<(String, i64)>,
 }
 
 /// One shard an entity-wide charge wrote, with the evaluations behind its write.
@@ -77,111 +57,6 @@ enum Charged {
 }
 
 impl Inner {
-    /// An acquire the shards tried cannot cover alone: admit it across the entity's shards
-    /// when the entity can pay, else refuse honestly.
-    pub(crate) async fn entity_acquire(
-        self: &Arc<Self>,
-        req: &Request,
-        s: i64,
-        preferred: u32,
-        _now: i64,
-    ) -> Result<Lease> {
-        match self
-            .entity_debit(req, s, preferred, &req.amounts, false, &[])
-            .await?
-        {
-            Charged::Short(statuses) => {
-                let x = Exceeded::new(&req.entity, &req.resource, statuses);
-                debug_assert!(
-                    !x.violations().is_empty() || mutants::off(Mutant::EntityDebit),
-                    "a refusal names a limit"
-                );
-                Err(Error::RateLimitExceeded(Box::new(x)))
-            }
-            Charged::Landed(parts) => {
-                Stats::bump(&self.stats.slow_admits);
-                let now = self.clock.now_ms();
-                let mut after: BTreeMap<String, Vec<Evaluated>> = BTreeMap::new();
-                let mut lease_parts = Vec::new();
-                for Touched {
-                    landing:
-                        Landing {
-                            shard,
-                            key,
-                            charged: takes,
-                        },
-                    evals,
-                } in parts
-                {
-                    let mut pins = BTreeMap::new();
-                    for (l, e) in req.limits.iter().zip(&evals) {
-                        if let Some(p) = refund_pin(l, e.ws, e.pe, now) {
-                            pins.insert(l.name().to_string(), p);
-                        }
-                        let take = takes
-                            .iter()
-                            .find(|(n, _)| n == l.name())
-                            .map_or(0, |(_, t)| *t);
-                        after
-                            .entry(l.name().to_string())
-                            .or_default()
-                            .push(Evaluated {
-                                balance: e.balance - take,
-                                opened: false,
-                                ..e.clone()
-                            });
-                    }
-                    lease_parts.push(Part {
-                        shard,
-                        key,
-                        held: takes.into_iter().collect(),
-                        pins,
-                        image: None,
-                        bypassed: false,
-                    });
-                }
-                let s_now = self.shards.get(&req.entity, &req.resource).unwrap_or(s);
-                let statuses = req
-                    .limits
-                    .iter()
-                    .filter_map(|l| {
-                        let a = req.amounts.iter().find(|(n, _)| n == l.name())?.1;
-                        let evals = after.get(l.name())?;
-                        let views: Vec<ShardView<'_>> = evals
-                            .iter()
-                            .map(|e| ShardView {
-                                eval: e,
-                                shard_count: s_now,
-                                carry: e.carry.unwrap_or(0),
-                            })
-                            .collect();
-                        Some(limit_status(l, &views, a, false, now))
-                    })
-                    .collect();
-                Ok(Lease::granted(self.clone(), req, lease_parts, statuses))
-            }
-        }
-    }
-
-    /// A lease's usage its shard cannot cover: charge it across the entity (debt levelled),
-    /// with the lease's `refunds` in the same transaction.
-    pub(crate) async fn entity_charge(
-        self: &Arc<Self>,
-        req: &Request,
-        s: i64,
-        preferred: u32,
-        usage: &[(String, i64)],
-        refunds: &[RideAlong<'_>],
-    ) -> Result<Vec<Landing>> {
-        match self
-            .entity_debit(req, s, preferred, usage, true, refunds)
-            .await?
-        {
-            Charged::Landed(parts) => Ok(parts.into_iter().map(|t| t.landing).collect()),
-            Charged::Short(_) => Err(Error::Unavailable(StoreError::TransactionConflict)),
-        }
-    }
-
     async fn read_entity(&self, req: &Request, s: i64) -> Result<Vec<Seen>> {
         let keys: Vec<Key> = (0..s as u32).map(|i| self.bucket_key(req, i)).collect();
         let items = self.store.batch_get(&keys, true).await?;

@@ -1,91 +1,21 @@
-//! The running aggregator over the change feed, and the usage snapshots it keeps.
-//!
-//! [`FeedAggregator::pass`] reads the store's [`ChangeFeed`] from the consumer's checkpoint,
-//! turns each bucket write into usage ([`tollgate_core::usage::usage_of`]: `tc` and `rq`
-//! deltas dated by the write's `wt`, and each limit's overdraw, ADR-151), adds it to the snapshots of every configured window,
-//! and — in the same transaction — moves the checkpoint, conditioned on the checkpoint it
-//! started from. A batch read twice (a restarted aggregator, a second aggregator on the
-//! same store) therefore lands once: the second commit's checkpoint condition fails and it
-//! re-reads from the checkpoint that won. A pass that dies before its commit leaves the
-//! checkpoint where it was, and the next pass reads the same changes again.
-//!
-//! After the usage, the pass runs the [`Aggregator`]'s background work (refill, roll and
-//! reset; proactive doubling and Path-2 clones) for every (entity, resource) that consumed
-//! in the batch, as the original's stream processor did.
+//! [`FeedAggregator`]: the pass over the change feed — usage summed per snapshot item,
+//! committed with the checkpoint in one transaction — and the background work after it.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 
 use tollgate_core::expr::{Condition, ReturnValues, Update};
-use tollgate_core::ids::{validate_entity_id, validate_resource};
-use tollgate_core::usage::{
-    snapshot_key, snapshot_pk, snapshot_update, usage_of, Snapshot, Window,
-};
+use tollgate_core::ids::validate_entity_id;
+use tollgate_core::usage::{snapshot_key, snapshot_update, usage_of, Window};
 use tollgate_core::value::{Key, Value};
 use tollgate_store::{
-    ChangeFeed, FeedCursor, Query, StoreError, TransactOp, UpdateRequest, MAX_TRANSACT_OPS,
+    ChangeFeed, FeedCursor, StoreError, TransactOp, UpdateRequest, MAX_TRANSACT_OPS,
 };
 
+use super::{PassReport, UsageOptions};
 use crate::aggregator::Aggregator;
 use crate::error::{Error, Result};
 use crate::limiter::Limiter;
-
-/// How the aggregator keeps usage.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct UsageOptions {
-    /// The snapshot windows (default hourly and daily).
-    pub windows: Vec<Window>,
-    /// How long a snapshot is kept after its window ends (days; default 90).
-    pub retention_days: i64,
-    /// Changes read per feed request (default 500).
-    pub batch: usize,
-    /// The consumer name its checkpoint is stored under (default `aggregator`): processes
-    /// with the same name share one checkpoint, so each change is counted once among them.
-    pub consumer: String,
-    /// Also refill, roll, reset and double the buckets that consumed (default true).
-    pub background: bool,
-    /// Most feed reads in one pass (`None`: until the feed has nothing more).
-    pub max_batches: Option<usize>,
-    /// Changes counted are trimmed from the feed (where the backend keeps it: memory,
-    /// SQLite) once older than this (ms; default 24 hours, DynamoDB Streams' own), so
-    /// another consumer of the same feed — another namespace's aggregator on the same file
-    /// — has that long to read them.
-    pub feed_retention_ms: i64,
-}
-
-impl Default for UsageOptions {
-    fn default() -> Self {
-        UsageOptions {
-            windows: vec![Window::Hourly, Window::Daily],
-            retention_days: 90,
-            batch: 500,
-            consumer: "aggregator".into(),
-            background: true,
-            max_batches: None,
-            feed_retention_ms: 86_400_000,
-        }
-    }
-}
-
-/// What one pass did.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct PassReport {
-    /// Changes read from the feed.
-    pub changes: usize,
-    /// Changes that carried usage.
-    pub usage_changes: usize,
-    /// Snapshot updates written (each snapshot item once per commit).
-    pub snapshot_writes: usize,
-    /// Transactions that moved the checkpoint.
-    pub commits: usize,
-    /// Commits refused because another consumer had moved the checkpoint first (their
-    /// changes were re-read from the winner's checkpoint, never counted twice).
-    pub lost_races: usize,
-    /// Age (ms) of the oldest change read, at the start of the pass: the feed lag.
-    pub lag_ms: i64,
-    /// The background work's report.
-    pub background: crate::AggregateReport,
-}
 
 /// The key of consumer `consumer`'s checkpoint.
 pub fn checkpoint_key(ns: &str, consumer: &str) -> Key {
@@ -404,119 +334,5 @@ impl FeedAggregator {
         }
         tracing::debug!(?rep, "aggregator pass");
         Ok(rep)
-    }
-}
-
-/// A usage query: an entity's snapshots (optionally of one resource), or a resource's over
-/// every entity; one window or all; a time range of window starts.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct UsageQuery {
-    /// The entity.
-    pub entity: Option<String>,
-    /// The resource.
-    pub resource: Option<String>,
-    /// One window (all when `None`).
-    pub window: Option<Window>,
-    /// Window starts at or after this (ms).
-    pub from_ms: Option<i64>,
-    /// Window starts before this (ms).
-    pub to_ms: Option<i64>,
-    /// Most snapshots in a page (default 100, at most 1000).
-    pub limit: Option<usize>,
-    /// Continue after this page token.
-    pub after: Option<String>,
-}
-
-/// One page of snapshots.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct UsagePage {
-    /// The snapshots, oldest window first.
-    pub snapshots: Vec<Snapshot>,
-    /// The token of the next page, when there is one.
-    pub next: Option<String>,
-}
-
-fn page_token(s: &Snapshot) -> String {
-    format!(
-        "{}|{}|{}|{}",
-        s.start_ms,
-        s.window.name(),
-        s.entity,
-        s.resource
-    )
-}
-
-impl Limiter {
-    /// Usage snapshots matching `q`, oldest window first, paginated.
-    pub async fn usage(&self, q: &UsageQuery) -> Result<UsagePage> {
-        let invalid = Error::InvalidUsage;
-        if let Some(e) = &q.entity {
-            validate_entity_id(e)?;
-        }
-        if let Some(r) = &q.resource {
-            validate_resource(r)?;
-        }
-        let limit = q.limit.unwrap_or(100);
-        if !(1..=1000).contains(&limit) {
-            return Err(invalid(format!("limit must be 1 to 1000, not {limit}")));
-        }
-        let ns = self.inner.ns();
-        let items = match (&q.entity, &q.resource) {
-            (Some(e), r) => {
-                let prefix = r.as_ref().map(|r| format!("{r}#"));
-                self.inner
-                    .store
-                    .query(Query {
-                        consistent: true,
-                        ..Query::table(snapshot_pk(ns, e), prefix.as_deref())
-                    })
-                    .await?
-            }
-            (None, Some(r)) => {
-                self.inner
-                    .store
-                    .query(Query::index(
-                        "GSI2",
-                        tollgate_core::keys::gsi2_resource(ns, r),
-                        Some("USAGE#"),
-                    ))
-                    .await?
-            }
-            (None, None) => {
-                return Err(invalid(
-                    "a usage query names an entity or a resource".into(),
-                ))
-            }
-        };
-        let mut snaps: Vec<Snapshot> = items
-            .iter()
-            .filter_map(Snapshot::decode)
-            .filter(|s| q.window.is_none_or(|w| s.window == w))
-            .filter(|s| q.from_ms.is_none_or(|f| s.start_ms >= f))
-            .filter(|s| q.to_ms.is_none_or(|t| s.start_ms < t))
-            .collect();
-        snaps.sort_by(|a, b| {
-            (a.start_ms, a.window, &a.entity, &a.resource).cmp(&(
-                b.start_ms,
-                b.window,
-                &b.entity,
-                &b.resource,
-            ))
-        });
-        if let Some(after) = &q.after {
-            let pos = snaps.iter().position(|s| page_token(s) == *after);
-            match pos {
-                Some(i) => {
-                    snaps.drain(..=i);
-                }
-                None => return Err(invalid(format!("unknown page token {after:?}"))),
-            }
-        }
-        let next = (snaps.len() > limit).then(|| page_token(&snaps[limit - 1]));
-        snaps.truncate(limit);
-        Ok(UsagePage {
-            snapshots: snaps,
-            next,
-        })
     }
 }
