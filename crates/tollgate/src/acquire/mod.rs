@@ -8,6 +8,8 @@ mod fast;
 mod many;
 mod reset;
 mod slow;
+mod slow_retry;
+mod slow_write;
 mod status;
 
 pub use reset::{validate_op_id, BucketOpOutcome, MAX_OP_ID_CHARS};
