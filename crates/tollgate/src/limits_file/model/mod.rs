@@ -5,11 +5,13 @@ use std::ops::Range;
 
 use serde::Deserialize;
 use tollgate_core::merge::Merge;
-use tollgate_core::{Limit, LimitSpec};
 
 use super::descriptors::{EnvoySettings, RawEnvoy};
 use super::diff::Level;
 use crate::config::{OnUnavailable, Scope};
+use levels::{check_scope, level_of, limits_of, merge_of};
+
+mod levels;
 
 /// A limits file that did not parse or validate: where, and why.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -99,7 +101,8 @@ struct RawEntity {
     resources: BTreeMap<String, toml::Spanned<RawLevel>>,
 }
 
-/// One limit: the fields of [`LimitSpec`] without the name (the table key is the name).
+/// One limit: the fields of [`LimitSpec`](tollgate_core::LimitSpec) without the name (the
+/// table key is the name).
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 struct RawLimit {
@@ -151,94 +154,6 @@ impl Ctx<'_> {
             reason: reason.into(),
         }
     }
-}
-
-/// A level's merge flags (ADR-143), checked as `limits set` checks them.
-fn merge_of(
-    cx: &Ctx<'_>,
-    span: Range<usize>,
-    path: &str,
-    inherit: bool,
-    exclude: &std::collections::BTreeSet<String>,
-    patch: &BTreeMap<String, tollgate_core::merge::PatchSpec>,
-) -> Result<Merge, LimitsFileError> {
-    let spec = tollgate_core::merge::MergeSpec {
-        inherit_limits: inherit,
-        exclude_limits: exclude.clone(),
-        patch_limits: patch.clone(),
-    };
-    let m = spec
-        .to_merge()
-        .map_err(|e| cx.err(span.clone(), path, e.to_string()))?;
-    m.validate(false)
-        .map_err(|e| cx.err(span, path, e.to_string()))?;
-    Ok(m)
-}
-
-fn limits_of(
-    cx: &Ctx<'_>,
-    path: &str,
-    raw: &BTreeMap<String, toml::Spanned<RawLimit>>,
-) -> Result<Vec<Limit>, LimitsFileError> {
-    let mut out = Vec::with_capacity(raw.len());
-    for (name, l) in raw {
-        let span = l.span();
-        let l = l.get_ref();
-        let spec = LimitSpec {
-            name: name.clone(),
-            capacity: l.capacity,
-            refill_amount: l.refill_amount,
-            refill_period_ms: l.refill_period_ms,
-            reset_cron: l.reset_cron.clone(),
-            reset_tz: l.reset_tz.clone(),
-            reset_after_s: l.reset_after_s,
-            schedule: l.schedule.clone(),
-            schedule_tz: l.schedule_tz.clone(),
-            soft: l.soft,
-        };
-        let limit = spec
-            .to_limit()
-            .map_err(|e| cx.err(span, format!("{path}.limits.{name}"), e.to_string()))?;
-        out.push(limit);
-    }
-    Ok(out)
-}
-
-fn check_scope(
-    cx: &Ctx<'_>,
-    span: Range<usize>,
-    path: &str,
-    s: &Scope,
-) -> Result<(), LimitsFileError> {
-    s.validate()
-        .map_err(|e| cx.err(span, path.to_string(), e.to_string()))
-}
-
-/// A `[resources.R]` or `[entities.E.resources.R]` table as the level of `scope`.
-fn level_of(
-    cx: &Ctx<'_>,
-    lvl: &toml::Spanned<RawLevel>,
-    path: &str,
-    scope: Scope,
-) -> Result<Level, LimitsFileError> {
-    check_scope(cx, lvl.span(), path, &scope)?;
-    let l = lvl.get_ref();
-    let limits = limits_of(cx, path, &l.limits)?;
-    let merge = merge_of(
-        cx,
-        lvl.span(),
-        path,
-        l.inherit_limits,
-        &l.exclude_limits,
-        &l.patch_limits,
-    )?;
-    Ok(Level {
-        scope,
-        limits,
-        on_unavailable: None,
-        cascade: l.cascade,
-        merge,
-    })
 }
 
 /// Parse and validate a limits file (`origin` names it in errors).
@@ -409,7 +324,7 @@ rpm = { capacity = 5, refill_amount = 5 }
 
     #[test]
     fn the_example_file_loads() {
-        let text = include_str!("../../../../examples/limits.toml");
+        let text = include_str!("../../../../../examples/limits.toml");
         let f = parse("examples/limits.toml", text).unwrap();
         assert_eq!(f.levels.len(), 4);
         assert_eq!(f.envoy.rules.len(), 3);
@@ -420,7 +335,7 @@ rpm = { capacity = 5, refill_amount = 5 }
 
     #[test]
     fn every_truncation_of_the_example_is_an_error_or_a_file_never_a_panic() {
-        let text = include_str!("../../../../examples/limits.toml");
+        let text = include_str!("../../../../../examples/limits.toml");
         for (i, _) in text.char_indices() {
             if let Err(e) = parse("cut.toml", &text[..i]) {
                 assert!(e.line <= text[..i].lines().count() + 1, "{e}");
