@@ -96,6 +96,40 @@ impl std::fmt::Display for Enforcement {
     }
 }
 
+/// Rule "a scope's mode is its most specific level's": the mode an (entity, resource) is
+/// in is the first level, in the order entity + resource, entity default, resource,
+/// system, whose config sets one (`levels` in that order); `None` when none does (the
+/// pair is then enforced).
+pub fn scope_mode(levels: &[Option<Enforcement>]) -> Option<Enforcement> {
+    levels.iter().flatten().next().copied()
+}
+
+/// The parameter hash an item carries under `mode`: the limits' hash, with the mode
+/// appended when a level sets one. A change of mode then changes the hash, so the fast
+/// path's `ph` term sends each bucket's next write to the slow path, where
+/// [`flip`] brings its stamp in line; with no mode set the hash is the limits' alone
+/// (every item written before modes were stored keeps its hash).
+pub fn policy_hash(params_hash: &str, mode: Option<Enforcement>) -> String {
+    match mode {
+        None => params_hash.to_string(),
+        Some(m) => format!("{params_hash}/{m}"),
+    }
+}
+
+/// Rule "a scope's mode reaches its buckets on their slow pass": the bypass stamp an
+/// rf-locked write sets on `img` so that it follows the configured `mode` (no level
+/// setting one: enforce) — `Some(true)` to stamp it, `Some(false)` to lift it, `None` when
+/// the item already agrees (or the mode is `disabled`, which refuses before any write).
+/// The write that flips is conditioned on the stamp it found ([`stamp`]) and planned in
+/// the new shape.
+pub fn flip(img: &BucketImage, mode: Option<Enforcement>) -> Option<bool> {
+    match mode.unwrap_or_default() {
+        Enforcement::Bypass if !img.bypass => Some(true),
+        Enforcement::Enforce if img.bypass => Some(false),
+        _ => None,
+    }
+}
+
 /// The `vu` every bypass pass stamps: 0, "forced slow path" — nothing a bypass writes is
 /// trusted by a balance-only enforced write, so the first enforced write after the bypass
 /// is an rf-locked one that applies what is due.
@@ -250,5 +284,56 @@ mod tests {
         let held = hold(due, Some(&st), 500);
         assert_eq!(held.transition, Transition::Kept);
         assert_eq!((held.balance, held.ws, held.opened), (4_000, None, false));
+    }
+
+    /// The most specific level that sets a mode decides; none set leaves the stamps alone.
+    #[test]
+    fn the_most_specific_level_decides() {
+        use Enforcement::*;
+        assert_eq!(
+            scope_mode(&[None, None, Some(Bypass), Some(Disabled)]),
+            Some(Bypass)
+        );
+        assert_eq!(
+            scope_mode(&[Some(Enforce), None, Some(Bypass), None]),
+            Some(Enforce)
+        );
+        assert_eq!(scope_mode(&[None, None, None, None]), None);
+    }
+
+    /// A mode changes the hash; no mode keeps the limits' hash unchanged.
+    #[test]
+    fn a_mode_changes_the_policy_hash() {
+        assert_eq!(policy_hash("abc", None), "abc");
+        assert_ne!(
+            policy_hash("abc", Some(Enforcement::Bypass)),
+            policy_hash("abc", Some(Enforcement::Enforce))
+        );
+    }
+
+    /// The slow pass flips the stamp only towards the configured mode.
+    #[test]
+    fn a_flip_follows_the_configured_mode() {
+        let mut img = BucketImage {
+            key: "k".into(),
+            rf: 0,
+            vu: None,
+            ttl: None,
+            shard_count: 1,
+            ph: None,
+            limits: Default::default(),
+            wcu: None,
+            disabled: false,
+            bypass: false,
+            op: None,
+            cascade: None,
+        };
+        assert_eq!(flip(&img, Some(Enforcement::Bypass)), Some(true));
+        assert_eq!(flip(&img, Some(Enforcement::Enforce)), None);
+        assert_eq!(flip(&img, None), None);
+        img.bypass = true;
+        assert_eq!(flip(&img, Some(Enforcement::Enforce)), Some(false));
+        assert_eq!(flip(&img, Some(Enforcement::Disabled)), None);
+        assert_eq!(flip(&img, None), Some(false), "no mode stored: enforced");
     }
 }

@@ -105,6 +105,9 @@ fn request(entity: &str, resource: &str, limits: Vec<Limit>, ph: &str) -> Result
         // `cascade`, so an item keeps what its last client write stamped.
         cascade: false,
         bypass: false,
+        // Nor the mode: an aggregator pass keeps the item's stamps.
+        mode: None,
+        mode_confirmed: false,
     })
 }
 

@@ -44,8 +44,15 @@ pub(crate) fn parent_request(
         ph,
         source,
         cascade,
+        mode,
         ..
     } = resolved;
+    if mode == Some(tollgate_core::bypass::Enforcement::Disabled) {
+        return Err(Error::ResourceDisabled {
+            entity: parent.into(),
+            resource: child.resource.to_string(),
+        });
+    }
     let amounts = child
         .amounts
         .iter()
@@ -61,7 +68,13 @@ pub(crate) fn parent_request(
         source,
         now,
     )?;
-    Ok(Request { cascade, ..req })
+    Ok(Request {
+        cascade,
+        bypass: mode == Some(tollgate_core::bypass::Enforcement::Bypass),
+        mode,
+        mode_confirmed: false,
+        ..req
+    })
 }
 
 impl Inner {

@@ -4,6 +4,7 @@
 mod admin;
 mod commit;
 mod create;
+mod enforce;
 mod fast;
 mod many;
 mod reset;
@@ -19,6 +20,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use tollgate_core::bucket::{attr, BucketImage, MAX_SHARD_COUNT};
+use tollgate_core::bypass::Enforcement;
 use tollgate_core::expr::{Condition, ReturnValues, Update};
 use tollgate_core::ids::{validate_entity_id, validate_limit_name, validate_resource};
 use tollgate_core::keys;
@@ -70,6 +72,13 @@ pub(crate) struct Request {
     /// enforced. A guess from the image this process last saw until a write or read shows
     /// the item's `bypass` stamp, which then decides (see `tollgate_core::bypass`).
     pub bypass: bool,
+    /// The mode the config sets for the pair (`None`: no level sets one, enforced). A
+    /// slow pass brings the item's stamp in line with it
+    /// (`tollgate_core::bypass::flip`), after confirming it when it came from the cache.
+    pub mode: Option<Enforcement>,
+    /// `mode` was read consistently during this acquire (`confirm_mode`): a stamp that
+    /// disagrees is the stale one, flipped without another read.
+    pub mode_confirmed: bool,
 }
 
 /// Validate names and amounts (tokens → millitokens): negative, huge or duplicate amounts
@@ -165,8 +174,19 @@ impl Limiter {
                 .config
                 .resolve(inner.store.as_ref(), inner.ns(), entity, resource, now)
                 .await?;
+            // Rule "a scope's mode is its most specific level's": a disabled scope is
+            // refused before any write; a bypassed one is written bypass-shaped.
+            if res.mode == Some(Enforcement::Disabled) {
+                return Err(Error::ResourceDisabled {
+                    entity: entity.into(),
+                    resource: resource.into(),
+                });
+            }
             let (limits, ph, source) = match opts.limits {
-                Some(l) => (Arc::<[Limit]>::from(l), None, Source::Override),
+                Some(l) => {
+                    let ph = tollgate_core::bypass::policy_hash(&params_hash(&l), res.mode);
+                    (Arc::<[Limit]>::from(l), Some(ph.into()), Source::Override)
+                }
                 None => {
                     if policy.is_none() {
                         policy = res.on_unavailable;
@@ -180,6 +200,11 @@ impl Limiter {
             }
             let req = Request {
                 cascade: res.cascade,
+                bypass: res.mode == Some(Enforcement::Bypass),
+                mode: res.mode,
+                // A cached answer, even a confirmed one, may predate a change: a stamp
+                // it disagrees with is re-read before it is flipped.
+                mode_confirmed: false,
                 ..inner.request_hashed(entity, resource, amounts, limits, ph, source, now)?
             };
             // ADR-146: the parent is charged with its own resolved limits (resolved before
@@ -282,6 +307,8 @@ impl Inner {
             ttl,
             cascade: false,
             bypass: false,
+            mode: None,
+            mode_confirmed: false,
         })
     }
 

@@ -104,16 +104,31 @@ impl Inner {
                 resource: req.resource.to_string(),
             }));
         }
-        // ADR-151: the item's stamp decides the pass's shape (the request only guessed).
+        // ADR-151: the item's stamp decides the pass's shape (the request only guessed) —
+        // unless the configured mode disagrees with it, when this pass flips it (rule "a
+        // scope's mode reaches its buckets on their slow pass"), a cached mode confirmed
+        // by a consistent read first.
         let shaped;
-        let req = if img.bypass != req.bypass {
-            shaped = Request {
-                bypass: img.bypass,
-                ..req.clone()
-            };
-            &shaped
-        } else {
-            req
+        let req = match tollgate_core::bypass::flip(&img, req.mode) {
+            None if img.bypass == req.bypass => req,
+            None => {
+                shaped = Request {
+                    bypass: img.bypass,
+                    ..req.clone()
+                };
+                &shaped
+            }
+            Some(to) if req.mode_confirmed => {
+                shaped = Request {
+                    bypass: to,
+                    ..req.clone()
+                };
+                &shaped
+            }
+            Some(_) => {
+                shaped = self.confirm_mode(req, &img).await?;
+                &shaped
+            }
         };
         let img_rf = img.rf;
         let cached = self.shards.get(&req.entity, &req.resource).unwrap_or(1);
@@ -334,5 +349,50 @@ impl Budget {
         self.pass_moves = self.moves;
         self.replanned = false;
         self.rereads = 0;
+    }
+}
+
+impl Inner {
+    /// A slow pass found the item's stamp disagreeing with the mode this process's cache
+    /// holds: resolve the pair again, consistently (the cache keeps the answer, marked
+    /// confirmed), and shape the pass by that answer — flipping the stamp when the answer
+    /// still disagrees, keeping it when the cache was the stale one, refusing when the
+    /// scope is now disabled. A re-read that fails keeps the item's stamp (its shape).
+    async fn confirm_mode(&self, req: &Request, img: &BucketImage) -> Pass<Request> {
+        let now = self.clock.now_ms();
+        let res = self
+            .config
+            .resolve_confirmed(
+                self.store.as_ref(),
+                self.ns(),
+                &req.entity,
+                &req.resource,
+                now,
+            )
+            .await;
+        let mode = match res {
+            Ok(r) => r.mode,
+            Err(e) => {
+                tracing::warn!(error = %e, entity = %req.entity, resource = %req.resource,
+                    "bypass: the config re-read a disagreeing stamp asked for failed; the stamp stands");
+                return Ok(Request {
+                    bypass: img.bypass,
+                    mode: None,
+                    ..req.clone()
+                });
+            }
+        };
+        if mode == Some(Enforcement::Disabled) {
+            return Err(Flow::Fail(Error::ResourceDisabled {
+                entity: req.entity.to_string(),
+                resource: req.resource.to_string(),
+            }));
+        }
+        Ok(Request {
+            bypass: tollgate_core::bypass::flip(img, mode).unwrap_or(img.bypass),
+            mode,
+            mode_confirmed: true,
+            ..req.clone()
+        })
     }
 }

@@ -32,7 +32,14 @@ impl Inner {
         };
         let (update, condition) =
             normal_write(img.rf, &stamp, &req.limits, evals, &wcu, amounts, charging);
-        let update = tollgate_core::usage::stamp_write_time(update, now);
+        let mut update = tollgate_core::usage::stamp_write_time(update, now);
+        // A pass shaped by the configured mode against the item's stamp flips the stamp
+        // (conditioned below on the one it found).
+        match tollgate_core::bypass::flip(img, req.mode) {
+            Some(true) if req.bypass => update = update.set(attr::BYPASS, true),
+            Some(false) if !req.bypass => update = update.remove(attr::BYPASS),
+            _ => {}
+        }
         (
             UpdateRequest {
                 key: key.clone(),

@@ -26,6 +26,10 @@ pub(crate) fn config_image(item: Option<&Item>) -> Json {
         Ok(m) => m,
         Err(e) => return json!({ "corrupt": e.to_string() }),
     };
+    let mode = match config::decode_enforcement(item) {
+        Ok(m) => m,
+        Err(e) => return json!({ "corrupt": e.to_string() }),
+    };
     match (config::decode(item), config::decode_cascade(item)) {
         (Ok((limits, on)), Ok(cascade)) => {
             let mut image = json!({
@@ -33,6 +37,10 @@ pub(crate) fn config_image(item: Option<&Item>) -> Json {
                 "on_unavailable": on,
                 "cascade": cascade,
             });
+            // The mode (ADR-151), only where a level sets one.
+            if let (Some(o), Some(m)) = (image.as_object_mut(), mode) {
+                o.insert("enforcement".into(), json!(m.as_str()));
+            }
             // The merge flags (ADR-143), only where a level sets them.
             if let (Some(o), Ok(Json::Object(m))) = (
                 image.as_object_mut(),

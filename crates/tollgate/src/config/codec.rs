@@ -1,9 +1,10 @@
 //! The config item's encoding: limits under `l_` / `w_`, the system's `on_unavailable`, the
-//! cascade flag and the merge flags, each decoded back or reported corrupt.
+//! cascade flag, the mode and the merge flags, each decoded back or reported corrupt.
 
 use std::collections::BTreeMap;
 
 use tollgate_core::bucket::SCHED_NONE;
+use tollgate_core::bypass::Enforcement;
 use tollgate_core::error::RuleError;
 use tollgate_core::merge::Merge;
 use tollgate_core::schedule::Schedule;
@@ -151,6 +152,27 @@ pub fn decode_cascade(item: &Item) -> Result<Option<bool>> {
         }
     }
 }
+
+/// The stored mode of a config level (rule "a scope's mode is its most specific
+/// level's", `tollgate_core::bypass::scope_mode`): `Some` when the level sets one, `None`
+/// when it does not; anything but one of the three names is corrupt (naming the attribute).
+pub fn decode_enforcement(item: &Item) -> Result<Option<Enforcement>> {
+    match item.get(ENFORCEMENT) {
+        None | Some(Value::Null) => Ok(None),
+        Some(Value::S(s)) => s.parse().map(Some).map_err(|m: String| {
+            let key = Key::of(item).map(|k| k.to_string()).unwrap_or_default();
+            corrupt(&key, ENFORCEMENT, &m)
+        }),
+        Some(_) => {
+            let key = Key::of(item).map(|k| k.to_string()).unwrap_or_default();
+            Err(corrupt(&key, ENFORCEMENT, "expected a string"))
+        }
+    }
+}
+
+/// The config item attribute holding a level's mode: `enforce`, `disabled` or `bypass`
+/// (ADR-151; absent: the level sets none).
+pub const ENFORCEMENT: &str = "enforcement";
 
 /// The config item attribute holding the tri-state cascade policy (ADR-146).
 pub const CASCADE: &str = "cascade";

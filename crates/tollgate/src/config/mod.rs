@@ -25,7 +25,8 @@ use crate::error::Result;
 
 pub use cache::{ConfigCache, Resolved};
 pub use codec::{
-    decode, decode_cascade, decode_merge, encode, encode_merge, CASCADE, EXCLUDE, INHERIT, PATCH,
+    decode, decode_cascade, decode_enforcement, decode_merge, encode, encode_merge, CASCADE,
+    ENFORCEMENT, EXCLUDE, INHERIT, PATCH,
 };
 
 /// Where limits are stored.

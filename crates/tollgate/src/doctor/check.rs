@@ -92,6 +92,7 @@ pub fn check_item(ns: &str, key: &Key, item: &Item) -> Option<CorruptItem> {
         | ItemKind::EntityLimits { .. } => config::decode(item)
             .err()
             .or_else(|| config::decode_cascade(item).err())
+            .or_else(|| config::decode_enforcement(item).err())
             .or_else(|| config::decode_merge(item).err()),
         ItemKind::Entity { .. } => config::decode_cascade(item).err(),
         ItemKind::Bucket { .. } => BucketImage::decode(item)

@@ -320,7 +320,16 @@ pub(super) fn lease_of(inner: &Arc<Inner>, d: Doc, depth: u32) -> Result<Lease> 
                 .map_err(|e| invalid(format!("a limit does not decode: {e}")))?;
             // The parameter hash is the limits' own: a limit that did not survive the
             // round trip exactly would change what the lease writes.
-            if params_hash(&limits) != r.ph {
+            // The mode, when one was set, follows the limits' hash (`bypass::policy_hash`).
+            let (hash, mode) = match r.ph.split_once('/') {
+                Some((h, m)) => (h, Some(m)),
+                None => (r.ph.as_str(), None),
+            };
+            let mode: Option<tollgate_core::bypass::Enforcement> = mode
+                .map(str::parse)
+                .transpose()
+                .map_err(|e: String| invalid(format!("its parameter hash names no mode: {e}")))?;
+            if params_hash(&limits) != hash {
                 return Err(invalid("its limits do not match their parameter hash"));
             }
             Some(Request {
@@ -332,6 +341,9 @@ pub(super) fn lease_of(inner: &Arc<Inner>, d: Doc, depth: u32) -> Result<Lease> 
                 ttl: r.ttl.map_or(TtlWrite::Remove, TtlWrite::Set),
                 cascade: r.cascade,
                 bypass: d.parts.iter().any(|p| p.bypassed),
+                mode,
+                // Never confirmed: a stamp it questions is re-read first.
+                mode_confirmed: false,
             })
         }
     };

@@ -28,6 +28,19 @@ fn deleted_action(cascade_lost: bool) -> String {
     a
 }
 
+/// The attributes of a config level that are not limits and outlive a change of its
+/// limits: its cascade policy and its mode, each where it is set and decodes.
+fn kept_policy(old: &Item) -> Item {
+    let mut kept = Item::new();
+    if let Some(c) = config::decode_cascade(old).ok().flatten() {
+        kept.insert(config::CASCADE.into(), Value::Bool(c));
+    }
+    if let Some(m) = config::decode_enforcement(old).ok().flatten() {
+        kept.insert(config::ENFORCEMENT.into(), Value::S(m.as_str().into()));
+    }
+    kept
+}
+
 impl Limiter {
     /// Store limits at a scope (replacing what was there). Existing buckets pick the new
     /// parameters up on their next acquire (the parameter hash on each bucket sends the fast
@@ -106,9 +119,10 @@ impl Limiter {
             .audited_config_change(scope, Action::LimitsSet, first, |old| {
                 let mut item = config::encode(limits, on_unavailable);
                 config::encode_merge(&mut item, merge);
-                // The level's cascade policy (ADR-146) is not a limit: replacing limits keeps it.
-                if let Some(c) = old.and_then(|o| config::decode_cascade(o).ok().flatten()) {
-                    item.insert(config::CASCADE.into(), Value::Bool(c));
+                // The level's cascade policy (ADR-146) and mode (ADR-151) are not limits:
+                // replacing limits keeps them.
+                if let Some(o) = old {
+                    item.extend(kept_policy(o));
                 }
                 Some(ConfigWrite::Put(item))
             })
@@ -157,7 +171,7 @@ impl Limiter {
 
     /// Delete the limits stored at a scope (their merge flags with them); `true` if there
     /// were any. The level's cascade
-    /// policy, if set, stays (see [`Limiter::set_cascade`]). A corrupt item is deleted (see
+    /// policy and mode, if set, stay (see [`Limiter::set_cascade`]). A corrupt item is deleted (see
     /// [`Limiter::delete_limits_with_repairs`]).
     pub async fn delete_limits(&self, scope: &Scope) -> Result<bool> {
         Ok(self.delete_limits_with_repairs(scope).await?.0)
@@ -178,14 +192,11 @@ impl Limiter {
         let undecodable = read.is_err();
         let (old, record) = self
             .audited_config_change(scope, Action::LimitsDelete, first, |old| {
-                // The level's cascade policy, if set, stays (the item keeps only it).
-                match old.map(|o| config::decode_cascade(o).ok().flatten()) {
+                // The level's cascade policy and mode, if set, stay (the item keeps only
+                // them).
+                match old.map(kept_policy) {
                     None if !undecodable => None,
-                    Some(Some(c)) => {
-                        let mut item = Item::new();
-                        item.insert(config::CASCADE.into(), Value::Bool(c));
-                        Some(ConfigWrite::Put(item))
-                    }
+                    Some(kept) if !kept.is_empty() => Some(ConfigWrite::Put(kept)),
                     _ => Some(ConfigWrite::Delete),
                 }
             })

@@ -6,6 +6,7 @@ mod resolve;
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
+use tollgate_core::bypass::Enforcement;
 use tollgate_core::merge::Merge;
 use tollgate_core::value::Key;
 use tollgate_core::Limit;
@@ -23,6 +24,8 @@ struct Entry {
     parent_id: Option<String>,
     /// The level's merge flags (config levels only, ADR-143).
     merge: Merge,
+    /// The level's mode (config levels only, ADR-151).
+    enforcement: Option<Enforcement>,
     /// The namespace's registry status (its reverse record only): `None` when the
     /// namespace was never registered or is active.
     ns_closed: Option<String>,
@@ -34,8 +37,9 @@ struct Entry {
 pub struct Resolved {
     /// The limits.
     pub limits: Arc<[Limit]>,
-    /// Their parameter hash ([`tollgate_core::writes::params_hash`]), computed once per
-    /// resolution rather than per call.
+    /// Their parameter hash ([`tollgate_core::writes::params_hash`]) with the mode
+    /// ([`tollgate_core::bypass::policy_hash`]), computed once per resolution rather than
+    /// per call.
     pub ph: Arc<str>,
     /// Where they came from.
     pub source: Source,
@@ -43,6 +47,9 @@ pub struct Resolved {
     pub on_unavailable: Option<OnUnavailable>,
     /// The entity's parent, from its META (`None` without a META or a parent).
     pub parent_id: Option<String>,
+    /// The (entity, resource)'s mode, from the most specific config level that sets one
+    /// (`tollgate_core::bypass::scope_mode`); `None` when no level does.
+    pub mode: Option<Enforcement>,
     /// The effective cascade policy for (entity, resource) (ADR-146, see
     /// [`crate::cascade::effective_policy`]).
     pub cascade: bool,

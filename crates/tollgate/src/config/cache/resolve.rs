@@ -8,7 +8,7 @@ use tollgate_core::value::{Key, Value};
 use tollgate_store::{Store, StoreError};
 
 use super::{ConfigCache, Entry, Resolved, Whole, WHOLE_CAP};
-use crate::config::{decode, decode_cascade, decode_merge, Source};
+use crate::config::{decode, decode_cascade, decode_enforcement, decode_merge, Source};
 use crate::error::{Error, Result};
 
 impl ConfigCache {
@@ -137,6 +137,7 @@ impl ConfigCache {
                     cascade: None,
                     parent_id: None,
                     merge: Merge::default(),
+                    enforcement: None,
                     ns_closed: None,
                 };
                 let e = match item {
@@ -160,6 +161,7 @@ impl ConfigCache {
                             on_unavailable: on,
                             cascade: decode_cascade(&i)?,
                             merge: decode_merge(&i)?,
+                            enforcement: decode_enforcement(&i)?,
                             ..empty
                         }
                     }
@@ -224,8 +226,16 @@ impl ConfigCache {
             .and_then(|i| levels.get(i))
             .map_or(Source::System, |(_, s)| *s);
         let limits = merged.limits;
+        let mode = tollgate_core::bypass::scope_mode(
+            &[0, 1, 2, 3].map(|i| found[i].as_ref().and_then(|e| e.enforcement)),
+        );
         let resolved = Resolved {
-            ph: tollgate_core::writes::params_hash(&limits).into(),
+            ph: tollgate_core::bypass::policy_hash(
+                &tollgate_core::writes::params_hash(&limits),
+                mode,
+            )
+            .into(),
+            mode,
             limits: limits.into(),
             source,
             on_unavailable,

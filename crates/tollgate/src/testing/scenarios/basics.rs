@@ -450,13 +450,15 @@ pub async fn s09_fast_condition_set(b: &Backend) {
 }
 
 /// Scenario 9, first clause: a fast write on a disabled item fails as DISABLED — refused
-/// with ResourceDisabled, no slow path — on every shard, until re-enabled.
+/// with ResourceDisabled, no slow path — on every shard, until re-enabled. The client
+/// under test did not make the change (its config cache has not seen the stored mode):
+/// the stamp alone refuses it. The client that made it refuses from its config.
 pub async fn s09_disabled_refuses_without_slow_path(b: &Backend) {
     let h = b.harness(T0).await;
     entity_limits(&h, "e", "api", &[Limit::per_minute("rpm", 100).unwrap()]).await;
     h.lim.acquire("e", "api", &[("rpm", 1)]).await.unwrap();
     h.lim.bump_shard_count("e", "api", 1).await.unwrap();
-    assert_eq!(h.lim.set_disabled("e", "api", true).await.unwrap(), 1);
+    assert_eq!(h.slow().set_disabled("e", "api", true).await.unwrap(), 1);
     let s = h.stats();
     let e = h.lim.acquire("e", "api", &[("rpm", 1)]).await.unwrap_err();
     assert!(matches!(e, Error::ResourceDisabled { .. }), "{e}");
@@ -464,21 +466,21 @@ pub async fn s09_disabled_refuses_without_slow_path(b: &Backend) {
     assert_eq!((d.updates, d.gets), (1, 0), "the failed fast write decides");
     // A shard created while disabled is refused too, and the slow path refuses.
     h.rng.pin(1);
-    let e = h
-        .slow()
-        .acquire("e", "api", &[("rpm", 1)])
-        .await
-        .unwrap_err();
+    let e = h.lim.acquire("e", "api", &[("rpm", 1)]).await.unwrap_err();
     assert!(matches!(e, Error::ResourceDisabled { .. }), "{e}");
     h.rng.pin(0);
+    let s = h.stats();
     let e = h
         .slow()
         .acquire("e", "api", &[("rpm", 1)])
         .await
         .unwrap_err();
     assert!(matches!(e, Error::ResourceDisabled { .. }), "{e}");
-    h.lim.set_disabled("e", "api", false).await.unwrap();
+    let d = h.stats().since(&s);
+    assert_eq!(d.writes(), 0, "the config's mode refuses before any write");
+    h.slow().set_disabled("e", "api", false).await.unwrap();
     h.lim.acquire("e", "api", &[("rpm", 1)]).await.unwrap();
+    h.slow().acquire("e", "api", &[("rpm", 1)]).await.unwrap();
 }
 
 /// Scenario 10: each fast write debits wcu by exactly 1000; at 999 it fails and, with a
