@@ -16,10 +16,13 @@ pub(super) enum FastOnce {
 
 impl Inner {
     /// ADR-151: whether the next write on `shard` is shaped for bypass — the stamp on the
-    /// image this process last saw there, enforced when it saw none.
+    /// image this process last saw there when it agrees with the configured mode, the
+    /// configured mode otherwise (a stamp that disagrees goes to the slow path, which
+    /// confirms the mode and flips the stamp).
     pub(crate) fn guess_bypass(&self, req: &Request, shard: u32) -> bool {
         self.images
             .get(&req.entity, &req.resource, shard)
+            .filter(|img| tollgate_core::bypass::flip(img, req.mode).is_none())
             .map_or(req.bypass, |img| img.bypass)
     }
 
@@ -75,9 +78,10 @@ impl Inner {
                 }
                 FastRoute::Reshape
                     if !reshaped
-                        && !img
-                            .as_ref()
-                            .is_some_and(|i| needs_materialising(i, req, now)) =>
+                        && img.as_ref().is_some_and(|i| {
+                            !needs_materialising(i, req, now)
+                                && tollgate_core::bypass::flip(i, req.mode).is_none()
+                        }) =>
                 {
                     // The item's stamp (now cached) decides the shape of the second write.
                     reshaped = true;

@@ -191,6 +191,8 @@ impl Inner {
         self.shards.raise(&req.entity, &req.resource, s);
         let refusal = self.refuse(req, &evals, s, now);
         if let (Some(x), true) = (&refusal, plan.moves.is_empty()) {
+            // A refusal writes nothing, but a stamp this pass found stale is put right.
+            self.restamp_mode(key, shard, &img, req).await;
             self.rejections
                 .record(&req.entity, &req.resource, shard, img, now);
             if s > 1 {
@@ -353,6 +355,43 @@ impl Budget {
 }
 
 impl Inner {
+    /// A refused pass that confirmed the item's bypass stamp stale: lift or set it (with
+    /// `vu = 0` when lifting, so the first enforced write materialises), conditioned on the
+    /// stamp it found. Best effort: a failure leaves the stamp, which the next pass
+    /// questions again.
+    async fn restamp_mode(&self, key: &Key, shard: u32, img: &BucketImage, req: &Request) {
+        let Some(to) = tollgate_core::bypass::flip(img, req.mode) else {
+            return;
+        };
+        if !req.mode_confirmed || to != req.bypass {
+            return;
+        }
+        let mode = if to {
+            Enforcement::Bypass
+        } else {
+            Enforcement::Enforce
+        };
+        let r = self
+            .store
+            .update(UpdateRequest {
+                key: key.clone(),
+                update: mode.stamp_update(),
+                condition: Some(
+                    Condition::exists("PK")
+                        .and(Condition::not_exists(attr::DISABLED))
+                        .and(tollgate_core::bypass::stamp(img.bypass)),
+                ),
+                returns: ReturnValues::None,
+            })
+            .await;
+        match r {
+            Ok(_) => self.images.forget(&req.entity, &req.resource, shard),
+            Err(e) => {
+                tracing::debug!(error = %e, %key, "bypass: the stale stamp was not put right")
+            }
+        }
+    }
+
     /// A slow pass found the item's stamp disagreeing with the mode this process's cache
     /// holds: resolve the pair again, consistently (the cache keeps the answer, marked
     /// confirmed), and shape the pass by that answer — flipping the stamp when the answer

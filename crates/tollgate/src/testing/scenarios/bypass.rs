@@ -116,7 +116,8 @@ pub async fn s109_bypass_opens_no_window(b: &Backend) {
 /// an item that lost the stamp (lifted by another process) the write fails its condition
 /// and the acquire is retried enforced — it is charged, and refused once the balance is
 /// spent. And the other way round: an enforce-shaped write meets a stamped item, fails, and
-/// is written bypass-shaped (no balance debited).
+/// is written bypass-shaped (no balance debited). Either way the retry is the slow pass,
+/// which confirms the mode with a consistent read before it trusts the stamp.
 pub async fn s111_a_bypass_write_needs_the_stamp(b: &Backend) {
     let h = b.harness(T0).await;
     set(&h, &[rpm()]).await;
@@ -156,7 +157,10 @@ pub async fn s111_a_bypass_write_needs_the_stamp(b: &Backend) {
     let s = h.stats();
     h.lim.acquire("e", "api", &[("rpm", 4)]).await.unwrap();
     assert_eq!(h.stats().since(&s).writes(), 2);
-    assert_eq!(h.n("e", "api", 0, "b_rpm_tk"), Some(0), "nothing debited");
+    // The stamp disagreed with this client's config: the second write was the slow
+    // pass (after a re-read confirmed the mode), which materialised the 1,001 ms of
+    // refill (166 millitokens) and debited nothing.
+    assert_eq!(h.n("e", "api", 0, "b_rpm_tk"), Some(166), "nothing debited");
     // Disabled outranks: refused, nothing written.
     h.slow()
         .set_enforcement("e", "api", Enforcement::Disabled)

@@ -10,6 +10,7 @@ pub mod exactness;
 pub mod gaps;
 pub mod limits_file;
 pub mod merge;
+pub mod modes;
 pub mod multi;
 pub mod namespaces;
 pub mod operator;
@@ -183,6 +184,9 @@ macro_rules! scenario_tests {
             bypass::s109_bypass_opens_no_window,
             bypass::s111_a_bypass_write_needs_the_stamp,
             bypass::bypass_reaches_new_shards_and_is_audited,
+            modes::resource_bypass_reaches_every_bucket,
+            modes::the_most_specific_mode_wins,
+            modes::a_disabled_resource_and_its_stored_mode,
             operator::s96_reset_two_shards,
             operator::s97_retry_lands_once,
             operator::s98_top_up_splits_by_grant,
