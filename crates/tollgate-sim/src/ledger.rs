@@ -235,16 +235,18 @@ pub struct TcEvent {
 }
 
 /// ADR-151: whether a write that moved `limit`'s `tc` by `delta` recorded it without
-/// debiting: consumption landing on an item stamped `bypass` (no enforced debit can land
-/// there), or a refund that left the balance where it was on a stamped item (a bypassed
-/// lease's; an enforced lease's refund credits its balance and counts).
+/// debiting: consumption that left the item stamped `bypass` — written on a stamped item
+/// (an enforced write requires the stamp absent and never sets it), or by the slow pass
+/// that set the stamp because the configured mode says bypass (shaped for bypass) — or a
+/// refund that left the balance where it was on a stamped item (a bypassed lease's; an
+/// enforced lease's refund credits its balance and counts).
 fn recorded_only(before: Option<&Item>, after: &Item, limit: &str, delta: i64) -> bool {
     let stamped = |i: &Item| i.contains_key("bypass");
     if !stamped(after) {
         return false;
     }
     if delta > 0 {
-        return before.is_none_or(stamped);
+        return true;
     }
     let tk = |i: &Item| n(i, &format!("b_{limit}_tk"));
     before.is_some_and(|b| tk(b) == tk(after))

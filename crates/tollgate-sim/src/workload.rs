@@ -646,11 +646,21 @@ async fn switch_bypass(
     } else {
         tollgate::Enforcement::Enforce
     };
-    let r = lim.set_enforcement(ent, &spec.resource, mode).await;
+    // The pair's level (stamped at once), the resource's level (reaching each bucket on
+    // its next slow pass, other clients within their config cache TTL), or the resource's
+    // level cleared.
+    let (scope, mode) = match rng.gen_range(0..4) {
+        0 | 1 => (
+            tollgate::Scope::Entity(ent.into(), Some(spec.resource.clone())),
+            Some(mode),
+        ),
+        2 => (tollgate::Scope::Resource(spec.resource.clone()), Some(mode)),
+        _ => (tollgate::Scope::Resource(spec.resource.clone()), None),
+    };
+    let r = lim.set_scope_enforcement(&scope, mode).await;
     if let Some(t) = sh.lock().trace.as_mut() {
         t.push(format!(
-            "c{id}: {ent}/{} set to {mode} ({})",
-            spec.resource,
+            "c{id}: {scope:?} set to {mode:?} ({})",
             r.as_ref()
                 .map_or_else(err_text, |n| format!("{n} shard(s)"))
         ));
