@@ -309,6 +309,20 @@ enum LimitsCmd {
         #[command(flatten)]
         store: StoreArgs,
     },
+    /// Set or clear the mode stored at a level (ADR-151): enforce, disabled or bypass (a
+    /// shadow mode: every acquire admitted and recorded, nothing debited); the most
+    /// specific level that sets one wins. The pair's level (--entity E --for-resource R) is
+    /// stamped on its shards at once; a broader level reaches each bucket on its next
+    /// acquire (within the config cache TTL in other processes). Audited.
+    Enforce {
+        #[command(flatten)]
+        scope: ScopeArgs,
+        /// enforce, disabled, bypass, or clear (the level sets no mode).
+        #[arg(long, value_parser = parse_mode)]
+        mode: Mode,
+        #[command(flatten)]
+        store: StoreArgs,
+    },
     /// Show what `apply -f FILE` would change: the file's levels against what the store
     /// holds now (read-only; docs/limits-file.md).
     Plan(limits_file::FileArgs),
@@ -806,7 +820,28 @@ async fn limits(cmd: LimitsCmd, json: bool) -> Result<(), Failure> {
             let limiter = store.limiter(Access::ReadOnly).await?;
             let (limits, on) = limiter.get_limits(&scope).await?;
             let merge = limiter.get_merge(&scope).await?;
+            let mode = limiter.scope_enforcement(&scope).await?;
             print_limits(&scope, &limits, on, &merge, json, "stored", &[]);
+            if let (Some(m), false) = (mode, json) {
+                println!("mode: {m}");
+            }
+            Ok(())
+        }
+        LimitsCmd::Enforce { scope, mode, store } => {
+            let scope = scope.scope();
+            let limiter = store.limiter(Access::Create).await?;
+            let shards = limiter.set_scope_enforcement(&scope, mode.0).await?;
+            let shown = mode.0.map_or("cleared", |m| m.as_str());
+            if json {
+                print_json(
+                    &json!({ "scope": scope_name(&scope), "mode": mode.0, "shards": shards }),
+                );
+            } else {
+                println!(
+                    "{}: mode {shown} ({shards} shard(s) stamped now)",
+                    scope_name(&scope)
+                );
+            }
             Ok(())
         }
         LimitsCmd::Delete { scope, store } => {
@@ -1046,6 +1081,18 @@ async fn entity(cmd: EntityCmd, json: bool) -> Result<(), Failure> {
 /// `--mode enforce|disabled|bypass`.
 fn parse_enforcement(s: &str) -> std::result::Result<tollgate::Enforcement, String> {
     s.parse()
+}
+
+/// A level's mode as `limits enforce --mode` takes it: a mode, or `clear`.
+#[derive(Debug, Clone, Copy)]
+struct Mode(Option<tollgate::Enforcement>);
+
+/// `--mode enforce|disabled|bypass|clear`.
+fn parse_mode(s: &str) -> std::result::Result<Mode, String> {
+    match s {
+        "clear" => Ok(Mode(None)),
+        _ => s.parse().map(|m| Mode(Some(m))),
+    }
 }
 
 /// Print what a reset or top-up did.

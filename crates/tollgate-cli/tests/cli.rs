@@ -786,3 +786,108 @@ fn namespaces_keep_apart_and_soft_delete_refuses() {
     let o = run(&["acquire", "-N", "acme", "u1", "llm", "rpm=1"]);
     assert_eq!(code(&o), 3, "the data stayed: still exhausted");
 }
+
+/// `limits enforce` (ADR-151, a mode at any level): a resource in shadow mode admits a
+/// drained entity, one entity enforced at its pair's level is refused (exit 3), a disabled
+/// resource refuses, `clear` enforces again, `limits get` shows the level's mode, and a
+/// bad mode is a usage error (exit 2).
+#[test]
+fn limits_enforce_at_a_level() {
+    let dir = tempfile::tempdir().unwrap();
+    let st = store(&dir);
+    let run = |args: &[&str]| {
+        let mut a = args.to_vec();
+        a.extend(["--store", st.as_str()]);
+        tollgate(&a)
+    };
+    assert_eq!(
+        code(&run(&[
+            "limits",
+            "set",
+            "--resource",
+            "gpt-4",
+            "rpm:rate=2/min"
+        ])),
+        0
+    );
+    for e in ["acme", "beta"] {
+        assert_eq!(code(&run(&["acquire", e, "gpt-4", "rpm=2"])), 0);
+        assert_eq!(code(&run(&["acquire", e, "gpt-4", "rpm=1"])), 3);
+    }
+    let o = run(&[
+        "limits",
+        "enforce",
+        "--resource",
+        "gpt-4",
+        "--mode",
+        "bypass",
+        "--json",
+    ]);
+    assert_eq!(code(&o), 0, "{}", stderr(&o));
+    let v: Value = serde_json::from_str(&stdout(&o)).unwrap();
+    assert_eq!(v["mode"], "bypass", "{v}");
+    let o = run(&["limits", "get", "--resource", "gpt-4"]);
+    assert!(stdout(&o).contains("mode: bypass"), "{}", stdout(&o));
+    for e in ["acme", "beta"] {
+        assert_eq!(
+            code(&run(&["acquire", e, "gpt-4", "rpm=1"])),
+            0,
+            "{e} bypassed"
+        );
+    }
+    let o = run(&[
+        "limits",
+        "enforce",
+        "--entity",
+        "acme",
+        "--for-resource",
+        "gpt-4",
+        "--mode",
+        "enforce",
+    ]);
+    assert_eq!(code(&o), 0, "{}", stderr(&o));
+    assert_eq!(
+        code(&run(&["acquire", "acme", "gpt-4", "rpm=1"])),
+        3,
+        "acme excepted"
+    );
+    assert_eq!(code(&run(&["acquire", "beta", "gpt-4", "rpm=1"])), 0);
+    assert_eq!(
+        code(&run(&[
+            "limits",
+            "enforce",
+            "--resource",
+            "gpt-4",
+            "--mode",
+            "disabled"
+        ])),
+        0
+    );
+    let o = run(&["acquire", "beta", "gpt-4", "rpm=1"]);
+    assert!(stderr(&o).contains("disabled"), "{}", stderr(&o));
+    assert_ne!(code(&o), 0);
+    assert_eq!(
+        code(&run(&[
+            "limits",
+            "enforce",
+            "--resource",
+            "gpt-4",
+            "--mode",
+            "clear"
+        ])),
+        0
+    );
+    // beta's balance was never debited while bypassed: still drained.
+    assert_eq!(code(&run(&["acquire", "beta", "gpt-4", "rpm=1"])), 3);
+    assert_eq!(
+        code(&run(&[
+            "limits",
+            "enforce",
+            "--resource",
+            "gpt-4",
+            "--mode",
+            "maybe"
+        ])),
+        2
+    );
+}

@@ -89,6 +89,7 @@ fn table() -> Vec<(RouteInfo, Handler)> {
             ADMIN,
             put(set_enforcement),
         ),
+        r("PUT", "/v1/enforcement", ADMIN, put(set_scope_enforcement)),
         r("GET", "/v1/limits/system", ADMIN, get(get_system)),
         r("PUT", "/v1/limits/system", ADMIN, put(put_system)),
         r("DELETE", "/v1/limits/system", ADMIN, delete(delete_system)),
@@ -931,6 +932,60 @@ async fn set_enforcement(
 
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
+struct ScopeEnforcementBody {
+    /// `system`, `resource:R`, `entity:E` (the entity's default) or `entity:E/resource:R`.
+    scope: String,
+    /// `enforce`, `disabled`, `bypass`, or `null` to clear the level's mode.
+    mode: Option<tollgate::Enforcement>,
+}
+
+/// A scope as [`scope_name`] spells it, back: `system`, `resource:R`, `entity:E`,
+/// `entity:E/resource:R` (ids validated by the call that uses it).
+pub fn parse_scope(s: &str) -> Result<Scope, ApiError> {
+    if s == "system" {
+        return Ok(Scope::System);
+    }
+    if let Some(r) = s.strip_prefix("resource:") {
+        return Ok(Scope::Resource(r.into()));
+    }
+    if let Some(rest) = s.strip_prefix("entity:") {
+        return Ok(match rest.split_once("/resource:") {
+            Some((e, r)) => Scope::Entity(e.into(), Some(r.into())),
+            None => Scope::Entity(rest.into(), None),
+        });
+    }
+    Err(ApiError::invalid_request(format!(
+        "scope is 'system', 'resource:R', 'entity:E' or 'entity:E/resource:R', not {s:?}"
+    )))
+}
+
+/// `PUT /v1/enforcement` (ADR-151, bypass per scope): set or clear (`"mode": null`) the
+/// mode stored at a config level; the most specific level that sets one wins. The pair's
+/// level (`entity:E/resource:R`) is stamped on its shards at once; a broader level reaches
+/// each bucket on its next acquire (at once in this server, within the config cache TTL
+/// in other processes). Answers the scope, the mode and the shards stamped now.
+async fn set_scope_enforcement(
+    State(app): St,
+    Extension(who): Extension<Principal>,
+    JsonBody(b): JsonBody<ScopeEnforcementBody>,
+) -> ApiResult<Response> {
+    let scope = parse_scope(&b.scope)?;
+    let shards = app
+        .limiter
+        .acting_as(&who.name)?
+        .set_scope_enforcement(&scope, b.mode)
+        .await?;
+    tracing::info!(target: "tollgate::admin", principal = %who.name, scope = %scope_name(&scope), mode = ?b.mode, shards, "enforcement set");
+    Ok(Json(serde_json::json!({
+        "scope": scope_name(&scope),
+        "mode": b.mode,
+        "shards": shards,
+    }))
+    .into_response())
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
 struct ParentBody {
     /// The new parent; `null` makes the entity a root.
     parent_id: Option<String>,
@@ -1008,6 +1063,9 @@ struct LimitsOut {
     scope: String,
     limits: Vec<LimitSpec>,
     on_unavailable: Option<OnUnavailable>,
+    /// The level's mode (ADR-151), where it sets one.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    enforcement: Option<tollgate::Enforcement>,
     #[serde(flatten)]
     merge: MergeSpec,
 }
@@ -1047,6 +1105,8 @@ async fn put_limits(
         scope: scope_name(&scope),
         limits: limits.iter().map(LimitSpec::from).collect(),
         on_unavailable: b.on_unavailable,
+        // The level's mode is kept by a change of its limits (shown by GET).
+        enforcement: None,
         merge: MergeSpec::from(&merge),
     })
     .unwrap_or_default();
@@ -1057,10 +1117,12 @@ async fn put_limits(
 async fn get_limits(app: &AppState, scope: Scope) -> ApiResult<Response> {
     let (limits, on) = app.limiter.get_limits(&scope).await?;
     let merge = app.limiter.get_merge(&scope).await?;
+    let enforcement = app.limiter.scope_enforcement(&scope).await?;
     Ok(Json(LimitsOut {
         scope: scope_name(&scope),
         limits: limits.iter().map(LimitSpec::from).collect(),
         on_unavailable: on,
+        enforcement,
         merge: MergeSpec::from(&merge),
     })
     .into_response())

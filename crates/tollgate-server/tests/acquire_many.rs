@@ -194,3 +194,77 @@ async fn a_soft_limit_admits_past_its_capacity_over_http() {
     .await;
     assert_eq!(s, StatusCode::TOO_MANY_REQUESTS, "{v}");
 }
+
+async fn acquire(app: &Router, entity: &str, n: i64) -> (StatusCode, Value) {
+    call(
+        app,
+        "POST",
+        "/v1/acquire",
+        Some(json!({ "entity": entity, "resource": "gpt-4", "amounts": { "rpm": n } })),
+    )
+    .await
+}
+
+/// ADR-151, a mode at any level: a resource shadow-moded over HTTP admits past capacity
+/// without debiting, one entity excepted at its pair's level is refused, a disabled
+/// resource answers `403 resource_disabled`, `GET /v1/limits/...` shows the mode, a
+/// cleared level enforces again from the balances it left, and a bad scope is a 400.
+#[tokio::test]
+async fn a_mode_at_any_level_over_http() {
+    let (app, _) = setup();
+    rpm(&app, "gpt-4", 2, false).await;
+    for e in ["u1", "u2"] {
+        assert_eq!(acquire(&app, e, 2).await.0, StatusCode::OK);
+        assert_eq!(acquire(&app, e, 1).await.0, StatusCode::TOO_MANY_REQUESTS);
+    }
+    let put = |scope: &str, mode: Value| {
+        let app = app.clone();
+        let body = json!({ "scope": scope, "mode": mode });
+        async move { call(&app, "PUT", "/v1/enforcement", Some(body)).await }
+    };
+    let (s, v) = put("resource:gpt-4", json!("bypass")).await;
+    assert_eq!(s, StatusCode::OK, "{v}");
+    assert_eq!(
+        v,
+        json!({ "scope": "resource:gpt-4", "mode": "bypass", "shards": 0 })
+    );
+    let (s, v) = put("entity:u2/resource:gpt-4", json!("enforce")).await;
+    assert_eq!((s, v["shards"].clone()), (StatusCode::OK, json!(1)), "{v}");
+    for _ in 0..3 {
+        let (s, v) = acquire(&app, "u1", 2).await;
+        assert_eq!(s, StatusCode::OK, "bypassed: {v}");
+    }
+    assert_eq!(
+        acquire(&app, "u2", 1).await.0,
+        StatusCode::TOO_MANY_REQUESTS
+    );
+    let (_, v) = call(&app, "GET", "/v1/limits/resources/gpt-4", None).await;
+    assert_eq!(v["enforcement"], "bypass", "{v}");
+    let (_, v) = call(&app, "GET", "/v1/limits/system", None).await;
+    assert!(v.get("enforcement").is_none(), "{v}");
+    let (s, _) = put("resource:gpt-4", json!("disabled")).await;
+    assert_eq!(s, StatusCode::OK);
+    let (s, v) = acquire(&app, "u1", 1).await;
+    assert_eq!(
+        (s, v["error"].clone()),
+        (StatusCode::FORBIDDEN, json!("resource_disabled")),
+        "{v}"
+    );
+    let (s, _) = put("resource:gpt-4", Value::Null).await;
+    assert_eq!(s, StatusCode::OK);
+    // u1's balance was never debited while bypassed: still 0, refused.
+    assert_eq!(
+        acquire(&app, "u1", 1).await.0,
+        StatusCode::TOO_MANY_REQUESTS
+    );
+    for bad in ["resources:gpt-4", "", "tenant:x"] {
+        let (s, v) = put(bad, json!("bypass")).await;
+        assert_eq!(
+            (s, v["error"].clone()),
+            (StatusCode::BAD_REQUEST, json!("invalid_request")),
+            "{bad}: {v}"
+        );
+    }
+    let (s, v) = put("resource:gpt-4", json!("sometimes")).await;
+    assert_eq!(s, StatusCode::BAD_REQUEST, "{v}");
+}

@@ -86,7 +86,7 @@ fn every_route_is_documented_with_its_role() {
         "docs/http-api.md is out of date:\n{}",
         drift.join("\n")
     );
-    assert_eq!(routes().len(), 38);
+    assert_eq!(routes().len(), 39);
 }
 
 #[test]
