@@ -9,6 +9,7 @@ mod fast;
 mod many;
 mod reset;
 mod slow;
+mod slow_mode;
 mod slow_retry;
 mod slow_write;
 mod status;
