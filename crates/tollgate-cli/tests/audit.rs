@@ -13,7 +13,7 @@ use serde_json::Value;
 
 /// Commands that change stored configuration (`doctor` with `--repair`): each has a case
 /// below.
-const ADMIN: [&str; 14] = [
+const ADMIN: [&str; 15] = [
     "limits set",
     "limits delete",
     "limits apply",
@@ -23,6 +23,7 @@ const ADMIN: [&str; 14] = [
     "entity reset",
     "entity top-up",
     "entity enforce",
+    "limits enforce",
     "doctor",
     "namespace register",
     "namespace delete",
@@ -257,6 +258,23 @@ fn every_admin_command_writes_one_record_with_its_principal() {
         (
             vec![
                 "limits",
+                "enforce",
+                "--resource",
+                "gpt-4",
+                "--mode",
+                "bypass",
+                "--principal",
+                "gina",
+            ],
+            "gina",
+            "resource.enforcement",
+            "resource",
+            Some(20),
+            Some(20),
+        ),
+        (
+            vec![
+                "limits",
                 "delete",
                 "--entity",
                 "u1",
@@ -304,8 +322,8 @@ fn every_admin_command_writes_one_record_with_its_principal() {
         assert_eq!(rpm(&r["after"]), *after, "{args:?}: {r}");
     }
     let rs = newest(&st, cases.len());
-    assert_eq!(rs[0]["before"]["entity"]["name"], "User one");
-    assert_eq!(rs[9]["after"]["name"], "User one");
+    assert_eq!(rs[0]["before"]["entity"]["name"], "User one", "{}", rs[0]);
+    assert_eq!(rs[10]["after"]["name"], "User one");
 
     // `doctor --repair` over a corrupt bucket: one record, before its deletes.
     let o = as_user(

@@ -211,7 +211,7 @@ pub fn overdraw_of(consumed: i64, new_tk: i64, debited: bool) -> i64 {
 /// `tc`-only write (a bypassed lease settling on an item since enforced) moves neither the
 /// limit's `tk` nor `rf`. Every write that debits moves one of them: the fast path ADDs to
 /// `tk`, the slow path SETs `rf`.
-fn debited(old: Option<&Item>, new: &Item, limit: &str) -> bool {
+pub fn debited(old: Option<&Item>, new: &Item, limit: &str) -> bool {
     if new.get(bucket_attr::BYPASS).is_some() {
         return false;
     }

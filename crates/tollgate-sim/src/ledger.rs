@@ -337,6 +337,10 @@ pub struct Ledger {
     pub latencies: Vec<(String, String, u64, i64)>,
     /// Limits soft at some time of the run (ADR-151): see the module docs.
     pub soft: std::collections::BTreeSet<String>,
+    /// Overdraw per (`entity/resource`, limit), milli: of every applied write's
+    /// consumption, the part that took the shard's balance below zero, from the write's own
+    /// images (`tollgate_core::usage::overdraw_of`) — what the usage snapshots must count.
+    pub overdraw: BTreeMap<(String, String), i64>,
 }
 
 /// `(entity, resource, shard)` of a bucket key `{ns}/BUCKET#{entity}#{resource}#{shard}`.
@@ -461,6 +465,17 @@ impl Ledger {
             let tc_a = n(a, &format!("b_{l}_tc")).unwrap_or(0);
             let tc_b = before.and_then(|b| n(b, &format!("b_{l}_tc"))).unwrap_or(0);
             if tc_a != tc_b {
+                let od = tollgate_core::usage::overdraw_of(
+                    tc_a - tc_b,
+                    n(a, &format!("b_{l}_tk")).unwrap_or(0),
+                    tollgate_core::usage::debited(before, a, &l),
+                );
+                if od != 0 {
+                    *self
+                        .overdraw
+                        .entry((format!("{entity}/{resource}"), l.clone()))
+                        .or_default() += od;
+                }
                 self.tc.push(TcEvent {
                     op,
                     entity: entity.clone(),

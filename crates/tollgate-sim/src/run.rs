@@ -357,7 +357,8 @@ pub fn run_seed(cfg: &RunConfig) -> SeedReport {
             )],
         ));
         violations.extend(out.lock().unwrap_or_else(|e| e.into_inner()).drain(..));
-        violations.extend(crate::usage::check(&mem));
+        let overdraw = sh.lock().ledger.overdraw.clone();
+        violations.extend(crate::usage::check(&mem, &overdraw));
     }
 
     let items = mem.raw_items();

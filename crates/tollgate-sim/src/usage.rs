@@ -155,7 +155,7 @@ fn clean(m: &Totals) -> Totals {
 /// `usage-counted-once`: per entity, resource and window kind, the snapshots' totals equal
 /// the sum over the shards of each limit's `tc` and of `rq` (every resource a workload
 /// charges: the multi-resource workload charges two).
-pub fn check(mem: &MemoryStore) -> Vec<Violation> {
+pub fn check(mem: &MemoryStore, overdraw: &BTreeMap<(String, String), i64>) -> Vec<Violation> {
     let items = mem.raw_items();
     let mut truth: Totals = BTreeMap::new();
     let prefix = format!("{NS}/BUCKET#");
@@ -217,17 +217,21 @@ pub fn check(mem: &MemoryStore) -> Vec<Violation> {
             });
         }
     }
-    out.extend(check_overdraw(&overdrawn));
+    out.extend(check_overdraw(&overdrawn, overdraw));
     out
 }
 
-/// `usage-overdraw` (ADR-151): no overdraw is negative, and every window kind counts the
-/// same overdraw (each change once). Not checked: the exact figure — it needs every
-/// write's images, which the ledger does not keep — nor "overdraw ≥ the debt the shards
-/// hold at the end": clean runs end with small debts on enforced limits that no counted
-/// overdraw explains (seen on the rate, burst, drip and many workloads; the writes that
-/// make them, which consume nothing, are not yet traced), so that bound fails.
-fn check_overdraw(per_window: &[BTreeMap<(String, String), i64>]) -> Vec<Violation> {
+/// `usage-overdraw` (ADR-151): every window kind's snapshots count exactly the overdraw
+/// the ledger computed from the images of every applied write (`ledger`: per
+/// `entity/resource` and limit, the consumption that took a balance below zero), none
+/// negative — each change counted once, none lost, through restarts and duplicate
+/// aggregators. Not checked: "overdraw ≥ the debt the shards hold at the end": clean runs
+/// end with small debts on enforced limits that no overdraw explains (refills and resets
+/// that consume nothing), so that bound fails.
+fn check_overdraw(
+    per_window: &[BTreeMap<(String, String), i64>],
+    ledger: &BTreeMap<(String, String), i64>,
+) -> Vec<Violation> {
     let mut out = Vec::new();
     let v = |detail: String| Violation {
         invariant: "usage-overdraw",
@@ -242,6 +246,11 @@ fn check_overdraw(per_window: &[BTreeMap<(String, String), i64>]) -> Vec<Violati
         }
         if od != first {
             out.push(v(format!("window kinds disagree: {first:?} vs {od:?}")));
+        }
+        if od != ledger {
+            out.push(v(format!(
+                "snapshots count overdraw {od:?}, the applied writes made {ledger:?}"
+            )));
         }
     }
     out

@@ -92,3 +92,25 @@ fn usage_counted_once_with_the_aggregator_actor() {
     assert!(violations.is_empty(), "{}", violations.join("\n"));
     assert!(passes_with_usage > 50);
 }
+
+/// ADR-151's overdraw with the aggregator actor, on the workload that switches soft limits
+/// and modes: every window kind's snapshots count exactly the overdraw the applied writes
+/// made (`usage-overdraw`, from each write's own images).
+#[test]
+fn overdraw_counted_exactly_on_the_soft_workload() {
+    let mut violations = Vec::new();
+    for seed in 0..40 {
+        let r = run_seed(&RunConfig {
+            seed,
+            aggregator: true,
+            workload: Some("soft"),
+            ..RunConfig::default()
+        });
+        violations.extend(
+            r.violations
+                .iter()
+                .map(|v| format!("seed {seed}: {}: {}", v.invariant, v.detail)),
+        );
+    }
+    assert!(violations.is_empty(), "{}", violations.join("\n"));
+}
