@@ -198,6 +198,17 @@ fn cases() -> Vec<Case> {
             None,
         ),
         c(
+            ("PUT", "/v1/enforcement"),
+            "/v1/enforcement",
+            Some(json!({ "scope": "resource:openai/gpt-4", "mode": "bypass" })),
+            "resource.enforcement",
+            "resource",
+            None,
+            Some("openai/gpt-4"),
+            Some(20),
+            Some(20),
+        ),
+        c(
             ("PUT", "/v1/entities/{id}/enforcement"),
             "/v1/entities/u1/enforcement",
             Some(json!({ "resource": "openai/gpt-4", "mode": "bypass" })),
@@ -417,12 +428,27 @@ async fn walk(store: Arc<dyn Store>) {
             }
             "entity.delete" => {
                 assert_eq!(r["before"]["entity"]["name"], "User one", "{what}");
-                // The META and the bucket the top-up created.
-                assert_eq!(r["before"]["items"], 2, "{what}");
+                // The META, the bucket the top-up created and the pair's config level,
+                // which kept its mode when its limits were deleted.
+                assert_eq!(r["before"]["items"], 3, "{what}");
+                assert_eq!(
+                    r["before"]["limits"]["openai/gpt-4"]["enforcement"], "bypass",
+                    "{what}"
+                );
                 assert_eq!(r["after"], Value::Null, "{what}");
+            }
+            "resource.enforcement" if r["level"] == "resource" => {
+                // The level's config image: no mode before, bypass after.
+                assert_eq!(r["before"]["enforcement"], Value::Null, "{what}");
+                assert_eq!(r["after"]["enforcement"], "bypass", "{what}");
             }
             "resource.enforcement" => {
                 assert_eq!(r["before"]["enforcement"], "enforce", "{what}");
+                assert_eq!(r["after"]["enforcement"], "bypass", "{what}");
+            }
+            // A deleted level keeps only its mode, where it set one (ADR-151).
+            "limits.delete" if r["after"] != Value::Null => {
+                assert_eq!(r["after"]["limits"], json!([]), "{what}");
                 assert_eq!(r["after"]["enforcement"], "bypass", "{what}");
             }
             "limits.delete" => assert_eq!(r["after"], Value::Null, "{what}"),
@@ -484,7 +510,7 @@ async fn walk(store: Arc<dyn Store>) {
         ]
     );
     let gpt = records(&app, Some(ADMIN), "?resource=openai/gpt-4").await;
-    assert_eq!(gpt.len(), 7);
+    assert_eq!(gpt.len(), 8, "with the resource level's mode");
     let (s, p1) = call(&app, "GET", "/v1/audit?limit=6", Some(ADMIN), None).await;
     assert_eq!(s, StatusCode::OK);
     assert_eq!(p1["records"].as_array().map(Vec::len), Some(6));
@@ -508,14 +534,14 @@ async fn walk(store: Arc<dyn Store>) {
         None,
     )
     .await;
-    assert_eq!(p3["records"].as_array().map(Vec::len), Some(4));
+    assert_eq!(p3["records"].as_array().map(Vec::len), Some(5));
     assert_eq!(p3["next_cursor"], Value::Null);
     let ids: BTreeSet<String> = [&p1, &p2, &p3]
         .iter()
         .flat_map(|p| p["records"].as_array().cloned().unwrap_or_default())
         .filter_map(|r| r["id"].as_str().map(str::to_string))
         .collect();
-    assert_eq!(ids.len(), 16, "pages do not overlap");
+    assert_eq!(ids.len(), 17, "pages do not overlap");
 
     // Bad queries, roles.
     for (q, code) in [
