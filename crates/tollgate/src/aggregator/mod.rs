@@ -19,62 +19,23 @@ use std::sync::{Arc, Mutex};
 
 use tollgate_core::aggregate::{plan_refill, stored_limits, Decision};
 use tollgate_core::bucket::BucketImage;
-use tollgate_core::expr::{Condition, ReturnValues};
+use tollgate_core::expr::ReturnValues;
 use tollgate_core::ids::{validate_entity_id, validate_resource};
-use tollgate_core::keys::battr;
-use tollgate_core::limit::{Limit, Refill};
-use tollgate_core::materialize::{evaluate, evaluate_wcu, Evaluated};
-use tollgate_core::value::{Key, Value};
-use tollgate_core::writes::{create_item, BucketIdentity, ItemStamp, TtlWrite};
-use tollgate_store::{PutRequest, TransactOp, UpdateRequest};
+use tollgate_core::limit::Limit;
+use tollgate_core::materialize::evaluate_wcu;
+use tollgate_core::value::Key;
+use tollgate_core::writes::TtlWrite;
+use tollgate_store::{TransactOp, UpdateRequest};
 
 use crate::acquire::{CountPin, LostLock, Request};
-use crate::error::{Flow, Pass, Result};
+use crate::error::{Flow, Result};
 use crate::limiter::{Inner, Limiter};
 use crate::shards;
 
-/// What one aggregator call did.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct AggregateReport {
-    /// Shard items read.
-    pub shards_read: usize,
-    /// Refill writes that landed.
-    pub refilled_items: usize,
-    /// Limits rolled into a fanned-out window (over the landed writes).
-    pub rolled: usize,
-    /// Calendar resets applied.
-    pub reset: usize,
-    /// Dripping limits refilled because they were being drained.
-    pub refilled: usize,
-    /// Balances clamped down to their ceiling.
-    pub clamped: usize,
-    /// Items left for a client because a pending window had already ended.
-    pub skipped: usize,
-    /// Writes refused by their pins (another writer got there first; nothing was applied).
-    pub lost: usize,
-    /// The shard count before and after a doubling this call made or adopted.
-    pub doubled: Option<(i64, i64)>,
-    /// Slots created by a Path-2 clone.
-    pub cloned: Vec<u32>,
-    /// Store write requests issued (each transaction counts once).
-    pub writes: usize,
-}
+mod clone;
+mod report;
 
-impl AggregateReport {
-    pub(crate) fn merge(&mut self, o: AggregateReport) {
-        self.shards_read += o.shards_read;
-        self.refilled_items += o.refilled_items;
-        self.rolled += o.rolled;
-        self.reset += o.reset;
-        self.refilled += o.refilled;
-        self.clamped += o.clamped;
-        self.skipped += o.skipped;
-        self.lost += o.lost;
-        self.doubled = self.doubled.or(o.doubled);
-        self.cloned.extend(o.cloned);
-        self.writes += o.writes;
-    }
-}
+pub use report::AggregateReport;
 
 /// The aggregator over a limiter's store, clock and options.
 pub struct Aggregator {
@@ -325,85 +286,5 @@ impl Aggregator {
             }
         }
         Ok(rep)
-    }
-
-    /// One Path-2 clone. `Ok(false)` when the slot was created by someone else first.
-    async fn clone_one(&self, req: &Request, img0: &BucketImage, slot: u32, s: i64) -> Pass<bool> {
-        let inner = &self.inner;
-        let now = inner.clock.now_ms();
-        let all: Vec<&Limit> = req.limits.iter().collect();
-        let plan = shards::plan_seeds_of(inner, req, &all, slot, s, now, true, true).await?;
-        if plan.split_first.is_some() {
-            // The family splits one level at a time: a client creates the levels in order.
-            return Ok(false);
-        }
-        let s = plan.shard_count;
-        let evals: Vec<Evaluated> = req
-            .limits
-            .iter()
-            .map(|l| evaluate(l, None, plan.now, s, plan.now, plan.seed(l.name())))
-            .collect();
-        // The clone's balances are its own (a split, moves): its trust horizon is not shard
-        // 0's, so its first use materialises it.
-        let stamp = ItemStamp {
-            rf: img0.rf,
-            vu: Some(0),
-            ttl: img0.ttl.map_or(TtlWrite::Remove, TtlWrite::Set),
-            ph: &req.ph,
-        };
-        let id = BucketIdentity {
-            ns: inner.ns(),
-            entity: &req.entity,
-            resource: &req.resource,
-            shard: slot,
-            shard_count: s,
-        };
-        let mut item = create_item(&id, &stamp, &req.limits, &evals, &[]);
-        // ADR-140: the window state is shard 0's, verbatim; the snapshot restarts.
-        for l in req.limits.iter() {
-            if !matches!(l.refill(), Refill::Window { .. }) {
-                continue;
-            }
-            let n = l.name();
-            let st = img0.limits.get(n);
-            for (f, v) in [
-                ("ws", st.and_then(|s| s.ws)),
-                ("rsa", st.and_then(|s| s.rsa)),
-                ("wa", st.and_then(|s| s.wa)),
-            ] {
-                match v {
-                    Some(v) => item.insert(battr(n, f), Value::N(v)),
-                    None => item.remove(&battr(n, f)),
-                };
-            }
-            item.insert(battr(n, "wtc"), Value::N(0));
-        }
-        if img0.ph.is_none() {
-            item.remove(tollgate_core::bucket::attr::PH);
-        }
-        let put = PutRequest {
-            key: inner.bucket_key(req, slot),
-            item,
-            condition: Some(Condition::not_exists("PK")),
-        };
-        // No pin on shard 0's count here: a clone sized at a count a doubling has since
-        // overtaken still conserves the allowance — its `gc` records the count it was sized
-        // at, so it covers (and funds) the slots the newer doubling opened, and every reset
-        // is sized at shard 0's count, not the item's. (Removing such a pin failed no test.)
-        let mut donors = plan.moves.clone();
-        donors.extend(plan.splits.iter().cloned());
-        match inner
-            .commit_slot(req, slot, TransactOp::Put(put), &donors, None)
-            .await?
-        {
-            Ok(_) => {
-                inner.shards.raise(&req.entity, &req.resource, s);
-                for m in &donors {
-                    inner.rejections.forget(&req.entity, &req.resource, m.shard);
-                }
-                Ok(true)
-            }
-            Err(LostLock(_)) => Ok(false),
-        }
     }
 }
