@@ -178,9 +178,10 @@ fn soft_scope_is_needed() {
 fn bypass_stamp_is_needed() {
     // ADR-151: without the `bypass` stamp condition, a client whose last image said
     // "bypassed" writes `tc` only on an item whose bypass was lifted, and `tok` admits
-    // without debiting (the soft workload, which switches bypass on and off, finds it at once;
-    // `--seeds 2000 --workload soft --mutant BypassStamp`: 115 violations; over every
-    // workload, `--seeds 2000 --mutant BypassStamp`: 12).
+    // without debiting (the soft workload, which switches bypass on and off at the pair and
+    // the resource level, finds it from seed 15; `--seeds 2000 --workload soft --mutant
+    // BypassStamp`: 61 violations; over every workload, `--seeds 2000 --mutant BypassStamp`:
+    // 8, from seed 406).
     caught(
         Mutant::BypassStamp,
         Some("soft"),
