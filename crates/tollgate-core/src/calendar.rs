@@ -16,6 +16,40 @@ pub struct CalendarReset {
     tz_name: String,
     cron: Cron,
     tz: TimeZone,
+    /// The period last asked about: a pure cache of what `cron` answers (never consulted
+    /// for an instant outside it), so that the many questions asked within one period do
+    /// not each walk the cron pattern.
+    memo: Memo,
+}
+
+/// Two consecutive edges `[prev, next)` and, once asked, the period bound computed there.
+#[derive(Debug, Default)]
+struct Memo(std::sync::Mutex<Option<Period>>);
+
+#[derive(Debug, Clone, Copy)]
+struct Period {
+    prev: i64,
+    next: i64,
+    period_ms: Option<i64>,
+}
+
+impl Clone for Memo {
+    fn clone(&self) -> Self {
+        Memo(std::sync::Mutex::new(self.get()))
+    }
+}
+
+impl Memo {
+    fn get(&self) -> Option<Period> {
+        *self.0.lock().unwrap_or_else(|e| e.into_inner())
+    }
+    fn set(&self, p: Period) {
+        *self.0.lock().unwrap_or_else(|e| e.into_inner()) = Some(p);
+    }
+    /// The memo when `now_ms` falls in its period.
+    fn at(&self, now_ms: i64) -> Option<Period> {
+        self.get().filter(|p| p.prev <= now_ms && now_ms < p.next)
+    }
 }
 
 impl PartialEq for CalendarReset {
@@ -39,6 +73,7 @@ impl CalendarReset {
             tz_name: tz.to_string(),
             cron,
             tz: zone,
+            memo: Memo::default(),
         };
         // A schedule that never fires is not a reset.
         if c.next_edge(0).is_none() {
@@ -67,31 +102,88 @@ impl CalendarReset {
 
     /// The latest reset edge at or before `now_ms`, or `None` if there is none.
     pub fn prev_edge(&self, now_ms: i64) -> Option<i64> {
+        if let Some(p) = self.memo.at(now_ms) {
+            return Some(p.prev);
+        }
+        let prev = self.walk_prev(now_ms)?;
+        self.remember(prev, now_ms);
+        Some(prev)
+    }
+
+    /// The first reset edge strictly after `now_ms`.
+    pub fn next_edge(&self, now_ms: i64) -> Option<i64> {
+        if let Some(p) = self.memo.at(now_ms) {
+            return Some(p.next);
+        }
+        let next = self.walk_next(now_ms)?;
+        if let Some(prev) = self.walk_prev(now_ms) {
+            self.memo.set(Period {
+                prev,
+                next,
+                period_ms: None,
+            });
+        }
+        Some(next)
+    }
+
+    /// Memoise the period `[prev, next)` that contains `now_ms`.
+    fn remember(&self, prev: i64, now_ms: i64) {
+        if let Some(next) = self.walk_next(now_ms) {
+            debug_assert!(
+                prev <= now_ms && now_ms < next,
+                "consecutive edges around now"
+            );
+            self.memo.set(Period {
+                prev,
+                next,
+                period_ms: None,
+            });
+        }
+    }
+
+    fn walk_prev(&self, now_ms: i64) -> Option<i64> {
         let z = self.zoned(now_ms)?;
         let p = self.cron.find_previous_occurrence(&z, true).ok()?;
         Some(p.timestamp().as_millisecond())
     }
 
-    /// The first reset edge strictly after `now_ms`.
-    pub fn next_edge(&self, now_ms: i64) -> Option<i64> {
+    fn walk_next(&self, now_ms: i64) -> Option<i64> {
         let z = self.zoned(now_ms)?;
         let n = self.cron.find_next_occurrence(&z, false).ok()?;
         Some(n.timestamp().as_millisecond())
     }
 
     /// An upper bound of one period, in ms (for TTL horizons): the longest of the next
-    /// three gaps between edges.
+    /// three gaps between edges. The same for every instant of one period (it starts from
+    /// the period's next edge), so it is memoised with it.
     pub fn period_ms(&self, now_ms: i64) -> i64 {
+        if let Some(p) = self.memo.at(now_ms) {
+            if let Some(ms) = p.period_ms {
+                return ms;
+            }
+        }
         let mut t = now_ms;
         let mut longest = 0;
         for _ in 0..3 {
-            let Some(n) = self.next_edge(t) else { break };
+            // The walk itself: the edges past this period are not memoised.
+            let Some(n) = self.walk_next(t) else { break };
             if t != now_ms {
                 longest = longest.max(n - t);
             }
             t = n;
         }
-        longest.max(1000)
+        let ms = longest.max(1000);
+        // Memoise it with this period (learning the period when it is not known yet).
+        if self.memo.at(now_ms).is_none() {
+            self.prev_edge(now_ms);
+        }
+        if let Some(p) = self.memo.at(now_ms) {
+            self.memo.set(Period {
+                period_ms: Some(ms),
+                ..p
+            });
+        }
+        ms
     }
 }
 
@@ -143,5 +235,24 @@ mod tests {
     fn rejects_bad_input() {
         assert!(CalendarReset::new("not cron", "UTC").is_err());
         assert!(CalendarReset::new("0 0 * * *", "Mars/Olympus").is_err());
+    }
+
+    /// The memo answers exactly what the walks answer, at every instant around edges and
+    /// across periods, asked in any order.
+    #[test]
+    fn the_memo_answers_what_the_walk_answers() {
+        let c = CalendarReset::new("0 0 * * *", "Europe/Berlin").unwrap();
+        let t0 = ms("2026-03-28T00:00:00Z");
+        let mut instants: Vec<i64> = (0..200).map(|i| t0 + i * 997_001).collect();
+        instants.extend([t0 + 82_800_000 - 1, t0 + 82_800_000, t0 + 82_800_000 + 1]);
+        instants.reverse();
+        instants.extend((0..50).map(|i| t0 + i * 3_600_000));
+        for t in instants {
+            let fresh = CalendarReset::new("0 0 * * *", "Europe/Berlin").unwrap();
+            assert_eq!(c.prev_edge(t), fresh.walk_prev(t), "prev at {t}");
+            assert_eq!(c.next_edge(t), fresh.walk_next(t), "next at {t}");
+            assert_eq!(c.period_ms(t), fresh.period_ms(t), "period at {t}");
+            assert_eq!(c.next_edge(t), fresh.walk_next(t), "next again at {t}");
+        }
     }
 }

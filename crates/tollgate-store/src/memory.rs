@@ -21,10 +21,12 @@ use crate::{
 
 #[derive(Debug, Clone, Default)]
 struct Slot {
-    /// The item now (`None` = deleted).
-    cur: Option<Item>,
+    /// The item now (`None` = deleted). Shared, not copied, with the change feed's entries
+    /// and with [`MemoryStore::raw_image`]'s callers; a write copies it only while it is
+    /// shared.
+    cur: Option<Arc<Item>>,
     /// The item before the last write: what an eventually consistent read may still see.
-    prev: Option<Item>,
+    prev: Option<Arc<Item>>,
 }
 
 /// A per-item token bucket of write capacity, in milli-writes.
@@ -208,6 +210,15 @@ impl MemoryStore {
 
     /// Raw read of the current item (tests stage and inspect exact states with it).
     pub fn raw_get(&self, key: &Key) -> Option<Item> {
+        self.lock()
+            .items
+            .get(key)
+            .and_then(|s| s.cur.as_deref().cloned())
+    }
+
+    /// The current item, shared rather than copied (the simulator's ledger reads every
+    /// write's images with it).
+    pub fn raw_image(&self, key: &Key) -> Option<Arc<Item>> {
         self.lock().items.get(key).and_then(|s| s.cur.clone())
     }
 
@@ -217,7 +228,7 @@ impl MemoryStore {
         let mut g = self.lock();
         let slot = g.items.entry(key.clone()).or_default();
         slot.prev = slot.cur.take();
-        slot.cur = Some(item);
+        slot.cur = Some(Arc::new(item));
     }
 
     /// Raw delete.
@@ -233,18 +244,35 @@ impl MemoryStore {
         self.lock()
             .items
             .values()
-            .filter_map(|s| s.cur.clone())
+            .filter_map(|s| s.cur.as_deref().cloned())
             .collect()
     }
 
     fn read(&self, g: &Inner, key: &Key, consistent: bool) -> Option<Item> {
+        self.read_ref(g, key, consistent).cloned()
+    }
+
+    /// What a read sees, before it is copied out.
+    fn read_ref<'g>(&self, g: &'g Inner, key: &Key, consistent: bool) -> Option<&'g Item> {
         let slot = g.items.get(key)?;
         if !consistent && self.stale_reads.load(Ordering::SeqCst) {
-            slot.prev.clone()
+            slot.prev.as_deref()
         } else {
-            slot.cur.clone()
+            slot.cur.as_deref()
         }
     }
+}
+
+/// A copy of `src`, made in `spare`'s memory when nothing else holds it (see
+/// [`copy_into`]), else a fresh one.
+fn copy_of(spare: Option<Arc<Item>>, src: &Item) -> Arc<Item> {
+    if let Some(mut p) = spare {
+        if let Some(buf) = Arc::get_mut(&mut p) {
+            copy_into(buf, src);
+            return p;
+        }
+    }
+    Arc::new(src.clone())
 }
 
 /// Make `dst` equal to `src`. When both hold the same attribute names (an item updated
@@ -281,6 +309,7 @@ fn updated_new(new: &Item, update: &tollgate_core::expr::Update) -> Option<Item>
 /// Apply one write and append it to the feed when the store keeps one (a write that
 /// changes nothing is not a change).
 fn write(g: &mut Inner, key: &Key, new: Option<Item>, at_ms: i64) {
+    let new = new.map(Arc::new);
     let slot = g.items.entry(key.clone()).or_default();
     let old = slot.cur.take();
     if !g.feed_on {
@@ -297,7 +326,13 @@ fn write(g: &mut Inner, key: &Key, new: Option<Item>, at_ms: i64) {
 }
 
 /// Append a change to the in-process feed (bounded by [`FEED_CAPACITY`]).
-fn log_change(g: &mut Inner, key: &Key, old: Option<Item>, new: Option<Item>, at_ms: i64) {
+fn log_change(
+    g: &mut Inner,
+    key: &Key,
+    old: Option<Arc<Item>>,
+    new: Option<Arc<Item>>,
+    at_ms: i64,
+) {
     debug_assert!(
         g.feed_on,
         "changes are logged only by a store that keeps a feed"
@@ -310,8 +345,8 @@ fn log_change(g: &mut Inner, key: &Key, old: Option<Item>, new: Option<Item>, at
             seq: seq.to_string(),
         },
         key: key.clone(),
-        old: old.map(Arc::new),
-        new: new.map(Arc::new),
+        old,
+        new,
         at_ms,
     });
     while g.log.len() > FEED_CAPACITY {
@@ -351,7 +386,7 @@ impl Store for MemoryStore {
         validate_item(&req.item)?;
         let mut g = self.lock();
         self.charge(&mut g, &[&req.key])?;
-        let cur = g.items.get(&req.key).and_then(|s| s.cur.as_ref());
+        let cur = g.items.get(&req.key).and_then(|s| s.cur.as_deref());
         if let Some(c) = &req.condition {
             if !eval_condition(cur, c) {
                 return Err(StoreError::ConditionFailed {
@@ -372,7 +407,9 @@ impl Store for MemoryStore {
         self.charge(&mut g, &[&req.key])?;
         // An existing item is updated in place: one copy of it is kept as the previous
         // version (what a stale read sees, and what every right-hand side reads), and the
-        // only other copy is what the request asks to have returned.
+        // only other copy is what the request asks to have returned. While the feed (or a
+        // reader) shares the current version, that version itself becomes the previous
+        // one and the update writes a copy.
         let feed_on = g.feed_on;
         if let Some(Slot {
             cur: Some(cur),
@@ -382,25 +419,35 @@ impl Store for MemoryStore {
             if let Some(c) = &req.condition {
                 if !eval_condition(Some(cur), c) {
                     return Err(StoreError::ConditionFailed {
-                        old: Some(Box::new(cur.clone())),
+                        old: Some(Box::new(Item::clone(cur))),
                     });
                 }
             }
-            // The copy of the item as it is goes where the previous version was, reusing
-            // that version's memory (it is about to be dropped) when it has the same shape.
-            let mut old = prev.take().unwrap_or_default();
-            copy_into(&mut old, cur);
-            if let Err(e) = apply_actions(cur, &old, &req.update) {
+            // The previous version's memory is reused for the copy of the item as it is
+            // when nothing else holds it (it is about to be dropped) and it has the same
+            // shape; otherwise the current version is kept as it is and the update works
+            // on a copy.
+            let spare = prev.take();
+            let old = if Arc::get_mut(cur).is_some() {
+                copy_of(spare, cur)
+            } else {
+                let old = Arc::clone(cur);
+                *cur = copy_of(spare, &old);
+                old
+            };
+            // Unshared now in both cases: no copy here.
+            let target = Arc::make_mut(cur);
+            if let Err(e) = apply_actions(target, &old, &req.update) {
                 *cur = old;
                 return Err(e);
             }
             let out = match req.returns {
                 ReturnValues::None => None,
-                ReturnValues::AllNew => Some(cur.clone()),
-                ReturnValues::AllOld => Some(old.clone()),
+                ReturnValues::AllNew => Some(Item::clone(cur)),
+                ReturnValues::AllOld => Some(Item::clone(&old)),
                 ReturnValues::UpdatedNew => updated_new(cur, &req.update),
             };
-            let change = (feed_on && *cur != old).then(|| (old.clone(), cur.clone()));
+            let change = (feed_on && **cur != *old).then(|| (Arc::clone(&old), Arc::clone(cur)));
             *prev = Some(old);
             if let Some((old, new)) = change {
                 let at_ms = self.feed_now();
@@ -409,7 +456,7 @@ impl Store for MemoryStore {
             return Ok(out);
         }
         // Absent (never written, or deleted): the update creates it, unless it only removes.
-        let cur = g.items.get(&req.key).and_then(|s| s.cur.as_ref());
+        let cur = g.items.get(&req.key).and_then(|s| s.cur.as_deref());
         debug_assert!(cur.is_none(), "an existing item is updated in place above");
         if let Some(c) = &req.condition {
             if !eval_condition(None, c) {
@@ -431,7 +478,10 @@ impl Store for MemoryStore {
     async fn delete(&self, req: DeleteRequest) -> Result<Option<Item>, StoreError> {
         let mut g = self.lock();
         self.charge(&mut g, &[&req.key])?;
-        let cur = g.items.get(&req.key).and_then(|s| s.cur.clone());
+        let cur = g
+            .items
+            .get(&req.key)
+            .and_then(|s| s.cur.as_deref().cloned());
         if let Some(c) = &req.condition {
             if !eval_condition(cur.as_ref(), c) {
                 return Err(StoreError::ConditionFailed {
@@ -472,7 +522,7 @@ impl Store for MemoryStore {
         let mut reasons = Vec::with_capacity(ops.len());
         let mut failed = false;
         for op in &ops {
-            match plan_transact_op(op, g.items.get(op.key()).and_then(|s| s.cur.as_ref())) {
+            match plan_transact_op(op, g.items.get(op.key()).and_then(|s| s.cur.as_deref())) {
                 Ok(p) => {
                     planned.push(p);
                     reasons.push(CancelReason::None);
@@ -506,16 +556,17 @@ impl Store for MemoryStore {
             None => ("PK".to_string(), "SK".to_string()),
             Some(ix) => (format!("{ix}PK"), format!("{ix}SK")),
         };
+        // Matched on the stored items; only the matches are copied out.
         let mut out: Vec<(String, Item)> = g
             .items
             .keys()
-            .filter_map(|k| self.read(&g, k, consistent))
+            .filter_map(|k| self.read_ref(&g, k, consistent))
             .filter(|i| i.get(&pk_attr).and_then(|v| v.as_s()) == Some(q.pk.as_str()))
             .filter_map(|i| {
                 let sk = i.get(&sk_attr)?.as_s()?.to_string();
                 match &q.sk_prefix {
                     Some(p) if !sk.starts_with(p.as_str()) => None,
-                    _ => Some((sk, i)),
+                    _ => Some((sk, i.clone())),
                 }
             })
             .collect();
@@ -545,7 +596,7 @@ impl Store for MemoryStore {
             .items
             .range((from, Bound::Unbounded))
             .take_while(|(k, _)| k.pk.starts_with(pk_prefix))
-            .filter_map(|(k, slot)| Some((k, slot.cur.as_ref()?)));
+            .filter_map(|(k, slot)| Some((k, slot.cur.as_deref()?)));
         let items: Vec<_> = live
             .by_ref()
             .take(limit)
