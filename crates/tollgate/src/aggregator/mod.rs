@@ -130,20 +130,67 @@ impl Aggregator {
     /// or a client; nothing else is retried.
     pub async fn refill_entity(&self, entity: &str, resource: &str) -> Result<AggregateReport> {
         let req = request(entity, resource, Vec::new(), "")?;
-        let now = self.inner.clock.now_ms();
-        let mut rep = AggregateReport::default();
         let Some(img0) = self.shard0(&req).await? else {
-            return Ok(rep);
+            return Ok(AggregateReport::default());
         };
         let s = img0.shard_count;
         let mut images = vec![(0, Some(img0))];
         images.extend(self.shards(&req, 1, s as u32).await?);
+        let images: Vec<(u32, BucketImage)> = images
+            .into_iter()
+            .filter_map(|(i, img)| img.map(|img| (i, img)))
+            .collect();
+        let mut rep = self.refill_images(&req, s, &images).await?;
+        rep.shards_read += images.len();
+        Ok(rep)
+    }
+
+    /// The refill pass and the doubling check over the shards of (entity, resource) the
+    /// change feed just showed written, planned from the feed's own newest image of each
+    /// (rule "plan from what the store last said": no read). A shard the feed did not show
+    /// was not drained and needs neither. A planned write is conditioned as it is after a
+    /// read, so an image a later write made stale only loses its write (counted). Only a
+    /// shard that looks hot is read again, by the doubling's own check.
+    pub async fn background_from_feed(
+        &self,
+        entity: &str,
+        resource: &str,
+        seen: &[(u32, Arc<tollgate_core::value::Item>)],
+    ) -> Result<AggregateReport> {
+        let req = request(entity, resource, Vec::new(), "")?;
+        let now = self.inner.clock.now_ms();
+        let mut images = Vec::with_capacity(seen.len());
+        for (shard, item) in seen {
+            images.push((*shard, BucketImage::decode(item)?));
+        }
+        let s = images.iter().map(|(_, i)| i.shard_count).max().unwrap_or(1);
+        let mut rep = self.refill_images(&req, s, &images).await?;
+        let hot = images.iter().any(|(_, img)| {
+            img.wcu.is_some()
+                && shards::should_double(evaluate_wcu(img.wcu.as_ref(), img.rf, now).balance, s)
+        });
+        if hot {
+            rep.merge(self.maybe_double(entity, resource).await?);
+        }
+        Ok(rep)
+    }
+
+    /// Plan and commit the refill of each image (`s`: the shard count in force).
+    async fn refill_images(
+        &self,
+        req: &Request,
+        s: i64,
+        images: &[(u32, BucketImage)],
+    ) -> Result<AggregateReport> {
+        let (entity, resource) = (&*req.entity, &*req.resource);
+        let req = req.clone();
+        let now = self.inner.clock.now_ms();
+        let mut rep = AggregateReport::default();
         for (shard, img) in images {
-            let Some(img) = img else { continue };
-            rep.shards_read += 1;
+            let shard = *shard;
             let s_used = s.max(img.shard_count);
-            let consumed = self.consumed(&img);
-            match plan_refill(&img, s_used, now, &consumed)? {
+            let consumed = self.consumed(img);
+            match plan_refill(img, s_used, now, &consumed)? {
                 Decision::Nothing => {}
                 Decision::Unevaluable { limit, reason } => {
                     rep.skipped += 1;

@@ -7,7 +7,7 @@ use std::sync::Arc;
 use tollgate_core::expr::{Condition, ReturnValues, Update};
 use tollgate_core::ids::validate_entity_id;
 use tollgate_core::usage::{snapshot_key, snapshot_update, usage_of, Window};
-use tollgate_core::value::{Key, Value};
+use tollgate_core::value::{Item, Key, Value};
 use tollgate_store::{
     ChangeFeed, FeedCursor, StoreError, TransactOp, UpdateRequest, MAX_TRANSACT_OPS,
 };
@@ -60,6 +60,10 @@ struct Pending {
     snaps: BTreeMap<Key, Sum>,
     touched: BTreeSet<(String, String)>,
 }
+
+/// The newest image the feed showed of each consumed shard, per (entity, resource): what
+/// the background pass plans from (`Aggregator::background_from_feed`).
+type Seen = BTreeMap<(String, String), BTreeMap<u32, Arc<Item>>>;
 
 impl FeedAggregator {
     /// An aggregator over `feed` — the same store `limiter` uses — with `opts`.
@@ -217,6 +221,7 @@ impl FeedAggregator {
         let (mut stored, from) = self.checkpoint().await?;
         let mut cursor = self.resume(&stored, from);
         let mut touched = BTreeSet::new();
+        let mut seen: Seen = BTreeMap::new();
         let mut first = true;
         let mut batches = 0usize;
         loop {
@@ -276,6 +281,19 @@ impl FeedAggregator {
                         stored = Some(at.encode());
                     }
                     rep.usage_changes += 1;
+                    if let Some(new) = &c.new {
+                        let shard = new
+                            .get(tollgate_core::bucket::attr::SHARD)
+                            .and_then(Value::as_n);
+                        if let (true, Some(shard)) = (
+                            d.milli.values().any(|m| *m > 0),
+                            shard.and_then(|n| u32::try_from(n).ok()),
+                        ) {
+                            seen.entry((d.entity.clone(), d.resource.clone()))
+                                .or_default()
+                                .insert(shard, Arc::clone(new));
+                        }
+                    }
                     self.add(&mut p, d);
                 }
                 at.advance(&c.position);
@@ -318,16 +336,27 @@ impl FeedAggregator {
                 if i % 16 == 15 {
                     tokio::task::yield_now().await;
                 }
-                match self.background.refill_entity(e, r).await {
+                // Planned from the feed's newest image of each shard it showed consumed
+                // (no read); a pair whose images did not survive a lost race is read.
+                let images: Vec<(u32, Arc<Item>)> = seen
+                    .get(&(e.clone(), r.clone()))
+                    .map(|m| m.iter().map(|(s, i)| (*s, Arc::clone(i))).collect())
+                    .unwrap_or_default();
+                let done = if images.is_empty() {
+                    match self.background.refill_entity(e, r).await {
+                        Ok(x) => {
+                            rep.background.merge(x);
+                            self.background.maybe_double(e, r).await
+                        }
+                        Err(err) => Err(err),
+                    }
+                } else {
+                    self.background.background_from_feed(e, r, &images).await
+                };
+                match done {
                     Ok(x) => rep.background.merge(x),
                     Err(err) => {
                         tracing::warn!(entity = %e, resource = %r, error = %err, "aggregator: refill pass failed")
-                    }
-                }
-                match self.background.maybe_double(e, r).await {
-                    Ok(x) => rep.background.merge(x),
-                    Err(err) => {
-                        tracing::warn!(entity = %e, resource = %r, error = %err, "aggregator: doubling check failed")
                     }
                 }
             }
