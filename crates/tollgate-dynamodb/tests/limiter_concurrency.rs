@@ -121,7 +121,18 @@ impl Rig {
             let (admitted, refused, other) = (admitted.clone(), refused.clone(), other.clone());
             handles.push(tokio::spawn(async move {
                 for _ in 0..ATTEMPTS {
-                    match lim.acquire(ENTITY, RESOURCE, &[(name.as_str(), 1)]).await {
+                    // `Contended` charged nothing and says "retry shortly": a caller does
+                    // (64 tasks on 8 shards of one entity can keep a transaction
+                    // conflicting through the limiter's own retries on a loaded machine).
+                    let mut r = lim.acquire(ENTITY, RESOURCE, &[(name.as_str(), 1)]).await;
+                    for backoff_ms in [20, 40, 80, 160] {
+                        if !matches!(r, Err(Error::Contended { .. })) {
+                            break;
+                        }
+                        tokio::time::sleep(Duration::from_millis(backoff_ms)).await;
+                        r = lim.acquire(ENTITY, RESOURCE, &[(name.as_str(), 1)]).await;
+                    }
+                    match r {
                         Ok(_lease) => {
                             admitted.fetch_add(1, Ordering::SeqCst);
                         }
