@@ -812,7 +812,7 @@ async fn limits(cmd: LimitsCmd, json: bool) -> Result<(), Failure> {
                 .set_merged_limits(&scope, &limits, &merge, on)
                 .await?;
             warn(&repairs, json);
-            print_limits(&scope, &limits, on, &merge, json, "set", &repairs);
+            print_limits(&scope, &limits, on, &merge, None, json, "set", &repairs);
             Ok(())
         }
         LimitsCmd::Get { scope, store } => {
@@ -821,10 +821,7 @@ async fn limits(cmd: LimitsCmd, json: bool) -> Result<(), Failure> {
             let (limits, on) = limiter.get_limits(&scope).await?;
             let merge = limiter.get_merge(&scope).await?;
             let mode = limiter.scope_enforcement(&scope).await?;
-            print_limits(&scope, &limits, on, &merge, json, "stored", &[]);
-            if let (Some(m), false) = (mode, json) {
-                println!("mode: {m}");
-            }
+            print_limits(&scope, &limits, on, &merge, mode, json, "stored", &[]);
             Ok(())
         }
         LimitsCmd::Enforce { scope, mode, store } => {
@@ -884,11 +881,14 @@ fn with_warnings(v: &mut serde_json::Value, repairs: &[tollgate::Repair]) {
     }
 }
 
+/// Print a level's limits (and, for `limits get`, the mode it stores: ADR-151).
+#[allow(clippy::too_many_arguments)]
 fn print_limits(
     scope: &Scope,
     limits: &[Limit],
     on: Option<OnUnavailable>,
     merge: &tollgate::Merge,
+    mode: Option<tollgate::Enforcement>,
     json: bool,
     verb: &str,
     repairs: &[tollgate::Repair],
@@ -901,6 +901,9 @@ fn print_limits(
             "syntax": limits.iter().map(spec::format_limit).collect::<Vec<_>>(),
             "on_unavailable": on,
         });
+        if let (Some(o), Some(m)) = (v.as_object_mut(), mode) {
+            o.insert("enforcement".into(), json!(m.as_str()));
+        }
         if let (Some(o), Ok(serde_json::Value::Object(m))) =
             (v.as_object_mut(), serde_json::to_value(&spec))
         {
@@ -917,6 +920,9 @@ fn print_limits(
         for l in limits {
             println!("  {}", spec::format_limit(l));
         }
+    }
+    if let Some(m) = mode {
+        println!("mode: {m}");
     }
     if merge.inherit {
         println!("  inherits the limits of the levels beneath (inherit_limits)");

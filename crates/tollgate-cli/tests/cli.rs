@@ -828,6 +828,9 @@ fn limits_enforce_at_a_level() {
     assert_eq!(v["mode"], "bypass", "{v}");
     let o = run(&["limits", "get", "--resource", "gpt-4"]);
     assert!(stdout(&o).contains("mode: bypass"), "{}", stdout(&o));
+    let o = run(&["limits", "get", "--resource", "gpt-4", "--json"]);
+    let v: Value = serde_json::from_str(&stdout(&o)).unwrap();
+    assert_eq!(v["enforcement"], "bypass", "{v}");
     for e in ["acme", "beta"] {
         assert_eq!(
             code(&run(&["acquire", e, "gpt-4", "rpm=1"])),
