@@ -17,7 +17,7 @@
 
 use std::collections::BTreeMap;
 
-use crate::bucket::{attr, BucketImage};
+use crate::bucket::{attr, field, BucketImage};
 use crate::error::RuleError;
 use crate::expr::{Condition, Update};
 use crate::ids::WCU;
@@ -49,16 +49,22 @@ pub fn stored_limits(img: &BucketImage) -> Result<Vec<Limit>, RuleError> {
                 (None, _, _) => (st.cp, st.ra),
                 (Some(_), Some(cp), Some(ra)) => (cp, ra),
                 (Some(_), None, _) => {
-                    return Err(corrupt(battr(n, "bcp"), "missing (sched present)".into()))
+                    return Err(corrupt(
+                        battr(n, field::BCP),
+                        "missing (sched present)".into(),
+                    ))
                 }
                 (Some(_), Some(_), None) => {
-                    return Err(corrupt(battr(n, "bra"), "missing (sched present)".into()))
+                    return Err(corrupt(
+                        battr(n, field::BRA),
+                        "missing (sched present)".into(),
+                    ))
                 }
             };
             let cal = st.rsched.as_ref().map(|(c, tz)| (c.as_str(), tz.as_str()));
             let l = Limit::from_parts(n, cp, ra, st.rp, cal, st.rsa).map_err(|e| {
                 corrupt(
-                    battr(n, "cp"),
+                    battr(n, field::CP),
                     format!("stored parameters do not form a limit: {e}"),
                 )
             })?;
@@ -66,7 +72,7 @@ pub fn stored_limits(img: &BucketImage) -> Result<Vec<Limit>, RuleError> {
                 None => Ok(l),
                 Some(s) => l
                     .with_schedule(s)
-                    .map_err(|e| corrupt(battr(n, "sched"), e.to_string())),
+                    .map_err(|e| corrupt(battr(n, field::SCHED), e.to_string())),
             }
         })
         .collect()
@@ -82,7 +88,7 @@ pub fn stored_schedule(img: &BucketImage, n: &str) -> Result<Option<Schedule>, R
         .map(Some)
         .map_err(|e| RuleError::Corrupt {
             key: img.key.clone(),
-            attribute: battr(n, "sched"),
+            attribute: battr(n, field::SCHED),
             reason: format!("stored schedule cannot be evaluated: {e}"),
         })
 }
@@ -260,8 +266,8 @@ pub fn plan_refill(
                 // itself, and a refund of a debit from this window is owed back; a
                 // refund from the old window finds `ws` moved and credits `tc` only.
                 if let (Some(ws), Some(wa)) = (e.ws, e.wa) {
-                    c = c.and(Condition::eq(battr(n, "ws"), ws));
-                    u = u.set(battr(n, "wa"), wa);
+                    c = c.and(Condition::eq(battr(n, field::WS), ws));
+                    u = u.set(battr(n, field::WA), wa);
                 }
             }
             Transition::CalendarReset => {
@@ -269,34 +275,34 @@ pub fn plan_refill(
                 // until the reset is applied (its pin is the edge): pin the balance read.
                 c = c.and(set_pin(n, e.read_tk));
                 if let Some(pe) = e.pe {
-                    u = u.set(battr(n, "pe"), pe);
+                    u = u.set(battr(n, field::PE), pe);
                 }
             }
             Transition::Refill => {
                 // Rule "the trust horizon is computed from what was read" (see
                 // `writes::normal_write`): a refund landing in between fails the pin.
                 if !crate::mutants::off(crate::mutants::Mutant::TrustHorizon) {
-                    c = c.and(Condition::le(battr(n, "tk"), e.read_tk));
+                    c = c.and(Condition::le(battr(n, field::TK), e.read_tk));
                 }
                 // A split since the image lowered the share (see `writes::normal_write`).
                 c = c.and(match e.gc_read {
-                    Some(g) => Condition::eq(battr(n, "gc"), g),
-                    None => Condition::not_exists(battr(n, "gc")),
+                    Some(g) => Condition::eq(battr(n, field::GC), g),
+                    None => Condition::not_exists(battr(n, field::GC)),
                 });
             }
             Transition::Kept => {}
         }
         if credit != 0 {
-            u = u.add(battr(n, "tk"), credit);
+            u = u.add(battr(n, field::TK), credit);
         }
         if let Some(rc) = e.carry {
-            u = u.set(battr(n, "rc"), rc);
+            u = u.set(battr(n, field::RC), rc);
         }
         // The trust horizon moves with the balance and the `rf` written (the balance read
         // is pinned above).
         if let Some(l) = limits.iter().find(|l| l.name() == n) {
             if let Some(fu) = crate::materialize::drip_full_at(l, e, 0, w.rf) {
-                u = u.set(battr(n, "fu"), fu);
+                u = u.set(battr(n, field::FU), fu);
             }
         }
         // ADR-135: a scheduled limit's stored parameters follow the regime materialised.
@@ -307,12 +313,12 @@ pub fn plan_refill(
                 .is_some_and(|st| (st.cp, st.ra) != (e.params.capacity, e.params.ra))
         {
             u = u
-                .set(battr(n, "cp"), e.params.capacity)
-                .set(battr(n, "ra"), e.params.ra);
+                .set(battr(n, field::CP), e.params.capacity)
+                .set(battr(n, field::RA), e.params.ra);
         }
         if e.transition.is_set() {
             if let Some(gc) = e.gc {
-                u = u.set(battr(n, "gc"), gc);
+                u = u.set(battr(n, field::GC), gc);
                 w.grants = true;
             }
         }
@@ -321,10 +327,10 @@ pub fn plan_refill(
     if img.wcu.is_some() {
         let wcu = evaluate_wcu(img.wcu.as_ref(), img.rf, now);
         if wcu.credit() != 0 {
-            u = u.add(battr(WCU, "tk"), wcu.credit());
+            u = u.add(battr(WCU, field::TK), wcu.credit());
         }
         if let Some(rc) = wcu.carry {
-            u = u.set(battr(WCU, "rc"), rc);
+            u = u.set(battr(WCU, field::RC), rc);
         }
     }
     if img.vu.is_none_or(|v| v <= now) {

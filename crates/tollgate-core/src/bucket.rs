@@ -127,9 +127,72 @@ pub struct BucketImage {
     pub cascade: Option<bool>,
 }
 
+/// The per-limit attribute schema: limit `n`'s field `f` is stored as `b_{n}_{f}`
+/// ([`crate::keys::battr`]). Every encoder, decoder and condition names a field through
+/// these.
+pub mod field {
+    /// This shard's balance (millitokens, signed: debt allowed).
+    pub const TK: &str = "tk";
+    /// Capacity, undivided (millitokens).
+    pub const CP: &str = "cp";
+    /// Refill amount per period, undivided (millitokens; 0 for quotas).
+    pub const RA: &str = "ra";
+    /// Refill period (ms).
+    pub const RP: &str = "rp";
+    /// Net consumption counter (millitokens, signed).
+    pub const TC: &str = "tc";
+    /// Refund counter of the current period (millitokens).
+    pub const RC: &str = "rc";
+    /// Duration-window start (epoch ms).
+    pub const WS: &str = "ws";
+    /// Duration-window length (s).
+    pub const RSA: &str = "rsa";
+    /// Window-applied marker: the `ws` whose allowance the balance reflects (epoch ms).
+    pub const WA: &str = "wa";
+    /// `tc` snapshot taken when a fan-out moved `ws` onto the shard (millitokens).
+    pub const WTC: &str = "wtc";
+    /// Grant count: the shard count a quota's current grant was sized at.
+    pub const GC: &str = "gc";
+    /// Per-limit calendar reset schedule override.
+    pub const RSCHED: &str = "rsched";
+    /// Per-limit time zone.
+    pub const TZ: &str = "tz";
+    /// The period edge a calendar quota's balance belongs to (epoch ms).
+    pub const PE: &str = "pe";
+    /// Per-limit time-of-day schedule override.
+    pub const SCHED: &str = "sched";
+    /// Base capacity before a schedule (millitokens).
+    pub const BCP: &str = "bcp";
+    /// Base refill amount before a schedule (millitokens).
+    pub const BRA: &str = "bra";
+    /// Trust horizon: when the balance written at `rf` is full again (epoch ms).
+    pub const FU: &str = "fu";
+    /// Top-up above the grant in the current period (millitokens).
+    pub const TU: &str = "tu";
+    /// Soft (non-enforcing) limit marker.
+    pub const SOFT: &str = "soft";
+}
+
 const FIELDS: [&str; 19] = [
-    "tk", "cp", "ra", "rp", "tc", "rc", "ws", "rsa", "wa", "wtc", "gc", "rsched", "tz", "pe",
-    "sched", "bcp", "bra", "fu", "tu",
+    field::TK,
+    field::CP,
+    field::RA,
+    field::RP,
+    field::TC,
+    field::RC,
+    field::WS,
+    field::RSA,
+    field::WA,
+    field::WTC,
+    field::GC,
+    field::RSCHED,
+    field::TZ,
+    field::PE,
+    field::SCHED,
+    field::BCP,
+    field::BRA,
+    field::FU,
+    field::TU,
 ];
 
 /// One limit's stored fields while decoding: (attribute name, value) by index in `FIELDS`.
@@ -240,13 +303,17 @@ impl BucketImage {
             let (tk, cp) = match (g("tk")?, g("cp")?) {
                 (Some(tk), Some(cp)) => (tk, cp),
                 (None, None) => continue,
-                (Some(_), None) => return Err(corrupt(k, &battr(n, "cp"), "missing (tk present)")),
-                (None, Some(_)) => return Err(corrupt(k, &battr(n, "tk"), "missing (cp present)")),
+                (Some(_), None) => {
+                    return Err(corrupt(k, &battr(n, field::CP), "missing (tk present)"))
+                }
+                (None, Some(_)) => {
+                    return Err(corrupt(k, &battr(n, field::TK), "missing (cp present)"))
+                }
             };
             let ws = g("ws")?;
             let rsa = g("rsa")?;
             if ws.is_some() && rsa.is_none() {
-                return Err(corrupt(k, &battr(n, "rsa"), "missing (ws present)"));
+                return Err(corrupt(k, &battr(n, field::RSA), "missing (ws present)"));
             }
             let rsched = match (gs("rsched")?, gs("tz")?) {
                 (Some(c), tz) => Some((c, tz.unwrap_or_else(|| "UTC".into()))),

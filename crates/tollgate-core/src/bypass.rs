@@ -17,7 +17,7 @@
 //! (mutant `BypassStamp`). An enforce-shaped write that meets a stamped item fails too and
 //! is retried bypass-shaped, so no balance is debited while the scope is bypassed.
 
-use crate::bucket::{attr, BucketImage, LimitState, WCU_COST};
+use crate::bucket::{attr, field, BucketImage, LimitState, WCU_COST};
 use crate::expr::{Condition, Update};
 use crate::ids::WCU;
 use crate::keys::battr;
@@ -164,16 +164,16 @@ pub fn fast_write(amounts: &Amounts, ph: &str, now_ms: i64) -> (Update, Conditio
     let mut u = Update::new();
     for (n, amt) in amounts {
         if *amt != 0 {
-            u = u.add(battr(n, "tc"), *amt);
+            u = u.add(battr(n, field::TC), *amt);
         }
     }
     u = u
-        .add(battr(WCU, "tk"), -WCU_COST)
-        .add(battr(WCU, "tc"), WCU_COST);
+        .add(battr(WCU, field::TK), -WCU_COST)
+        .add(battr(WCU, field::TC), WCU_COST);
     u = crate::usage::stamp_write_time(crate::usage::count_request(u), now_ms);
     let c = Condition::exists("PK")
         .and(stamp(true))
-        .and(Condition::ge(battr(WCU, "tk"), WCU_COST))
+        .and(Condition::ge(battr(WCU, field::TK), WCU_COST))
         .and(Condition::not_exists(attr::TTL).or(Condition::gt(attr::TTL, now_ms / 1000)))
         .and(Condition::not_exists(attr::DISABLED))
         .and(Condition::eq(attr::PH, ph));
@@ -237,7 +237,7 @@ pub fn hold(mut e: Evaluated, state: Option<&LimitState>, rf: i64) -> Evaluated 
 pub fn stamp_created(item: &mut Item, evals: &[Evaluated]) {
     item.insert(attr::BYPASS.into(), Value::Bool(true));
     for e in evals {
-        item.insert(battr(&e.name, "tk"), Value::N(e.balance));
+        item.insert(battr(&e.name, field::TK), Value::N(e.balance));
     }
 }
 

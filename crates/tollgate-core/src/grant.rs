@@ -1,7 +1,7 @@
 //! ADR-145: a sharded quota conserves its allowance. A new or seeded quota shard is funded
 //! by a move from a covering sibling, not minted.
 
-use crate::bucket::LimitState;
+use crate::bucket::{field, LimitState};
 use crate::expr::Condition;
 use crate::keys::battr;
 use crate::limit::{Limit, Refill};
@@ -123,19 +123,18 @@ pub fn donor_condition(
 ) -> Condition {
     let n = limit.name();
     let generation = match st.gc {
-        Some(g) => Condition::eq(battr(n, "gc"), g),
+        Some(g) => Condition::eq(battr(n, field::GC), g),
         // A legacy donor: pinned by the shard count its gc was inferred from.
-        None => {
-            Condition::not_exists(battr(n, "gc")).and(Condition::eq("shard_count", shard_count))
-        }
+        None => Condition::not_exists(battr(n, field::GC))
+            .and(Condition::eq("shard_count", shard_count)),
     };
     let mut c = Condition::exists("PK")
-        .and(Condition::ge(battr(n, "tk"), amount))
+        .and(Condition::ge(battr(n, field::TK), amount))
         .and(generation);
     match limit.refill() {
         Refill::Calendar(cal) => {
             if let Some(edge) = cal.prev_edge(now) {
-                let pe = battr(n, "pe");
+                let pe = battr(n, field::PE);
                 c = c.and(
                     Condition::ge(pe.clone(), edge)
                         .or(Condition::not_exists(pe).and(Condition::ge("rf", edge))),
@@ -144,7 +143,7 @@ pub fn donor_condition(
         }
         Refill::Window { .. } => {
             c = match st.wa {
-                Some(wa) => c.and(Condition::eq(battr(n, "wa"), wa)),
+                Some(wa) => c.and(Condition::eq(battr(n, field::WA), wa)),
                 None => c.and(Condition::eq("rf", rf)),
             };
         }

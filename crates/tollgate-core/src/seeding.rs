@@ -3,7 +3,7 @@
 //! [`needs_siblings`]) and asks [`plan_seeds`]; it executes the seeds, the donor debits
 //! ([`move_updates`]) and the window joins the plan names.
 
-use crate::bucket::{attr, BucketImage, MAX_SHARD_COUNT, WCU_CAPACITY};
+use crate::bucket::{attr, field, BucketImage, MAX_SHARD_COUNT, WCU_CAPACITY};
 use crate::expr::{Condition, Update};
 use crate::grant::{
     donor_condition, infer_gc, plan_quota_grant, quota_grant_is_current, window_grant_overlaps,
@@ -314,7 +314,7 @@ fn plan_drip_split(
     }
     let e = evaluate(l, Some(st), img.rf, img.shard_count.max(g), now, None);
     let half = e.balance.div_euclid(2);
-    let gc = battr(n, "gc");
+    let gc = battr(n, field::GC);
     let generation = match st.gc {
         Some(x) => Condition::eq(gc, x),
         None => Condition::not_exists(gc),
@@ -329,7 +329,7 @@ fn plan_drip_split(
         half,
         condition: Condition::exists("PK")
             .and(Condition::eq(attr::RF, img.rf))
-            .and(Condition::eq(battr(n, "tk"), st.tk))
+            .and(Condition::eq(battr(n, field::TK), st.tk))
             .and(generation),
     }
 }
@@ -363,9 +363,9 @@ pub fn move_updates(moves: &[Move]) -> Vec<(u32, Update, Condition)> {
     let mut by_shard: Vec<(u32, Update, Condition, bool)> = Vec::new();
     for m in moves {
         let debit = |u: Update| {
-            let u = u.add(battr(&m.limit, "tk"), -m.amount);
+            let u = u.add(battr(&m.limit, field::TK), -m.amount);
             match m.split_gc {
-                Some(g) => u.set(battr(&m.limit, "gc"), g),
+                Some(g) => u.set(battr(&m.limit, field::GC), g),
                 None => u,
             }
         };

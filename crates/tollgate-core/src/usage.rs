@@ -14,6 +14,7 @@
 use std::collections::BTreeMap;
 
 use crate::bucket::attr as bucket_attr;
+use crate::bucket::field;
 use crate::expr::Update;
 use crate::ids::WCU;
 use crate::keys::{battr, STATE};
@@ -218,7 +219,7 @@ pub fn debited(old: Option<&Item>, new: &Item, limit: &str) -> bool {
     let Some(old) = old else {
         return true;
     };
-    let tk = battr(limit, "tk");
+    let tk = battr(limit, field::TK);
     old.get(&tk) != new.get(&tk) || old.get(bucket_attr::RF) != new.get(bucket_attr::RF)
 }
 
@@ -263,7 +264,7 @@ pub fn usage_of(
         }
         let od = overdraw_of(
             d,
-            num(Some(new), &battr(limit, "tk")),
+            num(Some(new), &battr(limit, field::TK)),
             debited(old, new, limit),
         );
         if od != 0 {

@@ -1,6 +1,7 @@
 //! Duration windows (ADR-139/140): the predicates and targets of opening, rolling and
 //! propagating one window start across the shards of an entity.
 
+use crate::bucket::field;
 use crate::expr::Condition;
 use crate::keys::battr;
 
@@ -33,14 +34,14 @@ pub fn roll_target(share: i64, tc: i64, wtc: Option<i64>) -> i64 {
 /// older than the new start), and its own window had ended by the new start (the
 /// ended-window floor) — so concurrent openers cannot reset each other inside one window.
 pub fn fanout_condition(limit: &str, new_ws: i64, rsa_s: i64) -> Condition {
-    let ws = battr(limit, "ws");
+    let ws = battr(limit, field::WS);
     let floor = if !crate::mutants::off(crate::mutants::Mutant::WindowFloor) {
         Condition::le(ws.clone(), new_ws - rsa_s * 1000)
     } else {
         Condition::lt(ws.clone(), new_ws)
     };
     Condition::exists("PK")
-        .and(Condition::exists(battr(limit, "wa")).or(Condition::lt("rf", new_ws)))
+        .and(Condition::exists(battr(limit, field::WA)).or(Condition::lt("rf", new_ws)))
         .and(Condition::not_exists(ws).or(floor))
 }
 

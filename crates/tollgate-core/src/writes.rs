@@ -1,7 +1,7 @@
 //! Write plans: the speculative fast-path write and its failure classification, the
 //! rf-locked normal write, the consumption-only retry, create, and adjust/rollback.
 
-use crate::bucket::{attr, BucketImage, WCU_COST};
+use crate::bucket::{attr, field, BucketImage, WCU_COST};
 use crate::expr::{Condition, Update};
 use crate::ids::WCU;
 use crate::keys::battr;
@@ -62,17 +62,19 @@ pub fn fast_write(
     let mut u = Update::new();
     let mut c = Condition::exists("PK");
     for (n, amt) in amounts {
-        u = u.add(battr(n, "tk"), -amt).add(battr(n, "tc"), *amt);
+        u = u
+            .add(battr(n, field::TK), -amt)
+            .add(battr(n, field::TC), *amt);
         if !crate::soft::exempt(limits, n) {
-            c = c.and(Condition::ge(battr(n, "tk"), *amt));
+            c = c.and(Condition::ge(battr(n, field::TK), *amt));
         }
     }
     u = u
-        .add(battr(WCU, "tk"), -WCU_COST)
-        .add(battr(WCU, "tc"), WCU_COST);
+        .add(battr(WCU, field::TK), -WCU_COST)
+        .add(battr(WCU, field::TC), WCU_COST);
     u = crate::usage::stamp_write_time(crate::usage::count_request(u), now_ms);
     c = c
-        .and(Condition::ge(battr(WCU, "tk"), WCU_COST))
+        .and(Condition::ge(battr(WCU, field::TK), WCU_COST))
         .and(Condition::not_exists(attr::TTL).or(Condition::gt(attr::TTL, now_ms / 1000)))
         .and(Condition::not_exists(attr::DISABLED))
         .and(crate::bypass::stamp(false))
@@ -101,7 +103,7 @@ pub fn trusted(limits: &[Limit], amounts: &Amounts, now_ms: i64) -> Condition {
     }
     for (n, _) in amounts {
         if drips(limits, n) {
-            c = c.and(Condition::gt(battr(n, "fu"), now_ms));
+            c = c.and(Condition::gt(battr(n, field::FU), now_ms));
         }
     }
     c
@@ -307,28 +309,28 @@ pub struct ItemStamp<'a> {
 fn stamp_params(mut u: Update, l: &Limit, e: &Evaluated) -> Update {
     let n = l.name();
     u = u
-        .set(battr(n, "cp"), e.params.capacity)
-        .set(battr(n, "ra"), e.params.ra)
-        .set(battr(n, "rp"), l.rp());
+        .set(battr(n, field::CP), e.params.capacity)
+        .set(battr(n, field::RA), e.params.ra)
+        .set(battr(n, field::RP), l.rp());
     match l.schedule() {
         Some(s) => {
             u = u
-                .set(battr(n, "sched"), s.encode())
-                .set(battr(n, "bcp"), l.capacity_milli())
-                .set(battr(n, "bra"), l.ra());
+                .set(battr(n, field::SCHED), s.encode())
+                .set(battr(n, field::BCP), l.capacity_milli())
+                .set(battr(n, field::BRA), l.ra());
         }
         None if e.sched_stored => {
             u = u
-                .remove(battr(n, "sched"))
-                .remove(battr(n, "bcp"))
-                .remove(battr(n, "bra"));
+                .remove(battr(n, field::SCHED))
+                .remove(battr(n, field::BCP))
+                .remove(battr(n, field::BRA));
         }
         None => {}
     }
     if let Some(c) = l.calendar() {
         u = u
-            .set(battr(n, "rsched"), c.expr())
-            .set(battr(n, "tz"), c.tz());
+            .set(battr(n, field::RSCHED), c.expr())
+            .set(battr(n, field::TZ), c.tz());
     }
     u
 }
@@ -422,58 +424,58 @@ pub fn normal_write(
             consumed
         };
         if credit - debit != 0 || e.transition == Transition::Seed {
-            u = u.add(battr(n, "tk"), credit - debit);
+            u = u.add(battr(n, field::TK), credit - debit);
         }
         if consumed != 0 {
-            u = u.add(battr(n, "tc"), consumed);
+            u = u.add(battr(n, field::TC), consumed);
         }
         if let Some(g) = e.drip_gc {
-            u = u.set(battr(n, "gc"), g);
+            u = u.set(battr(n, field::GC), g);
         }
         if let Some(fu) = crate::materialize::drip_full_at(l, e, debit, stamp.rf) {
-            u = u.set(battr(n, "fu"), fu);
+            u = u.set(battr(n, field::FU), fu);
         }
         if let Some(rc) = e.carry {
-            u = u.set(battr(n, "rc"), rc);
+            u = u.set(battr(n, field::RC), rc);
         }
         // A window opened on this pass, or joined by a seed, stamps its start (with rsa).
         if e.opened || e.transition == Transition::Seed {
             if let Some(ws) = e.ws {
-                u = u.set(battr(n, "ws"), ws);
+                u = u.set(battr(n, field::WS), ws);
             }
         }
         if let Some(rsa) = e.rsa {
-            u = u.set(battr(n, "rsa"), rsa);
+            u = u.set(battr(n, field::RSA), rsa);
         }
         if let Some(wa) = e.wa {
-            u = u.set(battr(n, "wa"), wa);
+            u = u.set(battr(n, field::WA), wa);
         }
         if let Some(gc) = e.gc {
-            u = u.set(battr(n, "gc"), gc);
+            u = u.set(battr(n, field::GC), gc);
         }
         if let Some(pe) = e.pe {
-            u = u.set(battr(n, "pe"), pe);
+            u = u.set(battr(n, field::PE), pe);
         }
         u = stamp_top_up(u, n, e);
         if e.transition == Transition::Seed {
-            c = c.and(Condition::not_exists(battr(n, "tk")));
+            c = c.and(Condition::not_exists(battr(n, field::TK)));
         } else if e.transition.is_set() {
             c = c.and(set_pin(n, e.read_tk));
         } else {
             if !charging.debt && debit > credit && !crate::soft::exempt(limits, n) {
-                c = c.and(Condition::ge(battr(n, "tk"), debit - credit));
+                c = c.and(Condition::ge(battr(n, field::TK), debit - credit));
             }
             if e.transition == Transition::Refill
                 && !crate::mutants::off(crate::mutants::Mutant::TrustHorizon)
             {
-                c = c.and(Condition::le(battr(n, "tk"), e.read_tk));
+                c = c.and(Condition::le(battr(n, field::TK), e.read_tk));
             }
             // Rule "a split is not undone": the share this pass materialised is the one
             // read (a split since lowered it, without moving `rf`).
             if e.transition == Transition::Refill {
                 c = c.and(match e.gc_read {
-                    Some(g) => Condition::eq(battr(n, "gc"), g),
-                    None => Condition::not_exists(battr(n, "gc")),
+                    Some(g) => Condition::eq(battr(n, field::GC), g),
+                    None => Condition::not_exists(battr(n, field::GC)),
                 });
             }
         }
@@ -481,16 +483,16 @@ pub fn normal_write(
     // The write-capacity guard refills on every rf-locked write (the original only refilled
     // it from the aggregator, so a bucket without one doubled forever: §11 #6).
     if wcu.credit() != 0 || wcu.transition == Transition::Seed {
-        u = u.add(battr(WCU, "tk"), wcu.credit());
+        u = u.add(battr(WCU, field::TK), wcu.credit());
     }
     if wcu.transition == Transition::Seed {
         u = u
-            .set(battr(WCU, "cp"), crate::bucket::WCU_CAPACITY)
-            .set(battr(WCU, "ra"), crate::bucket::WCU_CAPACITY)
-            .set(battr(WCU, "rp"), crate::bucket::WCU_PERIOD_MS);
+            .set(battr(WCU, field::CP), crate::bucket::WCU_CAPACITY)
+            .set(battr(WCU, field::RA), crate::bucket::WCU_CAPACITY)
+            .set(battr(WCU, field::RP), crate::bucket::WCU_PERIOD_MS);
     }
     if let Some(rc) = wcu.carry {
-        u = u.set(battr(WCU, "rc"), rc);
+        u = u.set(battr(WCU, field::RC), rc);
     }
     (u, c)
 }
@@ -499,8 +501,8 @@ pub fn normal_write(
 /// the pass — SET when it changed, REMOVE when a reset, open or roll re-sized the grant.
 pub fn stamp_top_up(u: Update, limit: &str, e: &Evaluated) -> Update {
     match (e.tu_read, e.tu) {
-        (read, Some(t)) if read != Some(t) => u.set(battr(limit, "tu"), t),
-        (Some(_), None) => u.remove(battr(limit, "tu")),
+        (read, Some(t)) if read != Some(t) => u.set(battr(limit, field::TU), t),
+        (Some(_), None) => u.remove(battr(limit, field::TU)),
         _ => u,
     }
 }
@@ -510,7 +512,7 @@ pub fn stamp_top_up(u: Update, limit: &str, e: &Evaluated) -> Update {
 /// a refund or debit that lands between the read and the write would otherwise be carried
 /// across the reset.
 pub fn set_pin(limit: &str, read_tk: i64) -> Condition {
-    Condition::eq(battr(limit, "tk"), read_tk)
+    Condition::eq(battr(limit, field::TK), read_tk)
 }
 
 /// The consumption-only retry (§4.4), after the rf lock was lost: ADD the amounts, each
@@ -525,10 +527,10 @@ pub fn retry_write(amounts: &Amounts, limits: &[Limit], now_ms: i64) -> (Update,
         .and(trusted(limits, amounts, now_ms));
     for (n, a) in amounts {
         if *a != 0 {
-            u = u.add(battr(n, "tk"), -a).add(battr(n, "tc"), *a);
+            u = u.add(battr(n, field::TK), -a).add(battr(n, field::TC), *a);
         }
         if !crate::soft::exempt(limits, n) {
-            c = c.and(Condition::ge(battr(n, "tk"), *a));
+            c = c.and(Condition::ge(battr(n, field::TK), *a));
         }
     }
     (
@@ -573,8 +575,8 @@ pub fn refund_trust(
         let e = evaluate(l, Some(st), img.rf, shard_count, img.rf, None);
         let max = trust_ceiling(e.ceiling, e.rate, l.rp(), st.rc, img.rf, fu);
         c = c
-            .and(Condition::eq(battr(n, "fu"), fu))
-            .and(Condition::le(battr(n, "tk"), max.saturating_sub(*r)));
+            .and(Condition::eq(battr(n, field::FU), fu))
+            .and(Condition::le(battr(n, field::TK), max.saturating_sub(*r)));
     }
     Some(c)
 }
@@ -585,7 +587,7 @@ pub fn refund_untrust(u: Update, limits: &[Limit], refunds: &Amounts) -> Update 
     refunds
         .iter()
         .filter(|(n, _)| drips(limits, n))
-        .fold(u, |u, (n, _)| u.set(battr(n, "fu"), 0))
+        .fold(u, |u, (n, _)| u.set(battr(n, field::FU), 0))
 }
 
 /// Adjust / rollback (path 4): ADD `−delta` to the balance and `+delta` to `tc` per limit;
@@ -597,9 +599,9 @@ pub fn adjust_write(deltas: &Amounts, tc_only: &[String], now_ms: i64) -> Update
     for (n, d) in deltas {
         if *d != 0 {
             if !tc_only.contains(n) {
-                u = u.add(battr(n, "tk"), -d);
+                u = u.add(battr(n, field::TK), -d);
             }
-            u = u.add(battr(n, "tc"), *d);
+            u = u.add(battr(n, field::TC), *d);
         }
     }
     u
@@ -621,7 +623,7 @@ pub fn refund_pin(
     pe_at_debit: Option<i64>,
     rf_at_debit: i64,
 ) -> Option<Condition> {
-    let pe = battr(limit.name(), "pe");
+    let pe = battr(limit.name(), field::PE);
     match limit.refill() {
         Refill::Drip { .. } => None,
         Refill::Calendar(c) => match pe_at_debit {
@@ -630,7 +632,9 @@ pub fn refund_pin(
                 .next_edge(rf_at_debit)
                 .map(|edge| Condition::not_exists(pe).and(Condition::lt(attr::RF, edge))),
         },
-        Refill::Window { .. } => ws_at_debit.map(|ws| Condition::eq(battr(limit.name(), "ws"), ws)),
+        Refill::Window { .. } => {
+            ws_at_debit.map(|ws| Condition::eq(battr(limit.name(), field::WS), ws))
+        }
     }
 }
 
@@ -703,47 +707,50 @@ pub fn create_item(
             .find(|(a, _)| a == n)
             .map(|(_, v)| *v)
             .unwrap_or(0);
-        put(battr(n, "tk"), Value::N(e.balance - consumed));
-        put(battr(n, "tc"), Value::N(consumed));
-        put(battr(n, "cp"), Value::N(e.params.capacity));
-        put(battr(n, "ra"), Value::N(e.params.ra));
-        put(battr(n, "rp"), Value::N(l.rp()));
+        put(battr(n, field::TK), Value::N(e.balance - consumed));
+        put(battr(n, field::TC), Value::N(consumed));
+        put(battr(n, field::CP), Value::N(e.params.capacity));
+        put(battr(n, field::RA), Value::N(e.params.ra));
+        put(battr(n, field::RP), Value::N(l.rp()));
         if let Some(s) = l.schedule() {
-            put(battr(n, "sched"), s.encode().into());
-            put(battr(n, "bcp"), Value::N(l.capacity_milli()));
-            put(battr(n, "bra"), Value::N(l.ra()));
+            put(battr(n, field::SCHED), s.encode().into());
+            put(battr(n, field::BCP), Value::N(l.capacity_milli()));
+            put(battr(n, field::BRA), Value::N(l.ra()));
         }
         if let Some(c) = l.calendar() {
-            put(battr(n, "rsched"), c.expr().into());
-            put(battr(n, "tz"), c.tz().into());
+            put(battr(n, field::RSCHED), c.expr().into());
+            put(battr(n, field::TZ), c.tz().into());
         }
         if let Some(rc) = e.carry {
-            put(battr(n, "rc"), Value::N(rc));
+            put(battr(n, field::RC), Value::N(rc));
         }
         if let Some(ws) = e.ws {
-            put(battr(n, "ws"), Value::N(ws));
+            put(battr(n, field::WS), Value::N(ws));
         }
         if let Some(rsa) = e.rsa {
-            put(battr(n, "rsa"), Value::N(rsa));
+            put(battr(n, field::RSA), Value::N(rsa));
         }
         if let Some(wa) = e.wa {
-            put(battr(n, "wa"), Value::N(wa));
+            put(battr(n, field::WA), Value::N(wa));
         }
         if let Some(gc) = e.gc.or(e.drip_gc) {
-            put(battr(n, "gc"), Value::N(gc));
+            put(battr(n, field::GC), Value::N(gc));
         }
         if let Some(fu) = crate::materialize::drip_full_at(l, e, consumed, stamp.rf) {
-            put(battr(n, "fu"), Value::N(fu));
+            put(battr(n, field::FU), Value::N(fu));
         }
         if let Some(pe) = e.pe {
-            put(battr(n, "pe"), Value::N(pe));
+            put(battr(n, field::PE), Value::N(pe));
         }
     }
-    put(battr(WCU, "tk"), Value::N(crate::bucket::WCU_CAPACITY));
-    put(battr(WCU, "tc"), Value::N(0));
-    put(battr(WCU, "cp"), Value::N(crate::bucket::WCU_CAPACITY));
-    put(battr(WCU, "ra"), Value::N(crate::bucket::WCU_CAPACITY));
-    put(battr(WCU, "rp"), Value::N(crate::bucket::WCU_PERIOD_MS));
+    put(battr(WCU, field::TK), Value::N(crate::bucket::WCU_CAPACITY));
+    put(battr(WCU, field::TC), Value::N(0));
+    put(battr(WCU, field::CP), Value::N(crate::bucket::WCU_CAPACITY));
+    put(battr(WCU, field::RA), Value::N(crate::bucket::WCU_CAPACITY));
+    put(
+        battr(WCU, field::RP),
+        Value::N(crate::bucket::WCU_PERIOD_MS),
+    );
     i
 }
 

@@ -2,7 +2,7 @@
 //! ([`tollgate_core::seeding`] plans it), the donor debits as transaction operations, and
 //! the rollover fan-out of an opened window (ADR-139/140).
 
-use tollgate_core::bucket::BucketImage;
+use tollgate_core::bucket::{field, BucketImage};
 use tollgate_core::expr::{ReturnValues, SetValue, Update};
 use tollgate_core::keys::battr;
 use tollgate_core::limit::Limit;
@@ -119,12 +119,12 @@ pub(crate) async fn fan_out(inner: &Inner, req: &Request, shard: u32, s: i64, ev
         for sib in (0..s as u32).filter(|x| *x != shard) {
             let n = &e.name;
             let update = Update::new()
-                .set(battr(n, "ws"), ws)
-                .set(battr(n, "rsa"), rsa)
+                .set(battr(n, field::WS), ws)
+                .set(battr(n, field::RSA), rsa)
                 .set("vu", 0)
                 .set_expr(
-                    battr(n, "wtc"),
-                    SetValue::IfNotExists(battr(n, "tc"), Value::N(0)),
+                    battr(n, field::WTC),
+                    SetValue::IfNotExists(battr(n, field::TC), Value::N(0)),
                 );
             let r = inner
                 .store

@@ -1,7 +1,7 @@
 //! Path 2 of a doubling (§4.7): cloning shard 0 into a slot the doubling opened, funded
 //! by moves (ADR-145).
 
-use tollgate_core::bucket::BucketImage;
+use tollgate_core::bucket::{field, BucketImage};
 use tollgate_core::expr::Condition;
 use tollgate_core::keys::battr;
 use tollgate_core::limit::{Limit, Refill};
@@ -72,7 +72,7 @@ impl Aggregator {
                     None => item.remove(&battr(n, f)),
                 };
             }
-            item.insert(battr(n, "wtc"), Value::N(0));
+            item.insert(battr(n, field::WTC), Value::N(0));
         }
         if img0.ph.is_none() {
             item.remove(tollgate_core::bucket::attr::PH);

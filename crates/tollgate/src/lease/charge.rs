@@ -3,6 +3,7 @@
 
 use std::collections::BTreeMap;
 
+use tollgate_core::bucket::field;
 use tollgate_core::expr::{Condition, ReturnValues};
 use tollgate_core::mutants::{self, Mutant};
 use tollgate_core::writes::{adjust_write, refund_trust, refund_untrust, trusted};
@@ -136,12 +137,14 @@ impl Lease {
                 .iter()
                 .filter(|(n, _)| req.limits.iter().any(|l| l.name() == n && !l.is_quota()))
             {
-                condition = condition.and(Condition::ge(tollgate_core::keys::battr(n, "tk"), 0));
+                condition =
+                    condition.and(Condition::ge(tollgate_core::keys::battr(n, field::TK), 0));
             }
         }
         for (n, d) in deltas {
             if *d > 0 {
-                condition = condition.and(Condition::ge(tollgate_core::keys::battr(n, "tk"), *d));
+                condition =
+                    condition.and(Condition::ge(tollgate_core::keys::battr(n, field::TK), *d));
             } else if let Some(p) = self.parts[0].pins.get(n) {
                 condition = condition.and(p.clone());
             }

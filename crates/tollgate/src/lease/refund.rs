@@ -1,7 +1,7 @@
 //! Refunds: rollback and the refund half of a commit, one write or one transaction over
 //! the parts that hold what is returned (see the module rules in `super`).
 
-use tollgate_core::bucket::{attr, BucketImage};
+use tollgate_core::bucket::{attr, field, BucketImage};
 use tollgate_core::expr::{Condition, ReturnValues, Update};
 use tollgate_core::mutants::{self, Mutant};
 use tollgate_core::writes::{adjust_write, refund_trust, refund_untrust};
@@ -101,7 +101,7 @@ impl Lease {
             if guarded && !debt_ok {
                 for (n, _) in o.refunds.iter().filter(|(n, _)| drip(n)) {
                     condition =
-                        condition.and(Condition::ge(tollgate_core::keys::battr(n, "tk"), 0));
+                        condition.and(Condition::ge(tollgate_core::keys::battr(n, field::TK), 0));
                 }
             }
             for (n, _) in &o.refunds {
@@ -181,7 +181,7 @@ impl Lease {
                         ones[*j].refunds.iter().any(|(n, _)| {
                             drip(n)
                                 && old
-                                    .get(&tollgate_core::keys::battr(n, "tk"))
+                                    .get(&tollgate_core::keys::battr(n, field::TK))
                                     .and_then(tollgate_core::value::Value::as_n)
                                     .is_some_and(|tk| tk < 0)
                         })
