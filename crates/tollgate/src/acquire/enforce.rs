@@ -127,13 +127,7 @@ impl Limiter {
 
     /// The mode stored at a config level (`None`: the level sets none).
     pub async fn scope_enforcement(&self, scope: &Scope) -> Result<Option<Enforcement>> {
-        scope.validate()?;
-        match self
-            .inner
-            .store
-            .get(&scope.key(self.inner.ns()), true)
-            .await?
-        {
+        match self.config_item(scope).await? {
             Some(i) => config::decode_enforcement(&i),
             None => Ok(None),
         }

@@ -141,15 +141,19 @@ impl Limiter {
         Ok(repairs)
     }
 
-    /// Limits stored at a scope (empty if none).
-    pub async fn get_limits(&self, scope: &Scope) -> Result<(Vec<Limit>, Option<OnUnavailable>)> {
+    /// The config item stored at a scope, read consistently (`None`: the level has none).
+    pub(crate) async fn config_item(&self, scope: &Scope) -> Result<Option<Item>> {
         scope.validate()?;
-        match self
+        Ok(self
             .inner
             .store
             .get(&scope.key(self.inner.ns()), true)
-            .await?
-        {
+            .await?)
+    }
+
+    /// Limits stored at a scope (empty if none).
+    pub async fn get_limits(&self, scope: &Scope) -> Result<(Vec<Limit>, Option<OnUnavailable>)> {
+        match self.config_item(scope).await? {
             Some(i) => config::decode(&i),
             None => Ok((Vec::new(), None)),
         }
@@ -157,13 +161,7 @@ impl Limiter {
 
     /// The merge flags stored at a scope (none if the level has no item).
     pub async fn get_merge(&self, scope: &Scope) -> Result<Merge> {
-        scope.validate()?;
-        match self
-            .inner
-            .store
-            .get(&scope.key(self.inner.ns()), true)
-            .await?
-        {
+        match self.config_item(scope).await? {
             Some(i) => config::decode_merge(&i),
             None => Ok(Merge::default()),
         }
