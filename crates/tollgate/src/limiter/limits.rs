@@ -12,20 +12,32 @@ use crate::config::{self, OnUnavailable, Scope};
 use crate::doctor::{self, Repair};
 use crate::error::{Error, Result};
 
-fn replaced_action(cascade_dropped: bool) -> String {
-    let mut a = String::from("replaced by the new limits");
-    if cascade_dropped {
-        a.push_str(" (its cascade policy could not be read and was not kept)");
-    }
-    a
-}
-
-fn deleted_action(cascade_lost: bool) -> String {
-    let mut a = String::from("deleted");
-    if cascade_lost {
-        a.push_str(" (its cascade policy could not be read and was not kept)");
-    }
-    a
+/// The repairs a change of a config level made when it replaced a corrupt item: the item,
+/// and what of its non-limit attributes ([`kept_policy`]) was lost with it — the corrupt
+/// attribute itself, or both when the store could not decode the item at all.
+fn policy_repairs(
+    done: &str,
+    ns: &str,
+    key: &tollgate_core::value::Key,
+    read: std::result::Result<Option<Item>, doctor::CorruptItem>,
+    old: Option<Item>,
+) -> Vec<Repair> {
+    const CASCADE_LOST: &str = " (its cascade policy could not be read and was not kept)";
+    let (corrupt, lost) = match read {
+        Err(c) => (c, format!("{CASCADE_LOST}, nor its mode")),
+        Ok(_) => {
+            let Some(c) = old.and_then(|old| doctor::check_item(ns, key, &old)) else {
+                return Vec::new();
+            };
+            let lost = match c.attribute.as_deref() {
+                Some(config::CASCADE) => CASCADE_LOST,
+                Some(config::ENFORCEMENT) => " (its mode could not be read and was not kept)",
+                _ => "",
+            };
+            (c, lost.to_string())
+        }
+    };
+    vec![Repair::logged(corrupt, format!("{done}{lost}"))]
 }
 
 /// The attributes of a config level that are not limits and outlive a change of its
@@ -127,16 +139,7 @@ impl Limiter {
                 Some(ConfigWrite::Put(item))
             })
             .await?;
-        let mut repairs = Vec::new();
-        match read {
-            Err(c) => repairs.push(Repair::logged(c, replaced_action(true))),
-            Ok(_) => {
-                if let Some(c) = old.and_then(|old| doctor::check_item(ns, &key, &old)) {
-                    let dropped = c.attribute.as_deref() == Some(config::CASCADE);
-                    repairs.push(Repair::logged(c, replaced_action(dropped)));
-                }
-            }
-        }
+        let repairs = policy_repairs("replaced by the new limits", ns, &key, read, old);
         self.forget_cached();
         Ok(repairs)
     }
@@ -176,8 +179,8 @@ impl Limiter {
     }
 
     /// [`Limiter::delete_limits`], reporting the corrupt item it deleted. The cascade policy
-    /// is kept when it can be read, and lost (reported) when it is the corrupt part or the
-    /// store cannot decode the item.
+    /// and the mode are kept when they can be read, and lost (reported) when one is the
+    /// corrupt part or the store cannot decode the item.
     pub async fn delete_limits_with_repairs(&self, scope: &Scope) -> Result<(bool, Vec<Repair>)> {
         scope.validate()?;
         let ns = self.inner.ns();
@@ -199,16 +202,7 @@ impl Limiter {
                 }
             })
             .await?;
-        let mut repairs = Vec::new();
-        match read {
-            Err(c) => repairs.push(Repair::logged(c, deleted_action(true))),
-            Ok(_) => {
-                if let Some(c) = old.and_then(|old| doctor::check_item(ns, &key, &old)) {
-                    let lost = c.attribute.as_deref() == Some(config::CASCADE);
-                    repairs.push(Repair::logged(c, deleted_action(lost)));
-                }
-            }
-        }
+        let repairs = policy_repairs("deleted", ns, &key, read, old);
         self.forget_cached();
         Ok((record.is_some(), repairs))
     }

@@ -205,4 +205,20 @@ pub async fn a_disabled_resource_and_its_stored_mode(b: &Backend) {
         Err(Error::Corrupt(m)) => assert!(m.contains("enforcement"), "{m}"),
         r => panic!("expected a corrupt-item error, got {r:?}"),
     }
+    // Replacing the level's limits repairs it and says the mode was not kept.
+    let repairs = h
+        .lim
+        .set_limits_with_repairs(&res(), &[Limit::per_minute("rpm", 10).unwrap()], None)
+        .await
+        .unwrap();
+    assert_eq!(repairs.len(), 1);
+    assert_eq!(repairs[0].corrupt.attribute.as_deref(), Some("enforcement"));
+    assert!(
+        repairs[0]
+            .action
+            .contains("its mode could not be read and was not kept"),
+        "{}",
+        repairs[0].action
+    );
+    assert_eq!(h.lim.scope_enforcement(&res()).await.unwrap(), None);
 }
