@@ -363,9 +363,28 @@ fn mismatch(call: &str, got: &Outcome) -> StoreError {
 fn configure(conn: &mut Connection, path: &str) -> Result<(), StoreError> {
     // WAL: readers never block the writer and a commit appends to one file. The mode is stored
     // in the file; an in-memory database answers "memory", which is fine.
-    let mode: String = conn
-        .query_row("PRAGMA journal_mode = WAL", [], |r| r.get(0))
-        .map_err(|e| from_open(path, "set journal_mode of", e))?;
+    // The switch needs the file's exclusive lock, and SQLite answers BUSY at once rather
+    // than wait in the busy handler when another connection is opening the same new file
+    // (a lock it could deadlock on): retry it, briefly and boundedly.
+    let mut attempt = 0u32;
+    let mode: String = loop {
+        match conn.query_row("PRAGMA journal_mode = WAL", [], |r| r.get(0)) {
+            Ok(m) => break m,
+            Err(rusqlite::Error::SqliteFailure(f, _))
+                if attempt < 50
+                    && matches!(
+                        f.code,
+                        rusqlite::ErrorCode::DatabaseBusy | rusqlite::ErrorCode::DatabaseLocked
+                    ) =>
+            {
+                attempt += 1;
+                std::thread::sleep(std::time::Duration::from_millis(
+                    5 * u64::from(attempt.min(8)),
+                ));
+            }
+            Err(e) => return Err(from_open(path, "set journal_mode of", e)),
+        }
+    };
     if !mode.eq_ignore_ascii_case("wal") && !mode.eq_ignore_ascii_case("memory") {
         return Err(StoreError::Unavailable(format!(
             "sqlite {path}: refused WAL journal mode (got {mode})"

@@ -115,7 +115,19 @@ pub fn ensure(conn: &mut Connection, path: &str) -> Result<(), StoreError> {
     // A store already at this version is only read: its open takes no write lock, so a
     // writer stuck elsewhere (another process holding the lock) does not stop an open —
     // the calls then meet the lock within their deadlines, and the policy decides.
-    if check(conn, path)? == SCHEMA_VERSION {
+    // Read from one snapshot, as the precheck does: the version and the tables read by two
+    // autocommit statements could straddle another opener's schema commit and look like
+    // "no version but tables" (a concurrent first open failed that way under load).
+    let current = {
+        let tx = conn
+            .unchecked_transaction()
+            .map_err(|e| from_open(path, "begin schema check of", e))?;
+        let v = check(&tx, path)?;
+        tx.finish()
+            .map_err(|e| from_open(path, "end schema check of", e))?;
+        v
+    };
+    if current == SCHEMA_VERSION {
         return Ok(());
     }
     let tx = conn
