@@ -106,7 +106,7 @@ pub(crate) async fn run(cmd: AuditCmd, json: bool) -> Result<(), Failure> {
         }
         AuditCmd::Purge { store } => {
             let limiter = store.limiter(Access::Existing).await?;
-            let n = limiter.purge_audit().await?;
+            let n = limiter.admin().purge_audit().await?;
             if json {
                 print_json(&serde_json::json!({ "purged": n }));
             } else {

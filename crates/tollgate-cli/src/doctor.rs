@@ -71,7 +71,7 @@ pub(crate) async fn run(args: DoctorArgs, json: bool) -> Result<(), Failure> {
         Access::ReadOnly
     };
     let limiter = args.store.limiter(access).await?;
-    let report = limiter.doctor(args.repair).await?;
+    let report = limiter.admin().doctor(args.repair).await?;
     let remaining = report.remaining().len();
     if json {
         print_json(&json!({

@@ -672,7 +672,7 @@ async fn run(cli: Cli) -> Result<(), Failure> {
                             ""
                         }
                     );
-                    print_statuses(st, limiter.now_ms());
+                    print_statuses(st, limiter.clock().now_ms());
                 }
             }
             Ok(())
@@ -716,7 +716,7 @@ async fn run(cli: Cli) -> Result<(), Failure> {
                         ""
                     }
                 );
-                print_statuses(&statuses, limiter.now_ms());
+                print_statuses(&statuses, limiter.clock().now_ms());
             }
             Ok(())
         }
@@ -729,13 +729,9 @@ async fn run(cli: Cli) -> Result<(), Failure> {
             let limiter = store.limiter(Access::ReadOnly).await?;
             let asked = borrow(&amounts);
             let a = limiter
-                .check_availability(
-                    &entity,
-                    &resource,
-                    (!amounts.is_empty()).then_some(asked.as_slice()),
-                )
+                .check_availability(&entity, &resource, &asked)
                 .await?;
-            print_availability(&a, json, limiter.now_ms());
+            print_availability(&a, json, limiter.clock().now_ms());
             Ok(())
         }
         Cmd::Limits { cmd } => limits(cmd, json).await,
@@ -809,7 +805,8 @@ async fn limits(cmd: LimitsCmd, json: bool) -> Result<(), Failure> {
                 .map_err(|e| Failure::Limiter(tollgate::Error::Invalid(e)))?;
             let limiter = store.limiter(Access::Create).await?;
             let repairs = limiter
-                .set_merged_limits(&scope, &limits, &merge, on)
+                .admin()
+                .set_level(&scope, &limits, &merge, on)
                 .await?;
             warn(&repairs, json);
             print_limits(&scope, &limits, on, &merge, None, json, "set", &repairs);
@@ -827,7 +824,10 @@ async fn limits(cmd: LimitsCmd, json: bool) -> Result<(), Failure> {
         LimitsCmd::Enforce { scope, mode, store } => {
             let scope = scope.scope();
             let limiter = store.limiter(Access::Create).await?;
-            let shards = limiter.set_scope_enforcement(&scope, mode.0).await?;
+            let shards = limiter
+                .admin()
+                .set_scope_enforcement(&scope, mode.0)
+                .await?;
             let shown = mode.0.map_or("cleared", |m| m.as_str());
             if json {
                 print_json(
@@ -844,7 +844,7 @@ async fn limits(cmd: LimitsCmd, json: bool) -> Result<(), Failure> {
         LimitsCmd::Delete { scope, store } => {
             let scope = scope.scope();
             let limiter = store.limiter(Access::Existing).await?;
-            let (deleted, repairs) = limiter.delete_limits_with_repairs(&scope).await?;
+            let (deleted, repairs) = limiter.admin().delete_limits_with_repairs(&scope).await?;
             warn(&repairs, json);
             if json {
                 let mut v = json!({ "scope": scope_name(&scope), "deleted": deleted });
@@ -984,7 +984,7 @@ async fn entity(cmd: EntityCmd, json: bool) -> Result<(), Failure> {
                 cascade,
                 metadata: meta,
             };
-            let e = limiter.create_entity_with(&id, new).await?;
+            let e = limiter.admin().create_entity_with(&id, new).await?;
             show(&e);
             Ok(())
         }
@@ -1000,7 +1000,7 @@ async fn entity(cmd: EntityCmd, json: bool) -> Result<(), Failure> {
         }
         EntityCmd::Delete { id, store } => {
             let limiter = store.limiter(Access::Existing).await?;
-            let d = limiter.delete_entity_with_repairs(&id).await?;
+            let d = limiter.admin().delete_entity_with_repairs(&id).await?;
             let n = d.deleted_items;
             if n == 0 {
                 return Err(tollgate::Error::EntityNotFound(id).into());
@@ -1022,7 +1022,7 @@ async fn entity(cmd: EntityCmd, json: bool) -> Result<(), Failure> {
             store,
         } => {
             let limiter = store.limiter(Access::Existing).await?;
-            let m = limiter.set_parent(&id, parent.as_deref()).await?;
+            let m = limiter.admin().set_parent(&id, parent.as_deref()).await?;
             if json {
                 print_json(&serde_json::to_value(&m).unwrap_or_default());
             } else if m.audit_id.is_none() {
@@ -1045,7 +1045,7 @@ async fn entity(cmd: EntityCmd, json: bool) -> Result<(), Failure> {
             store,
         } => {
             let limiter = store.limiter(Access::Existing).await?;
-            let out = limiter.reset(&id, &resource, op.as_deref()).await?;
+            let out = limiter.admin().reset(&id, &resource, op.as_deref()).await?;
             show_bucket_op("reset", &id, &resource, &out, json);
             Ok(())
         }
@@ -1056,7 +1056,10 @@ async fn entity(cmd: EntityCmd, json: bool) -> Result<(), Failure> {
             store,
         } => {
             let limiter = store.limiter(Access::Existing).await?;
-            let shards = limiter.set_enforcement(&id, &resource, mode).await?;
+            let shards = limiter
+                .admin()
+                .set_enforcement(&id, &resource, mode)
+                .await?;
             if json {
                 print_json(&json!({
                     "entity": id, "resource": resource, "mode": mode, "shards": shards,
@@ -1077,7 +1080,10 @@ async fn entity(cmd: EntityCmd, json: bool) -> Result<(), Failure> {
         } => {
             let limiter = store.limiter(Access::Existing).await?;
             let a: Vec<(&str, i64)> = amounts.iter().map(|(n, v)| (n.as_str(), *v)).collect();
-            let out = limiter.top_up(&id, &resource, &a, op.as_deref()).await?;
+            let out = limiter
+                .admin()
+                .top_up(&id, &resource, &a, op.as_deref())
+                .await?;
             show_bucket_op("topped up", &id, &resource, &out, json);
             Ok(())
         }

@@ -79,7 +79,7 @@ pub(crate) async fn run(cmd: NamespaceCmd, json: bool) -> Result<(), Failure> {
             let limiter = store.registry_limiter(Access::Create).await?;
             let mut out = Vec::new();
             for n in &names {
-                out.push(limiter.register_namespace(n).await?);
+                out.push(limiter.admin().register_namespace(n).await?);
             }
             if json {
                 print_json(&serde_json::json!({ "namespaces": out }));
@@ -120,7 +120,7 @@ pub(crate) async fn run(cmd: NamespaceCmd, json: bool) -> Result<(), Failure> {
         }
         NamespaceCmd::Delete { name, store } => {
             let limiter = store.registry_limiter(Access::Existing).await?;
-            let gone = limiter.delete_namespace(&name).await?;
+            let gone = limiter.admin().delete_namespace(&name).await?;
             if json {
                 print_json(&serde_json::json!({ "name": name, "deleted": gone }));
             } else {
@@ -137,7 +137,7 @@ pub(crate) async fn run(cmd: NamespaceCmd, json: bool) -> Result<(), Failure> {
         }
         NamespaceCmd::Recover { id, store } => {
             let limiter = store.registry_limiter(Access::Existing).await?;
-            let n = limiter.recover_namespace(&id).await?;
+            let n = limiter.admin().recover_namespace(&id).await?;
             if json {
                 print_json(&serde_json::to_value(&n).unwrap_or_default());
             } else {
@@ -152,7 +152,7 @@ pub(crate) async fn run(cmd: NamespaceCmd, json: bool) -> Result<(), Failure> {
                 )));
             }
             let limiter = store.registry_limiter(Access::Existing).await?;
-            let n = limiter.purge_namespace(&id).await?;
+            let n = limiter.admin().purge_namespace(&id).await?;
             if json {
                 print_json(&serde_json::json!({ "namespace_id": id, "deleted_items": n }));
             } else {

@@ -111,7 +111,8 @@ async fn run(endpoint: &str, calls: usize) -> Result<(), Box<dyn std::error::Err
 
 async fn bench(store: Arc<DynamoDbStore>, calls: usize) -> Result<(), Box<dyn std::error::Error>> {
     let lim = Limiter::new(store.clone())?;
-    lim.set_limits(&Scope::Resource(RESOURCE.into()), &[bench_limit()], None)
+    lim.admin()
+        .set_limits(&Scope::Resource(RESOURCE.into()), &[bench_limit()])
         .await?;
     // One entity per task, its bucket created by the limiter (a real item).
     let mut targets = Vec::new();

@@ -101,10 +101,10 @@ async fn run(endpoint: &str, dur: Duration) {
 async fn bench(store: Arc<Counting<DynamoDbStore>>, dur: Duration) -> Result<(), tollgate::Error> {
     let admin = Limiter::new(store.clone())?;
     admin
+        .admin()
         .set_limits(
             &Scope::Resource(RESOURCE.into()),
             &[Limit::per_second(LIMIT, 10_000_000)?],
-            None,
         )
         .await?;
 

@@ -181,7 +181,8 @@ async fn a_frozen_dynamodb_answers_within_the_deadline() {
         .build()
         .expect("limiter");
     let quota = tollgate::Limit::quota_after("q", 100, Duration::from_secs(3600)).expect("limit");
-    lim.set_limits(&tollgate::Scope::Resource("r".into()), &[quota], None)
+    lim.admin()
+        .set_limits(&tollgate::Scope::Resource("r".into()), &[quota])
         .await
         .expect("limits");
     lim.acquire("u", "r", &[("q", 1)])

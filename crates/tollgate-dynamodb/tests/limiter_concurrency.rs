@@ -68,7 +68,8 @@ impl Rig {
             .build()
             .expect("setup limiter");
         setup
-            .set_limits(&Scope::Resource(RESOURCE.into()), &[limit], None)
+            .admin()
+            .set_limits(&Scope::Resource(RESOURCE.into()), &[limit])
             .await
             .expect("limits set");
         setup
@@ -78,6 +79,7 @@ impl Rig {
         let mut s = 1;
         while s < shards {
             let next = setup
+                .admin()
                 .bump_shard_count(ENTITY, RESOURCE, s)
                 .await
                 .expect("bump_shard_count");

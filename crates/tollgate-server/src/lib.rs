@@ -265,9 +265,9 @@ impl Server {
     /// that are past their `ttl`, on a store without native TTL (see [`leases`]).
     pub async fn sweep(&self) -> usize {
         let lim = &self.state.limiter;
-        let taken = self.state.leases.take_expired(Some(lim.now_ms()));
+        let taken = self.state.leases.take_expired(Some(lim.clock().now_ms()));
         let n = leases::expire(taken).await;
-        if let Err(e) = lim.purge_lease_closures().await {
+        if let Err(e) = lim.admin().purge_lease_closures().await {
             tracing::warn!(error = %e, "lease closure records not purged; retried next sweep");
         }
         n

@@ -22,7 +22,6 @@ use tollgate::{
     Repair, Scope,
 };
 use tollgate_core::limit::MAX_TOKENS;
-use tollgate_core::value::Key;
 use tower_http::timeout::{RequestBodyTimeoutLayer, TimeoutLayer};
 
 use crate::auth::{Principal, Role};
@@ -438,7 +437,7 @@ async fn acquire_inner(
             } else {
                 limits_for_headers().await
             };
-            let now = lim.now_ms();
+            let now = lim.clock().now_ms();
             let (lease_id, lease_expires_at_ms) = if body.commit {
                 lease.commit().await?;
                 (None, None)
@@ -462,7 +461,7 @@ async fn acquire_inner(
         }
         Err(Error::RateLimitExceeded(ex)) => {
             let limits = limits_for_headers().await;
-            let now = lim.now_ms();
+            let now = lim.clock().now_ms();
             let mut headers = HeaderMap::new();
             if let Some(ms) = ex.retry_after_ms {
                 headers.insert(header::RETRY_AFTER, HeaderValue::from(retry_after_secs(ms)));
@@ -645,10 +644,10 @@ async fn availability(
     resource: &str,
     amounts: Option<Vec<(String, i64)>>,
 ) -> ApiResult<Response> {
-    let borrowed = amounts.as_deref().map(borrow);
+    let asked = tollgate::Amounts::from(amounts.unwrap_or_default());
     let a = app
         .limiter
-        .check_availability(entity, resource, borrowed.as_deref())
+        .check_availability(entity, resource, asked)
         .await?;
     Ok(Json(a).into_response())
 }
@@ -802,6 +801,7 @@ async fn create_entity(
     let e = app
         .limiter
         .acting_as(&who.name)?
+        .admin()
         .create_entity_with(
             &b.id,
             tollgate::NewEntity {
@@ -831,6 +831,7 @@ async fn delete_entity(
     let d = app
         .limiter
         .acting_as(&who.name)?
+        .admin()
         .delete_entity_with_repairs(&id)
         .await?;
     let n = d.deleted_items;
@@ -872,6 +873,7 @@ async fn reset_bucket(
     let out = app
         .limiter
         .acting_as(&who.name)?
+        .admin()
         .reset(&id, &b.resource, b.op.as_deref())
         .await?;
     tracing::info!(target: "tollgate::admin", principal = %who.name, entity = %id, resource = %b.resource, op = %out.op, shards = out.shards, already_applied = out.already_applied, "bucket reset");
@@ -891,6 +893,7 @@ async fn top_up_bucket(
     let out = app
         .limiter
         .acting_as(&who.name)?
+        .admin()
         .top_up(&id, &b.resource, &borrow(&amounts), b.op.as_deref())
         .await?;
     tracing::info!(target: "tollgate::admin", principal = %who.name, entity = %id, resource = %b.resource, op = %out.op, shards = out.shards, already_applied = out.already_applied, "bucket topped up");
@@ -918,6 +921,7 @@ async fn set_enforcement(
     let shards = app
         .limiter
         .acting_as(&who.name)?
+        .admin()
         .set_enforcement(&id, &b.resource, b.mode)
         .await?;
     tracing::info!(target: "tollgate::admin", principal = %who.name, entity = %id, resource = %b.resource, mode = %b.mode, shards, "enforcement set");
@@ -973,6 +977,7 @@ async fn set_scope_enforcement(
     let shards = app
         .limiter
         .acting_as(&who.name)?
+        .admin()
         .set_scope_enforcement(&scope, b.mode)
         .await?;
     tracing::info!(target: "tollgate::admin", principal = %who.name, scope = %scope_name(&scope), mode = ?b.mode, shards, "enforcement set");
@@ -1002,6 +1007,7 @@ async fn move_entity(
     let m = app
         .limiter
         .acting_as(&who.name)?
+        .admin()
         .set_parent(&id, b.parent_id.as_deref())
         .await?;
     tracing::info!(target: "tollgate::admin", principal = %who.name, entity = %id, parent = ?m.parent_id, pgen = m.pgen, "entity moved");
@@ -1098,7 +1104,8 @@ async fn put_limits(
     let repairs = app
         .limiter
         .acting_as(&who.name)?
-        .set_merged_limits(&scope, &limits, &merge, b.on_unavailable)
+        .admin()
+        .set_level(&scope, &limits, &merge, b.on_unavailable)
         .await?;
     tracing::info!(target: "tollgate::admin", principal = %who.name, scope = %scope_name(&scope), limits = limits.len(), corrupt = repairs.len(), "limits set");
     let mut body = serde_json::to_value(LimitsOut {
@@ -1132,6 +1139,7 @@ async fn delete_limits(app: &AppState, who: &Principal, scope: Scope) -> ApiResu
     let (deleted, repairs) = app
         .limiter
         .acting_as(&who.name)?
+        .admin()
         .delete_limits_with_repairs(&scope)
         .await?;
     tracing::info!(target: "tollgate::admin", principal = %who.name, scope = %scope_name(&scope), deleted, corrupt = repairs.len(), "limits deleted");
@@ -1287,6 +1295,7 @@ async fn namespace_register(
     let ns = app
         .limiter
         .acting_as(&who.name)?
+        .admin()
         .register_namespace(&b.name)
         .await?;
     tracing::info!(target: "tollgate::admin", principal = %who.name, name = %ns.name, id = %ns.id, "namespace registered");
@@ -1311,6 +1320,7 @@ async fn namespace_delete(
     let deleted = app
         .limiter
         .acting_as(&who.name)?
+        .admin()
         .delete_namespace(&name)
         .await?;
     tracing::info!(target: "tollgate::admin", principal = %who.name, name = %name, deleted = deleted.is_some(), "namespace deleted");
@@ -1325,6 +1335,7 @@ async fn namespace_recover(
     let ns = app
         .limiter
         .acting_as(&who.name)?
+        .admin()
         .recover_namespace(&id)
         .await?;
     tracing::info!(target: "tollgate::admin", principal = %who.name, name = %ns.name, id = %id, "namespace recovered");
@@ -1339,6 +1350,7 @@ async fn namespace_purge(
     let n = app
         .limiter
         .acting_as(&who.name)?
+        .admin()
         .purge_namespace(&id)
         .await?;
     tracing::info!(target: "tollgate::admin", principal = %who.name, id = %id, deleted_items = n, "namespace purged");
@@ -1350,12 +1362,7 @@ async fn namespace_purge(
 
 /// Probe the store: one read of a key that never exists, within 5 s.
 async fn probe_store(app: &AppState) -> ApiResult<()> {
-    let probe = Key::new("HEALTH#", "#");
-    let r = tokio::time::timeout(
-        Duration::from_secs(5),
-        app.limiter.store().get(&probe, false),
-    )
-    .await;
+    let r = tokio::time::timeout(Duration::from_secs(5), app.limiter.ping()).await;
     match r {
         Ok(Ok(_)) => Ok(()),
         Ok(Err(e)) => Err(ApiError::new(

@@ -119,7 +119,7 @@ async fn all_or_none_over_http() {
     assert_eq!(v["limits"][0]["limit"], "rpm");
     assert_eq!(available(&app, "model").await, 7, "model refunded");
     // Disabled outranks exceeded.
-    lim.set_disabled("u1", "model", true).await.unwrap();
+    lim.admin().set_disabled("u1", "model", true).await.unwrap();
     let (s, v) = call(
         &app,
         "POST",

@@ -132,21 +132,21 @@ async fn rig(b: Backend) -> Rig {
     let (store, dir) = store_of(b);
     let r = rig_with(store, dir, None, None).await;
     r.limiter
+        .admin()
         .set_limits(
             &Scope::Resource("gpt-4".into()),
             &[
                 Limit::per_minute("rpm", 3).unwrap(),
                 Limit::per_minute("tpm", 1000).unwrap(),
             ],
-            None,
         )
         .await
         .unwrap();
     r.limiter
+        .admin()
         .set_limits(
             &Scope::Resource("tiny".into()),
             &[Limit::per_minute("rpm", 1).unwrap()],
-            None,
         )
         .await
         .unwrap();
@@ -289,7 +289,7 @@ async fn usage_report_reconciles_the_lease(b: Backend) {
     assert_eq!(rep.overall_code, Code::Ok as i32);
     let av = r
         .limiter
-        .check_availability("u1", "gpt-4", None)
+        .check_availability("u1", "gpt-4", tollgate::Amounts::new())
         .await
         .unwrap();
     let tpm = av.limits.iter().find(|l| l.limit == "tpm").unwrap();
@@ -322,7 +322,7 @@ async fn usage_report_reconciles_the_lease(b: Backend) {
     .unwrap();
     let av = r
         .limiter
-        .check_availability("u1", "gpt-4", None)
+        .check_availability("u1", "gpt-4", tollgate::Amounts::new())
         .await
         .unwrap();
     assert_eq!(
@@ -343,7 +343,7 @@ async fn usage_report_reconciles_the_lease(b: Backend) {
     assert_eq!(none.overall_code, Code::Ok as i32);
     let av = r
         .limiter
-        .check_availability("u1", "gpt-4", None)
+        .check_availability("u1", "gpt-4", tollgate::Amounts::new())
         .await
         .unwrap();
     assert_eq!(
@@ -386,7 +386,7 @@ async fn several_pairs_all_or_none(b: Backend) {
     assert_eq!(header(&o, "retry-after"), Some("60"));
     let av = r
         .limiter
-        .check_availability("u1", "gpt-4", None)
+        .check_availability("u1", "gpt-4", tollgate::Amounts::new())
         .await
         .unwrap();
     assert_eq!(av.limits[0].available, 2, "{b:?}");
@@ -402,7 +402,7 @@ async fn several_pairs_all_or_none(b: Backend) {
     assert_eq!(o.statuses[1].limit_remaining, 2);
     let av = r
         .limiter
-        .check_availability("u1", "gpt-4", None)
+        .check_availability("u1", "gpt-4", tollgate::Amounts::new())
         .await
         .unwrap();
     assert_eq!(av.limits[0].available, 2);
@@ -533,10 +533,10 @@ async fn bearer_tokens_in_metadata() {
     let auth = Arc::new(Auth::from_tokens(tokens));
     let r = rig_with(Arc::new(MemoryStore::new()), None, Some(auth), None).await;
     r.limiter
+        .admin()
         .set_limits(
             &Scope::Resource("gpt-4".into()),
             &[Limit::per_minute("rpm", 3).unwrap()],
-            None,
         )
         .await
         .unwrap();
@@ -568,7 +568,7 @@ async fn bearer_tokens_in_metadata() {
     }
     assert_eq!(
         r.limiter
-            .check_availability("u1", "gpt-4", None)
+            .check_availability("u1", "gpt-4", tollgate::Amounts::new())
             .await
             .unwrap()
             .limits[0]

@@ -34,13 +34,13 @@ async fn usage_route_pages_snapshots_and_metrics_show_the_passes() {
     let store = Arc::new(MemoryStore::with_change_feed());
     let limiter = Limiter::new(store.clone()).unwrap();
     limiter
+        .admin()
         .set_limits(
             &Scope::Resource("gpt".into()),
             &[
                 Limit::per_minute("rpm", 100).unwrap(),
                 Limit::per_minute("tpm", 100_000).unwrap(),
             ],
-            None,
         )
         .await
         .unwrap();
@@ -153,10 +153,10 @@ async fn serve_runs_the_aggregator_in_process() {
     let store = Arc::new(MemoryStore::with_change_feed());
     let limiter = Limiter::new(store.clone()).unwrap();
     limiter
+        .admin()
         .set_limits(
             &Scope::Resource("gpt".into()),
             &[Limit::per_minute("tpm", 100_000).unwrap()],
-            None,
         )
         .await
         .unwrap();

@@ -344,15 +344,17 @@ pub async fn setup(mem: Arc<tollgate_store::MemoryStore>, spec: &Spec) -> Result
         .audit_seed(0)
         .build()?;
     let scope = Scope::Resource(spec.resource.clone());
-    lim.set_limits(&scope, &spec.limits, None).await?;
+    lim.admin().set_limits(&scope, &spec.limits).await?;
     if let Some((r, ls)) = &spec.also {
-        lim.set_limits(&Scope::Resource(r.clone()), ls, None)
+        lim.admin()
+            .set_limits(&Scope::Resource(r.clone()), ls)
             .await?;
     }
     let Some(c) = &spec.cascade else {
         return Ok(());
     };
-    lim.create_entity(&c.parent, None, None, Default::default())
+    lim.admin()
+        .create_entity(&c.parent, None, None, Default::default())
         .await?;
     for k in &c.children {
         let new = tollgate::NewEntity {
@@ -361,10 +363,10 @@ pub async fn setup(mem: Arc<tollgate_store::MemoryStore>, spec: &Spec) -> Result
             cascade: !c.via_resource,
             metadata: Default::default(),
         };
-        lim.create_entity_with(k, new).await?;
+        lim.admin().create_entity_with(k, new).await?;
     }
     if c.via_resource {
-        lim.set_cascade(&scope, Some(true)).await?;
+        lim.admin().set_cascade(&scope, Some(true)).await?;
     }
     Ok(())
 }
@@ -480,9 +482,11 @@ pub async fn operator(
         let mut err = None;
         for _ in 0..3 {
             let r = if reset {
-                lim.reset(&ent, &spec.resource, Some(&op_id)).await
+                lim.admin().reset(&ent, &spec.resource, Some(&op_id)).await
             } else {
-                lim.top_up(&ent, &spec.resource, &refs, Some(&op_id)).await
+                lim.admin()
+                    .top_up(&ent, &spec.resource, &refs, Some(&op_id))
+                    .await
             };
             match r {
                 Ok(_) => {
@@ -618,7 +622,8 @@ async fn switch_soft(sh: &Arc<Shared>, id: usize, lim: &Limiter, spec: &Spec, rn
         })
         .collect();
     let r = lim
-        .set_limits(&Scope::Resource(spec.resource.clone()), &limits, None)
+        .admin()
+        .set_limits(&Scope::Resource(spec.resource.clone()), &limits)
         .await;
     if let Some(t) = sh.lock().trace.as_mut() {
         t.push(format!(
@@ -657,7 +662,7 @@ async fn switch_bypass(
         2 => (tollgate::Scope::Resource(spec.resource.clone()), Some(mode)),
         _ => (tollgate::Scope::Resource(spec.resource.clone()), None),
     };
-    let r = lim.set_scope_enforcement(&scope, mode).await;
+    let r = lim.admin().set_scope_enforcement(&scope, mode).await;
     if let Some(t) = sh.lock().trace.as_mut() {
         t.push(format!(
             "c{id}: {scope:?} set to {mode:?} ({})",
@@ -1012,7 +1017,10 @@ pub async fn quiesce(
                     s
                 ));
             }
-            match lim.check_availability(ent, &spec.resource, None).await {
+            match lim
+                .check_availability(ent, &spec.resource, tollgate::Amounts::new())
+                .await
+            {
                 Ok(av) => {
                     let got = av
                         .limits

@@ -20,7 +20,8 @@ fn warm_acquire(c: &mut Criterion) {
             .collect();
         let amounts: Vec<(&str, i64)> = names[..n].iter().map(|x| (*x, 1)).collect();
         rt.block_on(async {
-            lim.set_limits(&Scope::Resource("api".into()), &limits, None)
+            lim.admin()
+                .set_limits(&Scope::Resource("api".into()), &limits)
                 .await
                 .expect("set limits");
             lim.acquire("user-1", "api", &amounts)

@@ -29,10 +29,10 @@ async fn phase(max_shards: i64, tasks: usize, secs: u64) -> (f64, i64, u64) {
         .build()
         .expect("limiter");
     setup
+        .admin()
         .set_limits(
             &Scope::Resource("api".into()),
             &[Limit::per_second("rps", 1_000_000).expect("limit")],
-            None,
         )
         .await
         .expect("limits");

@@ -28,7 +28,8 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         .collect::<Result<Vec<_>, _>>()?;
     let amounts: Vec<(&str, i64)> = names[..k].iter().map(|x| (*x, 1)).collect();
     rt.block_on(async {
-        lim.set_limits(&Scope::Resource("api".into()), &limits, None)
+        lim.admin()
+            .set_limits(&Scope::Resource("api".into()), &limits)
             .await?;
         for _ in 0..2 {
             lim.acquire("user-1", "api", &amounts).await?;

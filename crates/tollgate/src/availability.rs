@@ -6,7 +6,7 @@ use tollgate_core::ids::{validate_entity_id, validate_resource};
 use tollgate_core::value::Key;
 use tollgate_core::LimitStatus;
 
-use crate::acquire::validate_amounts;
+use crate::acquire::Amounts;
 use crate::error::{Error, Exceeded, Result};
 use crate::limiter::Limiter;
 
@@ -40,11 +40,11 @@ impl Limiter {
         &self,
         entity: &str,
         resource: &str,
-        amounts: Option<&[(&str, i64)]>,
+        amounts: impl Into<Amounts>,
     ) -> Result<Availability> {
         validate_entity_id(entity)?;
         validate_resource(resource)?;
-        let asked = validate_amounts(amounts.unwrap_or(&[]))?;
+        let asked = amounts.into().into_millitokens()?;
         let (mut own, parent) = self
             .availability_of(entity, resource, asked.clone(), false)
             .await?;

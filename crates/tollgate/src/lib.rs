@@ -13,16 +13,21 @@
 //!
 //! let limiter = Limiter::new(Arc::new(MemoryStore::new()))?;
 //! limiter
+//!     .admin()
 //!     .set_limits(&Scope::Resource("gpt-4".into()), &[
 //!         Limit::per_minute("rpm", 60)?,
 //!         Limit::per_minute("tpm", 100_000)?,
-//!     ], None)
+//!     ])
 //!     .await?;
 //! let mut lease = limiter.acquire("user-1", "gpt-4", &[("rpm", 1), ("tpm", 500)]).await?;
 //! lease.adjust("tpm", 230)?; // the response used 730 tokens
 //! lease.commit().await?;
 //! # Ok(()) }
 //! ```
+//!
+//! What a request calls is on the [`Limiter`]; what an operator changes (limits, modes,
+//! entities, resets, namespaces, purges) is on [`Limiter::admin`]. Amounts are whole tokens
+//! per limit name: a slice of pairs as above, or an [`Amounts`].
 //!
 //! # Leases that any process can finish
 //!
@@ -52,6 +57,7 @@
 //!   move from the covering sibling in the same transaction (ADR-145).
 
 mod acquire;
+mod admin;
 mod aggregator;
 pub mod audit;
 mod availability;
@@ -73,7 +79,10 @@ mod shards;
 pub mod testing;
 mod usage;
 
-pub use acquire::{validate_op_id, AcquireOptions, BucketOpOutcome, MultiLease, MAX_OP_ID_CHARS};
+pub use acquire::{
+    validate_op_id, AcquireOptions, Amounts, BucketOpOutcome, MultiLease, MAX_OP_ID_CHARS,
+};
+pub use admin::Admin;
 pub use aggregator::{AggregateReport, Aggregator};
 pub use audit::{Action, AuditPage, AuditQuery, AuditRecord};
 pub use availability::Availability;

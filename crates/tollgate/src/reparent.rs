@@ -26,7 +26,7 @@ pub const PGEN: &str = "pgen";
 pub const MAX_DEPTH: usize = 32;
 const ATTEMPTS: u32 = 5;
 
-/// What [`Limiter::set_parent`] did.
+/// What [`crate::Admin::set_parent`] did.
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
 pub struct Moved {
     /// The entity.
@@ -46,13 +46,8 @@ fn parent_of(i: &Item) -> Option<String> {
 }
 
 impl Limiter {
-    /// ADR-150: move `entity` under `parent` (`None`: make it a root). Refused with
-    /// [`Error::ParentCycle`] when `parent` is the entity or one of its descendants (the
-    /// parent's ancestry is walked, at most 32 levels), [`Error::EntityNotFound`] when the
-    /// entity or the new parent does not exist. The META is updated (parent, children index,
-    /// `pgen + 1`, pinned on the generation read) with an `entity.move` audit record in one
-    /// transaction. Moving to the parent it already has writes nothing.
-    pub async fn set_parent(&self, entity: &str, parent: Option<&str>) -> Result<Moved> {
+    /// The implementation of [`crate::Admin::set_parent`].
+    pub(crate) async fn set_parent(&self, entity: &str, parent: Option<&str>) -> Result<Moved> {
         validate_entity_id(entity)?;
         if let Some(p) = parent {
             validate_entity_id(p)?;

@@ -26,7 +26,8 @@ async fn run(
         .build()
         .unwrap();
     setup
-        .set_limits(&Scope::Resource("api".into()), &[limit], None)
+        .admin()
+        .set_limits(&Scope::Resource("api".into()), &[limit])
         .await
         .unwrap();
     setup
@@ -35,7 +36,11 @@ async fn run(
         .unwrap();
     let mut s = 1;
     while s < shards {
-        s = setup.bump_shard_count("hot", "api", s).await.unwrap();
+        s = setup
+            .admin()
+            .bump_shard_count("hot", "api", s)
+            .await
+            .unwrap();
     }
     let admitted = Arc::new(AtomicI64::new(0));
     let mut handles = Vec::new();

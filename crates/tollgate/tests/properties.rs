@@ -35,9 +35,9 @@ proptest! {
             let mut o = opts();
             o.speculative = fast;
             let h = harness_with(T0, o);
-            h.lim.set_limits(&Scope::Entity("e".into(), Some("api".into())), &[
+            h.lim.admin().set_limits(&Scope::Entity("e".into(), Some("api".into())), &[
                 Limit::rate("tpm", 100, 50, std::time::Duration::from_secs(10)).unwrap(),
-            ], None).await.unwrap();
+            ]).await.unwrap();
             let mut net: i64 = 0;
             let mut now = T0;
             for o in ops {
@@ -81,7 +81,7 @@ proptest! {
                 if let Some(tc) = h.store.inner().raw_get(&h.key("e", "api", 0)).and_then(|i| i.get("b_tpm_tc").and_then(|v| v.as_n())) {
                     prop_assert_eq!(tc, net);
                 }
-                let a = h.lim.check_availability("e", "api", None).await.unwrap();
+                let a = h.lim.check_availability("e", "api", tollgate::Amounts::new()).await.unwrap();
                 prop_assert!(a.limits[0].available <= 100, "available {} > capacity", a.limits[0].available);
             }
             Ok(())

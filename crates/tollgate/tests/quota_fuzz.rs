@@ -113,10 +113,10 @@ async fn run(kind: Kind, seed: u64, steps: usize) {
         Kind::Session => Limit::quota_after("q", C, Duration::from_secs(18_000)).unwrap(),
     };
     h.lim
+        .admin()
         .set_limits(
             &Scope::Entity(E.into(), Some(R.into())),
             &[rpm.clone(), q.clone()],
-            None,
         )
         .await
         .unwrap();
@@ -146,7 +146,7 @@ async fn run(kind: Kind, seed: u64, steps: usize) {
             }
             format!("spend {amount} drawn at {slot} (fast {fast}): admitted {ok}")
         } else if op < 75 {
-            let got = h.lim.bump_shard_count(E, R, s).await.unwrap();
+            let got = h.lim.admin().bump_shard_count(E, R, s).await.unwrap();
             format!("double {s} -> {got}")
         } else if op < 90 {
             let slot = rng.below(s as u64) as u32;

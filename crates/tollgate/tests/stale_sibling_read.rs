@@ -37,12 +37,16 @@ async fn w9_stale_sibling_view_never_mints() {
     let h = H::new(mem.clone(), T0, opts());
     let session = Limit::quota_after("session", 10, Duration::from_secs(18_000)).expect("limit");
     h.lim
-        .set_limits(&Scope::Entity(E.into(), Some(R.into())), &[session], None)
+        .admin()
+        .set_limits(&Scope::Entity(E.into(), Some(R.into())), &[session])
         .await
         .expect("limits");
     // Window T0: shard 0 first, then shard 1 joins by a move at S = 2 (scenario 27).
     h.lim.acquire(E, R, &[("session", 1)]).await.expect("T0");
-    assert_eq!(h.lim.bump_shard_count(E, R, 1).await.expect("bump"), 2);
+    assert_eq!(
+        h.lim.admin().bump_shard_count(E, R, 1).await.expect("bump"),
+        2
+    );
     h.at(T0 + 60_000);
     h.rng.pin(1);
     h.lim.acquire(E, R, &[("session", 1)]).await.expect("join");
@@ -50,7 +54,11 @@ async fn w9_stale_sibling_view_never_mints() {
     let shard1_in_t0 = h.item(E, R, 1);
     // Window T1, both shards at S = 2: shard 1 opens and fans out, shard 0 rolls.
     h.at(T1);
-    h.slow().bump_shard_count(E, R, 1).await.expect("learn S");
+    h.slow()
+        .admin()
+        .bump_shard_count(E, R, 1)
+        .await
+        .expect("learn S");
     h.slow()
         .acquire(E, R, &[("session", 1)])
         .await
@@ -68,7 +76,14 @@ async fn w9_stale_sibling_view_never_mints() {
         "shard 1 covers slots 1 and 3"
     );
     // Doubling to 4; slot 3 is still covered by shard 1's current grant.
-    assert_eq!(h.slow().bump_shard_count(E, R, 2).await.expect("bump"), 4);
+    assert_eq!(
+        h.slow()
+            .admin()
+            .bump_shard_count(E, R, 2)
+            .await
+            .expect("bump"),
+        4
+    );
     // A lagging replica: shard 1 as it was in window T0 (ended, not current); shard 0 fresh.
     lag(&mem, &h, 1, Some(shard1_in_t0));
     lag(&mem, &h, 0, None);

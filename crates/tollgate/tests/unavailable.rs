@@ -84,8 +84,8 @@ async fn block_fails_closed_and_allow_fails_open() {
 async fn stored_policy_applies() {
     let h = harness(T0);
     h.lim
-        .set_limits(
-            &Scope::System,
+        .admin()
+        .set_system_limits(
             &[Limit::per_minute("rpm", 5).unwrap()],
             Some(OnUnavailable::Allow),
         )

@@ -72,7 +72,8 @@ fn allocations_per_acquire(names: &[&str], n: usize, step_ms: i64) -> Vec<u64> {
         .collect();
     let amounts: Vec<(&str, i64)> = names.iter().map(|x| (*x, 1)).collect();
     rt.block_on(async {
-        lim.set_limits(&Scope::Resource("api".into()), &limits, None)
+        lim.admin()
+            .set_limits(&Scope::Resource("api".into()), &limits)
             .await
             .expect("set limits");
         for _ in 0..WARM_UP {

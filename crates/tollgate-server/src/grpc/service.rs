@@ -183,7 +183,7 @@ impl RateLimiter {
             if retry_after_ms.is_some() {
                 let asked = borrow(&g.amounts);
                 let st = lim
-                    .check_availability(&g.entity, &g.resource, Some(&asked))
+                    .check_availability(&g.entity, &g.resource, &asked)
                     .await
                     .map(|a| a.limits)
                     .unwrap_or_default();
@@ -225,7 +225,7 @@ impl RateLimiter {
             }
         }
         let refused = outcomes.iter().any(|o| matches!(o, Outcome::Refused(_)));
-        let now = lim.now_ms();
+        let now = lim.clock().now_ms();
         let mut resp = RateLimitResponse {
             overall_code: if refused {
                 Code::OverLimit as i32
@@ -359,7 +359,7 @@ impl RateLimiter {
             }
             h.lease.commit().await.map_err(|e| status_of(&e))?;
         }
-        let now = self.app.limiter.now_ms();
+        let now = self.app.limiter.clock().now_ms();
         let mut resp = RateLimitResponse {
             overall_code: Code::Ok as i32,
             ..Default::default()

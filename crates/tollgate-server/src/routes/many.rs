@@ -137,7 +137,7 @@ async fn inner(app: &AppState, body: ManyBody) -> ApiResult<Response> {
                 .resolve_limits(&body.entity, &ex.resource)
                 .await
                 .unwrap_or_default();
-            let now = lim.now_ms();
+            let now = lim.clock().now_ms();
             let mut headers = HeaderMap::new();
             if let Some(ms) = ex.retry_after_ms {
                 headers.insert(header::RETRY_AFTER, HeaderValue::from(retry_after_secs(ms)));

@@ -33,13 +33,8 @@ impl Spelling {
 }
 
 impl Limiter {
-    /// Disable (or re-enable) an entity's use of a resource: the pair's mode set to
-    /// `disabled`, or cleared (the pair then follows its broader levels, enforced when
-    /// none sets a mode; see [`Limiter::set_scope_enforcement`]). Disabled, every
-    /// acquire is refused with [`Error::ResourceDisabled`]: the fast path's condition and
-    /// the slow path refuse on the stamp, and a process whose config holds the mode refuses
-    /// before any write. Returns how many shard items were stamped.
-    pub async fn set_disabled(
+    /// The implementation of [`crate::Admin::set_disabled`].
+    pub(crate) async fn set_disabled(
         &self,
         entity: &str,
         resource: &str,
@@ -54,20 +49,8 @@ impl Limiter {
             .await
     }
 
-    /// ADR-151: put an entity's use of a resource in `mode` — enforce (limits refuse what
-    /// they cannot cover), disabled (every acquire refused, as [`Limiter::set_disabled`]),
-    /// or bypass (every acquire admitted and recorded in `tc`, `rq` and usage, no balance
-    /// debited but the write-capacity meter `wcu`; no window opened or rolled, no quota
-    /// reset). The pair's config level stores the mode (it outranks every broader level)
-    /// and every shard of the bucket is stamped, in one transaction with the audit record;
-    /// shards created later take shard 0's stamp. An entity without a bucket for the
-    /// resource set to bypass gets its shard 0 created first (funded, no window opened) so
-    /// its first request is bypassed too. Returns how many shard items were stamped.
-    ///
-    /// A process that last saw the other stamp writes once in the old shape, fails its
-    /// condition and writes again in the item's (see `tollgate_core::bypass`): the stamp
-    /// takes effect at once everywhere. Leases granted under one mode finish in it.
-    pub async fn set_enforcement(
+    /// The implementation of [`crate::Admin::set_enforcement`].
+    pub(crate) async fn set_enforcement(
         &self,
         entity: &str,
         resource: &str,
@@ -83,17 +66,8 @@ impl Limiter {
         .await
     }
 
-    /// Set (`Some`) or clear (`None`) the mode stored at a config level (rule "a scope's
-    /// mode is its most specific level's"). At the pair's level (entity + resource) the
-    /// bucket's shards are stamped at once (as [`Limiter::set_enforcement`]; cleared, they
-    /// take the broader levels' mode). At a broader level (entity default, resource,
-    /// system) the mode is stored with its audit record and every bucket it reaches follows
-    /// on its next acquire — at once in this process, within the config cache TTL
-    /// elsewhere: the mode is part of the parameter hash, so that acquire takes the slow
-    /// path, which flips the item's stamp after confirming the mode with a consistent read.
-    /// A disabled scope is refused before any write. Returns how many shard items were
-    /// stamped now (0 at a broader level).
-    pub async fn set_scope_enforcement(
+    /// The implementation of [`crate::Admin::set_scope_enforcement`].
+    pub(crate) async fn set_scope_enforcement(
         &self,
         scope: &Scope,
         mode: Option<Enforcement>,

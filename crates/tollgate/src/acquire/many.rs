@@ -110,10 +110,10 @@ impl Limiter {
     /// resources already debited are refunded exactly) and the decisive failure is returned
     /// — `ResourceDisabled` before `RateLimitExceeded`. A refund that fails is returned
     /// instead (the store could not be told; the debit it could not undo is logged).
-    pub async fn acquire_many(
+    pub async fn acquire_many<A: Clone + Into<Amounts>>(
         &self,
         entity: &str,
-        wants: &[(&str, &[(&str, i64)])],
+        wants: &[(&str, A)],
     ) -> Result<MultiLease> {
         self.acquire_many_with(entity, wants, AcquireOptions::default())
             .await
@@ -121,22 +121,25 @@ impl Limiter {
 
     /// [`Limiter::acquire_many`] with per-call options (`limits`, when given, apply to
     /// every resource).
-    pub async fn acquire_many_with(
+    pub async fn acquire_many_with<A: Clone + Into<Amounts>>(
         &self,
         entity: &str,
-        wants: &[(&str, &[(&str, i64)])],
+        wants: &[(&str, A)],
         opts: AcquireOptions,
     ) -> Result<MultiLease> {
         validate_entity_id(entity)?;
         let names: Vec<&str> = wants.iter().map(|(r, _)| *r).collect();
         validate_resource_set(&names)?;
+        let mut asked = Vec::with_capacity(wants.len());
         for (r, amounts) in wants {
             validate_resource(r)?;
-            validate_amounts(amounts)?;
+            let a: Amounts = amounts.clone().into();
+            a.clone().into_millitokens()?;
+            asked.push((*r, a));
         }
         let results = join_all(
-            wants
-                .iter()
+            asked
+                .into_iter()
                 .map(|(r, amounts)| self.acquire_with(entity, r, amounts, opts.clone())),
         )
         .await;

@@ -2,6 +2,7 @@
 //! consumption-only retry, shard probing and doubling.
 
 mod admin;
+mod amounts;
 mod commit;
 mod create;
 mod enforce;
@@ -23,9 +24,9 @@ use std::time::Duration;
 use tollgate_core::bucket::{attr, BucketImage, MAX_SHARD_COUNT};
 use tollgate_core::bypass::Enforcement;
 use tollgate_core::expr::{Condition, ReturnValues, Update};
-use tollgate_core::ids::{validate_entity_id, validate_limit_name, validate_resource};
+use tollgate_core::ids::{validate_entity_id, validate_resource};
 use tollgate_core::keys;
-use tollgate_core::limit::{Limit, MAX_TOKENS, MILLI};
+use tollgate_core::limit::Limit;
 use tollgate_core::materialize::{evaluate, evaluate_wcu, valid_until, Evaluated};
 use tollgate_core::status::{limit_status, ShardView};
 use tollgate_core::value::Key;
@@ -43,6 +44,7 @@ use crate::lease::{Lease, Part};
 use crate::limiter::{Inner, Limiter, Stats};
 use crate::shards;
 
+pub use amounts::Amounts;
 pub use many::MultiLease;
 
 /// Per-call options of an acquire.
@@ -52,6 +54,25 @@ pub struct AcquireOptions {
     pub limits: Option<Vec<Limit>>,
     /// Override the fail-open / fail-closed policy for this call.
     pub on_unavailable: Option<OnUnavailable>,
+}
+
+impl AcquireOptions {
+    /// No options: the stored limits and the stored (or the builder's) policy.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Use `limits` instead of the stored ones.
+    pub fn limits(mut self, limits: Vec<Limit>) -> Self {
+        self.limits = Some(limits);
+        self
+    }
+
+    /// Answer by `policy` when the store cannot be reached, for this call.
+    pub fn on_unavailable(mut self, policy: OnUnavailable) -> Self {
+        self.on_unavailable = Some(policy);
+        self
+    }
 }
 
 /// A validated request.
@@ -80,35 +101,6 @@ pub(crate) struct Request {
     /// `mode` was read consistently during this acquire (`confirm_mode`): a stamp that
     /// disagrees is the stale one, flipped without another read.
     pub mode_confirmed: bool,
-}
-
-/// Validate names and amounts (tokens → millitokens): negative, huge or duplicate amounts
-/// and malformed names are refused before anything is read.
-pub(crate) fn validate_amounts(amounts: &[(&str, i64)]) -> Result<Vec<(String, i64)>> {
-    let mut out: Vec<(String, i64)> = Vec::with_capacity(amounts.len());
-    for (n, a) in amounts {
-        validate_limit_name(n)?;
-        if *a < 0 {
-            return Err(Error::Invalid(RuleError::InvalidAmount {
-                limit: n.to_string(),
-                reason: "amounts must not be negative (use a lease adjustment to refund)",
-            }));
-        }
-        if *a > MAX_TOKENS {
-            return Err(Error::Invalid(RuleError::InvalidAmount {
-                limit: n.to_string(),
-                reason: "amount too large",
-            }));
-        }
-        if out.iter().any(|(x, _)| x == n) {
-            return Err(Error::Invalid(RuleError::InvalidAmount {
-                limit: n.to_string(),
-                reason: "named twice",
-            }));
-        }
-        out.push((n.to_string(), a * MILLI));
-    }
-    Ok(out)
 }
 
 /// What a quota grant pins on shard 0: the count it was sized at, or its absence.
@@ -145,12 +137,13 @@ fn needs_materialising(img: &BucketImage, req: &Request, now: i64) -> bool {
 }
 
 impl Limiter {
-    /// Acquire `amounts` (tokens per limit) of `resource` for `entity` with the stored limits.
+    /// Acquire `amounts` (tokens per limit: `&[("rpm", 1), ("tpm", 500)]` or an
+    /// [`Amounts`]) of `resource` for `entity` with the stored limits.
     pub async fn acquire(
         &self,
         entity: &str,
         resource: &str,
-        amounts: &[(&str, i64)],
+        amounts: impl Into<Amounts>,
     ) -> Result<Lease> {
         self.acquire_with(entity, resource, amounts, AcquireOptions::default())
             .await
@@ -161,12 +154,12 @@ impl Limiter {
         &self,
         entity: &str,
         resource: &str,
-        amounts: &[(&str, i64)],
+        amounts: impl Into<Amounts>,
         opts: AcquireOptions,
     ) -> Result<Lease> {
         validate_entity_id(entity)?;
         validate_resource(resource)?;
-        let amounts = validate_amounts(amounts)?;
+        let amounts = amounts.into().into_millitokens()?;
         let inner = &self.inner;
         let mut policy = opts.on_unavailable;
         let r = async {

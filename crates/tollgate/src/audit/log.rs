@@ -1,5 +1,5 @@
 //! Reading the audit log ([`Limiter::audit_log`], a page per [`AuditQuery`]) and purging
-//! the records past their retention ([`Limiter::purge_audit`]).
+//! the records past their retention ([`crate::Admin::purge_audit`]).
 
 use tollgate_core::audit::{self, MAX_PAGE};
 use tollgate_core::expr::Condition;
@@ -80,9 +80,8 @@ impl Limiter {
         ))
     }
 
-    /// Delete the audit records past their retention (on DynamoDB its TTL does this too):
-    /// each with a condition that its `ttl` has passed. Returns how many were deleted.
-    pub async fn purge_audit(&self) -> Result<usize> {
+    /// The implementation of [`crate::Admin::purge_audit`].
+    pub(crate) async fn purge_audit(&self) -> Result<usize> {
         let ns = self.inner.ns();
         let now = self.now_ms();
         let items = self

@@ -11,7 +11,7 @@
 //!
 //! Records carry `ttl` = now + the retention ([`Options::audit_retention`], 90 days by
 //! default). DynamoDB's TTL deletes them; every read leaves an expired record out on every
-//! backend, and [`Limiter::purge_audit`] deletes them where the store has no native TTL.
+//! backend, and [`crate::Admin::purge_audit`] deletes them where the store has no native TTL.
 //!
 //! Config items written with a record carry its id (`audit_id`), and the next change of
 //! the item is conditioned on it: the "before" of a record is exactly what the change

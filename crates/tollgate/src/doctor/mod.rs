@@ -1,4 +1,4 @@
-//! Corrupt items: finding them (`tollgate doctor`, [`Limiter::doctor`]) and the repairs the
+//! Corrupt items: finding them (`tollgate doctor`, [`crate::Admin::doctor`]) and the repairs the
 //! administrative writes make over them (docs/repair.md).
 //!
 //! An item is corrupt when the engine cannot read it: the backend cannot decode it into the
@@ -19,7 +19,7 @@
 //! the doctor's scan with its bucket repair (`scan`); the store helpers the administrative
 //! writes use are here.
 //!
-//! [`Limiter::doctor`]: crate::Limiter::doctor
+//! [`crate::Admin::doctor`]: crate::Admin::doctor
 //! [`config::decode`]: crate::config::decode
 //! [`config::decode_cascade`]: crate::config::decode_cascade
 

@@ -40,9 +40,9 @@ impl Repair {
     }
 }
 
-/// What [`Limiter::doctor`] found (and, with `repair`, did).
+/// What [`crate::Admin::doctor`] found (and, with `repair`, did).
 ///
-/// [`Limiter::doctor`]: crate::Limiter::doctor
+/// [`crate::Admin::doctor`]: crate::Admin::doctor
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
 pub struct DoctorReport {
     /// The namespace scanned.

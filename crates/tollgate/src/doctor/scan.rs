@@ -1,4 +1,4 @@
-//! [`Limiter::doctor`]: the namespace scan, and the repair of corrupt buckets it makes with
+//! [`crate::Admin::doctor`]: the namespace scan, and the repair of corrupt buckets it makes with
 //! `repair`.
 
 use tollgate_core::keys;
@@ -13,14 +13,8 @@ use crate::error::Result;
 use crate::limiter::Limiter;
 
 impl Limiter {
-    /// Scan the namespace and list every item the engine cannot read, naming the
-    /// attribute (see the module docs for what is checked). With `repair`, delete every
-    /// bucket item of each (entity, resource) that has a corrupt one: the next acquire
-    /// creates them afresh (at full capacity: what the entity spent in the current window is
-    /// forgotten). Corrupt limits and entities are left for `limits set` / `limits delete`
-    /// / `entity delete`, which replace or delete them. On DynamoDB this reads the whole
-    /// table.
-    pub async fn doctor(&self, repair: bool) -> Result<DoctorReport> {
+    /// The implementation of [`crate::Admin::doctor`].
+    pub(crate) async fn doctor(&self, repair: bool) -> Result<DoctorReport> {
         let ns = self.inner.ns();
         let store = self.inner.store.as_ref();
         let mut report = DoctorReport {

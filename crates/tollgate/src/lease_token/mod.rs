@@ -41,7 +41,7 @@
 //! - Cost. One conditional put per close of a shared lease. The record carries `ttl` =
 //!   expiry + [`CLOSURE_MARGIN_S`] (epoch seconds): DynamoDB's TTL deletes it at no request
 //!   cost. Stores without a native TTL (memory, SQLite) do not: the limiter that wrote a
-//!   record remembers it and [`Limiter::purge_lease_closures`] deletes it once its `ttl`
+//!   record remembers it and [`crate::Admin::purge_lease_closures`] deletes it once its `ttl`
 //!   has passed (one delete per record; the HTTP server's sweeper calls it). A process that
 //!   stops before then leaves those records (about 300 bytes each in SQLite) in the store.
 //! - Leases never exported keep their cost: no record, no extra request.
@@ -280,10 +280,8 @@ impl Limiter {
         Ok(lease)
     }
 
-    /// Delete the closure records this limiter wrote whose `ttl` has passed, on a store
-    /// without native TTL (on DynamoDB the table's TTL does it; nothing is remembered).
-    /// Returns how many were deleted; on a store error the rest are kept for the next call.
-    pub async fn purge_lease_closures(&self) -> Result<usize> {
+    /// The implementation of [`crate::Admin::purge_lease_closures`].
+    pub(crate) async fn purge_lease_closures(&self) -> Result<usize> {
         let inner = &self.inner;
         let now_s = inner.clock.now_ms().div_euclid(1000);
         let due = inner.closures.take_due(now_s);
@@ -312,7 +310,7 @@ impl Limiter {
     }
 
     /// How many closure records this limiter still has to delete (see
-    /// [`Limiter::purge_lease_closures`]).
+    /// [`crate::Admin::purge_lease_closures`]).
     pub fn lease_closures_pending(&self) -> usize {
         self.inner.closures.len()
     }

@@ -17,7 +17,7 @@ use crate::config;
 use crate::doctor::{self, CorruptItem, Repair};
 use crate::error::{Error, Result};
 
-/// What [`Limiter::delete_entity_with_repairs`] did.
+/// What [`crate::Admin::delete_entity_with_repairs`] did.
 #[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize)]
 pub struct EntityDeleted {
     /// Items deleted (0 if the entity did not exist).
@@ -84,7 +84,7 @@ pub struct Entity {
     pub created_at_ms: i64,
 }
 
-/// Options of [`Limiter::create_entity_with`].
+/// Options of [`crate::Admin::create_entity_with`].
 #[derive(Debug, Clone, Default)]
 pub struct NewEntity<'a> {
     /// Display name (defaults to the id).
@@ -98,8 +98,8 @@ pub struct NewEntity<'a> {
 }
 
 impl Limiter {
-    /// Create an entity (without cascade). Fails with [`Error::EntityExists`] if it exists.
-    pub async fn create_entity(
+    /// The implementation of [`crate::Admin::create_entity`].
+    pub(crate) async fn create_entity(
         &self,
         id: &str,
         name: Option<&str>,
@@ -118,9 +118,8 @@ impl Limiter {
         .await
     }
 
-    /// Create an entity with every option. Fails with [`Error::EntityExists`] if it exists.
-    /// The parent's existence is not checked.
-    pub async fn create_entity_with(&self, id: &str, new: NewEntity<'_>) -> Result<Entity> {
+    /// The implementation of [`crate::Admin::create_entity_with`].
+    pub(crate) async fn create_entity_with(&self, id: &str, new: NewEntity<'_>) -> Result<Entity> {
         let NewEntity {
             name,
             parent_id,
@@ -221,18 +220,13 @@ impl Limiter {
             .collect())
     }
 
-    /// Delete an entity: its META, its stored limits and every bucket. Returns how many
-    /// items were deleted (0 if it did not exist). Corrupt items are deleted too (see
-    /// [`Limiter::delete_entity_with_repairs`]).
-    pub async fn delete_entity(&self, id: &str) -> Result<usize> {
+    /// The implementation of [`crate::Admin::delete_entity`].
+    pub(crate) async fn delete_entity(&self, id: &str) -> Result<usize> {
         Ok(self.delete_entity_with_repairs(id).await?.deleted_items)
     }
 
-    /// [`Limiter::delete_entity`], reporting the corrupt items it deleted. The entity's
-    /// items are found by a query of its partition and of its buckets' index; when an item
-    /// there cannot be decoded, by a scan of the same keys (on DynamoDB a scan of the whole
-    /// table). An item the store cannot return is deleted with [`Store::purge`].
-    pub async fn delete_entity_with_repairs(&self, id: &str) -> Result<EntityDeleted> {
+    /// The implementation of [`crate::Admin::delete_entity_with_repairs`].
+    pub(crate) async fn delete_entity_with_repairs(&self, id: &str) -> Result<EntityDeleted> {
         validate_entity_id(id)?;
         let ns = self.inner.ns();
         let store = &self.inner.store;

@@ -54,48 +54,8 @@ fn kept_policy(old: &Item) -> Item {
 }
 
 impl Limiter {
-    /// Store limits at a scope (replacing what was there). Existing buckets pick the new
-    /// parameters up on their next acquire (the parameter hash on each bucket sends the fast
-    /// path to the slow path, which re-materialises): at once in this process, within the
-    /// config cache TTL elsewhere. A corrupt item at the scope is replaced (see
-    /// [`Limiter::set_limits_with_repairs`]).
-    pub async fn set_limits(
-        &self,
-        scope: &Scope,
-        limits: &[Limit],
-        on_unavailable: Option<OnUnavailable>,
-    ) -> Result<()> {
-        self.set_limits_with_repairs(scope, limits, on_unavailable)
-            .await
-            .map(drop)
-    }
-
-    /// [`Limiter::set_limits`], reporting the corrupt item it replaced (empty when the
-    /// scope's item was sound or absent). The write replaces the scope's config item whole,
-    /// in one transaction with its audit record, conditioned on the item being what was
-    /// read (retried over a concurrent change; see [`crate::audit`]); the level's cascade
-    /// policy is kept when it can be read, and dropped (reported) when it is the corrupt
-    /// part or the store cannot decode the item at all.
-    pub async fn set_limits_with_repairs(
-        &self,
-        scope: &Scope,
-        limits: &[Limit],
-        on_unavailable: Option<OnUnavailable>,
-    ) -> Result<Vec<Repair>> {
-        self.set_merged_limits(scope, limits, &Merge::default(), on_unavailable)
-            .await
-    }
-
-    /// Store limits at a scope with merge flags (ADR-143): with `merge.inherit` the level
-    /// takes, by name, the limits of the levels beneath it that it does not define itself,
-    /// minus `merge.exclude`, with `merge.patch` replacing only the schedule of an
-    /// inherited limit. The system level cannot carry flags, and excluding or patching
-    /// without inheriting is refused ([`Merge::validate`]). Otherwise as
-    /// [`Limiter::set_limits_with_repairs`] (the write replaces the item whole, flags
-    /// included). A change at any level reaches exactly the buckets whose merged set
-    /// includes it: their parameter hash changes, and their next acquire syncs them
-    /// (ADR-144).
-    pub async fn set_merged_limits(
+    /// The implementation of [`crate::Admin::set_merged_limits`].
+    pub(crate) async fn set_merged_limits(
         &self,
         scope: &Scope,
         limits: &[Limit],
@@ -170,18 +130,16 @@ impl Limiter {
         }
     }
 
-    /// Delete the limits stored at a scope (their merge flags with them); `true` if there
-    /// were any. The level's cascade
-    /// policy and mode, if set, stay (see [`Limiter::set_cascade`]). A corrupt item is deleted (see
-    /// [`Limiter::delete_limits_with_repairs`]).
-    pub async fn delete_limits(&self, scope: &Scope) -> Result<bool> {
+    /// The implementation of [`crate::Admin::delete_limits`].
+    pub(crate) async fn delete_limits(&self, scope: &Scope) -> Result<bool> {
         Ok(self.delete_limits_with_repairs(scope).await?.0)
     }
 
-    /// [`Limiter::delete_limits`], reporting the corrupt item it deleted. The cascade policy
-    /// and the mode are kept when they can be read, and lost (reported) when one is the
-    /// corrupt part or the store cannot decode the item.
-    pub async fn delete_limits_with_repairs(&self, scope: &Scope) -> Result<(bool, Vec<Repair>)> {
+    /// The implementation of [`crate::Admin::delete_limits_with_repairs`].
+    pub(crate) async fn delete_limits_with_repairs(
+        &self,
+        scope: &Scope,
+    ) -> Result<(bool, Vec<Repair>)> {
         scope.validate()?;
         let ns = self.inner.ns();
         let key = scope.key(ns);
@@ -207,12 +165,8 @@ impl Limiter {
         Ok((record.is_some(), repairs))
     }
 
-    /// Set (`Some`) or unset (`None`) the cascade policy at a resource or entity scope
-    /// (ADR-146: tri-state, resolved along entity×resource → entity `_default_` → resource,
-    /// then the entity META's flag). Buckets take the new policy on their next acquire in
-    /// this process, within the config cache TTL elsewhere; the stamp on each bucket item
-    /// follows on its next slow-path write. The system level has no cascade policy.
-    pub async fn set_cascade(&self, scope: &Scope, cascade: Option<bool>) -> Result<()> {
+    /// The implementation of [`crate::Admin::set_cascade`].
+    pub(crate) async fn set_cascade(&self, scope: &Scope, cascade: Option<bool>) -> Result<()> {
         scope.validate()?;
         if *scope == Scope::System {
             return Err(Error::Invalid(RuleError::InvalidLimit {

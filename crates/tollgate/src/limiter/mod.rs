@@ -69,14 +69,23 @@ impl Limiter {
         self.inner.store.backend()
     }
 
-    /// The store.
-    pub fn store(&self) -> &Arc<dyn Store> {
-        &self.inner.store
+    /// Now, by the injected clock.
+    pub(crate) fn now_ms(&self) -> i64 {
+        self.inner.clock.now_ms()
     }
 
-    /// Now, by the injected clock.
-    pub fn now_ms(&self) -> i64 {
-        self.inner.clock.now_ms()
+    /// The clock this limiter was built with: what its statuses' `retry_after` and
+    /// `resets_at_ms` are measured against.
+    pub fn clock(&self) -> &dyn Clock {
+        self.inner.clock.as_ref()
+    }
+
+    /// Whether the store answers: one read of a key that never exists (no item is
+    /// written). A store error is returned as it is; no timeout beyond the store's own.
+    pub async fn ping(&self) -> crate::Result<()> {
+        let probe = tollgate_core::value::Key::new("HEALTH#", "#");
+        self.inner.store.get(&probe, false).await?;
+        Ok(())
     }
 
     /// Forget every cached config item, refusal and bucket image.

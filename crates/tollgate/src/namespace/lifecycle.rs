@@ -1,5 +1,5 @@
-//! A namespace's lifecycle in the registry: [`Limiter::register_namespace`],
-//! [`Limiter::delete_namespace`] and [`Limiter::recover_namespace`], each one transaction
+//! A namespace's lifecycle in the registry: [`crate::Admin::register_namespace`],
+//! [`crate::Admin::delete_namespace`] and [`crate::Admin::recover_namespace`], each one transaction
 //! with its audit record.
 
 use base64::Engine;
@@ -34,10 +34,8 @@ fn fresh_id() -> String {
 }
 
 impl Limiter {
-    /// Register `name` and return it (idempotent: an active name is returned as it is,
-    /// without a write or a record). One transaction puts the forward and reverse records,
-    /// each on condition it does not exist, with the audit record.
-    pub async fn register_namespace(&self, name: &str) -> Result<Namespace> {
+    /// The implementation of [`crate::Admin::register_namespace`].
+    pub(crate) async fn register_namespace(&self, name: &str) -> Result<Namespace> {
         validate_name(name)?;
         for _ in 0..3 {
             if let Some(n) = self.get_namespace(name).await? {
@@ -98,11 +96,8 @@ impl Limiter {
         })
     }
 
-    /// Soft-delete the namespace `name`: its forward record goes and its reverse record
-    /// says `deleted`, in one transaction with the audit record. Its data stays; acquires
-    /// in it are refused ([`Error::NamespaceDeleted`]). `None` when no active namespace
-    /// has the name (nothing written).
-    pub async fn delete_namespace(&self, name: &str) -> Result<Option<Namespace>> {
+    /// The implementation of [`crate::Admin::delete_namespace`].
+    pub(crate) async fn delete_namespace(&self, name: &str) -> Result<Option<Namespace>> {
         let Some(before) = self.get_namespace(name).await? else {
             return Ok(None);
         };
@@ -142,12 +137,8 @@ impl Limiter {
         Ok(Some(after))
     }
 
-    /// Recover the soft-deleted namespace `id` and return it: the forward record is put
-    /// back (on condition the name was not registered again meanwhile) and the reverse
-    /// record says `active`, with the audit record. [`Error::NamespaceNotFound`] for an
-    /// unknown id, [`Error::NamespaceState`] when it is active or being purged, or its
-    /// name is taken.
-    pub async fn recover_namespace(&self, id: &str) -> Result<Namespace> {
+    /// The implementation of [`crate::Admin::recover_namespace`].
+    pub(crate) async fn recover_namespace(&self, id: &str) -> Result<Namespace> {
         validate_entity_id(id)?;
         let Some(before) = self.reverse(id).await? else {
             return Err(Error::NamespaceNotFound(id.into()));

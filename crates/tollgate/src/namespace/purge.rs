@@ -1,4 +1,4 @@
-//! [`Limiter::purge_namespace`]: deleting a soft-deleted namespace's items, page by page,
+//! [`crate::Admin::purge_namespace`]: deleting a soft-deleted namespace's items, page by page,
 //! then its reverse record.
 
 use serde_json::json;
@@ -18,13 +18,8 @@ use super::{canceled, state, Namespace, NamespaceStatus, STATUS};
 const PURGE_PAGE: usize = 25;
 
 impl Limiter {
-    /// Purge the soft-deleted namespace `id`: mark it `purging` (with the audit record),
-    /// delete every item under its prefix, then its reverse record. Returns the items
-    /// deleted (0 for an unknown id: nothing to do). [`Error::NamespaceState`] when it is
-    /// active. A purge that stopped half way (an outage) is finished by running it again.
-    ///
-    /// [`Error::NamespaceState`]: crate::Error::NamespaceState
-    pub async fn purge_namespace(&self, id: &str) -> Result<usize> {
+    /// The implementation of [`crate::Admin::purge_namespace`].
+    pub(crate) async fn purge_namespace(&self, id: &str) -> Result<usize> {
         validate_entity_id(id)?;
         let Some(before) = self.reverse(id).await? else {
             return Ok(0);

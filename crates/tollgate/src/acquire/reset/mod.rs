@@ -26,7 +26,7 @@ enum BucketOp {
     TopUp(Vec<(String, i64)>),
 }
 
-/// What [`Limiter::reset`] or [`Limiter::top_up`] did.
+/// What [`crate::Admin::reset`] or [`crate::Admin::top_up`] did.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct BucketOpOutcome {
     /// The operation's id (stamped `op` on every shard written).

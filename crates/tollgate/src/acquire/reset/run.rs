@@ -8,13 +8,8 @@ use super::*;
 use crate::audit::{Action, Target};
 
 impl Limiter {
-    /// ADR-149: reset every limit of `entity`'s bucket for `resource` to full on every
-    /// shard — a dripping limit to its ceiling, a quota to its share with a fresh grant, a
-    /// `reset_after` quota in a new window opened now — in one transaction with a
-    /// `bucket.reset` audit record. `op` identifies the operation: a retry with the same id
-    /// lands once. An entity with no bucket for the resource has nothing to reset (0 shards,
-    /// no record).
-    pub async fn reset(
+    /// The implementation of [`crate::Admin::reset`].
+    pub(crate) async fn reset(
         &self,
         entity: &str,
         resource: &str,
@@ -23,20 +18,15 @@ impl Limiter {
         self.bucket_op(entity, resource, BucketOp::Reset, op).await
     }
 
-    /// ADR-149: add `amounts` (tokens per limit) above the current grant of `entity`'s
-    /// bucket for `resource`, split across the shards by grant, in one transaction with a
-    /// `bucket.top_up` audit record. A quota's ceiling rises with it until its next reset
-    /// (`tu`); a dripping limit gains at most its headroom. An entity without a bucket gets
-    /// one first (a zero acquire: shard 0 at its share), then the top-up. `op` as for
-    /// [`Limiter::reset`].
-    pub async fn top_up(
+    /// The implementation of [`crate::Admin::top_up`].
+    pub(crate) async fn top_up(
         &self,
         entity: &str,
         resource: &str,
-        amounts: &[(&str, i64)],
+        amounts: impl Into<Amounts>,
         op: Option<&str>,
     ) -> Result<BucketOpOutcome> {
-        let amounts = validate_amounts(amounts)?;
+        let amounts = amounts.into().into_millitokens()?;
         if amounts.is_empty() || amounts.iter().all(|(_, a)| *a == 0) {
             return Err(Error::Invalid(RuleError::InvalidAmount {
                 limit: "*".into(),

@@ -34,7 +34,7 @@ pub async fn s52_clone_of_a_pending_shard_restarts_the_snapshot(b: &Backend) {
     h.set_n(E, R, 0, "b_session_wtc", 7000);
     h.set_n(E, R, 0, "b_session_ws", T1);
     h.set_n(E, R, 0, "vu", 0);
-    assert_eq!(h.lim.bump_shard_count(E, R, 1).await.unwrap(), 2);
+    assert_eq!(h.lim.admin().bump_shard_count(E, R, 1).await.unwrap(), 2);
     h.at(T1 + 1000);
     let agg = Aggregator::new(&h.lim);
     let rep = agg.clone_missing_shards(E, R, 1).await.unwrap();
@@ -187,7 +187,7 @@ pub async fn q9_seed_racing_a_doubling_and_a_clone(b: &Backend) {
     let k0 = h.key(E, R, 0);
     hk.stage(On::Update, Some(k0), move |_| {
         block_on(async {
-            other.bump_shard_count(E, R, 1).await.unwrap();
+            other.admin().bump_shard_count(E, R, 1).await.unwrap();
             let rep = agg.clone_missing_shards(E, R, 1).await.unwrap();
             assert_eq!(rep.cloned, [1]);
         })
@@ -288,7 +288,7 @@ pub async fn aggregator_reset_pinned_on_the_shard_count(b: &Backend) {
     let k0 = h.key(E, R, 0);
     hk.stage(On::Update, Some(k0), move |_| {
         block_on(async {
-            other.bump_shard_count(E, R, 1).await.unwrap();
+            other.admin().bump_shard_count(E, R, 1).await.unwrap();
             let rep = cloner.clone_missing_shards(E, R, 1).await.unwrap();
             assert_eq!(rep.cloned, [1]);
         })

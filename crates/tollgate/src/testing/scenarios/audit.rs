@@ -56,30 +56,36 @@ pub async fn every_admin_change_writes_one_record(b: &Backend) {
     assert_eq!(h.lim.principal(), "library");
 
     alice
-        .set_limits(&Scope::System, &[rate("rpm", 10)], None)
+        .admin()
+        .set_limits(&Scope::System, &[rate("rpm", 10)])
         .await
         .unwrap();
     h.at(T0 + 1);
-    bob.set_limits(&Scope::Resource(R.into()), &[rate("rpm", 20)], None)
+    bob.admin()
+        .set_limits(&Scope::Resource(R.into()), &[rate("rpm", 20)])
         .await
         .unwrap();
     h.at(T0 + 2);
     alice
+        .admin()
         .create_entity(E, Some("User one"), None, BTreeMap::new())
         .await
         .unwrap();
     h.at(T0 + 3);
     let ent = Scope::Entity(E.into(), Some(R.into()));
     alice
-        .set_limits(&ent, &[rate("rpm", 5)], None)
+        .admin()
+        .set_limits(&ent, &[rate("rpm", 5)])
         .await
         .unwrap();
     h.at(T0 + 4);
-    bob.set_limits(&ent, &[rate("rpm", 7), rate("tpm", 900)], None)
+    bob.admin()
+        .set_limits(&ent, &[rate("rpm", 7), rate("tpm", 900)])
         .await
         .unwrap();
     h.at(T0 + 5);
     alice
+        .admin()
         .set_cascade(&Scope::Entity(E.into(), None), Some(true))
         .await
         .unwrap();
@@ -92,20 +98,21 @@ pub async fn every_admin_change_writes_one_record(b: &Backend) {
         .commit()
         .await
         .unwrap();
-    assert_eq!(bob.set_disabled(E, R, true).await.unwrap(), 1);
+    assert_eq!(bob.admin().set_disabled(E, R, true).await.unwrap(), 1);
     h.at(T0 + 7);
-    assert_eq!(bob.set_disabled(E, R, false).await.unwrap(), 1);
+    assert_eq!(bob.admin().set_disabled(E, R, false).await.unwrap(), 1);
     h.at(T0 + 8);
-    assert!(alice.delete_limits(&ent).await.unwrap());
+    assert!(alice.admin().delete_limits(&ent).await.unwrap());
     h.at(T0 + 9);
     assert!(alice
+        .admin()
         .delete_limits(&Scope::Resource(R.into()))
         .await
         .unwrap());
     h.at(T0 + 10);
-    assert!(bob.delete_limits(&Scope::System).await.unwrap());
+    assert!(bob.admin().delete_limits(&Scope::System).await.unwrap());
     h.at(T0 + 11);
-    let n = alice.delete_entity(E).await.unwrap();
+    let n = alice.admin().delete_entity(E).await.unwrap();
     assert_eq!(
         n, 3,
         "META, the _default_ config holding the cascade flag, one bucket"
@@ -204,14 +211,21 @@ pub async fn every_admin_change_writes_one_record(b: &Backend) {
 pub async fn a_refused_change_writes_no_record(b: &Backend) {
     let h = b.harness(T0).await;
     let lim = h.lim.acting_as("ops").unwrap();
-    lim.create_entity(E, None, None, BTreeMap::new())
+    lim.admin()
+        .create_entity(E, None, None, BTreeMap::new())
         .await
         .unwrap();
     assert!(matches!(
-        lim.create_entity(E, None, None, BTreeMap::new()).await,
+        lim.admin()
+            .create_entity(E, None, None, BTreeMap::new())
+            .await,
         Err(Error::EntityExists(_))
     ));
-    assert!(!lim.delete_limits(&Scope::Resource(R.into())).await.unwrap());
+    assert!(!lim
+        .admin()
+        .delete_limits(&Scope::Resource(R.into()))
+        .await
+        .unwrap());
     assert!(matches!(h.lim.acting_as(""), Err(Error::Invalid(_))));
     assert!(matches!(
         h.lim.acting_as("bad\u{7}bell"),
@@ -223,7 +237,8 @@ pub async fn a_refused_change_writes_no_record(b: &Backend) {
 
     // Another writer replaces the resource's limits between this change's read and write.
     let scope = Scope::Resource(R.into());
-    lim.set_limits(&scope, &[rate("rpm", 1)], None)
+    lim.admin()
+        .set_limits(&scope, &[rate("rpm", 1)])
         .await
         .unwrap();
     let (hooked, hook) = h.hooked(true);
@@ -240,7 +255,8 @@ pub async fn a_refused_change_writes_no_record(b: &Backend) {
         raw.raw_put(&k, item);
     });
     hooked
-        .set_limits(&scope, &[rate("rpm", 3)], None)
+        .admin()
+        .set_limits(&scope, &[rate("rpm", 3)])
         .await
         .unwrap();
     let rs = all(&h).await;
@@ -269,17 +285,15 @@ pub async fn pages_retention_and_purge(b: &Backend) {
     for i in 0..5 {
         h.at(T0 + i * 1000);
         short
-            .set_limits(
-                &Scope::Resource(format!("r{i}")),
-                &[rate("rpm", 1 + i)],
-                None,
-            )
+            .admin()
+            .set_limits(&Scope::Resource(format!("r{i}")), &[rate("rpm", 1 + i)])
             .await
             .unwrap();
     }
     h.at(T0 + 10_000);
     h.lim
-        .set_limits(&Scope::System, &[rate("rpm", 9)], None)
+        .admin()
+        .set_limits(&Scope::System, &[rate("rpm", 9)])
         .await
         .unwrap();
     let mut q = AuditQuery {
@@ -316,8 +330,8 @@ pub async fn pages_retention_and_purge(b: &Backend) {
         .map(|r| r.resource.clone().unwrap_or_else(|| r.level.into()))
         .collect();
     assert_eq!(left, ["system", "r4", "r3"]);
-    assert_eq!(h.lim.purge_audit().await.unwrap(), 3);
-    assert_eq!(h.lim.purge_audit().await.unwrap(), 0);
+    assert_eq!(h.lim.admin().purge_audit().await.unwrap(), 3);
+    assert_eq!(h.lim.admin().purge_audit().await.unwrap(), 0);
     // Gone from the store too: back at T0 they would show.
     h.at(T0);
     assert_eq!(all(&h).await.len(), 3);
@@ -348,7 +362,8 @@ pub async fn pages_retention_and_purge(b: &Backend) {
 pub async fn a_doctor_repair_is_recorded(b: &Backend) {
     let h = b.harness(T0).await;
     h.lim
-        .set_limits(&Scope::Resource(R.into()), &[rate("rpm", 10)], None)
+        .admin()
+        .set_limits(&Scope::Resource(R.into()), &[rate("rpm", 10)])
         .await
         .unwrap();
     h.lim
@@ -364,7 +379,7 @@ pub async fn a_doctor_repair_is_recorded(b: &Backend) {
     h.raw.raw_put(&k, item);
     let medic = h.lim.acting_as("medic").unwrap();
     h.at(T0 + 5);
-    let r = medic.doctor(true).await.unwrap();
+    let r = medic.admin().doctor(true).await.unwrap();
     assert_eq!(r.repaired.len(), 1);
     assert_eq!(
         (r.scanned, r.audit_records),
@@ -388,6 +403,6 @@ pub async fn a_doctor_repair_is_recorded(b: &Backend) {
     assert_eq!(rec.after, serde_json::Value::Null);
     assert!(h.raw.raw_get(&k).is_none());
     // Nothing corrupt: no repair, no record.
-    medic.doctor(true).await.unwrap();
+    medic.admin().doctor(true).await.unwrap();
     assert_eq!(all(&h).await.len(), 2);
 }

@@ -20,7 +20,8 @@ fn session() -> Limit {
 
 async fn entity_limits(h: &H, e: &str, r: &str, limits: &[Limit]) {
     h.lim
-        .set_limits(&Scope::Entity(e.into(), Some(r.into())), limits, None)
+        .admin()
+        .set_limits(&Scope::Entity(e.into(), Some(r.into())), limits)
         .await
         .unwrap();
 }
@@ -457,8 +458,15 @@ pub async fn s09_disabled_refuses_without_slow_path(b: &Backend) {
     let h = b.harness(T0).await;
     entity_limits(&h, "e", "api", &[Limit::per_minute("rpm", 100).unwrap()]).await;
     h.lim.acquire("e", "api", &[("rpm", 1)]).await.unwrap();
-    h.lim.bump_shard_count("e", "api", 1).await.unwrap();
-    assert_eq!(h.slow().set_disabled("e", "api", true).await.unwrap(), 1);
+    h.lim.admin().bump_shard_count("e", "api", 1).await.unwrap();
+    assert_eq!(
+        h.slow()
+            .admin()
+            .set_disabled("e", "api", true)
+            .await
+            .unwrap(),
+        1
+    );
     let s = h.stats();
     let e = h.lim.acquire("e", "api", &[("rpm", 1)]).await.unwrap_err();
     assert!(matches!(e, Error::ResourceDisabled { .. }), "{e}");
@@ -478,7 +486,11 @@ pub async fn s09_disabled_refuses_without_slow_path(b: &Backend) {
     assert!(matches!(e, Error::ResourceDisabled { .. }), "{e}");
     let d = h.stats().since(&s);
     assert_eq!(d.writes(), 0, "the config's mode refuses before any write");
-    h.slow().set_disabled("e", "api", false).await.unwrap();
+    h.slow()
+        .admin()
+        .set_disabled("e", "api", false)
+        .await
+        .unwrap();
     h.lim.acquire("e", "api", &[("rpm", 1)]).await.unwrap();
     h.slow().acquire("e", "api", &[("rpm", 1)]).await.unwrap();
 }
@@ -601,7 +613,11 @@ pub async fn s25_retry_after_and_resets_at(b: &Backend) {
     assert_eq!(x.resets_at_ms, Some(T0 + W));
     assert_eq!(x.retry_after_ms, Some(4 * 3_600_000));
     assert_eq!(x.statuses[0].retry_after_ms, Some(4 * 3_600_000));
-    let a = h.lim.check_availability("e", "llm", None).await.unwrap();
+    let a = h
+        .lim
+        .check_availability("e", "llm", crate::Amounts::new())
+        .await
+        .unwrap();
     assert_eq!(a.resets_at_ms, Some(T0 + W));
     assert_eq!(a.limits[0].available, 0);
 }
@@ -610,7 +626,8 @@ pub async fn s25_retry_after_and_resets_at(b: &Backend) {
 pub async fn s26_ttl_horizon(b: &Backend) {
     let h = b.harness(T0).await;
     h.lim
-        .set_limits(&Scope::Resource("llm".into()), &[session()], None)
+        .admin()
+        .set_limits(&Scope::Resource("llm".into()), &[session()])
         .await
         .unwrap();
     h.lim.acquire("e", "llm", &[("session", 1)]).await.unwrap();
@@ -760,26 +777,23 @@ pub async fn corrupt_item_names_the_attribute(b: &Backend) {
 pub async fn limit_levels_and_param_sync(b: &Backend) {
     let h = b.harness(T0).await;
     h.lim
-        .set_limits(
-            &Scope::System,
-            &[Limit::per_minute("rpm", 1).unwrap()],
-            None,
-        )
+        .admin()
+        .set_limits(&Scope::System, &[Limit::per_minute("rpm", 1).unwrap()])
         .await
         .unwrap();
     h.lim
+        .admin()
         .set_limits(
             &Scope::Resource("api".into()),
             &[Limit::per_minute("rpm", 2).unwrap()],
-            None,
         )
         .await
         .unwrap();
     h.lim
+        .admin()
         .set_limits(
             &Scope::Entity("e".into(), None),
             &[Limit::per_minute("rpm", 3).unwrap()],
-            None,
         )
         .await
         .unwrap();

@@ -10,7 +10,8 @@ use crate::{Enforcement, Error, Limit, Scope};
 
 async fn set(h: &H, limits: &[Limit]) {
     h.lim
-        .set_limits(&Scope::Entity("e".into(), Some("api".into())), limits, None)
+        .admin()
+        .set_limits(&Scope::Entity("e".into(), Some("api".into())), limits)
         .await
         .unwrap();
 }
@@ -31,6 +32,7 @@ pub async fn s108_bypass_records_without_debiting(b: &Backend) {
         assert_eq!(h.n("e", "api", 0, "b_rpm_tk"), Some(0));
         assert_eq!(
             h.lim
+                .admin()
                 .set_enforcement("e", "api", Enforcement::Bypass)
                 .await
                 .unwrap(),
@@ -64,6 +66,7 @@ pub async fn s108_bypass_records_without_debiting(b: &Backend) {
         assert_eq!(h.n("e", "api", 0, "b_rpm_tc"), Some(tc + 10_000));
         // Enforcement resumes where it left off: 0 tokens, refused.
         h.lim
+            .admin()
             .set_enforcement("e", "api", Enforcement::Enforce)
             .await
             .unwrap();
@@ -83,6 +86,7 @@ pub async fn s109_bypass_opens_no_window(b: &Backend) {
     let session = Limit::quota_after("session", 10, Duration::from_secs(18_000)).unwrap();
     set(&h, &[session]).await;
     h.lim
+        .admin()
         .set_enforcement("e", "api", Enforcement::Bypass)
         .await
         .unwrap();
@@ -99,6 +103,7 @@ pub async fn s109_bypass_opens_no_window(b: &Backend) {
     );
     h.at(T0 + 1000);
     h.lim
+        .admin()
         .set_enforcement("e", "api", Enforcement::Enforce)
         .await
         .unwrap();
@@ -123,6 +128,7 @@ pub async fn s111_a_bypass_write_needs_the_stamp(b: &Backend) {
     set(&h, &[rpm()]).await;
     h.lim.acquire("e", "api", &[("rpm", 1)]).await.unwrap();
     h.lim
+        .admin()
         .set_enforcement("e", "api", Enforcement::Bypass)
         .await
         .unwrap();
@@ -130,6 +136,7 @@ pub async fn s111_a_bypass_write_needs_the_stamp(b: &Backend) {
     assert_eq!(h.n("e", "api", 0, "b_rpm_tk"), Some(9000));
     // Another process lifts the bypass: this client's image still says "bypassed".
     h.slow()
+        .admin()
         .set_enforcement("e", "api", Enforcement::Enforce)
         .await
         .unwrap();
@@ -151,6 +158,7 @@ pub async fn s111_a_bypass_write_needs_the_stamp(b: &Backend) {
     // its rejection cache's 1 s: a refusal it just made stands that long, ADR-147).
     h.at(T0 + 1001);
     h.slow()
+        .admin()
         .set_enforcement("e", "api", Enforcement::Bypass)
         .await
         .unwrap();
@@ -163,6 +171,7 @@ pub async fn s111_a_bypass_write_needs_the_stamp(b: &Backend) {
     assert_eq!(h.n("e", "api", 0, "b_rpm_tk"), Some(166), "nothing debited");
     // Disabled outranks: refused, nothing written.
     h.slow()
+        .admin()
         .set_enforcement("e", "api", Enforcement::Disabled)
         .await
         .unwrap();
@@ -179,10 +188,11 @@ pub async fn bypass_reaches_new_shards_and_is_audited(b: &Backend) {
     set(&h, &[rpm()]).await;
     h.lim.acquire("e", "api", &[("rpm", 10)]).await.unwrap();
     h.lim
+        .admin()
         .set_enforcement("e", "api", Enforcement::Bypass)
         .await
         .unwrap();
-    h.lim.bump_shard_count("e", "api", 1).await.unwrap();
+    h.lim.admin().bump_shard_count("e", "api", 1).await.unwrap();
     h.rng.pin(1);
     h.lim.acquire("e", "api", &[("rpm", 2)]).await.unwrap();
     assert!(h.item("e", "api", 1).contains_key("bypass"));

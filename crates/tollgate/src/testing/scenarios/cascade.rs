@@ -25,6 +25,7 @@ fn rpd() -> Limit {
 
 async fn entity(h: &H, id: &str, parent: Option<&str>, cascade: bool) {
     h.lim
+        .admin()
         .create_entity_with(
             id,
             NewEntity {
@@ -44,7 +45,8 @@ async fn family(h: &H, cascade: bool, child: &[Limit], parent: &[Limit]) {
     entity(h, C, Some(P), cascade).await;
     for (e, l) in [(C, child), (P, parent)] {
         h.lim
-            .set_limits(&Scope::Entity(e.into(), Some(R.into())), l, None)
+            .admin()
+            .set_limits(&Scope::Entity(e.into(), Some(R.into())), l)
             .await
             .unwrap();
     }
@@ -76,7 +78,7 @@ pub async fn s33_w6_cascade_windows_anchor_independently(b: &Backend) {
         "the child's use debited the parent"
     );
     for e in [C, P] {
-        assert_eq!(h.lim.bump_shard_count(e, R, 1).await.unwrap(), 2);
+        assert_eq!(h.lim.admin().bump_shard_count(e, R, 1).await.unwrap(), 2);
     }
     h.at(T0 + 60_000);
     h.rng.pin(1);
@@ -99,7 +101,7 @@ pub async fn q13_cascade_quota_shards(b: &Backend) {
     h.lim.acquire(C, R, &[("rpd", 0)]).await.unwrap();
     for e in [C, P] {
         assert_eq!(h.tks(e, R, "rpd", 1), vec![1_000_000]);
-        h.lim.bump_shard_count(e, R, 1).await.unwrap();
+        h.lim.admin().bump_shard_count(e, R, 1).await.unwrap();
     }
     h.rng.pin(1);
     let s = h.stats();
@@ -118,7 +120,7 @@ pub async fn c2_parent_draws_its_own_shard(b: &Backend) {
     let rpm = [Limit::per_minute("rpm", 100).unwrap()];
     family(&h, true, &rpm, &rpm).await;
     h.lim.acquire(P, R, &[("rpm", 0)]).await.unwrap();
-    h.lim.bump_shard_count(P, R, 1).await.unwrap();
+    h.lim.admin().bump_shard_count(P, R, 1).await.unwrap();
     h.rng.pin(1);
     h.lim.acquire(P, R, &[("rpm", 0)]).await.unwrap(); // creates the parent's shard 1
     h.rng.pin(0);
@@ -154,6 +156,7 @@ pub async fn c3_s115_policy_walk(b: &Backend) {
     family(&h, true, &tpd, &tpd).await;
     // 115: META cascade = true, resource config cascade = false → no parent debit.
     h.lim
+        .admin()
         .set_cascade(&Scope::Resource(R.into()), Some(false))
         .await
         .unwrap();
@@ -162,13 +165,15 @@ pub async fn c3_s115_policy_walk(b: &Backend) {
     assert_eq!(stamp(&h, C), Some(Value::Bool(false)));
     // Replacing the resource's limits keeps its cascade policy.
     h.lim
-        .set_limits(&Scope::Resource(R.into()), &tpd, None)
+        .admin()
+        .set_limits(&Scope::Resource(R.into()), &tpd)
         .await
         .unwrap();
     h.lim.acquire(C, R, &[("tpd", 1)]).await.unwrap();
     assert!(!exists(&h, P, 0));
     // The entity `_default_` level outranks the resource level.
     h.lim
+        .admin()
         .set_cascade(&Scope::Entity(C.into(), None), Some(true))
         .await
         .unwrap();
@@ -184,6 +189,7 @@ pub async fn c3_s115_policy_walk(b: &Backend) {
     assert_eq!(h.tks(P, R, "tpd", 1), vec![98_000]);
     // The entity × resource level outranks both.
     h.lim
+        .admin()
         .set_cascade(&Scope::Entity(C.into(), Some(R.into())), Some(false))
         .await
         .unwrap();
@@ -196,13 +202,14 @@ pub async fn c3_s115_policy_walk(b: &Backend) {
         Scope::Entity(C.into(), None),
         Scope::Resource(R.into()),
     ] {
-        h.lim.set_cascade(&s, None).await.unwrap();
+        h.lim.admin().set_cascade(&s, None).await.unwrap();
     }
     h.lim.acquire(C, R, &[("tpd", 1)]).await.unwrap();
     assert_eq!(h.tks(P, R, "tpd", 1), vec![97_000]);
     // An entity without a parent never cascades, whatever its flags say.
     entity(&h, "solo", None, true).await;
     h.lim
+        .admin()
         .set_cascade(&Scope::Entity("solo".into(), None), Some(true))
         .await
         .unwrap();
@@ -215,18 +222,20 @@ pub async fn c3_s115_policy_walk(b: &Backend) {
     assert_eq!(h.tks(P, R, "tpd", 1), vec![96_000]);
     // Deleting a level's limits keeps its cascade policy.
     h.lim
+        .admin()
         .set_cascade(&Scope::Resource(R.into()), Some(false))
         .await
         .unwrap();
     assert!(h
         .lim
+        .admin()
         .delete_limits(&Scope::Resource(R.into()))
         .await
         .unwrap());
     h.lim.acquire(C, R, &[("tpd", 1)]).await.unwrap();
     assert_eq!(h.tks(P, R, "tpd", 1), vec![96_000]);
     assert!(matches!(
-        h.lim.set_cascade(&Scope::System, Some(true)).await,
+        h.lim.admin().set_cascade(&Scope::System, Some(true)).await,
         Err(Error::Invalid(_))
     ));
 }
@@ -241,7 +250,8 @@ pub async fn c4_no_grandparent_and_disabled_parent(b: &Backend) {
     entity(&h, P, Some(G), true).await;
     entity(&h, C, Some(P), true).await;
     h.lim
-        .set_limits(&Scope::Resource(R.into()), &tpd, None)
+        .admin()
+        .set_limits(&Scope::Resource(R.into()), &tpd)
         .await
         .unwrap();
     h.lim.acquire(P, R, &[("tpd", 1)]).await.unwrap();
@@ -259,7 +269,7 @@ pub async fn c4_no_grandparent_and_disabled_parent(b: &Backend) {
     assert_eq!(h.tks(P, R, "tpd", 1), vec![94_000]);
     assert_eq!(h.tks(G, R, "tpd", 1), vec![99_000], "never the grandparent");
     // A disabled parent refuses the child's acquire, naming the parent.
-    h.lim.set_disabled(P, R, true).await.unwrap();
+    h.lim.admin().set_disabled(P, R, true).await.unwrap();
     let e = h.lim.acquire(C, R, &[("tpd", 1)]).await.unwrap_err();
     assert!(
         matches!(&e, Error::ResourceDisabled { entity, .. } if entity == P),
@@ -288,11 +298,7 @@ pub async fn cascade_parent_short_charges_no_child(b: &Backend) {
     h.lim.acquire(C, R, &[("tpd", 2)]).await.unwrap();
     assert_eq!(h.tks(C, R, "tpd", 1), vec![98_000]);
     assert_eq!(h.tks(P, R, "tpd", 1), vec![1000]);
-    let a = h
-        .lim
-        .check_availability(C, R, Some(&[("tpd", 2)]))
-        .await
-        .unwrap();
+    let a = h.lim.check_availability(C, R, &[("tpd", 2)]).await.unwrap();
     assert!(!a.allowed);
     assert!(a.limits.iter().all(|s| !s.exceeded), "the child could");
     let pa = a.parent.as_deref().unwrap();
@@ -324,13 +330,13 @@ pub async fn cascade_parent_short_charges_no_child(b: &Backend) {
     assert_eq!(h.tks(C, R, "tpd", 1), vec![98_000]);
     // A limit the parent does not have is the child's alone.
     h.lim
+        .admin()
         .set_limits(
             &Scope::Entity(C.into(), Some(R.into())),
             &[
                 Limit::per_day("tpd", 100).unwrap(),
                 Limit::per_minute("rpm", 10).unwrap(),
             ],
-            None,
         )
         .await
         .unwrap();
@@ -432,6 +438,7 @@ pub async fn c3_stamp_adds_the_missing_parent_write(b: &Backend) {
     }
     assert!(!exists(&h, P, 0));
     other
+        .admin()
         .set_cascade(&Scope::Entity(C.into(), Some(R.into())), Some(true))
         .await
         .unwrap();
@@ -475,6 +482,7 @@ pub async fn c3_an_added_parent_write_that_refuses_rolls_the_child_back(b: &Back
     let other = h.slow();
     h.lim.acquire(C, R, &[("tpd", 1)]).await.unwrap();
     other
+        .admin()
         .set_cascade(&Scope::Entity(C.into(), Some(R.into())), Some(true))
         .await
         .unwrap();
@@ -500,6 +508,7 @@ pub async fn c3_stamp_drops_the_parent_write(b: &Backend) {
     }
     assert_eq!(h.tks(P, R, "tpd", 1), vec![98_000]);
     other
+        .admin()
         .set_cascade(&Scope::Entity(C.into(), Some(R.into())), Some(false))
         .await
         .unwrap();
@@ -527,6 +536,7 @@ pub async fn c3_a_stale_stamp_is_questioned_once(b: &Backend) {
     family(&h, false, &tpd, &tpd).await;
     h.lim.acquire(C, R, &[("tpd", 1)]).await.unwrap();
     h.lim
+        .admin()
         .set_cascade(&Scope::Entity(C.into(), Some(R.into())), Some(true))
         .await
         .unwrap();

@@ -14,7 +14,8 @@ const R: &str = "r";
 
 async fn resource_limits(h: &H, l: &[Limit]) {
     h.lim
-        .set_limits(&Scope::Resource(R.into()), l, None)
+        .admin()
+        .set_limits(&Scope::Resource(R.into()), l)
         .await
         .unwrap();
 }
@@ -167,8 +168,8 @@ pub async fn a_request_larger_than_one_share_is_admitted(b: &Backend) {
         )
         .await;
         h.lim.acquire(E, R, &[("q", 0)]).await.unwrap();
-        assert_eq!(h.lim.bump_shard_count(E, R, 1).await.unwrap(), 2);
-        assert_eq!(h.lim.bump_shard_count(E, R, 2).await.unwrap(), 4);
+        assert_eq!(h.lim.admin().bump_shard_count(E, R, 1).await.unwrap(), 2);
+        assert_eq!(h.lim.admin().bump_shard_count(E, R, 2).await.unwrap(), 4);
         for s in 1..4 {
             h.rng.pin(s);
             h.lim.acquire(E, R, &[("q", 0)]).await.unwrap();
@@ -188,10 +189,7 @@ pub async fn a_request_larger_than_one_share_is_admitted(b: &Backend) {
         assert_eq!(x.retry_after_ms, None, "1,001 can never fit");
         let x = refused(lim.acquire(E, R, &[("q", 701)]).await);
         assert!(x.retry_after_ms.is_some(), "701 fits after the reset");
-        let a = lim
-            .check_availability(E, R, Some(&[("q", 700)]))
-            .await
-            .unwrap();
+        let a = lim.check_availability(E, R, &[("q", 700)]).await.unwrap();
         assert!(a.allowed);
         lim.acquire(E, R, &[("q", 700)]).await.unwrap();
         assert_eq!(h.spendable(E, R, "q", 4), 0);
@@ -224,7 +222,7 @@ pub async fn debt_on_one_shard_holds_back_its_siblings(b: &Backend) {
     let h = b.harness(T0).await;
     resource_limits(&h, &[Limit::per_hour("t", 10).unwrap()]).await;
     h.lim.acquire(E, R, &[("t", 0)]).await.unwrap();
-    assert_eq!(h.lim.bump_shard_count(E, R, 1).await.unwrap(), 2);
+    assert_eq!(h.lim.admin().bump_shard_count(E, R, 1).await.unwrap(), 2);
     h.rng.pin(1);
     h.lim.acquire(E, R, &[("t", 0)]).await.unwrap();
     assert_eq!(h.tks(E, R, "t", 2), vec![5000, 5000]);
@@ -242,11 +240,7 @@ pub async fn debt_on_one_shard_holds_back_its_siblings(b: &Backend) {
     l.adjust("t", 4).unwrap();
     l.commit().await.unwrap();
     assert_eq!(h.tks(E, R, "t", 2), vec![-2000, -2000]);
-    let a = h
-        .lim
-        .check_availability(E, R, Some(&[("t", 1)]))
-        .await
-        .unwrap();
+    let a = h.lim.check_availability(E, R, &[("t", 1)]).await.unwrap();
     assert_eq!((a.limits[0].available, a.allowed), (-4, false));
 }
 
@@ -257,8 +251,8 @@ pub async fn a_refusal_never_says_it_would_fit(b: &Backend) {
     let h = b.harness(T0).await;
     resource_limits(&h, &[Limit::per_hour("t", 10).unwrap()]).await;
     h.lim.acquire(E, R, &[("t", 0)]).await.unwrap();
-    assert_eq!(h.lim.bump_shard_count(E, R, 1).await.unwrap(), 2);
-    assert_eq!(h.lim.bump_shard_count(E, R, 2).await.unwrap(), 4);
+    assert_eq!(h.lim.admin().bump_shard_count(E, R, 1).await.unwrap(), 2);
+    assert_eq!(h.lim.admin().bump_shard_count(E, R, 2).await.unwrap(), 4);
     for s in 1..4 {
         h.rng.pin(s);
         h.lim.acquire(E, R, &[("t", 0)]).await.unwrap();
@@ -283,11 +277,7 @@ pub async fn a_refusal_never_says_it_would_fit(b: &Backend) {
     let st = &x.statuses[0];
     assert!(st.exceeded && st.available < st.requested, "{st:?}");
     assert!(x.retry_after_ms.is_some());
-    let a = h
-        .lim
-        .check_availability(E, R, Some(&[("t", 3)]))
-        .await
-        .unwrap();
+    let a = h.lim.check_availability(E, R, &[("t", 3)]).await.unwrap();
     assert_eq!((a.allowed, a.limits[0].available), (false, st.available));
 }
 
@@ -297,7 +287,7 @@ pub async fn a_doubling_mints_nothing(b: &Backend) {
     let h = b.harness(T0).await;
     resource_limits(&h, &[t10()]).await;
     h.lim.acquire(E, R, &[("t", 10)]).await.unwrap();
-    assert_eq!(h.lim.bump_shard_count(E, R, 1).await.unwrap(), 2);
+    assert_eq!(h.lim.admin().bump_shard_count(E, R, 1).await.unwrap(), 2);
     h.rng.pin(1);
     let x = refused(h.lim.acquire(E, R, &[("t", 1)]).await);
     assert_eq!(x.statuses[0].available, 0);
@@ -306,7 +296,7 @@ pub async fn a_doubling_mints_nothing(b: &Backend) {
     let h = b.harness(T0).await;
     resource_limits(&h, &[t10()]).await;
     h.lim.acquire(E, R, &[("t", 0)]).await.unwrap();
-    assert_eq!(h.lim.bump_shard_count(E, R, 1).await.unwrap(), 2);
+    assert_eq!(h.lim.admin().bump_shard_count(E, R, 1).await.unwrap(), 2);
     let mut admitted = 0;
     for i in 0..20u32 {
         h.rng.pin(i % 2);

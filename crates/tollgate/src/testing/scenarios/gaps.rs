@@ -33,14 +33,15 @@ fn rpd() -> Limit {
 
 async fn limits(h: &H, l: &[Limit]) {
     h.lim
-        .set_limits(&Scope::Entity(E.into(), Some(R.into())), l, None)
+        .admin()
+        .set_limits(&Scope::Entity(E.into(), Some(R.into())), l)
         .await
         .unwrap();
 }
 
 /// Make a client learn the entity's shard count (a CAS that loses adopts the stored count).
 async fn warm(l: &Limiter) {
-    l.bump_shard_count(E, R, 1).await.unwrap();
+    l.admin().bump_shard_count(E, R, 1).await.unwrap();
 }
 
 fn tk(h: &H, shard: u32) -> i64 {
@@ -67,7 +68,7 @@ async fn two(h: &H, leftover: i64) {
     limits(h, &[session()]).await;
     h.at(T0);
     h.lim.acquire(E, R, &[("session", 0)]).await.unwrap();
-    assert_eq!(h.lim.bump_shard_count(E, R, 1).await.unwrap(), 2);
+    assert_eq!(h.lim.admin().bump_shard_count(E, R, 1).await.unwrap(), 2);
     h.at(T0 + 1000);
     h.rng.pin(1);
     h.lim.acquire(E, R, &[("session", 1)]).await.unwrap();
@@ -129,8 +130,8 @@ pub async fn s79_ceiling_until_reset(b: &Backend) {
     let h = b.harness(T0).await;
     limits(&h, &[rpd()]).await;
     h.lim.acquire(E, R, &[("rpd", 0)]).await.unwrap();
-    assert_eq!(h.lim.bump_shard_count(E, R, 1).await.unwrap(), 2);
-    assert_eq!(h.lim.bump_shard_count(E, R, 2).await.unwrap(), 4);
+    assert_eq!(h.lim.admin().bump_shard_count(E, R, 1).await.unwrap(), 2);
+    assert_eq!(h.lim.admin().bump_shard_count(E, R, 2).await.unwrap(), 4);
     warm(&h.slow()).await;
     h.rng.pin(0);
     h.slow().acquire(E, R, &[("rpd", 1)]).await.unwrap();
@@ -143,7 +144,11 @@ pub async fn s79_ceiling_until_reset(b: &Backend) {
     // It spends beyond a share of 250 on its own.
     h.lim.acquire(E, R, &[("rpd", 600)]).await.unwrap();
     assert_eq!(h.n(E, R, 0, "b_rpd_tk"), Some(399_000));
-    let a = h.lim.check_availability(E, R, None).await.unwrap();
+    let a = h
+        .lim
+        .check_availability(E, R, crate::Amounts::new())
+        .await
+        .unwrap();
     assert_eq!(a.limits[0].available, 399);
     // The next period: reset to the share at S = 4.
     h.at(MIDNIGHT + 1000);
@@ -213,7 +218,7 @@ pub async fn w13_when_the_fanout_runs(b: &Backend) {
     let h = b.harness(T0).await;
     limits(&h, &[session()]).await;
     h.lim.acquire(E, R, &[("session", 0)]).await.unwrap();
-    h.lim.bump_shard_count(E, R, 1).await.unwrap();
+    h.lim.admin().bump_shard_count(E, R, 1).await.unwrap();
     h.at(T0 + 1000);
     h.rng.pin(1);
     h.lim.acquire(E, R, &[("session", 0)]).await.unwrap();
@@ -257,7 +262,7 @@ pub async fn w13_when_the_fanout_runs(b: &Backend) {
     let h = b.harness(T0).await;
     limits(&h, &[session()]).await;
     h.lim.acquire(E, R, &[("session", 1)]).await.unwrap();
-    assert_eq!(h.lim.bump_shard_count(E, R, 1).await.unwrap(), 2);
+    assert_eq!(h.lim.admin().bump_shard_count(E, R, 1).await.unwrap(), 2);
     h.set_n(E, R, 0, "shard_count", 8);
     h.at(T1);
     h.rng.pin(0);
@@ -274,7 +279,11 @@ pub async fn w18_reporting(b: &Backend) {
     let h = b.harness(T0).await;
     let big = Limit::quota_after("session", 10_000, Duration::from_secs(18_000)).unwrap();
     limits(&h, &[big]).await;
-    let a = h.lim.check_availability(E, R, None).await.unwrap();
+    let a = h
+        .lim
+        .check_availability(E, R, crate::Amounts::new())
+        .await
+        .unwrap();
     assert_eq!(
         (a.limits[0].resets_at_ms, a.resets_at_ms),
         (None, None),
@@ -282,7 +291,11 @@ pub async fn w18_reporting(b: &Backend) {
     );
     h.lim.acquire(E, R, &[("session", 1500)]).await.unwrap();
     h.at(T0 + 60_000);
-    let a = h.lim.check_availability(E, R, None).await.unwrap();
+    let a = h
+        .lim
+        .check_availability(E, R, crate::Amounts::new())
+        .await
+        .unwrap();
     assert_eq!(a.limits[0].available, 8500);
     assert_eq!(a.limits[0].resets_at_ms, Some(T0 + W));
     assert_eq!(a.resets_at_ms, Some(T0 + W));
@@ -296,7 +309,11 @@ pub async fn w18_reporting(b: &Backend) {
     assert!(keys.iter().all(|k| !k.contains("refill")), "{keys:?}");
     for t in [T0 + W, T0 + W + 1, T0 + 2 * W] {
         h.at(t);
-        let a = h.lim.check_availability(E, R, None).await.unwrap();
+        let a = h
+            .lim
+            .check_availability(E, R, crate::Amounts::new())
+            .await
+            .unwrap();
         assert_eq!(
             (a.limits[0].resets_at_ms, a.resets_at_ms),
             (None, None),
@@ -306,7 +323,11 @@ pub async fn w18_reporting(b: &Backend) {
     // Opened again: the new window's end, in the future.
     let l = h.lim.acquire(E, R, &[("session", 1)]).await.unwrap();
     assert_eq!(l.statuses()[0].resets_at_ms, Some(T0 + 3 * W));
-    let a = h.lim.check_availability(E, R, None).await.unwrap();
+    let a = h
+        .lim
+        .check_availability(E, R, crate::Amounts::new())
+        .await
+        .unwrap();
     assert_eq!(a.limits[0].resets_at_ms, Some(T0 + 3 * W));
 }
 
@@ -481,7 +502,7 @@ pub async fn q11_transaction_conflicts(b: &Backend) {
     let setup = |h: H| async move {
         limits(&h, &[rpd()]).await;
         h.lim.acquire(E, R, &[("rpd", 0)]).await.unwrap();
-        h.lim.bump_shard_count(E, R, 1).await.unwrap();
+        h.lim.admin().bump_shard_count(E, R, 1).await.unwrap();
         h.rng.pin(1);
         h
     };

@@ -86,10 +86,10 @@ pub async fn a_file_plans_against_the_store_and_applies_exactly(b: &Backend) {
     ));
     // A level set by hand is in the store, not in the file: planned as a delete.
     h.lim
+        .admin()
         .set_limits(
             &Scope::Resource("old".into()),
             &[Limit::per_minute("rpm", 1).unwrap()],
-            None,
         )
         .await
         .unwrap();

@@ -44,14 +44,16 @@ async fn caps(h: &H, e: &str) -> Vec<(String, i64)> {
 
 async fn system(h: &H, limits: &[Limit]) {
     h.lim
-        .set_limits(&Scope::System, limits, None)
+        .admin()
+        .set_limits(&Scope::System, limits)
         .await
         .unwrap();
 }
 
 async fn resource(h: &H, limits: &[Limit], m: &Merge) {
     h.lim
-        .set_merged_limits(&Scope::Resource(R.into()), limits, m, None)
+        .admin()
+        .set_merged_limits(&Scope::Resource(R.into()), limits, m)
         .await
         .unwrap();
 }
@@ -109,7 +111,8 @@ pub async fn s113_system_cannot_inherit(b: &Backend) {
     let h = b.harness(T0).await;
     let e = h
         .lim
-        .set_merged_limits(&Scope::System, &[rpm(100)], &inherit(), None)
+        .admin()
+        .set_merged_limits(&Scope::System, &[rpm(100)], &inherit())
         .await
         .unwrap_err();
     assert!(matches!(e, Error::Invalid(_)), "{e}");
@@ -119,7 +122,8 @@ pub async fn s113_system_cannot_inherit(b: &Backend) {
     only_exclude.exclude.insert("tpm".into());
     let e = h
         .lim
-        .set_merged_limits(&Scope::Resource(R.into()), &[rpm(1)], &only_exclude, None)
+        .admin()
+        .set_merged_limits(&Scope::Resource(R.into()), &[rpm(1)], &only_exclude)
         .await
         .unwrap_err();
     assert!(e.to_string().contains("inherit_limits"), "{e}");
@@ -160,12 +164,8 @@ pub async fn s116_change_reaches_merged_buckets_only(b: &Backend) {
     system(&h, &[rpm(100), tpm(10_000)]).await;
     for (e, m) in [("merged", inherit()), ("own", Merge::default())] {
         h.lim
-            .set_merged_limits(
-                &Scope::Entity(e.into(), Some(R.into())),
-                &[rpm(5)],
-                &m,
-                None,
-            )
+            .admin()
+            .set_merged_limits(&Scope::Entity(e.into(), Some(R.into())), &[rpm(5)], &m)
             .await
             .unwrap();
         h.lim.acquire(e, R, &[("rpm", 1)]).await.unwrap();

@@ -16,7 +16,8 @@ fn res() -> Scope {
 
 async fn resource_limits(h: &H) {
     h.lim
-        .set_limits(&res(), &[Limit::per_minute("rpm", 10).unwrap()], None)
+        .admin()
+        .set_limits(&res(), &[Limit::per_minute("rpm", 10).unwrap()])
         .await
         .unwrap();
 }
@@ -37,6 +38,7 @@ pub async fn resource_bypass_reaches_every_bucket(b: &Backend) {
     assert!(refused(h.lim.acquire("a", R, &[("rpm", 1)]).await));
     assert_eq!(
         h.lim
+            .admin()
             .set_scope_enforcement(&res(), Some(Enforcement::Bypass))
             .await
             .unwrap(),
@@ -76,7 +78,11 @@ pub async fn resource_bypass_reaches_every_bucket(b: &Backend) {
     h.slow().acquire("b", R, &[("rpm", 1)]).await.unwrap();
     assert_eq!(h.n("b", R, 0, "b_rpm_tk"), Some(0), "the stamp decides");
     // Cleared: enforced again from the balances the bypass left.
-    h.lim.set_scope_enforcement(&res(), None).await.unwrap();
+    h.lim
+        .admin()
+        .set_scope_enforcement(&res(), None)
+        .await
+        .unwrap();
     assert_eq!(h.lim.scope_enforcement(&res()).await.unwrap(), None);
     assert!(refused(h.lim.acquire("a", R, &[("rpm", 1)]).await));
     assert!(!h.item("a", R, 0).contains_key("bypass"), "lifted");
@@ -98,10 +104,12 @@ pub async fn the_most_specific_mode_wins(b: &Backend) {
     let h = b.harness(T0).await;
     resource_limits(&h).await;
     h.lim
+        .admin()
         .set_scope_enforcement(&Scope::System, Some(Enforcement::Bypass))
         .await
         .unwrap();
     h.lim
+        .admin()
         .set_scope_enforcement(&res(), Some(Enforcement::Enforce))
         .await
         .unwrap();
@@ -114,6 +122,7 @@ pub async fn the_most_specific_mode_wins(b: &Backend) {
     );
     // The entity default outranks the resource: bypassed, on the warm bucket too.
     h.lim
+        .admin()
         .set_scope_enforcement(&Scope::Entity("e".into(), None), Some(Enforcement::Bypass))
         .await
         .unwrap();
@@ -126,6 +135,7 @@ pub async fn the_most_specific_mode_wins(b: &Backend) {
     let pair = Scope::Entity("e".into(), Some(R.into()));
     assert_eq!(
         h.lim
+            .admin()
             .set_scope_enforcement(&pair, Some(Enforcement::Disabled))
             .await
             .unwrap(),
@@ -140,7 +150,11 @@ pub async fn the_most_specific_mode_wins(b: &Backend) {
     ));
     assert_eq!(h.stats().since(&s).writes(), 0, "refused before any write");
     // Cleared, the pair takes the entity default's mode again, stamped at once.
-    h.lim.set_scope_enforcement(&pair, None).await.unwrap();
+    h.lim
+        .admin()
+        .set_scope_enforcement(&pair, None)
+        .await
+        .unwrap();
     assert!(h.item("e", R, 0).contains_key("bypass"));
     assert!(!h.item("e", R, 0).contains_key("disabled"));
     h.lim.acquire("e", R, &[("rpm", 5)]).await.unwrap();
@@ -159,6 +173,7 @@ pub async fn a_disabled_resource_and_its_stored_mode(b: &Backend) {
     resource_limits(&h).await;
     h.lim.acquire("e", R, &[("rpm", 3)]).await.unwrap();
     h.lim
+        .admin()
         .set_scope_enforcement(&res(), Some(Enforcement::Disabled))
         .await
         .unwrap();
@@ -172,23 +187,29 @@ pub async fn a_disabled_resource_and_its_stored_mode(b: &Backend) {
     }
     // Replacing the level's limits keeps its mode; so does deleting them.
     h.lim
-        .set_limits(&res(), &[Limit::per_minute("rpm", 20).unwrap()], None)
+        .admin()
+        .set_limits(&res(), &[Limit::per_minute("rpm", 20).unwrap()])
         .await
         .unwrap();
     assert_eq!(
         h.lim.scope_enforcement(&res()).await.unwrap(),
         Some(Enforcement::Disabled)
     );
-    h.lim.delete_limits(&res()).await.unwrap();
+    h.lim.admin().delete_limits(&res()).await.unwrap();
     assert_eq!(
         h.lim.scope_enforcement(&res()).await.unwrap(),
         Some(Enforcement::Disabled)
     );
     h.lim
-        .set_limits(&res(), &[Limit::per_minute("rpm", 10).unwrap()], None)
+        .admin()
+        .set_limits(&res(), &[Limit::per_minute("rpm", 10).unwrap()])
         .await
         .unwrap();
-    h.lim.set_scope_enforcement(&res(), None).await.unwrap();
+    h.lim
+        .admin()
+        .set_scope_enforcement(&res(), None)
+        .await
+        .unwrap();
     // The 3 taken before are still taken: 7 left.
     h.lim.acquire("e", R, &[("rpm", 7)]).await.unwrap();
     assert!(refused(h.lim.acquire("e", R, &[("rpm", 1)]).await));
@@ -208,7 +229,8 @@ pub async fn a_disabled_resource_and_its_stored_mode(b: &Backend) {
     // Replacing the level's limits repairs it and says the mode was not kept.
     let repairs = h
         .lim
-        .set_limits_with_repairs(&res(), &[Limit::per_minute("rpm", 10).unwrap()], None)
+        .admin()
+        .set_limits_with_repairs(&res(), &[Limit::per_minute("rpm", 10).unwrap()])
         .await
         .unwrap();
     assert_eq!(repairs.len(), 1);

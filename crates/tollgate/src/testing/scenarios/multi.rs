@@ -8,10 +8,10 @@ use tollgate_core::RuleError;
 
 async fn rpm(h: &H, e: &str, r: &str, n: i64) {
     h.lim
+        .admin()
         .set_limits(
             &Scope::Entity(e.into(), Some(r.into())),
             &[Limit::per_minute("rpm", n).unwrap()],
-            None,
         )
         .await
         .unwrap();
@@ -115,7 +115,7 @@ pub async fn s94_disabled_outranks_exceeded(b: &Backend) {
     h.lim.acquire("e", "a", &[("rpm", 1)]).await.unwrap();
     h.lim.acquire("e", "b", &[("rpm", 10)]).await.unwrap();
     h.lim.acquire("e", "c", &[("rpm", 4)]).await.unwrap();
-    assert_eq!(h.lim.set_disabled("e", "a", true).await.unwrap(), 1);
+    assert_eq!(h.lim.admin().set_disabled("e", "a", true).await.unwrap(), 1);
     let one: &[(&str, i64)] = &[("rpm", 1)];
     for order in [["a", "b", "c"], ["b", "c", "a"], ["c", "b", "a"]] {
         let wants: Vec<(&str, &[(&str, i64)])> = order.iter().map(|r| (*r, one)).collect();
@@ -132,7 +132,7 @@ pub async fn s94_disabled_outranks_exceeded(b: &Backend) {
         }
     }
     // Re-enabled, `b` still exhausted: the refusal is b's rate limit.
-    h.lim.set_disabled("e", "a", false).await.unwrap();
+    h.lim.admin().set_disabled("e", "a", false).await.unwrap();
     let e = refused(h.lim.acquire_many("e", &[("a", one), ("b", one)]).await);
     assert_eq!(e.exceeded().map(|x| x.resource.as_str()), Some("b"));
     assert_eq!(both(&h, "e", "a"), (Some(9000), Some(1000)));

@@ -38,12 +38,15 @@ async fn items_under(h: &H, prefix: &str) -> usize {
 pub async fn ns_register_and_isolation(b: &Backend) {
     let h = b.harness(T0).await;
     let admin = h.lim.acting_as("ops").unwrap();
-    let acme = admin.register_namespace("acme").await.unwrap();
+    let acme = admin.admin().register_namespace("acme").await.unwrap();
     assert_eq!(acme.id.len(), 11);
     assert_ne!(acme.id, "acme");
     assert_eq!(acme.status, NamespaceStatus::Active);
-    assert_eq!(admin.register_namespace("acme").await.unwrap(), acme);
-    let default = admin.register_namespace("default").await.unwrap();
+    assert_eq!(
+        admin.admin().register_namespace("acme").await.unwrap(),
+        acme
+    );
+    let default = admin.admin().register_namespace("default").await.unwrap();
     assert_eq!(default.id, "default");
     let names: Vec<_> = admin
         .list_namespaces()
@@ -64,15 +67,17 @@ pub async fn ns_register_and_isolation(b: &Backend) {
         open(&h, "nobody").await.unwrap_err(),
         Error::NamespaceNotFound(_)
     ));
-    assert!(admin.register_namespace("_").await.is_err());
+    assert!(admin.admin().register_namespace("_").await.is_err());
 
     let a = open(&h, "acme").await.unwrap();
     let scope = Scope::Entity("e".into(), Some(R.into()));
-    a.set_limits(&scope, &[Limit::per_minute("rpm", 2).unwrap()], None)
+    a.admin()
+        .set_limits(&scope, &[Limit::per_minute("rpm", 2).unwrap()])
         .await
         .unwrap();
     h.lim
-        .set_limits(&scope, &[Limit::per_minute("rpm", 5).unwrap()], None)
+        .admin()
+        .set_limits(&scope, &[Limit::per_minute("rpm", 5).unwrap()])
         .await
         .unwrap();
     for _ in 0..2 {
@@ -127,21 +132,18 @@ pub async fn ns_register_and_isolation(b: &Backend) {
 pub async fn ns_delete_recover_purge(b: &Backend) {
     let h = b.harness(T0).await;
     let admin = h.lim.acting_as("ops").unwrap();
-    let acme = admin.register_namespace("acme").await.unwrap();
+    let acme = admin.admin().register_namespace("acme").await.unwrap();
     let a = open(&h, "acme").await.unwrap();
-    a.set_limits(
-        &Scope::Entity("e".into(), Some(R.into())),
-        &[Limit::per_minute("rpm", 10).unwrap()],
-        None,
-    )
-    .await
-    .unwrap();
-    h.lim
+    a.admin()
         .set_limits(
-            &Scope::System,
-            &[Limit::per_minute("rpm", 3).unwrap()],
-            None,
+            &Scope::Entity("e".into(), Some(R.into())),
+            &[Limit::per_minute("rpm", 10).unwrap()],
         )
+        .await
+        .unwrap();
+    h.lim
+        .admin()
+        .set_limits(&Scope::System, &[Limit::per_minute("rpm", 3).unwrap()])
         .await
         .unwrap();
     a.acquire("e", R, &[("rpm", 1)]).await.unwrap();
@@ -151,13 +153,23 @@ pub async fn ns_delete_recover_purge(b: &Backend) {
     assert!(before >= 3, "config, bucket, audit record: {before}");
 
     assert!(matches!(
-        admin.purge_namespace(&acme.id).await.unwrap_err(),
+        admin.admin().purge_namespace(&acme.id).await.unwrap_err(),
         Error::NamespaceState { .. }
     ));
-    let gone = admin.delete_namespace("acme").await.unwrap().unwrap();
+    let gone = admin
+        .admin()
+        .delete_namespace("acme")
+        .await
+        .unwrap()
+        .unwrap();
     assert_eq!(gone.status, NamespaceStatus::Deleted);
     assert_eq!(gone.deleted_at_ms, Some(T0));
-    assert!(admin.delete_namespace("acme").await.unwrap().is_none());
+    assert!(admin
+        .admin()
+        .delete_namespace("acme")
+        .await
+        .unwrap()
+        .is_none());
     // `a` read its config before the deletion: it sees it once its cache expires.
     a.acquire("e", R, &[("rpm", 1)]).await.unwrap();
     h.at(T0 + 61_000);
@@ -170,30 +182,38 @@ pub async fn ns_delete_recover_purge(b: &Backend) {
     assert_eq!(items_under(&h, &under).await, before, "the data stays");
     // Recover by id: admitted again.
     assert!(matches!(
-        admin.recover_namespace("unknownid00").await.unwrap_err(),
+        admin
+            .admin()
+            .recover_namespace("unknownid00")
+            .await
+            .unwrap_err(),
         Error::NamespaceNotFound(_)
     ));
-    let back = admin.recover_namespace(&acme.id).await.unwrap();
+    let back = admin.admin().recover_namespace(&acme.id).await.unwrap();
     assert_eq!(back.status, NamespaceStatus::Active);
     assert!(matches!(
-        admin.recover_namespace(&acme.id).await.unwrap_err(),
+        admin.admin().recover_namespace(&acme.id).await.unwrap_err(),
         Error::NamespaceState { .. }
     ));
     let a2 = open(&h, "acme").await.unwrap();
     a2.acquire("e", R, &[("rpm", 1)]).await.unwrap();
     // Deleted again, its name registered anew: the old id cannot come back.
-    admin.delete_namespace("acme").await.unwrap();
-    let fresh = admin.register_namespace("acme").await.unwrap();
+    admin.admin().delete_namespace("acme").await.unwrap();
+    let fresh = admin.admin().register_namespace("acme").await.unwrap();
     assert_ne!(fresh.id, acme.id);
-    let e = admin.recover_namespace(&acme.id).await.unwrap_err();
+    let e = admin.admin().recover_namespace(&acme.id).await.unwrap_err();
     assert!(e.to_string().contains("registered again"), "{e}");
     // Purge the old id: everything under it goes, nothing else.
     let default_items = items_under(&h, "default/").await;
-    let n = admin.purge_namespace(&acme.id).await.unwrap();
+    let n = admin.admin().purge_namespace(&acme.id).await.unwrap();
     assert!(n >= before, "{n} >= {before}");
     assert_eq!(items_under(&h, &under).await, 0);
     assert_eq!(items_under(&h, "default/").await, default_items);
-    assert_eq!(admin.purge_namespace(&acme.id).await.unwrap(), 0, "no-op");
+    assert_eq!(
+        admin.admin().purge_namespace(&acme.id).await.unwrap(),
+        0,
+        "no-op"
+    );
     let ids: Vec<_> = admin
         .list_namespaces()
         .await

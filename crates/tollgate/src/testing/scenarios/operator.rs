@@ -25,7 +25,8 @@ fn session() -> Limit {
 
 async fn limits(h: &H, l: &[Limit]) {
     h.lim
-        .set_limits(&Scope::Entity(E.into(), Some(R.into())), l, None)
+        .admin()
+        .set_limits(&Scope::Entity(E.into(), Some(R.into())), l)
         .await
         .unwrap();
 }
@@ -35,7 +36,7 @@ async fn limits(h: &H, l: &[Limit]) {
 async fn daily_two(h: &H, tks: [i64; 2]) {
     limits(h, &[daily()]).await;
     h.lim.acquire(E, R, &[("daily", 0)]).await.unwrap();
-    assert_eq!(h.lim.bump_shard_count(E, R, 1).await.unwrap(), 2);
+    assert_eq!(h.lim.admin().bump_shard_count(E, R, 1).await.unwrap(), 2);
     h.rng.pin(1);
     h.lim.acquire(E, R, &[("daily", 0)]).await.unwrap();
     h.rng.pin(0);
@@ -81,7 +82,7 @@ pub async fn s96_reset_two_shards(b: &Backend) {
     h.set_n(E, R, 1, "b_daily_tu", 2000);
     let before = h.stats();
     let lim = h.lim.acting_as("support").unwrap();
-    let out = lim.reset(E, R, None).await.unwrap();
+    let out = lim.admin().reset(E, R, None).await.unwrap();
     let after = h.stats();
     assert_eq!(
         after.transactions - before.transactions,
@@ -132,6 +133,7 @@ pub async fn s97_retry_lands_once(b: &Backend) {
         .build()
         .unwrap();
     let out = lim
+        .admin()
         .top_up(E, R, &[("daily", 10)], Some("op-97"))
         .await
         .unwrap();
@@ -145,6 +147,7 @@ pub async fn s97_retry_lands_once(b: &Backend) {
     assert_eq!(h.n(E, R, 0, "b_daily_tu"), Some(5000));
     let again = h
         .lim
+        .admin()
         .top_up(E, R, &[("daily", 10)], Some("op-97"))
         .await
         .unwrap();
@@ -154,10 +157,10 @@ pub async fn s97_retry_lands_once(b: &Backend) {
     assert_eq!(records(&h, Action::BucketTopUp).await.len(), 1);
     // Same for a reset.
     h.set_n(E, R, 0, "b_daily_tk", 0);
-    let r = h.lim.reset(E, R, Some("op-97r")).await.unwrap();
+    let r = h.lim.admin().reset(E, R, Some("op-97r")).await.unwrap();
     assert!(!r.already_applied);
     h.set_n(E, R, 0, "b_daily_tk", 0);
-    let r2 = h.lim.reset(E, R, Some("op-97r")).await.unwrap();
+    let r2 = h.lim.admin().reset(E, R, Some("op-97r")).await.unwrap();
     assert!(r2.already_applied);
     assert_eq!(h.tks(E, R, "daily", 2), vec![0, 5000], "not reset twice");
 }
@@ -167,7 +170,11 @@ pub async fn s97_retry_lands_once(b: &Backend) {
 pub async fn s98_top_up_splits_by_grant(b: &Backend) {
     let h = b.harness(T0).await;
     daily_two(&h, [5000, 5000]).await;
-    h.lim.top_up(E, R, &[("daily", 10)], None).await.unwrap();
+    h.lim
+        .admin()
+        .top_up(E, R, &[("daily", 10)], None)
+        .await
+        .unwrap();
     assert_eq!(h.tks(E, R, "daily", 2), vec![10_000, 10_000]);
     assert_eq!(
         (h.n(E, R, 0, "b_daily_tu"), h.n(E, R, 1, "b_daily_tu")),
@@ -183,7 +190,12 @@ pub async fn s98_top_up_splits_by_grant(b: &Backend) {
     let h = b.harness(T0).await;
     daily_two(&h, [0, 0]).await;
     h.set_n(E, R, 0, "b_daily_gc", 1);
-    let out = h.lim.top_up(E, R, &[("daily", 1)], None).await.unwrap();
+    let out = h
+        .lim
+        .admin()
+        .top_up(E, R, &[("daily", 1)], None)
+        .await
+        .unwrap();
     assert_eq!(out.added_milli.get("daily"), Some(&1000));
     assert_eq!(h.tks(E, R, "daily", 2), vec![667, 333]);
     assert_eq!(h.n(E, R, 0, "b_daily_tu"), Some(667));
@@ -194,13 +206,21 @@ pub async fn s98_top_up_splits_by_grant(b: &Backend) {
 pub async fn s99_reset_after_a_top_up(b: &Backend) {
     let h = b.harness(T0).await;
     daily_two(&h, [2000, 3000]).await;
-    h.lim.top_up(E, R, &[("daily", 4)], None).await.unwrap();
+    h.lim
+        .admin()
+        .top_up(E, R, &[("daily", 4)], None)
+        .await
+        .unwrap();
     assert_eq!(h.tks(E, R, "daily", 2), vec![4000, 5000]);
-    h.lim.reset(E, R, None).await.unwrap();
+    h.lim.admin().reset(E, R, None).await.unwrap();
     assert_eq!(h.tks(E, R, "daily", 2), vec![5000, 5000]);
     assert_eq!(h.n(E, R, 0, "b_daily_tu"), None);
     // A top-up, then the calendar edge: the share again, `tu` gone.
-    h.lim.top_up(E, R, &[("daily", 4)], None).await.unwrap();
+    h.lim
+        .admin()
+        .top_up(E, R, &[("daily", 4)], None)
+        .await
+        .unwrap();
     assert_eq!(h.n(E, R, 0, "b_daily_tu"), Some(2000));
     let midnight = 1_757_030_400_000;
     h.at(midnight + 1000);
@@ -220,7 +240,7 @@ pub async fn s100_session_reset(b: &Backend) {
     assert!(h.lim.acquire(E, R, &[("session", 1)]).await.is_err());
     let r_at = T0 + 3_600_000;
     h.at(r_at);
-    h.lim.reset(E, R, None).await.unwrap();
+    h.lim.admin().reset(E, R, None).await.unwrap();
     assert_eq!(h.n(E, R, 0, "b_session_ws"), Some(r_at));
     assert_eq!(h.n(E, R, 0, "b_session_wa"), Some(r_at));
     assert_eq!(h.n(E, R, 0, "b_session_tk"), Some(10_000));
@@ -246,14 +266,23 @@ pub async fn s101_top_up_opens_and_creates(b: &Backend) {
     h.lim.acquire(E, R, &[("session", 10)]).await.unwrap();
     let now = T0 + W + 5;
     h.at(now);
-    h.lim.top_up(E, R, &[("session", 3)], None).await.unwrap();
+    h.lim
+        .admin()
+        .top_up(E, R, &[("session", 3)], None)
+        .await
+        .unwrap();
     assert_eq!(h.n(E, R, 0, "b_session_ws"), Some(now));
     assert_eq!(h.n(E, R, 0, "b_session_tk"), Some(13_000));
     assert_eq!(h.n(E, R, 0, "b_session_tu"), Some(3000));
     // D5: no bucket yet.
     let h = b.harness(T0).await;
     limits(&h, &[session()]).await;
-    let out = h.lim.top_up(E, R, &[("session", 5)], None).await.unwrap();
+    let out = h
+        .lim
+        .admin()
+        .top_up(E, R, &[("session", 5)], None)
+        .await
+        .unwrap();
     assert_eq!(out.shards, 1);
     assert_eq!(h.n(E, R, 0, "b_session_tk"), Some(15_000));
     assert_eq!(h.n(E, R, 0, "b_session_tu"), Some(5000));
@@ -280,7 +309,7 @@ pub async fn s102_condition_pins(b: &Backend) {
         m.raw_put(&k1, i);
     });
     let before = h.stats();
-    let out = lim.reset(E, R, None).await.unwrap();
+    let out = lim.admin().reset(E, R, None).await.unwrap();
     assert_eq!(
         out.added_milli.get("daily"),
         Some(&6500),
@@ -298,17 +327,27 @@ pub async fn reset_and_top_up_edges(b: &Backend) {
     let h = b.harness(T0).await;
     let rpm = Limit::per_minute("rpm", 10).unwrap();
     limits(&h, &[rpm, daily()]).await;
-    let none = h.lim.reset(E, R, None).await.unwrap();
+    let none = h.lim.admin().reset(E, R, None).await.unwrap();
     assert_eq!((none.shards, none.audit_id), (0, None));
     assert!(records(&h, Action::BucketReset).await.is_empty());
     h.lim
         .acquire(E, R, &[("rpm", 7), ("daily", 7)])
         .await
         .unwrap();
-    let out = h.lim.top_up(E, R, &[("rpm", 5)], None).await.unwrap();
+    let out = h
+        .lim
+        .admin()
+        .top_up(E, R, &[("rpm", 5)], None)
+        .await
+        .unwrap();
     assert_eq!(out.added_milli.get("rpm"), Some(&5000));
     assert_eq!(h.n(E, R, 0, "b_rpm_tk"), Some(8000));
-    let out = h.lim.top_up(E, R, &[("rpm", 5)], None).await.unwrap();
+    let out = h
+        .lim
+        .admin()
+        .top_up(E, R, &[("rpm", 5)], None)
+        .await
+        .unwrap();
     assert_eq!(
         out.added_milli.get("rpm"),
         Some(&2000),
@@ -316,33 +355,33 @@ pub async fn reset_and_top_up_edges(b: &Backend) {
     );
     assert_eq!(h.n(E, R, 0, "b_rpm_tu"), None);
     h.lim.acquire(E, R, &[("rpm", 9)]).await.unwrap();
-    h.lim.reset(E, R, None).await.unwrap();
+    h.lim.admin().reset(E, R, None).await.unwrap();
     assert_eq!(h.n(E, R, 0, "b_rpm_tk"), Some(10_000));
     assert_eq!(h.n(E, R, 0, "b_daily_tk"), Some(10_000));
     // Bad input.
     assert!(matches!(
-        h.lim.top_up(E, R, &[("nope", 1)], None).await,
+        h.lim.admin().top_up(E, R, &[("nope", 1)], None).await,
         Err(Error::UnknownLimit { .. })
     ));
     assert!(matches!(
-        h.lim.top_up(E, R, &[("rpm", -1)], None).await,
+        h.lim.admin().top_up(E, R, &[("rpm", -1)], None).await,
         Err(Error::Invalid(_))
     ));
     assert!(matches!(
-        h.lim.top_up(E, R, &[], None).await,
+        h.lim.admin().top_up(E, R, &[], None).await,
         Err(Error::Invalid(_))
     ));
     assert!(matches!(
-        h.lim.reset(E, R, Some("bad id!")).await,
+        h.lim.admin().reset(E, R, Some("bad id!")).await,
         Err(Error::Invalid(_))
     ));
     assert!(matches!(
-        h.lim.reset("bad entity!", R, None).await,
+        h.lim.admin().reset("bad entity!", R, None).await,
         Err(Error::Invalid(_))
     ));
-    h.lim.set_disabled(E, R, true).await.unwrap();
+    h.lim.admin().set_disabled(E, R, true).await.unwrap();
     assert!(matches!(
-        h.lim.reset(E, R, None).await,
+        h.lim.admin().reset(E, R, None).await,
         Err(Error::ResourceDisabled { .. })
     ));
 }
@@ -364,15 +403,16 @@ fn s_attr(i: &tollgate_core::value::Item, a: &str) -> Option<String> {
 /// Parents A and B and a cascading child under A, with `rpm` 10/min on the resource.
 async fn family(h: &H) {
     h.lim
+        .admin()
         .set_limits(
             &Scope::Resource(R.into()),
             &[Limit::per_minute("rpm", 10).unwrap()],
-            None,
         )
         .await
         .unwrap();
     for p in ["A", "B"] {
         h.lim
+            .admin()
             .create_entity(p, None, None, Default::default())
             .await
             .unwrap();
@@ -383,7 +423,11 @@ async fn family(h: &H) {
         cascade: true,
         metadata: Default::default(),
     };
-    h.lim.create_entity_with("child", new).await.unwrap();
+    h.lim
+        .admin()
+        .create_entity_with("child", new)
+        .await
+        .unwrap();
 }
 
 /// Scenario 103: `set_parent(child, B)` → META `parent_id = B`, the children index moved,
@@ -394,7 +438,7 @@ pub async fn s103_move_to_a_new_parent(b: &Backend) {
     h.lim.acquire("child", R, &[("rpm", 1)]).await.unwrap();
     assert_eq!(h.n("A", R, 0, "b_rpm_tk"), Some(9000));
     let lim = h.lim.acting_as("support").unwrap();
-    let m = lim.set_parent("child", Some("B")).await.unwrap();
+    let m = lim.admin().set_parent("child", Some("B")).await.unwrap();
     assert_eq!(
         (m.old_parent.as_deref(), m.parent_id.as_deref(), m.pgen),
         (Some("A"), Some("B"), 1)
@@ -433,7 +477,7 @@ pub async fn s103_move_to_a_new_parent(b: &Backend) {
     assert_eq!(rs[0].before["parent_id"], "A");
     assert_eq!(rs[0].after["parent_id"], "B");
     // The same parent again writes nothing.
-    let again = h.lim.set_parent("child", Some("B")).await.unwrap();
+    let again = h.lim.admin().set_parent("child", Some("B")).await.unwrap();
     assert_eq!((again.pgen, again.audit_id), (1, None));
 }
 
@@ -451,7 +495,7 @@ pub async fn s104_moves_pin_the_generation(b: &Backend) {
         i.insert("parent_id".into(), Value::S("A".into()));
         m.raw_put(&k, i);
     });
-    let m = lim.set_parent("child", None).await.unwrap();
+    let m = lim.admin().set_parent("child", None).await.unwrap();
     assert_eq!(m.pgen, 6);
     let i = meta(&h, "child");
     assert_eq!(i.get("parent_id"), Some(&Value::Null));
@@ -465,32 +509,33 @@ pub async fn s105_cycles_refused_and_roots(b: &Backend) {
     let h = b.harness(T0).await;
     family(&h).await;
     h.lim
+        .admin()
         .create_entity("grandchild", None, Some("child"), Default::default())
         .await
         .unwrap();
     for (e, p) in [("A", "grandchild"), ("A", "child"), ("child", "child")] {
         assert!(
             matches!(
-                h.lim.set_parent(e, Some(p)).await,
+                h.lim.admin().set_parent(e, Some(p)).await,
                 Err(Error::ParentCycle { .. })
             ),
             "{e} under {p}"
         );
     }
     assert!(matches!(
-        h.lim.set_parent("child", Some("nobody")).await,
+        h.lim.admin().set_parent("child", Some("nobody")).await,
         Err(Error::EntityNotFound(_))
     ));
     assert!(matches!(
-        h.lim.set_parent("nobody", Some("A")).await,
+        h.lim.admin().set_parent("nobody", Some("A")).await,
         Err(Error::EntityNotFound(_))
     ));
     assert!(matches!(
-        h.lim.set_parent("bad id!", None).await,
+        h.lim.admin().set_parent("bad id!", None).await,
         Err(Error::Invalid(_))
     ));
     assert_eq!(meta(&h, "A").get("pgen"), None, "refusals write nothing");
-    let m = h.lim.set_parent("child", None).await.unwrap();
+    let m = h.lim.admin().set_parent("child", None).await.unwrap();
     assert_eq!(m.parent_id, None);
     let i = meta(&h, "child");
     assert_eq!(i.get("parent_id"), Some(&Value::Null));
@@ -504,7 +549,11 @@ pub async fn s105_cycles_refused_and_roots(b: &Backend) {
         "A never charged"
     );
     // And A may now move under the former grandchild's line.
-    h.lim.set_parent("A", Some("grandchild")).await.unwrap();
+    h.lim
+        .admin()
+        .set_parent("A", Some("grandchild"))
+        .await
+        .unwrap();
 }
 
 /// Scenario 106: a lease debited under A, the child moved to B, then `adjust(+2)` and the
@@ -514,7 +563,7 @@ pub async fn s106_leases_settle_with_the_parent_they_debited(b: &Backend) {
     family(&h).await;
     let mut lease = h.lim.acquire("child", R, &[("rpm", 1)]).await.unwrap();
     assert_eq!(h.n("A", R, 0, "b_rpm_tk"), Some(9000));
-    h.lim.set_parent("child", Some("B")).await.unwrap();
+    h.lim.admin().set_parent("child", Some("B")).await.unwrap();
     lease.adjust("rpm", 2).unwrap();
     lease.commit().await.unwrap();
     assert_eq!(h.n("A", R, 0, "b_rpm_tk"), Some(7000));
@@ -525,9 +574,9 @@ pub async fn s106_leases_settle_with_the_parent_they_debited(b: &Backend) {
         "B never charged"
     );
     // A rollback of a lease from before the move refunds A too.
-    h.lim.set_parent("child", Some("A")).await.unwrap();
+    h.lim.admin().set_parent("child", Some("A")).await.unwrap();
     let mut lease = h.lim.acquire("child", R, &[("rpm", 1)]).await.unwrap();
-    h.lim.set_parent("child", Some("B")).await.unwrap();
+    h.lim.admin().set_parent("child", Some("B")).await.unwrap();
     lease.rollback().await.unwrap();
     assert_eq!(h.n("A", R, 0, "b_rpm_tk"), Some(7000));
     assert!(h.raw.raw_get(&h.key("B", R, 0)).is_none());

@@ -47,7 +47,8 @@ pub async fn a_hung_store_fails_within_its_deadline(b: &Backend) {
         .store_timeout(DEADLINE)
         .build()
         .unwrap();
-    lim.set_limits(&Scope::Resource(R.into()), &[quota()], None)
+    lim.admin()
+        .set_limits(&Scope::Resource(R.into()), &[quota()])
         .await
         .unwrap();
     let mut l = lim.acquire(E, R, &[("q", 1)]).await.unwrap();
@@ -116,7 +117,8 @@ pub async fn a_misconfigured_store_never_fails_open(b: &Backend) {
         .on_unavailable(OnUnavailable::Allow)
         .build()
         .unwrap();
-    lim.set_limits(&Scope::System, &[quota()], Some(OnUnavailable::Allow))
+    lim.admin()
+        .set_system_limits(&[quota()], Some(OnUnavailable::Allow))
         .await
         .unwrap();
     lim.acquire(E, R, &[("q", 1)])
@@ -156,14 +158,15 @@ pub async fn limits_and_policy_outlive_the_config_ttl(b: &Backend) {
     let out = Arc::new(Outage::new(b.store().await));
     let h = H::new(out.clone(), T0, opts());
     h.lim
-        .set_limits(&Scope::System, &[], Some(OnUnavailable::Allow))
+        .admin()
+        .set_system_limits(&[], Some(OnUnavailable::Allow))
         .await
         .unwrap();
     h.lim
+        .admin()
         .set_limits(
             &Scope::Resource(R.into()),
             &[Limit::per_minute("rpm", 3).unwrap()],
-            None,
         )
         .await
         .unwrap();
@@ -202,11 +205,13 @@ pub async fn limits_and_policy_outlive_the_config_ttl(b: &Backend) {
     };
     let h = H::new(out.clone(), T0, o);
     h.lim
-        .set_limits(&Scope::System, &[], Some(OnUnavailable::Allow))
+        .admin()
+        .set_system_limits(&[], Some(OnUnavailable::Allow))
         .await
         .unwrap();
     h.lim
-        .set_limits(&Scope::Resource(R.into()), &[quota()], None)
+        .admin()
+        .set_limits(&Scope::Resource(R.into()), &[quota()])
         .await
         .unwrap();
     h.lim

@@ -56,6 +56,7 @@ fn status(l: &Lease, limit: &str) -> (i64, i64) {
 
 async fn entity(h: &H, id: &str) {
     h.lim
+        .admin()
         .create_entity(id, None, None, BTreeMap::new())
         .await
         .unwrap();
@@ -71,7 +72,8 @@ pub async fn doctor_lists_and_limits_set_replaces(b: &Backend) {
     let h = b.harness(T0).await;
     entity(&h, E).await;
     h.lim
-        .set_limits(&scope(), &[rate("rpm", 5), rate("tk", 1000)], None)
+        .admin()
+        .set_limits(&scope(), &[rate("rpm", 5), rate("tk", 1000)])
         .await
         .unwrap();
     h.lim
@@ -81,7 +83,7 @@ pub async fn doctor_lists_and_limits_set_replaces(b: &Backend) {
         .commit()
         .await
         .unwrap();
-    let r = h.lim.doctor(false).await.unwrap();
+    let r = h.lim.admin().doctor(false).await.unwrap();
     assert_eq!(r.corrupt, vec![]);
     assert_eq!(r.scanned - r.unrecognised, 3, "META, config, bucket");
     let cfg = keys::entity_config(NS, E, R);
@@ -92,7 +94,10 @@ pub async fn doctor_lists_and_limits_set_replaces(b: &Backend) {
     let f = fresh(&h);
     let errors = [
         f.lim.acquire(E, R, &[("rpm", 1)]).await.map(drop),
-        f.lim.check_availability(E, R, None).await.map(drop),
+        f.lim
+            .check_availability(E, R, crate::Amounts::new())
+            .await
+            .map(drop),
     ];
     for e in errors {
         let e = e.unwrap_err();
@@ -103,7 +108,7 @@ pub async fn doctor_lists_and_limits_set_replaces(b: &Backend) {
             "{m}"
         );
     }
-    let r = f.lim.doctor(false).await.unwrap();
+    let r = f.lim.admin().doctor(false).await.unwrap();
     assert_eq!(
         lines(&r.corrupt),
         [
@@ -125,7 +130,8 @@ pub async fn doctor_lists_and_limits_set_replaces(b: &Backend) {
 
     let repairs = f
         .lim
-        .set_limits_with_repairs(&scope(), &[rate("rpm", 7), rate("tk", 2000)], None)
+        .admin()
+        .set_limits_with_repairs(&scope(), &[rate("rpm", 7), rate("tk", 2000)])
         .await
         .unwrap();
     assert_eq!(
@@ -153,7 +159,7 @@ pub async fn doctor_lists_and_limits_set_replaces(b: &Backend) {
         "{e}"
     );
 
-    let r = f.lim.doctor(true).await.unwrap();
+    let r = f.lim.admin().doctor(true).await.unwrap();
     assert_eq!(
         lines(&r.repaired),
         [
@@ -164,7 +170,7 @@ pub async fn doctor_lists_and_limits_set_replaces(b: &Backend) {
     );
     assert!(r.remaining().is_empty());
     assert!(h.raw.raw_get(&bucket).is_none());
-    assert_eq!(f.lim.doctor(false).await.unwrap().corrupt, vec![]);
+    assert_eq!(f.lim.admin().doctor(false).await.unwrap().corrupt, vec![]);
 
     let mut lease = f
         .lim
@@ -186,22 +192,25 @@ pub async fn entity_delete_removes_a_corrupt_entity(b: &Backend) {
         entity(&h, e).await;
     }
     h.lim
-        .set_limits(&Scope::Entity(E.into(), None), &[rate("rpm", 10)], None)
+        .admin()
+        .set_limits(&Scope::Entity(E.into(), None), &[rate("rpm", 10)])
         .await
         .unwrap();
     h.lim
-        .set_limits(&scope(), &[rate("rpm", 5)], None)
+        .admin()
+        .set_limits(&scope(), &[rate("rpm", 5)])
         .await
         .unwrap();
     h.lim
-        .set_limits(&Scope::Resource(R.into()), &[rate("rpm", 100)], None)
+        .admin()
+        .set_limits(&Scope::Resource(R.into()), &[rate("rpm", 100)])
         .await
         .unwrap();
     for (e, r) in [(E, R), (E, "api"), ("u10", R)] {
         h.lim.acquire(e, r, &[("rpm", 1)]).await.unwrap();
     }
     // A second shard of u1/llm, created by an acquire drawn to it.
-    h.lim.bump_shard_count(E, R, 1).await.unwrap();
+    h.lim.admin().bump_shard_count(E, R, 1).await.unwrap();
     h.rng.pin(1);
     h.lim.acquire(E, R, &[("rpm", 1)]).await.unwrap();
     assert!(h.raw.raw_get(&h.key(E, R, 1)).is_some());
@@ -227,7 +236,7 @@ pub async fn entity_delete_removes_a_corrupt_entity(b: &Backend) {
             .contains("default/ENTITY#u1|#META: attribute cascade"),
         "{e}"
     );
-    let d = f.lim.delete_entity_with_repairs(E).await.unwrap();
+    let d = f.lim.admin().delete_entity_with_repairs(E).await.unwrap();
     assert_eq!(d.deleted_items, 6);
     assert_eq!(
         lines(&d.repairs),
@@ -247,10 +256,10 @@ pub async fn entity_delete_removes_a_corrupt_entity(b: &Backend) {
     for k in [h.key(E, R, 0), h.key(E, R, 1), h.key(E, "api", 0)] {
         assert!(h.raw.raw_get(&k).is_none(), "{k}");
     }
-    assert_eq!(f.lim.delete_entity(E).await.unwrap(), 0);
+    assert_eq!(f.lim.admin().delete_entity(E).await.unwrap(), 0);
     // The neighbour is whole: its META, its bucket, the resource's limits.
     assert!(f.lim.get_entity("u10").await.unwrap().is_some());
-    let r = f.lim.doctor(false).await.unwrap();
+    let r = f.lim.admin().doctor(false).await.unwrap();
     assert_eq!(r.corrupt, vec![]);
     assert_eq!(r.scanned - r.unrecognised, 3);
     let lease = f.lim.acquire("u10", R, &[("rpm", 1)]).await.unwrap();
@@ -265,11 +274,13 @@ pub async fn repairs_over_items_the_store_cannot_decode(b: &Backend) {
     let h = b.harness(T0).await;
     entity(&h, E).await;
     h.lim
-        .set_limits(&scope(), &[rate("rpm", 5), rate("tk", 1000)], None)
+        .admin()
+        .set_limits(&scope(), &[rate("rpm", 5), rate("tk", 1000)])
         .await
         .unwrap();
     h.lim
-        .set_limits(&Scope::Resource(R.into()), &[rate("rpm", 100)], None)
+        .admin()
+        .set_limits(&Scope::Resource(R.into()), &[rate("rpm", 100)])
         .await
         .unwrap();
     h.lim
@@ -307,7 +318,7 @@ pub async fn repairs_over_items_the_store_cannot_decode(b: &Backend) {
     assert!(matches!(e, Error::Corrupt(_)), "{e:?}");
     assert!(e.to_string().contains("attribute l_rpm_"), "{e}");
 
-    let r = f.lim.doctor(false).await.unwrap();
+    let r = f.lim.admin().doctor(false).await.unwrap();
     let mut found: Vec<(String, Option<&str>)> = r
         .corrupt
         .iter()
@@ -339,7 +350,8 @@ pub async fn repairs_over_items_the_store_cannot_decode(b: &Backend) {
 
     let repairs = f
         .lim
-        .set_limits_with_repairs(&scope(), &[rate("rpm", 7), rate("tk", 2000)], None)
+        .admin()
+        .set_limits_with_repairs(&scope(), &[rate("rpm", 7), rate("tk", 2000)])
         .await
         .unwrap();
     assert_eq!(repairs.len(), 1);
@@ -353,6 +365,7 @@ pub async fn repairs_over_items_the_store_cannot_decode(b: &Backend) {
     );
     let (deleted, repairs) = f
         .lim
+        .admin()
         .delete_limits_with_repairs(&Scope::Resource(R.into()))
         .await
         .unwrap();
@@ -360,7 +373,7 @@ pub async fn repairs_over_items_the_store_cannot_decode(b: &Backend) {
     assert_eq!(repairs.len(), 1);
     assert_eq!(repairs[0].corrupt.attribute.as_deref(), Some("l_rpm_ra"));
     assert!(h.raw.raw_get(&res).is_none());
-    let r = f.lim.doctor(true).await.unwrap();
+    let r = f.lim.admin().doctor(true).await.unwrap();
     assert_eq!(r.repaired.len(), 1);
     assert_eq!(r.repaired[0].corrupt.key, bucket);
     assert!(r.remaining().is_empty());
@@ -378,7 +391,7 @@ pub async fn repairs_over_items_the_store_cannot_decode(b: &Backend) {
     assert!(stage(&bucket, "b_rpm_tk") && stage(&meta, "created_at"));
     let e = f.lim.get_entity(E).await.unwrap_err();
     assert!(e.to_string().contains("attribute created_at"), "{e}");
-    let d = f.lim.delete_entity_with_repairs(E).await.unwrap();
+    let d = f.lim.admin().delete_entity_with_repairs(E).await.unwrap();
     assert_eq!(d.deleted_items, 3, "META, config, bucket");
     let mut attrs: Vec<Option<&str>> = d
         .repairs
@@ -388,7 +401,7 @@ pub async fn repairs_over_items_the_store_cannot_decode(b: &Backend) {
     attrs.sort();
     assert_eq!(attrs, [Some("b_rpm_tk"), Some("created_at")]);
     assert_eq!(f.lim.get_entity(E).await.unwrap(), None);
-    let r = f.lim.doctor(false).await.unwrap();
+    let r = f.lim.admin().doctor(false).await.unwrap();
     assert_eq!((r.scanned - r.unrecognised, r.corrupt.len()), (0, 0));
 }
 
@@ -398,11 +411,8 @@ pub async fn repairs_over_items_the_store_cannot_decode(b: &Backend) {
 pub async fn doctor_finds_nothing_in_sound_items(b: &Backend) {
     let h = b.harness(T0).await;
     h.lim
-        .set_limits(
-            &Scope::System,
-            &[rate("rpm", 100)],
-            Some(OnUnavailable::Allow),
-        )
+        .admin()
+        .set_system_limits(&[rate("rpm", 100)], Some(OnUnavailable::Allow))
         .await
         .unwrap();
     let night = Schedule::new(&["* 22:00-06:00 10/10"], "Europe/Berlin").unwrap();
@@ -414,14 +424,16 @@ pub async fn doctor_finds_nothing_in_sound_items(b: &Backend) {
         Scope::Resource("api".into()),
         Scope::Entity("x".into(), Some("api".into())),
     ] {
-        h.lim.set_limits(&s, &api, None).await.unwrap();
+        h.lim.admin().set_limits(&s, &api).await.unwrap();
     }
     let session = Limit::quota_after("session", 10, Duration::from_secs(18_000)).unwrap();
     h.lim
+        .admin()
         .create_entity("org", None, None, BTreeMap::new())
         .await
         .unwrap();
     h.lim
+        .admin()
         .create_entity_with(
             "team",
             NewEntity {
@@ -435,15 +447,16 @@ pub async fn doctor_finds_nothing_in_sound_items(b: &Backend) {
         .unwrap();
     for e in ["org", "team"] {
         h.lim
+            .admin()
             .set_limits(
                 &Scope::Entity(e.into(), Some(R.into())),
                 std::slice::from_ref(&session),
-                None,
             )
             .await
             .unwrap();
     }
     h.lim
+        .admin()
         .set_cascade(&Scope::Entity("team".into(), Some(R.into())), Some(true))
         .await
         .unwrap();
@@ -461,7 +474,7 @@ pub async fn doctor_finds_nothing_in_sound_items(b: &Backend) {
         .unwrap();
     lease.adjust("rpd", -1).unwrap();
     lease.commit().await.unwrap();
-    h.lim.bump_shard_count("x", "api", 1).await.unwrap();
+    h.lim.admin().bump_shard_count("x", "api", 1).await.unwrap();
     h.rng.pin(1);
     h.lim
         .acquire("x", "api", &[("rpm", 1), ("rpd", 1)])
@@ -476,7 +489,7 @@ pub async fn doctor_finds_nothing_in_sound_items(b: &Backend) {
         h.raw.raw_get(&h.key("x", "api", 0))
     );
     h.lim.acquire("y", "other", &[("rpm", 1)]).await.unwrap();
-    let r = h.lim.doctor(true).await.unwrap();
+    let r = h.lim.admin().doctor(true).await.unwrap();
     assert_eq!(r.corrupt, vec![]);
     assert_eq!(r.repaired, vec![]);
     // 2 configs (system, api), 2 METAs, 3 entity configs, buckets: team, org (cascade),
@@ -489,19 +502,20 @@ pub async fn doctor_finds_nothing_in_sound_items(b: &Backend) {
 pub async fn doctor_repair_deletes_every_shard(b: &Backend) {
     let h = b.harness(T0).await;
     h.lim
-        .set_limits(&Scope::Entity(E.into(), None), &[rate("rpm", 10)], None)
+        .admin()
+        .set_limits(&Scope::Entity(E.into(), None), &[rate("rpm", 10)])
         .await
         .unwrap();
     for r in [R, "api"] {
         h.lim.acquire(E, r, &[("rpm", 2)]).await.unwrap();
     }
-    h.lim.bump_shard_count(E, R, 1).await.unwrap();
+    h.lim.admin().bump_shard_count(E, R, 1).await.unwrap();
     h.rng.pin(1);
     h.lim.acquire(E, R, &[("rpm", 1)]).await.unwrap();
     assert!(h.raw.raw_get(&h.key(E, R, 1)).is_some());
     set_attr(&h, &h.key(E, R, 1), "rf", Value::S("soon".into()));
     let f = fresh(&h);
-    let r = f.lim.doctor(true).await.unwrap();
+    let r = f.lim.admin().doctor(true).await.unwrap();
     assert_eq!(
         lines(&r.repaired),
         [

@@ -23,7 +23,8 @@ fn rpm() -> Limit {
 
 async fn limits(h: &H, e: &str, l: &[Limit]) {
     h.lim
-        .set_limits(&Scope::Entity(e.into(), Some(R.into())), l, None)
+        .admin()
+        .set_limits(&Scope::Entity(e.into(), Some(R.into())), l)
         .await
         .unwrap();
 }
@@ -145,7 +146,7 @@ pub async fn s85_boundary_divides_after_the_schedule(b: &Backend) {
     let h = b.harness(day).await;
     limits(&h, "e", &[rpm()]).await;
     h.lim.acquire("e", R, &[("rpm", 0)]).await.unwrap();
-    assert_eq!(h.lim.bump_shard_count("e", R, 1).await.unwrap(), 2);
+    assert_eq!(h.lim.admin().bump_shard_count("e", R, 1).await.unwrap(), 2);
     h.rng.pin(1);
     h.lim.acquire("e", R, &[("rpm", 0)]).await.unwrap();
     assert_eq!(h.tks("e", R, "rpm", 2), [50_000, 50_000]);

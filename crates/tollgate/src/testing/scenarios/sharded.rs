@@ -20,14 +20,15 @@ pub(super) fn session() -> Limit {
 
 pub(super) async fn limits(h: &H, l: &[Limit]) {
     h.lim
-        .set_limits(&Scope::Entity(E.into(), Some(R.into())), l, None)
+        .admin()
+        .set_limits(&Scope::Entity(E.into(), Some(R.into())), l)
         .await
         .unwrap();
 }
 
 /// Make a client learn the entity's shard count (a CAS that loses adopts the stored count).
 pub(super) async fn warm(l: &crate::Limiter) {
-    l.bump_shard_count(E, R, 1).await.unwrap();
+    l.admin().bump_shard_count(E, R, 1).await.unwrap();
 }
 
 pub(super) fn tk(h: &H, shard: u32) -> i64 {
@@ -40,7 +41,7 @@ pub(super) async fn two(h: &H, leftover: i64) {
     h.at(T0);
     h.lim.acquire(E, R, &[("session", 0)]).await.unwrap();
     assert_eq!((tk(h, 0), h.n(E, R, 0, "b_session_gc")), (10_000, Some(1)));
-    assert_eq!(h.lim.bump_shard_count(E, R, 1).await.unwrap(), 2);
+    assert_eq!(h.lim.admin().bump_shard_count(E, R, 1).await.unwrap(), 2);
     h.at(T0 + 1000);
     h.rng.pin(1);
     h.lim.acquire(E, R, &[("session", 1)]).await.unwrap();
@@ -100,7 +101,7 @@ pub async fn s40_lost_fanout(b: &Backend) {
     let h = b.harness(T0).await;
     limits(&h, &[session()]).await;
     h.lim.acquire(E, R, &[("session", 0)]).await.unwrap();
-    h.lim.bump_shard_count(E, R, 1).await.unwrap();
+    h.lim.admin().bump_shard_count(E, R, 1).await.unwrap();
     h.at(T0 + 1000);
     h.rng.pin(1);
     h.lim.acquire(E, R, &[("session", 1)]).await.unwrap();
@@ -126,7 +127,7 @@ pub async fn s42_s44_fanout_floor_and_deleted_sibling(b: &Backend) {
     let h = b.harness(T0).await;
     limits(&h, &[session()]).await;
     h.lim.acquire(E, R, &[("session", 0)]).await.unwrap();
-    h.lim.bump_shard_count(E, R, 1).await.unwrap();
+    h.lim.admin().bump_shard_count(E, R, 1).await.unwrap();
     h.rng.pin(1);
     h.at(T0 + 1000);
     h.lim.acquire(E, R, &[("session", 1)]).await.unwrap();
@@ -257,7 +258,7 @@ pub async fn s61_wa_is_a_value(b: &Backend) {
     let h = b.harness(T0).await;
     limits(&h, &[session()]).await;
     h.lim.acquire(E, R, &[("session", 0)]).await.unwrap();
-    h.lim.bump_shard_count(E, R, 1).await.unwrap();
+    h.lim.admin().bump_shard_count(E, R, 1).await.unwrap();
     h.rng.pin(1);
     h.at(T0 + 1000);
     h.lim.acquire(E, R, &[("session", 1)]).await.unwrap(); // shard 1 joins T0: tk 4000
@@ -355,7 +356,7 @@ pub async fn s27_s28_join_by_move(b: &Backend) {
         let h = b.harness(T0).await;
         limits(&h, &[session()]).await;
         h.lim.acquire(E, R, &[("session", first)]).await.unwrap();
-        h.lim.bump_shard_count(E, R, 1).await.unwrap();
+        h.lim.admin().bump_shard_count(E, R, 1).await.unwrap();
         h.at(T0 + 60_000);
         h.rng.pin(1);
         h.lim.acquire(E, R, &[("session", 1)]).await.unwrap();
@@ -378,7 +379,7 @@ pub async fn s29_no_sibling_window(b: &Backend) {
     let h = b.harness(T0).await;
     limits(&h, &[session()]).await;
     h.lim.acquire(E, R, &[("session", 1)]).await.unwrap();
-    h.lim.bump_shard_count(E, R, 1).await.unwrap();
+    h.lim.admin().bump_shard_count(E, R, 1).await.unwrap();
     warm(&h.slow()).await;
     h.raw.raw_delete(&h.key(E, R, 0));
     h.at(T0 + 60_000);
@@ -399,7 +400,7 @@ pub async fn s30_s31_sibling_window_ended(b: &Backend) {
         let h = b.harness(T0).await;
         limits(&h, &[session()]).await;
         h.lim.acquire(E, R, &[("session", first)]).await.unwrap();
-        h.lim.bump_shard_count(E, R, 1).await.unwrap();
+        h.lim.admin().bump_shard_count(E, R, 1).await.unwrap();
         warm(&h.slow()).await;
         h.at(at);
         h.rng.pin(1);
@@ -425,7 +426,7 @@ pub async fn s65_seed_joins_live_window(b: &Backend) {
     let rpm = Limit::per_minute("rpm", 100).unwrap();
     limits(&h, &[rpm.clone(), session()]).await;
     h.lim.acquire(E, R, &[("session", 1)]).await.unwrap();
-    h.lim.bump_shard_count(E, R, 1).await.unwrap();
+    h.lim.admin().bump_shard_count(E, R, 1).await.unwrap();
     h.rng.pin(1);
     let o = crate::AcquireOptions {
         limits: Some(vec![rpm]),
@@ -451,7 +452,7 @@ async fn quota_two(h: &H, drain_to: Option<i64>) {
     if let Some(d) = drain_to {
         h.set_n(E, R, 0, "b_rpd_tk", d * 1000);
     }
-    h.lim.bump_shard_count(E, R, 1).await.unwrap();
+    h.lim.admin().bump_shard_count(E, R, 1).await.unwrap();
     h.rng.pin(1);
 }
 
@@ -551,10 +552,10 @@ pub async fn q15_create_overtaken_by_a_doubling(b: &Backend) {
     let h = b.harness(T0).await;
     limits(&h, &[rpd()]).await;
     h.lim.acquire(E, R, &[("rpd", 0)]).await.unwrap();
-    h.lim.bump_shard_count(E, R, 1).await.unwrap();
-    h.lim.bump_shard_count(E, R, 2).await.unwrap();
+    h.lim.admin().bump_shard_count(E, R, 1).await.unwrap();
+    h.lim.admin().bump_shard_count(E, R, 2).await.unwrap();
     let (lim, hk) = h.hooked(false);
-    lim.bump_shard_count(E, R, 1).await.unwrap(); // learn the count (4)
+    lim.admin().bump_shard_count(E, R, 1).await.unwrap(); // learn the count (4)
     let k0 = h.key(E, R, 0);
     hk.stage(On::Transact, None, move |m| {
         let mut i = m.raw_get(&k0).unwrap();
@@ -588,7 +589,7 @@ pub async fn s76_conservation_walk(b: &Backend) {
         let mut s = 1;
         let mut order = 7u32;
         while s < 32 {
-            s = h.lim.bump_shard_count(E, R, s).await.unwrap();
+            s = h.lim.admin().bump_shard_count(E, R, s).await.unwrap();
             order = (order * 13 + 5) % s as u32;
             let slot = (s as u32 / 2 + order % (s as u32 / 2)).min(s as u32 - 1);
             h.rng.pin(slot);
@@ -622,19 +623,19 @@ pub async fn s12_s14_s15_doubling(b: &Backend) {
     );
     assert_eq!(h.lim.stats().doublings, 1);
     // 15: propagation 4 → 8 reaches shards below 8 only.
-    let s = h.lim.bump_shard_count(E, R, 2).await.unwrap();
+    let s = h.lim.admin().bump_shard_count(E, R, 2).await.unwrap();
     assert_eq!(s, 4);
     for i in 2..4 {
         h.rng.pin(i);
         h.lim.acquire(E, R, &[("rpm", 1)]).await.unwrap();
     }
     h.set_n(E, R, 3, "shard_count", 8);
-    assert_eq!(h.lim.bump_shard_count(E, R, 4).await.unwrap(), 8);
+    assert_eq!(h.lim.admin().bump_shard_count(E, R, 4).await.unwrap(), 8);
     for i in 0..4 {
         assert_eq!(h.n(E, R, i, "shard_count"), Some(8), "shard {i}");
     }
     // 14: the cap.
-    assert_eq!(h.lim.bump_shard_count(E, R, 32).await.unwrap(), 32);
+    assert_eq!(h.lim.admin().bump_shard_count(E, R, 32).await.unwrap(), 32);
 }
 
 /// Scenario 11 (#480): wcu and an app limit both short, refill would not help → no
@@ -657,8 +658,8 @@ pub async fn s13_concurrent_doublers(b: &Backend) {
     limits(&h, &[Limit::per_minute("rpm", 10).unwrap()]).await;
     h.lim.acquire(E, R, &[("rpm", 1)]).await.unwrap();
     let other = h.slow();
-    assert_eq!(h.lim.bump_shard_count(E, R, 1).await.unwrap(), 2);
-    assert_eq!(other.bump_shard_count(E, R, 1).await.unwrap(), 2);
+    assert_eq!(h.lim.admin().bump_shard_count(E, R, 1).await.unwrap(), 2);
+    assert_eq!(other.admin().bump_shard_count(E, R, 1).await.unwrap(), 2);
     assert_eq!(h.n(E, R, 0, "shard_count"), Some(2));
 }
 
@@ -690,8 +691,8 @@ pub async fn s17_s5_shard_probes(b: &Backend) {
     let h = b.harness(T0).await;
     limits(&h, &[Limit::per_hour("rph", 400).unwrap()]).await;
     h.lim.acquire(E, R, &[("rph", 0)]).await.unwrap();
-    h.lim.bump_shard_count(E, R, 1).await.unwrap();
-    h.lim.bump_shard_count(E, R, 2).await.unwrap();
+    h.lim.admin().bump_shard_count(E, R, 1).await.unwrap();
+    h.lim.admin().bump_shard_count(E, R, 2).await.unwrap();
     for i in 1..4 {
         h.rng.pin(i);
         h.lim.acquire(E, R, &[("rph", 0)]).await.unwrap();
@@ -721,7 +722,7 @@ pub async fn s17_s5_shard_probes(b: &Backend) {
     let h = b.harness(T0).await;
     limits(&h, &[Limit::per_hour("rph", 200).unwrap()]).await;
     h.lim.acquire(E, R, &[("rph", 0)]).await.unwrap();
-    h.lim.bump_shard_count(E, R, 1).await.unwrap();
+    h.lim.admin().bump_shard_count(E, R, 1).await.unwrap();
     h.rng.pin(1);
     h.lim.acquire(E, R, &[("rph", 0)]).await.unwrap();
     h.rng.pin(0);
@@ -749,7 +750,11 @@ pub async fn s6_wcu_is_invisible(b: &Backend) {
         .statuses
         .iter()
         .all(|s| s.limit != "wcu"));
-    let a = h.lim.check_availability(E, R, None).await.unwrap();
+    let a = h
+        .lim
+        .check_availability(E, R, crate::Amounts::new())
+        .await
+        .unwrap();
     assert!(a.limits.iter().all(|s| s.limit != "wcu"));
 }
 
@@ -758,16 +763,16 @@ pub async fn s9_gsi3_discovery(b: &Backend) {
     let h = b.harness(T0).await;
     for r in ["gpt-4", "gpt-3.5"] {
         h.lim
+            .admin()
             .set_limits(
                 &Scope::Resource(r.into()),
                 &[Limit::per_minute("rpm", 10).unwrap()],
-                None,
             )
             .await
             .unwrap();
         h.rng.pin(0);
         h.lim.acquire(E, r, &[("rpm", 1)]).await.unwrap();
-        h.lim.bump_shard_count(E, r, 1).await.unwrap();
+        h.lim.admin().bump_shard_count(E, r, 1).await.unwrap();
         h.rng.pin(1);
         h.lim.acquire(E, r, &[("rpm", 1)]).await.unwrap();
     }
@@ -791,7 +796,7 @@ pub async fn s9_gsi3_discovery(b: &Backend) {
             "BUCKET#gpt-4#1"
         ]
     );
-    assert_eq!(h.lim.delete_entity(E).await.unwrap(), 4);
+    assert_eq!(h.lim.admin().delete_entity(E).await.unwrap(), 4);
 }
 
 /// S10: refill recovery on both paths.
@@ -821,7 +826,7 @@ pub async fn s11_dripping_on_new_shard(b: &Backend) {
     let h = b.harness(T0).await;
     limits(&h, &[Limit::per_minute("rpm", 1000).unwrap()]).await;
     h.lim.acquire(E, R, &[("rpm", 996)]).await.unwrap();
-    h.lim.bump_shard_count(E, R, 1).await.unwrap();
+    h.lim.admin().bump_shard_count(E, R, 1).await.unwrap();
     h.rng.pin(1);
     let s = h.stats();
     h.lim.acquire(E, R, &[("rpm", 1)]).await.unwrap();
@@ -844,16 +849,16 @@ pub async fn s18_random_selection(b: &Backend) {
         .rng(Arc::new(crate::SeededRng::new(7)))
         .build()
         .unwrap();
-    lim.set_limits(
-        &Scope::Entity(E.into(), Some(R.into())),
-        &[Limit::per_minute("rpm", 100_000).unwrap()],
-        None,
-    )
-    .await
-    .unwrap();
+    lim.admin()
+        .set_limits(
+            &Scope::Entity(E.into(), Some(R.into())),
+            &[Limit::per_minute("rpm", 100_000).unwrap()],
+        )
+        .await
+        .unwrap();
     lim.acquire(E, R, &[("rpm", 1)]).await.unwrap();
-    lim.bump_shard_count(E, R, 1).await.unwrap();
-    lim.bump_shard_count(E, R, 2).await.unwrap();
+    lim.admin().bump_shard_count(E, R, 1).await.unwrap();
+    lim.admin().bump_shard_count(E, R, 2).await.unwrap();
     for _ in 0..64 {
         lim.acquire(E, R, &[("rpm", 1)]).await.unwrap();
     }
@@ -875,14 +880,10 @@ pub async fn entity_wide_statuses(b: &Backend) {
     let h = b.harness(T0).await;
     limits(&h, &[rpd()]).await;
     h.lim.acquire(E, R, &[("rpd", 0)]).await.unwrap();
-    h.lim.bump_shard_count(E, R, 1).await.unwrap();
+    h.lim.admin().bump_shard_count(E, R, 1).await.unwrap();
     h.rng.pin(1);
     h.lim.acquire(E, R, &[("rpd", 100)]).await.unwrap();
-    let a = h
-        .lim
-        .check_availability(E, R, Some(&[("rpd", 1)]))
-        .await
-        .unwrap();
+    let a = h.lim.check_availability(E, R, &[("rpd", 1)]).await.unwrap();
     assert_eq!((a.limits[0].capacity, a.limits[0].available), (1000, 900));
     assert!(a.allowed);
     // 600 > the 400 left on shard 1: 400 from it and 200 from shard 0, one transaction.
@@ -905,7 +906,7 @@ pub async fn doubling_clamps_old_shards_to_the_new_share(b: &Backend) {
     h.lim.acquire(E, R, &[("rph", 0)]).await.unwrap();
     let mut s = 1;
     while s < 32 {
-        s = h.lim.bump_shard_count(E, R, s).await.unwrap();
+        s = h.lim.admin().bump_shard_count(E, R, s).await.unwrap();
     }
     h.rng.pin(0);
     let mut on_shard_0 = 0;
@@ -941,11 +942,11 @@ async fn four_shards(b: &Backend) -> H {
     let h = b.harness(T0).await;
     limits(&h, &[session()]).await;
     h.lim.acquire(E, R, &[("session", 1)]).await.unwrap();
-    h.lim.bump_shard_count(E, R, 1).await.unwrap();
+    h.lim.admin().bump_shard_count(E, R, 1).await.unwrap();
     h.at(T0 + 60_000);
     h.rng.pin(1);
     h.lim.acquire(E, R, &[("session", 1)]).await.unwrap();
-    assert_eq!(h.lim.bump_shard_count(E, R, 2).await.unwrap(), 4);
+    assert_eq!(h.lim.admin().bump_shard_count(E, R, 2).await.unwrap(), 4);
     h
 }
 
@@ -1011,7 +1012,7 @@ pub async fn s35_corrupt_sibling_ws(b: &Backend) {
     let h = b.harness(T0).await;
     limits(&h, &[session()]).await;
     h.lim.acquire(E, R, &[("session", 1)]).await.unwrap();
-    h.lim.bump_shard_count(E, R, 1).await.unwrap();
+    h.lim.admin().bump_shard_count(E, R, 1).await.unwrap();
     let k = h.key(E, R, 0);
     let mut i = h.item(E, R, 0);
     i.insert("b_session_ws".into(), Value::S("1.5".into()));
@@ -1039,7 +1040,7 @@ pub async fn two_quotas_move_from_one_donor(b: &Backend) {
         .acquire(E, R, &[("session", 1), ("rpd", 1)])
         .await
         .unwrap();
-    h.lim.bump_shard_count(E, R, 1).await.unwrap();
+    h.lim.admin().bump_shard_count(E, R, 1).await.unwrap();
     h.at(T0 + 60_000);
     h.rng.pin(1);
     let before = h.stats();

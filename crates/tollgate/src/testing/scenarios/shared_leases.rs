@@ -42,7 +42,8 @@ fn rpm() -> Limit {
 
 async fn limits(h: &H, e: &str, l: &[Limit]) {
     h.lim
-        .set_limits(&Scope::Entity(e.into(), Some(R.into())), l, None)
+        .admin()
+        .set_limits(&Scope::Entity(e.into(), Some(R.into())), l)
         .await
         .unwrap();
 }
@@ -289,6 +290,7 @@ pub async fn resumed_leases_write_what_the_granting_limiter_would(b: &Backend) {
 
 async fn entity(h: &H, id: &str, parent: Option<&str>, cascade: bool) {
     h.lim
+        .admin()
         .create_entity_with(
             id,
             NewEntity {
@@ -337,12 +339,13 @@ pub async fn shared_cascade_lease_closes_both_once(b: &Backend) {
 pub async fn shared_lease_over_several_shards_rolls_back(b: &Backend) {
     let h = b.harness(T0).await;
     h.lim
-        .set_limits(&Scope::Resource(R.into()), &[q()], None)
+        .admin()
+        .set_limits(&Scope::Resource(R.into()), &[q()])
         .await
         .unwrap();
     h.lim.acquire(E, R, &[("q", 0)]).await.unwrap();
-    assert_eq!(h.lim.bump_shard_count(E, R, 1).await.unwrap(), 2);
-    assert_eq!(h.lim.bump_shard_count(E, R, 2).await.unwrap(), 4);
+    assert_eq!(h.lim.admin().bump_shard_count(E, R, 1).await.unwrap(), 2);
+    assert_eq!(h.lim.admin().bump_shard_count(E, R, 2).await.unwrap(), 4);
     for s in 1..4 {
         h.rng.pin(s);
         h.lim.acquire(E, R, &[("q", 0)]).await.unwrap();
@@ -599,14 +602,14 @@ pub async fn closure_records_are_purged_after_their_ttl(b: &Backend) {
     );
     h.at(ttl_s * 1000 - 1);
     assert_eq!(
-        o.lim.purge_lease_closures().await.unwrap(),
+        o.lim.admin().purge_lease_closures().await.unwrap(),
         0,
         "not due yet"
     );
     assert!(record(&h, &id).is_some());
     h.at(ttl_s * 1000);
     let s = o.stats();
-    let n = o.lim.purge_lease_closures().await.unwrap();
+    let n = o.lim.admin().purge_lease_closures().await.unwrap();
     assert_eq!(n, usize::from(!native));
     assert_eq!(o.stats().since(&s).deletes, u64::from(!native));
     assert_eq!(record(&h, &id).is_none(), !native);
@@ -632,7 +635,7 @@ pub async fn resumed_sharded_leases_write_what_the_granting_limiter_would(b: &Ba
             limits(&h, e, &[rpm()]).await;
             h.rng.pin(0);
             h.lim.acquire(e, R, &[("rpm", 0)]).await.unwrap();
-            assert_eq!(h.lim.bump_shard_count(e, R, 1).await.unwrap(), 2);
+            assert_eq!(h.lim.admin().bump_shard_count(e, R, 1).await.unwrap(), 2);
             h.rng.pin(1);
             h.lim.acquire(e, R, &[("rpm", 0)]).await.unwrap();
         }
@@ -675,7 +678,7 @@ pub async fn resumed_refund_to_a_shard_in_debt_repays_the_entity(b: &Backend) {
         limits(&h, e, &[rpm()]).await;
         h.rng.pin(0);
         h.lim.acquire(e, R, &[("rpm", 0)]).await.unwrap();
-        assert_eq!(h.lim.bump_shard_count(e, R, 1).await.unwrap(), 2);
+        assert_eq!(h.lim.admin().bump_shard_count(e, R, 1).await.unwrap(), 2);
         h.rng.pin(1);
         h.lim.acquire(e, R, &[("rpm", 0)]).await.unwrap();
         h.rng.pin(0);

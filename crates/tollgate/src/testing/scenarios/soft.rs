@@ -7,7 +7,8 @@ use crate::{Error, Limit, Scope};
 
 async fn set(h: &H, limits: &[Limit]) {
     h.lim
-        .set_limits(&Scope::Entity("e".into(), Some("api".into())), limits, None)
+        .admin()
+        .set_limits(&Scope::Entity("e".into(), Some("api".into())), limits)
         .await
         .unwrap();
 }

@@ -101,13 +101,13 @@ fn clean(l: &Ledger) -> Usage {
 
 async fn setup(h: &H) {
     h.lim
+        .admin()
         .set_limits(
             &Scope::Resource(R.into()),
             &[
                 Limit::per_minute("rpm", 1000).unwrap(),
                 Limit::per_minute("tpm", 1_000_000).unwrap(),
             ],
-            None,
         )
         .await
         .unwrap();
@@ -186,7 +186,10 @@ async fn workload(h: &H, led: &mut Ledger) {
         .await
         .unwrap();
     led.add("bob", T0 + 6000, &[("rpm", 1), ("tpm", 100)], 1);
-    assert_eq!(h.lim.bump_shard_count("bob", R, 1).await.unwrap(), 2);
+    assert_eq!(
+        h.lim.admin().bump_shard_count("bob", R, 1).await.unwrap(),
+        2
+    );
     h.rng.pin(1);
     h.lim
         .acquire("bob", R, &[("rpm", 1), ("tpm", 110)])
@@ -196,7 +199,10 @@ async fn workload(h: &H, led: &mut Ledger) {
         .await
         .unwrap();
     led.add("bob", T0 + 6000, &[("rpm", 1), ("tpm", 110)], 1);
-    assert_eq!(h.lim.bump_shard_count("bob", R, 2).await.unwrap(), 4);
+    assert_eq!(
+        h.lim.admin().bump_shard_count("bob", R, 2).await.unwrap(),
+        4
+    );
     h.at(T0 + 7000);
     for (shard, tpm) in [(3, 120), (0, 130), (1, 140)] {
         h.rng.pin(shard);
