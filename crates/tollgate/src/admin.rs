@@ -12,8 +12,9 @@ use tollgate_core::Limit;
 use crate::acquire::{Amounts, BucketOpOutcome};
 use crate::config::{OnUnavailable, Scope};
 use crate::doctor::{DoctorReport, Repair};
+use crate::entities::{Entity, EntityDeleted, NewEntity};
 use crate::error::Result;
-use crate::limiter::{Entity, EntityDeleted, Limiter, NewEntity};
+use crate::limiter::Limiter;
 use crate::namespace::Namespace;
 use crate::reparent::Moved;
 

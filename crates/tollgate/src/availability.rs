@@ -120,7 +120,7 @@ impl Limiter {
             images = read_shards(inner, &req, stored_s).await?;
         }
         let s = s.max(stored_s);
-        let full = crate::acquire::Request {
+        let full = crate::request::Request {
             amounts: all,
             ..req
         };
@@ -155,7 +155,7 @@ impl Limiter {
 
 async fn read_shards(
     inner: &crate::limiter::Inner,
-    req: &crate::acquire::Request,
+    req: &crate::request::Request,
     s: i64,
 ) -> Result<Vec<Option<BucketImage>>> {
     let keys: Vec<Key> = (0..s as u32).map(|i| inner.bucket_key(req, i)).collect();

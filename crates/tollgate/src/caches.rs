@@ -1,7 +1,8 @@
 //! Process-local caches: each (entity, resource)'s shard count, and the reject-only cache of
 //! recently seen bucket images (ADR-147).
 
-use std::collections::HashMap;
+use std::cmp::Reverse;
+use std::collections::{BinaryHeap, HashMap};
 use std::sync::{Arc, Mutex};
 
 use tollgate_core::bucket::BucketImage;
@@ -204,5 +205,37 @@ impl ImageCache {
     /// Forget everything (administrative writes).
     pub fn clear(&self) {
         self.lock().clear();
+    }
+}
+
+/// The closure records this process wrote on a store without native TTL, by `ttl`.
+#[derive(Debug, Default)]
+pub(crate) struct Closures {
+    due: Mutex<BinaryHeap<Reverse<(i64, String)>>>,
+}
+
+impl Closures {
+    fn lock(&self) -> std::sync::MutexGuard<'_, BinaryHeap<Reverse<(i64, String)>>> {
+        self.due.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    pub(crate) fn remember(&self, ttl_s: i64, id: String) {
+        self.lock().push(Reverse((ttl_s, id)));
+    }
+
+    /// Remove and return the records whose `ttl` is at or before `now_s`.
+    pub(crate) fn take_due(&self, now_s: i64) -> Vec<(i64, String)> {
+        let mut h = self.lock();
+        let mut out = Vec::new();
+        while h.peek().is_some_and(|Reverse((t, _))| *t <= now_s) {
+            if let Some(Reverse(x)) = h.pop() {
+                out.push(x);
+            }
+        }
+        out
+    }
+
+    pub(crate) fn len(&self) -> usize {
+        self.lock().len()
     }
 }

@@ -16,16 +16,14 @@
 
 use std::sync::Arc;
 
-use crate::acquire::{backoff, Request};
 use crate::error::{Error, Result};
 use crate::lease::Lease;
 use crate::limiter::{Inner, Stats};
+use crate::request::{backoff, Request};
 use tollgate_core::bucket::attr;
 use tollgate_core::cascade::{correct_parent, stamp_questions_policy, ParentCorrection};
 use tollgate_core::expr::{Condition, ReturnValues, Update};
 use tollgate_store::{StoreError, UpdateRequest};
-
-pub use tollgate_core::cascade::effective_policy;
 
 /// What the parent is charged: the amounts the child's request names, restricted to the
 /// limits the parent has for the resource (its own resolved limits; a limit only the child
@@ -269,7 +267,7 @@ impl Inner {
 
 #[cfg(test)]
 mod tests {
-    use super::effective_policy;
+    use tollgate_core::cascade::effective_policy;
 
     /// C3: the walk's first explicit flag wins; META is the fallback; no parent, no cascade.
     #[test]

@@ -66,14 +66,18 @@ mod cascade;
 pub mod clock;
 pub mod config;
 pub mod doctor;
+mod entities;
 mod entity;
 mod error;
 mod lease;
 mod lease_token;
+mod levels;
 mod limiter;
 pub mod limits_file;
 pub mod namespace;
+mod recording;
 pub mod reparent;
+mod request;
 mod shards;
 #[cfg(feature = "testing")]
 pub mod testing;
@@ -89,15 +93,14 @@ pub use availability::Availability;
 pub use clock::{Clock, ManualClock, PinnedRng, SeededRng, ShardRng, SystemClock};
 pub use config::{OnUnavailable, Scope};
 pub use doctor::{CorruptItem, DoctorReport, ItemKind, Repair};
+pub use entities::{Entity, EntityDeleted, NewEntity};
 pub use error::{Error, Exceeded, Result};
 pub use lease::Lease;
 pub use lease_token::{
     LeaseKey, LeaseKeyError, LeaseToken, CLOSURE_MARGIN_S, LATE_CLOSE_MS, MAX_TOKEN_BYTES,
     MIN_KEY_BYTES,
 };
-pub use limiter::{
-    Entity, EntityDeleted, Limiter, LimiterBuilder, NewEntity, Options, StatsSnapshot,
-};
+pub use limiter::{Limiter, LimiterBuilder, Options, StatsSnapshot};
 pub use namespace::{Namespace, NamespaceStatus};
 pub use reparent::Moved;
 pub use shards::should_double;

@@ -15,9 +15,9 @@ use tollgate_core::value::Value;
 use tollgate_core::window;
 use tollgate_store::{TransactOp, UpdateRequest};
 
-use crate::acquire::Request;
 use crate::error::Result;
 use crate::limiter::{Inner, Stats};
+use crate::request::Request;
 
 /// [`tollgate_core::seeding::plan_seeds`] for limits missing on an existing item.
 pub(crate) async fn plan_seeds(

@@ -1,6 +1,7 @@
 //! Acquire: the speculative fast path, the rf-locked slow path, create, the
 //! consumption-only retry, shard probing and doubling.
 
+mod across;
 mod admin;
 mod amounts;
 mod commit;
@@ -19,7 +20,6 @@ pub use reset::{validate_op_id, BucketOpOutcome, MAX_OP_ID_CHARS};
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
-use std::time::Duration;
 
 use tollgate_core::bucket::{attr, BucketImage, MAX_SHARD_COUNT};
 use tollgate_core::bypass::Enforcement;
@@ -44,6 +44,7 @@ use crate::lease::{Lease, Part};
 use crate::limiter::{Inner, Limiter, Stats};
 use crate::shards;
 
+pub(crate) use crate::request::{backoff, CountPin, LostLock, Request};
 pub use amounts::Amounts;
 pub use many::MultiLease;
 
@@ -74,45 +75,6 @@ impl AcquireOptions {
         self
     }
 }
-
-/// A validated request.
-#[derive(Debug, Clone)]
-pub(crate) struct Request {
-    /// Shared with the lease granted for it.
-    pub entity: Arc<str>,
-    pub resource: Arc<str>,
-    /// Named amounts in millitokens.
-    pub amounts: Vec<(String, i64)>,
-    /// Shared with the config cache (and with the lease): cloning a request copies no limit.
-    pub limits: Arc<[Limit]>,
-    pub ph: Arc<str>,
-    pub ttl: TtlWrite,
-    /// The effective cascade policy, stamped on the items the slow path writes (ADR-146);
-    /// `request` leaves it off, the caller sets it from the resolved config.
-    pub cascade: bool,
-    /// ADR-151: the shape the next write is made in — bypassed (`tc` and `wcu` only) or
-    /// enforced. A guess from the image this process last saw until a write or read shows
-    /// the item's `bypass` stamp, which then decides (see `tollgate_core::bypass`).
-    pub bypass: bool,
-    /// The mode the config sets for the pair (`None`: no level sets one, enforced). A
-    /// slow pass brings the item's stamp in line with it
-    /// (`tollgate_core::bypass::flip`), after confirming it when it came from the cache.
-    pub mode: Option<Enforcement>,
-    /// `mode` was read consistently during this acquire (`confirm_mode`): a stamp that
-    /// disagrees is the stale one, flipped without another read.
-    pub mode_confirmed: bool,
-}
-
-/// What a quota grant pins on shard 0: the count it was sized at, or its absence.
-#[derive(Debug, Clone, Copy)]
-pub(crate) enum CountPin {
-    Count(i64),
-    Absent,
-}
-
-/// The slot's own conditional write failed (rf lock lost, create race lost, or a pinned
-/// balance moved); the item as it was when it failed, if known.
-pub(crate) struct LostLock(pub(crate) Option<Box<tollgate_core::value::Item>>);
 
 enum Fast {
     Granted(Box<Lease>),
@@ -234,10 +196,6 @@ fn returned_image(new: Option<&tollgate_core::value::Item>, key: &Key) -> Result
     new.map(BucketImage::decode)
         .transpose()?
         .ok_or_else(|| Error::Corrupt(format!("{key}: no item returned")))
-}
-
-pub(crate) fn backoff(attempt: u32) -> Duration {
-    Duration::from_millis(25u64 << attempt.min(3))
 }
 
 impl Inner {

@@ -10,8 +10,8 @@ use tollgate_core::value::Value;
 use tollgate_core::writes::{create_item, BucketIdentity, ItemStamp, TtlWrite};
 use tollgate_store::{PutRequest, TransactOp};
 
-use crate::acquire::{LostLock, Request};
 use crate::error::Pass;
+use crate::request::{LostLock, Request};
 use crate::shards;
 
 use super::Aggregator;

@@ -27,9 +27,9 @@ use tollgate_core::value::Key;
 use tollgate_core::writes::TtlWrite;
 use tollgate_store::{TransactOp, UpdateRequest};
 
-use crate::acquire::{CountPin, LostLock, Request};
 use crate::error::{Flow, Result};
 use crate::limiter::{Inner, Limiter};
+use crate::request::{CountPin, LostLock, Request};
 use crate::shards;
 
 mod clone;

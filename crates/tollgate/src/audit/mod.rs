@@ -23,50 +23,31 @@
 //! the log in `log`.
 
 mod config_change;
-mod ids;
 mod log;
 
 use std::sync::Arc;
-use std::time::Duration;
 
 use serde_json::Value as Json;
 use tollgate_core::audit;
 use tollgate_core::expr::Condition;
 use tollgate_core::keys;
 use tollgate_core::value::Item;
-use tollgate_core::RuleError;
 use tollgate_store::{CancelReason, PutRequest, StoreError, TransactOp};
 
 use crate::config;
-use crate::error::{Error, Result};
+use crate::error::Result;
 use crate::limiter::Limiter;
 
 pub use log::AuditQuery;
 pub use tollgate_core::audit::{Action, Page as AuditPage, Record as AuditRecord, Target};
 
+pub use crate::recording::{
+    validate_principal, DEFAULT_PRINCIPAL, DEFAULT_RETENTION, MAX_PRINCIPAL_CHARS,
+};
 pub(crate) use config_change::{config_image, ConfigWrite};
-pub(crate) use ids::AuditIds;
 
-/// The principal of a limiter nobody named one for.
-pub const DEFAULT_PRINCIPAL: &str = "library";
-/// How long records are kept by default (90 days, as upstream).
-pub const DEFAULT_RETENTION: Duration = Duration::from_secs(90 * 24 * 3600);
-/// The longest principal name.
-pub const MAX_PRINCIPAL_CHARS: usize = 256;
 /// The config item attribute holding the id of the audit record that wrote it.
 pub const AUDIT_ID: &str = "audit_id";
-
-/// Check a principal name: 1 to [`MAX_PRINCIPAL_CHARS`] characters, no control characters.
-pub fn validate_principal(p: &str) -> Result<()> {
-    let n = p.chars().count();
-    if n == 0 || n > MAX_PRINCIPAL_CHARS || p.chars().any(char::is_control) {
-        return Err(Error::Invalid(RuleError::InvalidIdentifier {
-            value: p.chars().take(64).collect(),
-            reason: "a principal is 1 to 256 characters, none of them control characters",
-        }));
-    }
-    Ok(())
-}
 
 /// The condition that the item is still what `old` was (read or returned by a failed
 /// condition): absent, or carrying the same `audit_id` (none: still none).
@@ -178,31 +159,5 @@ pub(crate) fn target_of(scope: &config::Scope) -> Target {
             entity: e.clone(),
             resource: r.clone(),
         },
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn ids_increase_within_a_millisecond_and_across() {
-        let g = AuditIds::new(7);
-        let a = g.next(1_000);
-        let b = g.next(1_000);
-        let c = g.next(999); // a clock that stepped back keeps the order
-        let d = g.next(2_000);
-        assert!(a < b && b < c && c < d, "{a} {b} {c} {d}");
-        assert_eq!(a.len(), 26);
-        let t = |s: &str| ulid::Ulid::from_string(s).unwrap().timestamp_ms();
-        assert_eq!((t(&a), t(&c), t(&d)), (1_000, 1_000, 2_000));
-    }
-
-    #[test]
-    fn principals_are_checked() {
-        assert!(validate_principal("alice").is_ok());
-        assert!(validate_principal("").is_err());
-        assert!(validate_principal("a\nb").is_err());
-        assert!(validate_principal(&"x".repeat(257)).is_err());
     }
 }

@@ -25,9 +25,9 @@ use tollgate_core::writes::Charging;
 use tollgate_core::LimitStatus;
 use tollgate_store::{CancelReason, StoreError, TransactOp};
 
-use crate::acquire::{backoff, Request};
 use crate::error::{Error, Result};
 use crate::limiter::Inner;
+use crate::request::{backoff, Request};
 
 pub(crate) use landing::{Landing, RideAlong};
 
@@ -43,13 +43,13 @@ struct Seen {
 }
 
 /// One shard an entity-wide charge wrote, with the evaluations behind its write.
-struct Touched {
-    landing: Landing,
-    evals: Vec<Evaluated>,
+pub(crate) struct Touched {
+    pub landing: Landing,
+    pub evals: Vec<Evaluated>,
 }
 
 /// What an entity-wide charge did.
-enum Charged {
+pub(crate) enum Charged {
     /// Landed: per shard touched, what was charged there.
     Landed(Vec<Touched>),
     /// The entity cannot pay (acquires only): the statuses that say so.
@@ -99,7 +99,7 @@ impl Inner {
 
     /// Read every shard, plan with `plan_spread` per limit, commit all or none (bounded
     /// re-plans on conflicts), or report the entity short.
-    async fn entity_debit(
+    pub(crate) async fn entity_debit(
         self: &Arc<Self>,
         req: &Request,
         s: i64,

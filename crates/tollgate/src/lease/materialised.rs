@@ -8,9 +8,9 @@ use tollgate_core::mutants::{self, Mutant};
 use tollgate_core::writes::Charging;
 use tollgate_store::StoreError;
 
-use crate::acquire::Request;
 use crate::error::{Error, Flow, Result};
 use crate::limiter::Inner;
+use crate::request::Request;
 
 use super::Part;
 
@@ -69,8 +69,8 @@ impl Inner {
                     s = s0.unwrap_or(1);
                     evals = at(s);
                 }
-                pin = Some(s0.map_or(crate::acquire::CountPin::Absent, |c| {
-                    crate::acquire::CountPin::Count(c.max(s))
+                pin = Some(s0.map_or(crate::request::CountPin::Absent, |c| {
+                    crate::request::CountPin::Count(c.max(s))
                 }));
             }
             let covers = deltas.iter().filter(|(_, d)| *d > 0).all(|(n, d)| {
@@ -142,7 +142,7 @@ impl Inner {
                     .await
                 {
                     Ok(Ok(new)) => Ok(new.map(|b| *b)),
-                    Ok(Err(crate::acquire::LostLock(old))) => {
+                    Ok(Err(crate::request::LostLock(old))) => {
                         Err(StoreError::ConditionFailed { old })
                     }
                     // Shard 0's count moved (a doubling): plan again.
@@ -157,7 +157,7 @@ impl Inner {
             // reading after a back-off (a resent write would carry the old one).
             if let Err(e) = &landed {
                 if e.is_retryable() && retries < 3 {
-                    tokio::time::sleep(crate::acquire::backoff(retries)).await;
+                    tokio::time::sleep(crate::request::backoff(retries)).await;
                     retries += 1;
                     continue;
                 }

@@ -33,14 +33,17 @@ use tollgate_core::value::Key;
 use tollgate_core::{Limit, LimitStatus, RuleError};
 use tollgate_store::StoreError;
 
-use crate::acquire::Request;
 use crate::error::{Error, Result};
 use crate::limiter::Inner;
+use crate::request::Request;
 
 mod bypassed;
 mod charge;
 mod materialised;
 mod refund;
+mod shared;
+
+pub(crate) use shared::{Claim, Shared};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum State {
@@ -84,7 +87,7 @@ pub struct Lease {
     pub(crate) state: State,
     /// Set once the lease was exported as a token (`crate::lease_token`): its id, version
     /// and expiry, and whether its closure is claimed in the store.
-    pub(crate) shared: Option<crate::lease_token::Shared>,
+    pub(crate) shared: Option<Shared>,
 }
 
 impl std::fmt::Debug for Lease {
@@ -359,7 +362,7 @@ where
     loop {
         match f().await {
             Err(e) if e.is_retryable() && attempt < 3 => {
-                tokio::time::sleep(crate::acquire::backoff(attempt)).await;
+                tokio::time::sleep(crate::request::backoff(attempt)).await;
                 attempt += 1;
             }
             r => return r,

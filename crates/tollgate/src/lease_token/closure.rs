@@ -1,9 +1,5 @@
 //! Closure records: a shared lease closes once (the rule is in `super`).
 
-use std::cmp::Reverse;
-use std::collections::BinaryHeap;
-use std::sync::Mutex;
-
 use tollgate_core::bucket::attr;
 use tollgate_core::expr::Condition;
 use tollgate_core::keys;
@@ -21,59 +17,6 @@ mod rec {
     pub const CLOSER: &str = "closer";
     pub const CLOSED_BY: &str = "closed_by";
     pub const CLOSED_AT: &str = "closed_at";
-}
-
-/// Whether a shared lease's closure is recorded in the store.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub(crate) enum Claim {
-    /// Not attempted.
-    None,
-    /// Sent with this nonce, outcome unknown (resent with the same nonce).
-    Sent(String),
-    /// This copy holds the record: it alone may write the close.
-    Held,
-}
-
-/// What makes a lease shared: set by its first export, or by a resume.
-#[derive(Debug, Clone)]
-pub(crate) struct Shared {
-    pub id: String,
-    pub version: u64,
-    pub issued_at_ms: i64,
-    pub expires_at_ms: i64,
-    pub claim: Claim,
-}
-
-/// The closure records this process wrote on a store without native TTL, by `ttl`.
-#[derive(Debug, Default)]
-pub(crate) struct Closures {
-    due: Mutex<BinaryHeap<Reverse<(i64, String)>>>,
-}
-
-impl Closures {
-    fn lock(&self) -> std::sync::MutexGuard<'_, BinaryHeap<Reverse<(i64, String)>>> {
-        self.due.lock().unwrap_or_else(|e| e.into_inner())
-    }
-
-    pub(super) fn remember(&self, ttl_s: i64, id: String) {
-        self.lock().push(Reverse((ttl_s, id)));
-    }
-
-    /// Remove and return the records whose `ttl` is at or before `now_s`.
-    pub(super) fn take_due(&self, now_s: i64) -> Vec<(i64, String)> {
-        let mut h = self.lock();
-        let mut out = Vec::new();
-        while h.peek().is_some_and(|Reverse((t, _))| *t <= now_s) {
-            if let Some(Reverse(x)) = h.pop() {
-                out.push(x);
-            }
-        }
-        out
-    }
-
-    pub(super) fn len(&self) -> usize {
-        self.lock().len()
-    }
 }
 
 /// The expiry of a closure record (epoch s): past the lease's, with the margin.

@@ -64,7 +64,7 @@ use crate::limiter::Limiter;
 mod closure;
 mod payload;
 
-pub(crate) use closure::{Claim, Closures, Shared};
+pub(crate) use crate::lease::{Claim, Shared};
 use payload::{doc_of, invalid, lease_of, Body};
 
 /// The version tag every token starts with.

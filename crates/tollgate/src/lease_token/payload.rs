@@ -10,10 +10,10 @@ use tollgate_core::value::Key;
 use tollgate_core::writes::{params_hash, TtlWrite};
 use tollgate_core::{LimitSpec, LimitStatus};
 
-use crate::acquire::Request;
 use crate::error::{Error, Result};
 use crate::lease::{Lease, Part, State};
 use crate::limiter::Inner;
+use crate::request::Request;
 
 #[derive(Debug, Serialize, Deserialize)]
 pub(super) struct Body {

@@ -26,7 +26,7 @@ pub struct LimiterBuilder {
 
 impl LimiterBuilder {
     /// Whom administrative changes are recorded for (default
-    /// [`crate::audit::DEFAULT_PRINCIPAL`]; per call, [`Limiter::acting_as`]).
+    /// [`crate::recording::DEFAULT_PRINCIPAL`]; per call, [`Limiter::acting_as`]).
     pub fn principal(mut self, p: &str) -> Self {
         self.principal = p.into();
         self
@@ -113,7 +113,7 @@ impl LimiterBuilder {
     /// Build.
     pub fn build(self) -> Result<Limiter> {
         validate_entity_id(&self.opts.namespace)?;
-        crate::audit::validate_principal(&self.principal)?;
+        crate::recording::validate_principal(&self.principal)?;
         let ttl_ms = i64::try_from(self.opts.config_cache_ttl.as_millis()).unwrap_or(i64::MAX);
         let rej_ms = i64::try_from(self.opts.rejection_cache_ttl.as_millis()).unwrap_or(i64::MAX);
         let stale_ms = i64::try_from(self.opts.config_stale_max.as_millis()).unwrap_or(i64::MAX);
@@ -130,7 +130,7 @@ impl LimiterBuilder {
                 images: ImageCache::default(),
                 stats: Stats::default(),
                 closures: Default::default(),
-                audit_ids: crate::audit::AuditIds::new(self.audit_seed),
+                audit_ids: crate::recording::AuditIds::new(self.audit_seed),
                 opts: self.opts,
             }),
             principal: Arc::from(self.principal.as_str()),
@@ -146,7 +146,7 @@ impl Limiter {
             clock: Arc::new(SystemClock),
             rng: Arc::new(SeededRng::new(rand::random())),
             opts: Options::default(),
-            principal: crate::audit::DEFAULT_PRINCIPAL.into(),
+            principal: crate::recording::DEFAULT_PRINCIPAL.into(),
             audit_seed: rand::random(),
             registered: false,
         }

@@ -1,12 +1,12 @@
-//! The `Limiter`: acquire / lease / check_availability / administration over any Store.
+//! The `Limiter` handle and the state it shares ([`Inner`]): the store, the clock, the
+//! caches and the counters. What it does is in the modules above it — acquire, leases,
+//! availability, administration — each an `impl Limiter` or `impl Inner` block that uses
+//! this module and never the other way round (`tests/module_graph.rs`).
 //!
-//! Split by what each part holds: [`Options`] (`options`), the builder (`builder`), the
-//! counters (`stats`), entity administration (`entities`) and limit and cascade
-//! administration at a scope (`limits`).
+//! Split by what each part holds: [`Options`] (`options`), the builder (`builder`) and the
+//! counters (`stats`).
 
 mod builder;
-mod entities;
-mod limits;
 mod options;
 mod stats;
 
@@ -19,7 +19,6 @@ use crate::clock::{Clock, ShardRng};
 use crate::config::ConfigCache;
 
 pub use builder::LimiterBuilder;
-pub use entities::{Entity, EntityDeleted, NewEntity};
 pub use options::Options;
 pub use stats::{Stats, StatsSnapshot};
 
@@ -35,9 +34,9 @@ pub struct Inner {
     pub(crate) images: ImageCache,
     pub(crate) stats: Stats,
     /// Closure records of shared leases to delete later (stores without native TTL).
-    pub(crate) closures: crate::lease_token::Closures,
+    pub(crate) closures: crate::caches::Closures,
     /// Ids of audit records.
-    pub(crate) audit_ids: crate::audit::AuditIds,
+    pub(crate) audit_ids: crate::recording::AuditIds,
 }
 
 impl std::fmt::Debug for Inner {

@@ -41,7 +41,7 @@ impl Default for Options {
             ttl_multiplier: 7,
             rejection_cache_ttl: Duration::from_secs(1),
             max_shard_count: tollgate_core::bucket::MAX_SHARD_COUNT,
-            audit_retention: crate::audit::DEFAULT_RETENTION,
+            audit_retention: crate::recording::DEFAULT_RETENTION,
         }
     }
 }

@@ -51,7 +51,7 @@ pub struct Resolved {
     /// (`tollgate_core::bypass::scope_mode`); `None` when no level does.
     pub mode: Option<Enforcement>,
     /// The effective cascade policy for (entity, resource) (ADR-146, see
-    /// [`crate::cascade::effective_policy`]).
+    /// [`tollgate_core::cascade::effective_policy`]).
     pub cascade: bool,
     /// Served stale because the store could not be reached (not merely throttled): the
     /// error's message. An acquire then answers by the policy at once rather than spend

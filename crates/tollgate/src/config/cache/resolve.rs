@@ -194,7 +194,7 @@ impl ConfigCache {
         let meta = found[4].take();
         let parent_id = meta.as_ref().and_then(|e| e.parent_id.clone());
         let walk = [0, 1, 2].map(|i| found[i].as_ref().and_then(|e| e.cascade));
-        let cascade = crate::cascade::effective_policy(
+        let cascade = tollgate_core::cascade::effective_policy(
             walk,
             meta.as_ref().and_then(|e| e.cascade),
             parent_id.as_deref(),

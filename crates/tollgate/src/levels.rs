@@ -6,11 +6,11 @@ use tollgate_core::merge::Merge;
 use tollgate_core::value::{Item, Value};
 use tollgate_core::{Limit, RuleError};
 
-use super::Limiter;
 use crate::audit::{Action, ConfigWrite};
 use crate::config::{self, OnUnavailable, Scope};
 use crate::doctor::{self, Repair};
 use crate::error::{Error, Result};
+use crate::limiter::Limiter;
 
 /// The repairs a change of a config level made when it replaced a corrupt item: the item,
 /// and what of its non-limit attributes ([`kept_policy`]) was lost with it — the corrupt

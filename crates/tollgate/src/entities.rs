@@ -11,11 +11,11 @@ use tollgate_core::value::{Item, Key, Value};
 use tollgate_core::RuleError;
 use tollgate_store::{DeleteRequest, PutRequest, Query, Store, StoreError, TransactOp};
 
-use super::Limiter;
 use crate::audit::{self, Action, Target};
 use crate::config;
 use crate::doctor::{self, CorruptItem, Repair};
 use crate::error::{Error, Result};
+use crate::limiter::Limiter;
 
 /// What [`crate::Admin::delete_entity_with_repairs`] did.
 #[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize)]

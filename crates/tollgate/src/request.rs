@@ -1,0 +1,54 @@
+//! [`Request`]: a validated acquire as the write paths share it — the acquire, a lease's
+//! adjustments and refunds, the entity-wide debit, the cascade to a parent and shard
+//! probing — and the backoff of their bounded retries.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use tollgate_core::bypass::Enforcement;
+use tollgate_core::writes::TtlWrite;
+use tollgate_core::Limit;
+
+/// A validated request.
+#[derive(Debug, Clone)]
+pub(crate) struct Request {
+    /// Shared with the lease granted for it.
+    pub entity: Arc<str>,
+    pub resource: Arc<str>,
+    /// Named amounts in millitokens.
+    pub amounts: Vec<(String, i64)>,
+    /// Shared with the config cache (and with the lease): cloning a request copies no limit.
+    pub limits: Arc<[Limit]>,
+    pub ph: Arc<str>,
+    pub ttl: TtlWrite,
+    /// The effective cascade policy, stamped on the items the slow path writes (ADR-146);
+    /// `request` leaves it off, the caller sets it from the resolved config.
+    pub cascade: bool,
+    /// ADR-151: the shape the next write is made in — bypassed (`tc` and `wcu` only) or
+    /// enforced. A guess from the image this process last saw until a write or read shows
+    /// the item's `bypass` stamp, which then decides (see `tollgate_core::bypass`).
+    pub bypass: bool,
+    /// The mode the config sets for the pair (`None`: no level sets one, enforced). A
+    /// slow pass brings the item's stamp in line with it
+    /// (`tollgate_core::bypass::flip`), after confirming it when it came from the cache.
+    pub mode: Option<Enforcement>,
+    /// `mode` was read consistently during this acquire (`confirm_mode`): a stamp that
+    /// disagrees is the stale one, flipped without another read.
+    pub mode_confirmed: bool,
+}
+
+/// What a quota grant pins on shard 0: the count it was sized at, or its absence.
+#[derive(Debug, Clone, Copy)]
+pub(crate) enum CountPin {
+    Count(i64),
+    Absent,
+}
+
+/// The slot's own conditional write failed (rf lock lost, create race lost, or a pinned
+/// balance moved); the item as it was when it failed, if known.
+pub(crate) struct LostLock(pub(crate) Option<Box<tollgate_core::value::Item>>);
+
+/// The pause before retry `attempt` of a contended write: 25 ms doubling, at most 200 ms.
+pub(crate) fn backoff(attempt: u32) -> Duration {
+    Duration::from_millis(25u64 << attempt.min(3))
+}
