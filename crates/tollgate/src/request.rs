@@ -6,6 +6,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use tollgate_core::bypass::Enforcement;
+use tollgate_core::plan::Ask;
 use tollgate_core::writes::TtlWrite;
 use tollgate_core::Limit;
 
@@ -37,12 +38,7 @@ pub(crate) struct Request {
     pub mode_confirmed: bool,
 }
 
-/// What a quota grant pins on shard 0: the count it was sized at, or its absence.
-#[derive(Debug, Clone, Copy)]
-pub(crate) enum CountPin {
-    Count(i64),
-    Absent,
-}
+pub(crate) use tollgate_core::plan::CountPin;
 
 /// The slot's own conditional write failed (rf lock lost, create race lost, or a pinned
 /// balance moved); the item as it was when it failed, if known.
@@ -51,4 +47,19 @@ pub(crate) struct LostLock(pub(crate) Option<Box<tollgate_core::value::Item>>);
 /// The pause before retry `attempt` of a contended write: 25 ms doubling, at most 200 ms.
 pub(crate) fn backoff(attempt: u32) -> Duration {
     Duration::from_millis(25u64 << attempt.min(3))
+}
+
+impl Request {
+    /// The request as the core's planner sees it.
+    pub(crate) fn ask(&self) -> Ask<'_> {
+        Ask {
+            limits: &self.limits,
+            amounts: &self.amounts,
+            ph: &self.ph,
+            ttl: self.ttl,
+            cascade: self.cascade,
+            bypass: self.bypass,
+            mode: self.mode,
+        }
+    }
 }

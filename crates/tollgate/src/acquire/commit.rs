@@ -18,13 +18,7 @@ impl Inner {
         moves: &[shards::Move],
         count_pin: Option<CountPin>,
     ) -> Pass<std::result::Result<Option<Box<tollgate_core::value::Item>>, LostLock>> {
-        let count = count_pin.map(|p| match p {
-            CountPin::Count(s) if s <= 1 => Condition::exists("PK").and(
-                Condition::not_exists(attr::SHARD_COUNT).or(Condition::eq(attr::SHARD_COUNT, 1)),
-            ),
-            CountPin::Count(s) => Condition::exists("PK").and(Condition::eq(attr::SHARD_COUNT, s)),
-            CountPin::Absent => Condition::not_exists("PK"),
-        });
+        let count = count_pin.map(CountPin::condition);
         let with = |op: TransactOp, c: &Condition| -> TransactOp {
             match op {
                 TransactOp::Update(mut u) => {

@@ -28,6 +28,7 @@ use tollgate_core::ids::{validate_entity_id, validate_resource};
 use tollgate_core::keys;
 use tollgate_core::limit::Limit;
 use tollgate_core::materialize::{evaluate, evaluate_wcu, valid_until, Evaluated};
+use tollgate_core::plan::{PassOutcome, PassPlan, SlowPlan};
 use tollgate_core::status::{limit_status, ShardView};
 use tollgate_core::value::Key;
 use tollgate_core::writes::{

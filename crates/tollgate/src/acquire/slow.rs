@@ -157,73 +157,49 @@ impl Inner {
             // The seed plan read the siblings: the clock again, after that read.
             plan.now.max(self.clock.now_ms())
         };
-        let mut s = cached.max(img.shard_count).max(plan.shard_count);
-        let eval_all = |s: i64| -> Vec<Evaluated> {
-            req.limits
-                .iter()
-                .map(|l| {
-                    let st = img.limits.get(l.name());
-                    let e = evaluate(l, st, img.rf, s, now, plan.seed(l.name()));
-                    if req.bypass {
-                        tollgate_core::bypass::hold(e, st, img.rf)
-                    } else {
-                        e
-                    }
-                })
-                .collect()
+        // Planned in the core (rule "plan in the core, execute in the limiter"); a grant off
+        // shard 0 needs shard 0's count, read consistently unless the seed plan read it.
+        let mut input = tollgate_core::plan::SlowPass {
+            ask: req.ask(),
+            image: &img,
+            shard,
+            shard_count: cached.max(img.shard_count).max(plan.shard_count),
+            seeds: &plan,
+            shard0_count: plan.shard0,
+            now_ms: now,
         };
-        let mut evals = eval_all(s);
-        // A quota granted, reset or rolled on this pass is sized at the entity's shard count,
-        // and shard 0 holds it: read it (consistently) on any other shard.
-        let grants = evals.iter().any(|e| e.gc.is_some());
-        let mut pin = grants.then_some(CountPin::Count(s));
-        if grants && shard != 0 {
-            let s0 = match plan.shard0 {
-                Some(s0) => s0,
-                None => self.shard0_count(req).await?,
-            };
-            pin = Some(s0.map_or(CountPin::Absent, CountPin::Count));
-            if s0.unwrap_or(1) > s {
-                s = s0.unwrap_or(1);
-                evals = eval_all(s);
+        let pass = loop {
+            match tollgate_core::plan::plan_slow_pass(&input) {
+                SlowPlan::Pass(p) => break p,
+                SlowPlan::ReadShard0 => input.shard0_count = Some(self.shard0_count(req).await?),
             }
-        }
+        };
+        let PassPlan {
+            shard_count: s,
+            evals,
+            pin,
+            outcome,
+        } = pass;
         self.shards.raise(&req.entity, &req.resource, s);
-        let refusal = self.refuse(req, &evals, s, now);
-        if let (Some(x), true) = (&refusal, plan.moves.is_empty()) {
-            // A refusal writes nothing, but a stamp this pass found stale is put right.
-            self.restamp_mode(key, shard, &img, req).await;
-            self.rejections
-                .record(&req.entity, &req.resource, shard, img, now);
-            if s > 1 {
-                return self
-                    .entity_acquire(req, s, shard, now)
-                    .await
-                    .map_err(Flow::from);
+        let exceeded = |st| Box::new(Exceeded::new(&req.entity, &req.resource, st));
+        let (write, refusal) = match outcome {
+            PassOutcome::Refused(st) => {
+                // A refusal writes nothing, but a stamp this pass found stale is put right.
+                self.restamp_mode(key, shard, &img, req).await;
+                self.rejections
+                    .record(&req.entity, &req.resource, shard, img, now);
+                if s > 1 {
+                    return self
+                        .entity_acquire(req, s, shard, now)
+                        .await
+                        .map_err(Flow::from);
+                }
+                return Err(Flow::Fail(Error::RateLimitExceeded(exceeded(st))));
             }
-            return Err(Flow::Fail(Error::RateLimitExceeded(x.clone())));
-        }
-        // A refused request whose seed planned a move still commits the move, with nothing
-        // consumed (the grant is the slot's either way).
-        let amounts: Vec<(String, i64)> = if refusal.is_some() {
-            Vec::new()
-        } else {
-            req.amounts.clone()
+            PassOutcome::Write { write, refused } => (write, refused.map(exceeded)),
         };
-        let tc_only = if req.bypass {
-            tollgate_core::bypass::tc_only(&amounts)
-        } else {
-            Vec::new()
-        };
-        let charging = Charging {
-            debt: false,
-            tc_only: &tc_only,
-        };
-        let (mut write, rf_written) =
-            self.materialising_write(req, key, &img, &evals, &amounts, charging, now);
-        if refusal.is_none() {
-            write.update = tollgate_core::usage::count_request(write.update);
-        }
+        let rf_written = write.rf;
+        let write = Self::rf_locked(key, write.update, write.condition);
         let landed = self
             .commit_slot(req, shard, TransactOp::Update(write), &plan.moves, pin)
             .await?;

@@ -107,11 +107,7 @@ impl Inner {
             .then(|| Box::new(Exceeded::new(&req.entity, &req.resource, statuses)))
     }
 
-    /// Entity-wide statuses of the limits `req` names, summed over the shard images given
-    /// (index = shard). A missing shard counts for nothing while any shard exists (a new
-    /// shard is funded from its siblings: a move for quotas, a split for dripping limits),
-    /// and as a fresh one when none does. A limit is exceeded when `judged` names it and the
-    /// entity's balance (every shard's, debt counted) does not cover its amount.
+    /// [`tollgate_core::plan::entity_statuses`] of the limits `req` names.
     pub(crate) fn statuses(
         &self,
         req: &Request,
@@ -120,49 +116,10 @@ impl Inner {
         now: i64,
         judged: Option<&[(String, i64)]>,
     ) -> Vec<LimitStatus> {
-        let none_exist = images.iter().all(|i| i.is_none());
-        let mut out = Vec::new();
-        for (l, a) in req.limits.iter().filter_map(|l| {
-            req.amounts
-                .iter()
-                .find(|(n, _)| n == l.name())
-                .map(|(_, a)| (l, *a))
-        }) {
-            let evals: Vec<Evaluated> = images
-                .iter()
-                .filter_map(|img| match img {
-                    Some(img) => Some(evaluate(
-                        l,
-                        img.limits.get(l.name()),
-                        img.rf,
-                        s.max(img.shard_count),
-                        now,
-                        None,
-                    )),
-                    None if none_exist => Some(evaluate(l, None, now, s, now, None)),
-                    None => None,
-                })
-                .collect();
-            let views: Vec<ShardView<'_>> = evals
-                .iter()
-                .map(|e| ShardView {
-                    eval: e,
-                    shard_count: s,
-                    carry: e.carry.unwrap_or(0),
-                })
-                .collect();
-            let total: i64 = evals.iter().map(|e| e.balance).sum();
-            let exceeded = judged
-                .and_then(|j| j.iter().find(|(n, _)| n == l.name()))
-                .is_some_and(|(_, want)| {
-                    tollgate_core::soft::short(&req.limits, l.name(), total, *want)
-                });
-            out.push(limit_status(l, &views, a, exceeded, now));
-        }
-        out
+        tollgate_core::plan::entity_statuses(&req.limits, &req.amounts, images, s, now, judged)
     }
 
-    /// Refuse when a named limit's materialised balance does not cover its amount.
+    /// [`tollgate_core::plan::refusal`], as the error it answers.
     pub(super) fn refuse(
         &self,
         req: &Request,
@@ -170,34 +127,7 @@ impl Inner {
         s: i64,
         now: i64,
     ) -> Option<Box<Exceeded>> {
-        if req.bypass {
-            // ADR-151: a bypassed scope admits every request.
-            return None;
-        }
-        let short = req.limits.iter().zip(evals).any(|(l, e)| {
-            req.amounts.iter().any(|(n, a)| {
-                n == l.name() && tollgate_core::soft::short(&req.limits, n, e.balance, *a)
-            })
-        });
-        if !short {
-            return None;
-        }
-        let mut statuses = Vec::new();
-        for (l, e) in req.limits.iter().zip(evals) {
-            if let Some((_, a)) = req.amounts.iter().find(|(n, _)| n == l.name()) {
-                let view = ShardView {
-                    eval: e,
-                    shard_count: s,
-                    carry: e.carry.unwrap_or(0),
-                };
-                let short = tollgate_core::soft::short(&req.limits, l.name(), e.balance, *a);
-                statuses.push(limit_status(l, &[view], *a, short, now));
-            }
-        }
-        Some(Box::new(Exceeded::new(
-            &req.entity,
-            &req.resource,
-            statuses,
-        )))
+        tollgate_core::plan::refusal(&req.ask(), evals, s, now)
+            .map(|st| Box::new(Exceeded::new(&req.entity, &req.resource, st)))
     }
 }
