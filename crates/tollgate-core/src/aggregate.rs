@@ -45,8 +45,8 @@ pub fn stored_limits(img: &BucketImage) -> Result<Vec<Limit>, RuleError> {
                 reason,
             };
             let sched = stored_schedule(img, n)?;
-            let (cp, ra) = match (&sched, st.bcp, st.bra) {
-                (None, _, _) => (st.cp, st.ra),
+            let (cp, ra) = match (&sched, st.base_capacity, st.base_refill_amount) {
+                (None, _, _) => (st.capacity, st.refill_amount),
                 (Some(_), Some(cp), Some(ra)) => (cp, ra),
                 (Some(_), None, _) => {
                     return Err(corrupt(
@@ -61,13 +61,18 @@ pub fn stored_limits(img: &BucketImage) -> Result<Vec<Limit>, RuleError> {
                     ))
                 }
             };
-            let cal = st.rsched.as_ref().map(|(c, tz)| (c.as_str(), tz.as_str()));
-            let l = Limit::from_parts(n, cp, ra, st.rp, cal, st.rsa).map_err(|e| {
-                corrupt(
-                    battr(n, field::CP),
-                    format!("stored parameters do not form a limit: {e}"),
-                )
-            })?;
+            let cal = st
+                .calendar
+                .as_ref()
+                .map(|(c, tz)| (c.as_str(), tz.as_str()));
+            let l = Limit::from_parts(n, cp, ra, st.refill_period_ms, cal, st.window_s).map_err(
+                |e| {
+                    corrupt(
+                        battr(n, field::CP),
+                        format!("stored parameters do not form a limit: {e}"),
+                    )
+                },
+            )?;
             match sched {
                 None => Ok(l),
                 Some(s) => l
@@ -81,7 +86,7 @@ pub fn stored_limits(img: &BucketImage) -> Result<Vec<Limit>, RuleError> {
 /// The stored schedule of limit `n` on the item, decoded; one that cannot be evaluated is
 /// corrupt naming `b_{n}_sched`.
 pub fn stored_schedule(img: &BucketImage, n: &str) -> Result<Option<Schedule>, RuleError> {
-    let Some(raw) = img.limits.get(n).and_then(|st| st.sched.as_deref()) else {
+    let Some(raw) = img.limits.get(n).and_then(|st| st.schedule.as_deref()) else {
         return Ok(None);
     };
     Schedule::decode(raw)
@@ -138,7 +143,7 @@ pub struct RefillWrite {
     /// another item and is added by the caller.
     pub grants: bool,
     /// The `rf` written.
-    pub rf: i64,
+    pub refilled_at_ms: i64,
 }
 
 /// Rule "aggregator refill" (§4.11, ADR-139/140/145), pure.
@@ -154,7 +159,7 @@ pub struct RefillWrite {
 /// - a dripping limit's positive refill *makes the write worth doing* only while the bucket
 ///   is being drained: its projected balance is below `consumed[limit]`, the consumption
 ///   since the aggregator's previous image of the item (the change feed's
-///   `NewImage.tc − OldImage.tc`; no old image ⇒ the whole `tc`). Once the item is written
+///   `NewImage.consumed − OldImage.consumed`; no old image ⇒ the whole `tc`). Once the item is written
 ///   for any reason, every dripping limit (and `wcu`) is credited its refill with the
 ///   remainder carried, because the written `rf` is the refill baseline of every limit on
 ///   the item — skipping one limit's credit there would lose it;
@@ -190,8 +195,8 @@ pub fn plan_refill(
     for l in &limits {
         if let (Refill::Window { reset_after_s }, Some(st)) = (l.refill(), img.limits.get(l.name()))
         {
-            if let Some(ws) = st.ws {
-                if window::unapplied(ws, st.wa, img.rf)
+            if let Some(ws) = st.window_start_ms {
+                if window::unapplied(ws, st.window_applied_ms, img.refilled_at_ms)
                     && window::ended(ws, reset_after_s * 1000, now)
                 {
                     return Ok(Decision::Skip {
@@ -205,9 +210,19 @@ pub fn plan_refill(
     let evals: Vec<Evaluated> = limits
         .iter()
         .map(|l| {
-            let e = evaluate(l, img.limits.get(l.name()), img.rf, s, now, None);
+            let e = evaluate(
+                l,
+                img.limits.get(l.name()),
+                img.refilled_at_ms,
+                s,
+                now,
+                None,
+            );
             if e.transition == Transition::WindowOpen {
-                Evaluated { ws: None, ..e }
+                Evaluated {
+                    window_start_ms: None,
+                    ..e
+                }
             } else {
                 e
             }
@@ -216,13 +231,13 @@ pub fn plan_refill(
     let mut worth = false;
     let mut w = RefillWrite {
         update: Update::new(),
-        condition: Condition::eq(attr::RF, img.rf).and(crate::bypass::stamp(false)),
+        condition: Condition::eq(attr::RF, img.refilled_at_ms).and(crate::bypass::stamp(false)),
         rolled: Vec::new(),
         reset: Vec::new(),
         refilled: Vec::new(),
         clamped: Vec::new(),
         grants: false,
-        rf: next_rf(now, Some(img.rf), &evals),
+        refilled_at_ms: next_rf(now, Some(img.refilled_at_ms), &evals),
     };
     for e in &evals {
         let n = e.name.as_str();
@@ -250,8 +265,8 @@ pub fn plan_refill(
     if !worth {
         return Ok(Decision::Nothing);
     }
-    let mut u = Update::new().set(attr::RF, w.rf);
-    let mut c = Condition::eq(attr::RF, img.rf).and(match img.vu {
+    let mut u = Update::new().set(attr::RF, w.refilled_at_ms);
+    let mut c = Condition::eq(attr::RF, img.refilled_at_ms).and(match img.valid_until_ms {
         Some(v) => Condition::eq(attr::VU, v),
         None => Condition::not_exists(attr::VU),
     });
@@ -265,7 +280,7 @@ pub fn plan_refill(
                 // between the read and the write (retry, adjust) is charged by the ADD
                 // itself, and a refund of a debit from this window is owed back; a
                 // refund from the old window finds `ws` moved and credits `tc` only.
-                if let (Some(ws), Some(wa)) = (e.ws, e.wa) {
+                if let (Some(ws), Some(wa)) = (e.window_start_ms, e.window_applied_ms) {
                     c = c.and(Condition::eq(battr(n, field::WS), ws));
                     u = u.set(battr(n, field::WA), wa);
                 }
@@ -273,8 +288,8 @@ pub fn plan_refill(
             Transition::CalendarReset => {
                 // A refund of a debit from the ended period still credits the balance
                 // until the reset is applied (its pin is the edge): pin the balance read.
-                c = c.and(set_pin(n, e.read_tk));
-                if let Some(pe) = e.pe {
+                c = c.and(set_pin(n, e.read_balance));
+                if let Some(pe) = e.period_applied_ms {
                     u = u.set(battr(n, field::PE), pe);
                 }
             }
@@ -282,10 +297,10 @@ pub fn plan_refill(
                 // Rule "the trust horizon is computed from what was read" (see
                 // `writes::normal_write`): a refund landing in between fails the pin.
                 if !crate::mutants::off(crate::mutants::Mutant::TrustHorizon) {
-                    c = c.and(Condition::le(battr(n, field::TK), e.read_tk));
+                    c = c.and(Condition::le(battr(n, field::TK), e.read_balance));
                 }
                 // A split since the image lowered the share (see `writes::normal_write`).
-                c = c.and(match e.gc_read {
+                c = c.and(match e.grant_count_read {
                     Some(g) => Condition::eq(battr(n, field::GC), g),
                     None => Condition::not_exists(battr(n, field::GC)),
                 });
@@ -301,23 +316,22 @@ pub fn plan_refill(
         // The trust horizon moves with the balance and the `rf` written (the balance read
         // is pinned above).
         if let Some(l) = limits.iter().find(|l| l.name() == n) {
-            if let Some(fu) = crate::materialize::drip_full_at(l, e, 0, w.rf) {
+            if let Some(fu) = crate::materialize::drip_full_at(l, e, 0, w.refilled_at_ms) {
                 u = u.set(battr(n, field::FU), fu);
             }
         }
         // ADR-135: a scheduled limit's stored parameters follow the regime materialised.
         if e.sched_stored
-            && img
-                .limits
-                .get(n)
-                .is_some_and(|st| (st.cp, st.ra) != (e.params.capacity, e.params.ra))
+            && img.limits.get(n).is_some_and(|st| {
+                (st.capacity, st.refill_amount) != (e.params.capacity, e.params.refill_amount)
+            })
         {
             u = u
                 .set(battr(n, field::CP), e.params.capacity)
-                .set(battr(n, field::RA), e.params.ra);
+                .set(battr(n, field::RA), e.params.refill_amount);
         }
         if e.transition.is_set() {
-            if let Some(gc) = e.gc {
+            if let Some(gc) = e.grant_count {
                 u = u.set(battr(n, field::GC), gc);
                 w.grants = true;
             }
@@ -325,7 +339,7 @@ pub fn plan_refill(
         u = crate::writes::stamp_top_up(u, n, e);
     }
     if img.wcu.is_some() {
-        let wcu = evaluate_wcu(img.wcu.as_ref(), img.rf, now);
+        let wcu = evaluate_wcu(img.wcu.as_ref(), img.refilled_at_ms, now);
         if wcu.credit() != 0 {
             u = u.add(battr(WCU, field::TK), wcu.credit());
         }
@@ -333,7 +347,7 @@ pub fn plan_refill(
             u = u.set(battr(WCU, field::RC), rc);
         }
     }
-    if img.vu.is_none_or(|v| v <= now) {
+    if img.valid_until_ms.is_none_or(|v| v <= now) {
         if let Some(next) = valid_until(&limits, &evals, now).filter(|v| *v > now) {
             u = u.set(attr::VU, next);
         }
@@ -357,11 +371,11 @@ mod tests {
     fn image(rf: i64, vu: Option<i64>, limits: &[(&str, LimitState)]) -> BucketImage {
         BucketImage {
             key: "k".into(),
-            rf,
-            vu,
+            refilled_at_ms: rf,
+            valid_until_ms: vu,
             ttl: None,
             shard_count: 2,
-            ph: None,
+            params_hash: None,
             limits: limits
                 .iter()
                 .map(|(n, s)| (n.to_string(), s.clone()))
@@ -376,26 +390,26 @@ mod tests {
 
     fn session(tk: i64, tc: i64, ws: i64, wa: Option<i64>, wtc: Option<i64>) -> LimitState {
         LimitState {
-            tk,
-            cp: 10_000,
-            rp: W,
-            tc,
-            ws: Some(ws),
-            rsa: Some(18_000),
-            wa,
-            wtc,
-            gc: Some(2),
+            balance: tk,
+            capacity: 10_000,
+            refill_period_ms: W,
+            consumed: tc,
+            window_start_ms: Some(ws),
+            window_s: Some(18_000),
+            window_applied_ms: wa,
+            window_consumed: wtc,
+            grant_count: Some(2),
             ..Default::default()
         }
     }
 
     fn rpm(tk: i64, tc: i64) -> LimitState {
         LimitState {
-            tk,
-            cp: 100_000,
-            ra: 100_000,
-            rp: 60_000,
-            tc,
+            balance: tk,
+            capacity: 100_000,
+            refill_amount: 100_000,
+            refill_period_ms: 60_000,
+            consumed: tc,
             ..Default::default()
         }
     }
@@ -478,7 +492,7 @@ mod tests {
             &[(
                 "session",
                 LimitState {
-                    gc: Some(1),
+                    grant_count: Some(1),
                     ..session(7000, 3000, T0, Some(T0), None)
                 },
             )],
@@ -534,9 +548,9 @@ mod tests {
     fn scheduled_limit_rebuilt_clamped_and_restamped() {
         let night = 1_764_540_000_000; // 2025-11-30T22:00:00Z
         let st = LimitState {
-            sched: Some("1|UTC|* 22:00-06:00 10/10".into()),
-            bcp: Some(100_000),
-            bra: Some(100_000),
+            schedule: Some("1|UTC|* 22:00-06:00 10/10".into()),
+            base_capacity: Some(100_000),
+            base_refill_amount: Some(100_000),
             ..rpm(40_000, 0)
         };
         let img = image(night - 1000, Some(night), &[("rpm", st.clone())]);
@@ -551,13 +565,13 @@ mod tests {
         assert_eq!(set_of(&w.update, "vu"), Some(night + 8 * 3_600_000));
         // Clamped to its ceiling, the bucket is full: its trust horizon is the write's own
         // `rf` (rule `materialize::drip_full_at`).
-        assert_eq!(set_of(&w.update, "b_rpm_fu"), Some(w.rf));
+        assert_eq!(set_of(&w.update, "b_rpm_fu"), Some(w.refilled_at_ms));
         for (raw, attr) in [
             ("1|UTC|* 22:00-06:00", "b_rpm_sched"),
             ("7|UTC|* 22:00-06:00 10", "b_rpm_sched"),
         ] {
             let bad = LimitState {
-                sched: Some(raw.into()),
+                schedule: Some(raw.into()),
                 ..st.clone()
             };
             let img = image(night - 1000, Some(night), &[("rpm", bad)]);
@@ -572,7 +586,13 @@ mod tests {
         let img = image(
             night - 1000,
             Some(night),
-            &[("rpm", LimitState { bcp: None, ..st })],
+            &[(
+                "rpm",
+                LimitState {
+                    base_capacity: None,
+                    ..st
+                },
+            )],
         );
         let e = stored_limits(&img).unwrap_err().to_string();
         assert!(e.contains("b_rpm_bcp"), "{e}");
@@ -584,10 +604,10 @@ mod tests {
     fn calendar_reset() {
         let midnight = 1_764_547_200_000;
         let st = LimitState {
-            tk: -4000,
-            cp: 10_000,
-            gc: Some(1),
-            rsched: Some(("0 0 * * *".into(), "UTC".into())),
+            balance: -4000,
+            capacity: 10_000,
+            grant_count: Some(1),
+            calendar: Some(("0 0 * * *".into(), "UTC".into())),
             ..Default::default()
         };
         let img = image(midnight - 1, Some(midnight), &[("daily", st)]);

@@ -54,47 +54,47 @@ pub const SCHED_NONE: &str = "-";
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct LimitState {
     /// Balance on this shard (may be negative: debt).
-    pub tk: i64,
+    pub balance: i64,
     /// Capacity, undivided.
-    pub cp: i64,
+    pub capacity: i64,
     /// Refill amount per period, undivided (0 for quotas).
-    pub ra: i64,
+    pub refill_amount: i64,
     /// Refill period (ms).
-    pub rp: i64,
+    pub refill_period_ms: i64,
     /// Net consumption counter.
-    pub tc: i64,
+    pub consumed: i64,
     /// Carried refill remainder (see [`crate::refill`]).
-    pub rc: i64,
+    pub refill_carry: i64,
     /// Duration-window start.
-    pub ws: Option<i64>,
+    pub window_start_ms: Option<i64>,
     /// Duration-window length (s).
-    pub rsa: Option<i64>,
+    pub window_s: Option<i64>,
     /// Window-applied marker.
-    pub wa: Option<i64>,
+    pub window_applied_ms: Option<i64>,
     /// `tc` snapshot taken by a rollover fan-out.
-    pub wtc: Option<i64>,
+    pub window_consumed: Option<i64>,
     /// Grant count: the shard count this shard's quota grant was sized at.
-    pub gc: Option<i64>,
+    pub grant_count: Option<i64>,
     /// Calendar reset cron and zone, for quotas that reset on a calendar.
-    pub rsched: Option<(String, String)>,
+    pub calendar: Option<(String, String)>,
     /// Period-applied marker of a calendar quota: the reset edge this shard's balance
     /// reflects (the calendar counterpart of `wa`; `rf` stands in where it is absent).
-    pub pe: Option<i64>,
+    pub period_applied_ms: Option<i64>,
     /// The limit's time-of-day schedule, as stored (`b_{n}_sched`, ADR-135; decoded by
     /// [`crate::schedule::Schedule::decode`]). `"-"` reads as none.
-    pub sched: Option<String>,
+    pub schedule: Option<String>,
     /// Base (unscheduled) capacity of a scheduled limit (`b_{n}_bcp`): `cp` holds the
     /// materialised value.
-    pub bcp: Option<i64>,
+    pub base_capacity: Option<i64>,
     /// Base (unscheduled) drip amount of a scheduled limit (`b_{n}_bra`).
-    pub bra: Option<i64>,
+    pub base_refill_amount: Option<i64>,
     /// Dripping limits: the trust horizon `b_{n}_fu` — the instant the balance written at
     /// `rf` is full again; a balance-only debit of this limit is exact only before it
     /// (see `materialize::drip_full_at`). Absent: never trusted.
-    pub fu: Option<i64>,
+    pub full_at_ms: Option<i64>,
     /// Quotas: top-up above the grant in the current period (`b_{n}_tu`, ADR-149), in milli;
     /// raises the ceiling to `C // gc + tu` and is removed by the next reset.
-    pub tu: Option<i64>,
+    pub topped_up: Option<i64>,
 }
 
 /// A decoded bucket item.
@@ -103,15 +103,15 @@ pub struct BucketImage {
     /// Item key (for error messages).
     pub key: String,
     /// `rf`.
-    pub rf: i64,
+    pub refilled_at_ms: i64,
     /// `vu`.
-    pub vu: Option<i64>,
+    pub valid_until_ms: Option<i64>,
     /// `ttl` (epoch s).
     pub ttl: Option<i64>,
     /// `shard_count` (1 when absent).
     pub shard_count: i64,
     /// Parameter hash.
-    pub ph: Option<String>,
+    pub params_hash: Option<String>,
     /// User limits by name (complete states only).
     pub limits: BTreeMap<String, LimitState>,
     /// The `wcu` guard.
@@ -300,7 +300,7 @@ impl BucketImage {
                     )),
                 }
             };
-            let (tk, cp) = match (g("tk")?, g("cp")?) {
+            let (tk, cp) = match (g(field::TK)?, g(field::CP)?) {
                 (Some(tk), Some(cp)) => (tk, cp),
                 (None, None) => continue,
                 (Some(_), None) => {
@@ -310,34 +310,34 @@ impl BucketImage {
                     return Err(corrupt(k, &battr(n, field::TK), "missing (cp present)"))
                 }
             };
-            let ws = g("ws")?;
-            let rsa = g("rsa")?;
+            let ws = g(field::WS)?;
+            let rsa = g(field::RSA)?;
             if ws.is_some() && rsa.is_none() {
                 return Err(corrupt(k, &battr(n, field::RSA), "missing (ws present)"));
             }
-            let rsched = match (gs("rsched")?, gs("tz")?) {
+            let rsched = match (gs(field::RSCHED)?, gs(field::TZ)?) {
                 (Some(c), tz) => Some((c, tz.unwrap_or_else(|| "UTC".into()))),
                 (None, _) => None,
             };
             let st = LimitState {
-                tk,
-                cp,
-                ra: g("ra")?.unwrap_or(0),
-                rp: g("rp")?.unwrap_or(0),
-                tc: g("tc")?.unwrap_or(0),
-                rc: g("rc")?.unwrap_or(0),
-                ws,
-                rsa,
-                wa: g("wa")?,
-                wtc: g("wtc")?,
-                gc: g("gc")?,
-                rsched,
-                pe: g("pe")?,
-                sched: gs("sched")?.filter(|x| x != SCHED_NONE),
-                bcp: g("bcp")?,
-                bra: g("bra")?,
-                fu: g("fu")?,
-                tu: g("tu")?,
+                balance: tk,
+                capacity: cp,
+                refill_amount: g(field::RA)?.unwrap_or(0),
+                refill_period_ms: g(field::RP)?.unwrap_or(0),
+                consumed: g(field::TC)?.unwrap_or(0),
+                refill_carry: g(field::RC)?.unwrap_or(0),
+                window_start_ms: ws,
+                window_s: rsa,
+                window_applied_ms: g(field::WA)?,
+                window_consumed: g(field::WTC)?,
+                grant_count: g(field::GC)?,
+                calendar: rsched,
+                period_applied_ms: g(field::PE)?,
+                schedule: gs(field::SCHED)?.filter(|x| x != SCHED_NONE),
+                base_capacity: g(field::BCP)?,
+                base_refill_amount: g(field::BRA)?,
+                full_at_ms: g(field::FU)?,
+                topped_up: g(field::TU)?,
             };
             if n == WCU {
                 wcu = Some(st);
@@ -364,11 +364,11 @@ impl BucketImage {
         };
         Ok(BucketImage {
             key,
-            rf,
-            vu,
+            refilled_at_ms: rf,
+            valid_until_ms: vu,
             ttl,
             shard_count,
-            ph,
+            params_hash: ph,
             limits,
             wcu,
             disabled,
@@ -404,8 +404,8 @@ mod tests {
             ("b_old_bx", Value::N(3)),
         ]);
         let b = BucketImage::decode(&i).unwrap();
-        assert_eq!(b.limits["gpt_tpm"].tk, 7);
-        assert_eq!(b.wcu.unwrap().cp, 2);
+        assert_eq!(b.limits["gpt_tpm"].balance, 7);
+        assert_eq!(b.wcu.unwrap().capacity, 2);
         assert_eq!(b.shard_count, 1);
     }
 

@@ -189,7 +189,7 @@ pub fn classify(img: &BucketImage, ph: &str, now_ms: i64) -> FastFailure {
         FastFailure::StampMismatch
     } else if img.ttl.is_some_and(|t| t <= now_ms / 1000) {
         FastFailure::Expired
-    } else if img.ph.as_deref() != Some(ph) {
+    } else if img.params_hash.as_deref() != Some(ph) {
         FastFailure::ParamsChanged
     } else {
         FastFailure::WcuExhausted
@@ -207,23 +207,23 @@ pub fn hold(mut e: Evaluated, state: Option<&LimitState>, rf: i64) -> Evaluated 
     match (e.transition, state) {
         (Transition::Seed, _) if e.opened => {
             e.opened = false;
-            e.ws = None;
-            e.wa = None;
+            e.window_start_ms = None;
+            e.window_applied_ms = None;
         }
         (Transition::CalendarReset, Some(st)) => {
-            e.balance = st.tk;
-            e.gc = None;
-            e.pe = Some(st.pe.unwrap_or(rf));
-            e.tu = st.tu;
+            e.balance = st.balance;
+            e.grant_count = None;
+            e.period_applied_ms = Some(st.period_applied_ms.unwrap_or(rf));
+            e.topped_up = st.topped_up;
             e.transition = Transition::Kept;
         }
         (Transition::WindowOpen | Transition::WindowRoll, Some(st)) => {
-            e.balance = st.tk;
-            e.gc = None;
+            e.balance = st.balance;
+            e.grant_count = None;
             e.opened = false;
-            e.ws = st.ws;
-            e.wa = st.wa;
-            e.tu = st.tu;
+            e.window_start_ms = st.window_start_ms;
+            e.window_applied_ms = st.window_applied_ms;
+            e.topped_up = st.topped_up;
             e.transition = Transition::Kept;
         }
         _ => {}
@@ -271,19 +271,29 @@ mod tests {
     fn bypass_opens_no_window_and_resets_nothing() {
         let session = Limit::quota_after("session", 10, Duration::from_secs(3600)).unwrap();
         let seeded = hold(evaluate(&session, None, 0, 1, 1_000, None), None, 0);
-        assert_eq!((seeded.ws, seeded.wa, seeded.opened), (None, None, false));
+        assert_eq!(
+            (
+                seeded.window_start_ms,
+                seeded.window_applied_ms,
+                seeded.opened
+            ),
+            (None, None, false)
+        );
         assert_eq!(seeded.balance, 10_000, "the slot is still funded");
         let st = LimitState {
-            tk: 4_000,
-            cp: 10_000,
-            rsa: Some(3600),
+            balance: 4_000,
+            capacity: 10_000,
+            window_s: Some(3600),
             ..LimitState::default()
         };
         let due = evaluate(&session, Some(&st), 500, 1, 1_000, None);
         assert_eq!(due.transition, Transition::WindowOpen);
         let held = hold(due, Some(&st), 500);
         assert_eq!(held.transition, Transition::Kept);
-        assert_eq!((held.balance, held.ws, held.opened), (4_000, None, false));
+        assert_eq!(
+            (held.balance, held.window_start_ms, held.opened),
+            (4_000, None, false)
+        );
     }
 
     /// The most specific level that sets a mode decides; none set leaves the stamps alone.
@@ -316,11 +326,11 @@ mod tests {
     fn a_flip_follows_the_configured_mode() {
         let mut img = BucketImage {
             key: "k".into(),
-            rf: 0,
-            vu: None,
+            refilled_at_ms: 0,
+            valid_until_ms: None,
             ttl: None,
             shard_count: 1,
-            ph: None,
+            params_hash: None,
             limits: Default::default(),
             wcu: None,
             disabled: false,

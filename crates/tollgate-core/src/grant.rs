@@ -5,6 +5,7 @@ use crate::bucket::{field, LimitState};
 use crate::expr::Condition;
 use crate::keys::battr;
 use crate::limit::{Limit, Refill};
+use crate::units::{Millitokens, ShardCount};
 use crate::window;
 
 /// A sibling shard's quota state, as read (strongly consistently).
@@ -13,9 +14,9 @@ pub struct Sibling {
     /// Shard index.
     pub shard: u32,
     /// Its balance.
-    pub tk: i64,
+    pub balance: i64,
     /// Its grant count (`gc`; the item's shard count where absent).
-    pub gc: i64,
+    pub grant_count: i64,
     /// Whether its grant is for the current period or window.
     pub current: bool,
 }
@@ -36,36 +37,60 @@ pub struct Grant {
 pub fn plan_quota_grant(siblings: &[Sibling], slot: u32, share: i64) -> Grant {
     let donor = siblings
         .iter()
-        .filter(|s| s.shard != slot && s.current && s.gc >= 1)
-        .filter(|s| slot as i64 % s.gc == s.shard as i64 % s.gc)
-        .max_by(|a, b| a.gc.cmp(&b.gc).then(b.shard.cmp(&a.shard)));
+        .filter(|s| s.shard != slot && s.current && s.grant_count >= 1)
+        .filter(|s| slot as i64 % s.grant_count == s.shard as i64 % s.grant_count)
+        .max_by(|a, b| {
+            a.grant_count
+                .cmp(&b.grant_count)
+                .then(b.shard.cmp(&a.shard))
+        });
     match donor {
         None => Grant {
             donor: None,
             tokens: share,
         },
         Some(d) => {
-            let tokens = share.min(d.tk.max(0));
+            let tokens = share.min(d.balance.max(0));
             // A grant is within the share and within what the donor holds: moved, not minted.
             debug_assert!(
-                tokens <= share && tokens <= d.tk.max(0),
+                tokens <= share && tokens <= d.balance.max(0),
                 "grant beyond share or donor"
             );
             Grant {
-                donor: Some((d.shard, d.gc)),
+                donor: Some((d.shard, d.grant_count)),
                 tokens,
             }
         }
     }
 }
 
+/// What a quota shard's grant is sized from: its stored grant count (`gc`, absent on a
+/// legacy item), its balance, the limit's whole capacity and the entity's shard count.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct GrantShare {
+    /// The stored grant count, if any.
+    pub grant_count: Option<i64>,
+    /// The shard's balance (without a top-up).
+    pub balance: Millitokens,
+    /// The limit's capacity, undivided.
+    pub capacity: Millitokens,
+    /// The shard count to infer from when no grant count is stored.
+    pub shard_count: ShardCount,
+}
+
 /// Rule R7 (ADR-145): the grant count of a legacy quota shard that carries no `gc` — start
 /// from its stored shard count and halve while its balance exceeds `C // g`.
-pub fn infer_gc(gc: Option<i64>, tk: i64, capacity: i64, shard_count: i64) -> i64 {
+pub fn infer_gc(share: GrantShare) -> i64 {
+    let GrantShare {
+        grant_count: gc,
+        balance: Millitokens(tk),
+        capacity: Millitokens(capacity),
+        shard_count,
+    } = share;
     if let Some(g) = gc.filter(|g| *g >= 1) {
         return g;
     }
-    let mut g = shard_count.max(1);
+    let mut g = shard_count.get();
     while g > 1 && tk > capacity / g {
         g /= 2;
     }
@@ -77,13 +102,16 @@ pub fn infer_gc(gc: Option<i64>, tk: i64, capacity: i64, shard_count: i64) -> i6
 /// since the latest edge (`edge <= rf`, or no edge in reach).
 pub fn quota_grant_is_current(limit: &Limit, st: &LimitState, rf: i64, now: i64) -> bool {
     match limit.refill() {
-        Refill::Window { reset_after_s } => match st.ws {
-            Some(ws) => !window::ended(ws, reset_after_s * 1000, now) && ws <= st.wa.unwrap_or(rf),
+        Refill::Window { reset_after_s } => match st.window_start_ms {
+            Some(ws) => {
+                !window::ended(ws, reset_after_s * 1000, now)
+                    && ws <= st.window_applied_ms.unwrap_or(rf)
+            }
             None => false,
         },
         Refill::Calendar(c) => c
             .prev_edge(now)
-            .is_none_or(|edge| edge <= st.pe.unwrap_or(rf)),
+            .is_none_or(|edge| edge <= st.period_applied_ms.unwrap_or(rf)),
         Refill::Drip { .. } => false,
     }
 }
@@ -102,7 +130,7 @@ pub fn window_grant_overlaps(limit: &Limit, st: &LimitState, rf: i64, join_ws: i
     let Refill::Window { reset_after_s } = limit.refill() else {
         return false;
     };
-    let applied = match (st.wa, st.ws) {
+    let applied = match (st.window_applied_ms, st.window_start_ms) {
         (Some(wa), _) => Some(wa),
         (None, Some(ws)) if ws <= rf => Some(ws),
         _ => None,
@@ -122,7 +150,7 @@ pub fn donor_condition(
     now: i64,
 ) -> Condition {
     let n = limit.name();
-    let generation = match st.gc {
+    let generation = match st.grant_count {
         Some(g) => Condition::eq(battr(n, field::GC), g),
         // A legacy donor: pinned by the shard count its gc was inferred from.
         None => Condition::not_exists(battr(n, field::GC))
@@ -142,7 +170,7 @@ pub fn donor_condition(
             }
         }
         Refill::Window { .. } => {
-            c = match st.wa {
+            c = match st.window_applied_ms {
                 Some(wa) => c.and(Condition::eq(battr(n, field::WA), wa)),
                 None => c.and(Condition::eq("rf", rf)),
             };
@@ -156,13 +184,23 @@ pub fn donor_condition(
 mod tests {
     use super::*;
 
+    /// A shard of an entity of `s` holding `tk` of a quota of capacity `C`.
+    fn share(gc: Option<i64>, tk: i64, s: i64) -> GrantShare {
+        GrantShare {
+            grant_count: gc,
+            balance: Millitokens(tk),
+            capacity: Millitokens(C),
+            shard_count: ShardCount(s),
+        }
+    }
+
     const C: i64 = 1_000_000;
 
     fn sib(shard: u32, tk: i64, gc: i64) -> Sibling {
         Sibling {
             shard,
-            tk,
-            gc,
+            balance: tk,
+            grant_count: gc,
             current: true,
         }
     }
@@ -231,12 +269,12 @@ mod tests {
     /// Q17: legacy items without gc infer it; a gc below 1 reads as the shard count.
     #[test]
     fn legacy_gc_inference() {
-        assert_eq!(infer_gc(None, 700_000, C, 2), 1);
-        assert_eq!(infer_gc(None, 400_000, C, 2), 2);
-        assert_eq!(infer_gc(Some(0), 400_000, C, 2), 2);
-        assert_eq!(infer_gc(Some(4), 900_000, C, 2), 4);
+        assert_eq!(infer_gc(share(None, 700_000, 2)), 1);
+        assert_eq!(infer_gc(share(None, 400_000, 2)), 2);
+        assert_eq!(infer_gc(share(Some(0), 400_000, 2)), 2);
+        assert_eq!(infer_gc(share(Some(4), 900_000, 2)), 4);
         // Inferred at S = 1, shard 0 (700) covers slot 1: move 500, leaving 200.
-        let g = infer_gc(None, 700_000, C, 2);
+        let g = infer_gc(share(None, 700_000, 2));
         let grant = plan_quota_grant(&[sib(0, 700_000, g)], 1, C / 2);
         assert_eq!(
             grant,
@@ -246,7 +284,7 @@ mod tests {
             }
         );
         // Holding 400 it keeps S = 2, and slot 1 gets a fresh 500.
-        let g = infer_gc(None, 400_000, C, 2);
+        let g = infer_gc(share(None, 400_000, 2));
         assert_eq!(
             plan_quota_grant(&[sib(0, 400_000, g)], 1, C / 2).donor,
             None
@@ -260,9 +298,9 @@ mod tests {
         let session =
             Limit::quota_after("session", 10, std::time::Duration::from_secs(18_000)).unwrap();
         let st = |ws: Option<i64>, wa: Option<i64>| LimitState {
-            ws,
-            wa,
-            rsa: Some(18_000),
+            window_start_ms: ws,
+            window_applied_ms: wa,
+            window_s: Some(18_000),
             ..Default::default()
         };
         assert!(quota_grant_is_current(
@@ -320,9 +358,9 @@ mod tests {
         let w = 1_757_000_000_000_i64;
         let len = 18_000_000;
         let st = |ws: Option<i64>, wa: Option<i64>| LimitState {
-            ws,
-            wa,
-            rsa: Some(18_000),
+            window_start_ms: ws,
+            window_applied_ms: wa,
+            window_s: Some(18_000),
             ..Default::default()
         };
         // (applied window, join start) → overlaps?

@@ -27,13 +27,20 @@ pub fn adjust_pending(held_milli: i64, pending_milli: i64, delta: i64) -> Result
 /// must send the next acquire to the slow path, which clamps it. `false` when the item is
 /// already sent there (`vu = 0`).
 pub fn refund_left_above_ceiling(img: &BucketImage, limits: &[Limit], shard_count: i64) -> bool {
-    if img.vu.is_some_and(|v| v <= 0) {
+    if img.valid_until_ms.is_some_and(|v| v <= 0) {
         return false;
     }
     img.limits.iter().any(|(n, st)| {
         limits.iter().find(|l| l.name() == n).is_some_and(|l| {
-            let e = evaluate(l, Some(st), img.rf, shard_count, img.rf, None);
-            st.tk > e.ceiling
+            let e = evaluate(
+                l,
+                Some(st),
+                img.refilled_at_ms,
+                shard_count,
+                img.refilled_at_ms,
+                None,
+            );
+            st.balance > e.ceiling
         })
     })
 }
@@ -58,19 +65,19 @@ mod tests {
     fn a_balance_above_its_ceiling_goes_slow() {
         let l = Limit::per_minute("rpm", 10).unwrap();
         let st = |tk| LimitState {
-            tk,
-            cp: 10_000,
-            ra: 10_000,
-            rp: 60_000,
+            balance: tk,
+            capacity: 10_000,
+            refill_amount: 10_000,
+            refill_period_ms: 60_000,
             ..LimitState::default()
         };
         let img = |tk, vu| BucketImage {
             key: "k".into(),
-            rf: 1_000,
-            vu,
+            refilled_at_ms: 1_000,
+            valid_until_ms: vu,
             ttl: None,
             shard_count: 1,
-            ph: None,
+            params_hash: None,
             limits: [("rpm".to_string(), st(tk))].into_iter().collect(),
             wcu: None,
             disabled: false,

@@ -29,6 +29,7 @@ pub mod seeding;
 pub mod soft;
 pub mod spread;
 pub mod status;
+pub mod units;
 pub mod usage;
 pub mod value;
 pub mod window;

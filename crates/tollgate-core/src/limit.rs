@@ -54,7 +54,7 @@ pub struct Effective {
     /// Capacity (millitokens).
     pub capacity: i64,
     /// Drip amount per period (millitokens; 0 for quotas).
-    pub ra: i64,
+    pub refill_amount: i64,
 }
 
 fn tokens_to_milli(name: &str, what: &str, tokens: i64) -> Result<i64, RuleError> {
@@ -246,16 +246,16 @@ impl Limit {
     pub fn effective(&self, now_ms: i64) -> Effective {
         let base = Effective {
             capacity: self.capacity,
-            ra: self.ra(),
+            refill_amount: self.ra(),
         };
         match self.schedule.as_ref().and_then(|s| s.active(now_ms)) {
             None => base,
             Some(e) => Effective {
                 capacity: e.capacity_milli(),
-                ra: if self.is_quota() {
+                refill_amount: if self.is_quota() {
                     0
                 } else {
-                    e.rate_milli().unwrap_or(base.ra)
+                    e.rate_milli().unwrap_or(base.refill_amount)
                 },
             },
         }
@@ -549,7 +549,7 @@ mod tests {
         // 2026-11-30 is a Monday; 2026-11-28 a Saturday.
         let e = |s: &str| {
             let p = l.effective(at(s));
-            (p.capacity, p.ra)
+            (p.capacity, p.refill_amount)
         };
         assert_eq!(e("2026-11-30T12:00:00Z"), (100_000, 100_000));
         assert_eq!(
@@ -571,7 +571,7 @@ mod tests {
             .with_schedule(Schedule::new(&["sat,sun 00:00-24:00 500"], "UTC").unwrap())
             .unwrap();
         assert_eq!(q.effective(at("2026-11-28T12:00:00Z")).capacity, 500_000);
-        assert_eq!(q.effective(at("2026-11-28T12:00:00Z")).ra, 0);
+        assert_eq!(q.effective(at("2026-11-28T12:00:00Z")).refill_amount, 0);
         let spec = LimitSpec {
             schedule: Some(vec!["* 25:00-06:00 10".into()]),
             ..LimitSpec::from(&l)

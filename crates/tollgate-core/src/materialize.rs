@@ -5,8 +5,10 @@
 //! the fast path's projection (`would_refill_satisfy`) reads it.
 
 use crate::bucket::{LimitState, WCU_CAPACITY, WCU_PERIOD_MS};
+use crate::grant::GrantShare;
 use crate::limit::{Effective, Limit, Refill};
-use crate::refill::refill;
+use crate::refill::{refill, Drip};
+use crate::units::{EpochMs, Millitokens, ShardCount};
 use crate::window;
 
 /// Rule "effective parameters and per-shard share": a limit's share of one shard is
@@ -67,7 +69,7 @@ pub struct Evaluated {
     /// Limit name.
     pub name: String,
     /// The balance read (0 when seeded).
-    pub read_tk: i64,
+    pub read_balance: i64,
     /// The balance after this pass's transition, before consumption.
     pub balance: i64,
     /// The per-shard ceiling.
@@ -77,19 +79,19 @@ pub struct Evaluated {
     /// Drip remainder to write (`b_{n}_rc`).
     pub carry: Option<i64>,
     /// The window start in force after this pass.
-    pub ws: Option<i64>,
+    pub window_start_ms: Option<i64>,
     /// Window opened on this pass (to stamp `ws`/`rsa` and fan out).
     pub opened: bool,
     /// `wa` value to write (a value, never a path).
-    pub wa: Option<i64>,
+    pub window_applied_ms: Option<i64>,
     /// `gc` to write (quota granted, reset or rolled on this pass).
-    pub gc: Option<i64>,
+    pub grant_count: Option<i64>,
     /// `pe` to write (calendar quotas: the edge the balance reflects).
-    pub pe: Option<i64>,
+    pub period_applied_ms: Option<i64>,
     /// The window length to stamp (s).
-    pub rsa: Option<i64>,
+    pub window_s: Option<i64>,
     /// The read state's `tc` (for projections).
-    pub tc: i64,
+    pub consumed: i64,
     /// The effective (scheduled, undivided) parameters this pass materialised: what the
     /// write stamps as `cp`/`ra` (ADR-135).
     pub params: Effective,
@@ -99,39 +101,51 @@ pub struct Evaluated {
     pub rate: i64,
     /// Dripping limits: the share count to stamp as `b_{n}_gc`, when the item does not
     /// carry it yet (a seed, or an item written before the drip grant count existed).
-    pub drip_gc: Option<i64>,
+    pub drip_grant_count: Option<i64>,
     /// The `b_{n}_gc` the state read carried (the write pins it: a split of this shard
     /// lowers its share and must not be undone by a write planned before it).
-    pub gc_read: Option<i64>,
+    pub grant_count_read: Option<i64>,
     /// Quotas: the top-up above the grant the state read carried (`b_{n}_tu`, ADR-149).
     pub tu_read: Option<i64>,
     /// Quotas: the top-up in force after this pass — kept inside the period, gone when the
     /// grant is re-sized (a reset, an open, a roll). The write SETs or REMOVEs it to match.
-    pub tu: Option<i64>,
+    pub topped_up: Option<i64>,
 }
 
 impl Evaluated {
     /// The credit this pass applies: `balance − read_tk`, written as an `ADD`.
     pub fn credit(&self) -> i64 {
-        self.balance - self.read_tk
+        self.balance - self.read_balance
     }
 }
 
 /// The `wcu` guard's state at `now`: a drip of 1000 tokens per second, undivided.
 pub fn evaluate_wcu(state: Option<&LimitState>, rf: i64, now: i64) -> Evaluated {
-    let (tk, rc) = state.map(|s| (s.tk, s.rc)).unwrap_or((WCU_CAPACITY, 0));
+    let (tk, rc) = state
+        .map(|s| (s.balance, s.refill_carry))
+        .unwrap_or((WCU_CAPACITY, 0));
     let r = match state {
-        Some(_) => refill(tk, WCU_CAPACITY, WCU_CAPACITY, WCU_PERIOD_MS, rf, rc, now),
+        Some(_) => refill(
+            Drip {
+                balance: Millitokens(tk),
+                ceiling: Millitokens(WCU_CAPACITY),
+                amount: Millitokens(WCU_CAPACITY),
+                period_ms: WCU_PERIOD_MS,
+                refilled_at: EpochMs(rf),
+                carry: rc,
+            },
+            EpochMs(now),
+        ),
         None => crate::refill::Refilled {
-            tk: WCU_CAPACITY,
+            balance: WCU_CAPACITY,
             carry: 0,
             added: 0,
         },
     };
     Evaluated {
         name: crate::ids::WCU.into(),
-        read_tk: state.map(|s| s.tk).unwrap_or(0),
-        balance: r.tk,
+        read_balance: state.map(|s| s.balance).unwrap_or(0),
+        balance: r.balance,
         ceiling: WCU_CAPACITY,
         transition: if state.is_some() {
             Transition::Refill
@@ -139,23 +153,23 @@ pub fn evaluate_wcu(state: Option<&LimitState>, rf: i64, now: i64) -> Evaluated 
             Transition::Seed
         },
         carry: Some(r.carry),
-        ws: None,
+        window_start_ms: None,
         opened: false,
-        wa: None,
-        gc: None,
-        pe: None,
-        rsa: None,
-        tc: state.map(|s| s.tc).unwrap_or(0),
+        window_applied_ms: None,
+        grant_count: None,
+        period_applied_ms: None,
+        window_s: None,
+        consumed: state.map(|s| s.consumed).unwrap_or(0),
         params: Effective {
             capacity: WCU_CAPACITY,
-            ra: WCU_CAPACITY,
+            refill_amount: WCU_CAPACITY,
         },
         sched_stored: false,
         rate: WCU_CAPACITY,
-        drip_gc: None,
-        gc_read: None,
+        drip_grant_count: None,
+        grant_count_read: None,
         tu_read: None,
-        tu: None,
+        topped_up: None,
     }
 }
 
@@ -167,7 +181,10 @@ pub fn evaluate_wcu(state: Option<&LimitState>, rf: i64, now: i64) -> Evaluated 
 /// partition the entity and `Σ C // g ≤ C`. An item written before the rule (no `gc`) is
 /// sized at the count in force, as it was then.
 pub fn drip_share_count(state: &LimitState, shard_count: i64) -> i64 {
-    state.gc.filter(|g| *g >= 1).unwrap_or(shard_count.max(1))
+    state
+        .grant_count
+        .filter(|g| *g >= 1)
+        .unwrap_or(shard_count.max(1))
 }
 
 /// Materialise `limit` on a shard whose item has `state` for it (or none) and stamp `rf`,
@@ -201,25 +218,25 @@ pub fn evaluate(
     let part = share(cap, s);
     let mut e = Evaluated {
         name: limit.name().to_string(),
-        read_tk: state.map(|st| st.tk).unwrap_or(0),
+        read_balance: state.map(|st| st.balance).unwrap_or(0),
         balance: 0,
         ceiling: part,
         transition: Transition::Kept,
         carry: None,
-        ws: None,
+        window_start_ms: None,
         opened: false,
-        wa: None,
-        gc: None,
-        pe: None,
-        rsa: limit.rsa(),
-        tc: state.map(|st| st.tc).unwrap_or(0),
+        window_applied_ms: None,
+        grant_count: None,
+        period_applied_ms: None,
+        window_s: limit.rsa(),
+        consumed: state.map(|st| st.consumed).unwrap_or(0),
         params,
-        sched_stored: state.is_some_and(|st| st.sched.is_some()),
+        sched_stored: state.is_some_and(|st| st.schedule.is_some()),
         rate: 0,
-        drip_gc: None,
-        gc_read: state.and_then(|st| st.gc),
-        tu_read: state.and_then(|st| st.tu),
-        tu: None,
+        drip_grant_count: None,
+        grant_count_read: state.and_then(|st| st.grant_count),
+        tu_read: state.and_then(|st| st.topped_up),
+        topped_up: None,
     };
     let Some(st) = state else {
         let seed = seed.unwrap_or(Seed {
@@ -232,21 +249,21 @@ pub fn evaluate(
             Refill::Drip { .. } => {
                 let g = seed.count.unwrap_or(s).max(1);
                 e.ceiling = share(cap, g);
-                e.rate = shard_rate(params.ra, g);
+                e.rate = shard_rate(params.refill_amount, g);
                 e.balance = seed.balance.min(e.ceiling);
                 e.carry = Some(0);
-                e.drip_gc = Some(g);
+                e.drip_grant_count = Some(g);
             }
             Refill::Calendar(cal) => {
-                e.gc = Some(s);
-                e.pe = cal.prev_edge(now);
+                e.grant_count = Some(s);
+                e.period_applied_ms = cal.prev_edge(now);
             }
             Refill::Window { .. } => {
                 let ws = seed.join_ws.unwrap_or(now);
                 e.opened = seed.join_ws.is_none();
-                e.ws = Some(ws);
-                e.wa = Some(ws);
-                e.gc = Some(s);
+                e.window_start_ms = Some(ws);
+                e.window_applied_ms = Some(ws);
+                e.grant_count = Some(s);
             }
         }
         return e;
@@ -255,10 +272,20 @@ pub fn evaluate(
         Refill::Drip { period_ms, .. } => {
             let g = drip_share_count(st, s);
             e.ceiling = share(cap, g);
-            e.rate = shard_rate(params.ra, g);
-            e.drip_gc = st.gc.is_none().then_some(g);
-            let r = refill(st.tk, e.ceiling, e.rate, *period_ms, rf, st.rc, now);
-            e.balance = r.tk;
+            e.rate = shard_rate(params.refill_amount, g);
+            e.drip_grant_count = st.grant_count.is_none().then_some(g);
+            let r = refill(
+                Drip {
+                    balance: Millitokens(st.balance),
+                    ceiling: Millitokens(e.ceiling),
+                    amount: Millitokens(e.rate),
+                    period_ms: *period_ms,
+                    refilled_at: EpochMs(rf),
+                    carry: st.refill_carry,
+                },
+                EpochMs(now),
+            );
+            e.balance = r.balance;
             e.carry = Some(r.carry);
             e.transition = Transition::Refill;
         }
@@ -269,19 +296,21 @@ pub fn evaluate(
             // when the latest edge is newer than the edge the balance reflects (`pe`; `rf`
             // on unmarked items), so a writer that stamps `rf` without resetting (or moves it
             // back) can neither skip nor repeat a reset.
-            let applied = st.pe.unwrap_or(rf);
+            let applied = st.period_applied_ms.unwrap_or(rf);
             match cal.prev_edge(now) {
                 Some(edge) if edge > applied => {
                     e.balance = part;
-                    e.gc = Some(s);
+                    e.grant_count = Some(s);
                     e.ceiling = part;
-                    e.pe = Some(edge);
+                    e.period_applied_ms = Some(edge);
                     e.transition = Transition::CalendarReset;
                 }
                 edge => {
-                    e.balance = st.tk.min(ceiling);
-                    e.tu = st.tu;
-                    e.pe = edge.map(|x| x.max(st.pe.unwrap_or(x))).or(st.pe);
+                    e.balance = st.balance.min(ceiling);
+                    e.topped_up = st.topped_up;
+                    e.period_applied_ms = edge
+                        .map(|x| x.max(st.period_applied_ms.unwrap_or(x)))
+                        .or(st.period_applied_ms);
                 }
             }
         }
@@ -289,26 +318,26 @@ pub fn evaluate(
             let len = reset_after_s * 1000;
             let ceiling = topped_up_ceiling(cap, st, s);
             e.ceiling = ceiling;
-            match st.ws {
+            match st.window_start_ms {
                 Some(ws) if !window::ended(ws, len, now) => {
-                    e.ws = Some(ws);
-                    if window::unapplied(ws, st.wa, rf) {
-                        e.balance = window::roll_target(part, st.tc, st.wtc);
-                        e.wa = Some(ws);
-                        e.gc = Some(s);
+                    e.window_start_ms = Some(ws);
+                    if window::unapplied(ws, st.window_applied_ms, rf) {
+                        e.balance = window::roll_target(part, st.consumed, st.window_consumed);
+                        e.window_applied_ms = Some(ws);
+                        e.grant_count = Some(s);
                         e.ceiling = part;
                         e.transition = Transition::WindowRoll;
                     } else {
-                        e.balance = st.tk.min(ceiling);
-                        e.tu = st.tu;
-                        e.wa = Some(st.wa.unwrap_or(ws));
+                        e.balance = st.balance.min(ceiling);
+                        e.topped_up = st.topped_up;
+                        e.window_applied_ms = Some(st.window_applied_ms.unwrap_or(ws));
                     }
                 }
                 _ => {
                     e.balance = part;
-                    e.ws = Some(now);
-                    e.wa = Some(now);
-                    e.gc = Some(s);
+                    e.window_start_ms = Some(now);
+                    e.window_applied_ms = Some(now);
+                    e.grant_count = Some(s);
                     e.ceiling = part;
                     e.opened = true;
                     e.transition = Transition::WindowOpen;
@@ -323,14 +352,20 @@ pub fn evaluate(
 /// top-up it carries for the current period, `C // gc + tu` (the grant count inferred from
 /// the balance without the top-up on a legacy item).
 pub fn topped_up_ceiling(capacity: i64, st: &LimitState, shard_count: i64) -> i64 {
-    let tu = st.tu.unwrap_or(0).max(0);
-    quota_ceiling(capacity, st.gc, st.tk - tu, shard_count) + tu
+    let tu = st.topped_up.unwrap_or(0).max(0);
+    quota_ceiling(GrantShare {
+        grant_count: st.grant_count,
+        balance: Millitokens(st.balance - tu),
+        capacity: Millitokens(capacity),
+        shard_count: ShardCount(shard_count),
+    })
+    .0 + tu
 }
 
 /// ADR-145 ceiling of a quota shard: `C // gc` (the shard count its grant was sized at;
 /// the current count where no `gc` is stored).
-pub fn quota_ceiling(capacity: i64, gc: Option<i64>, tk: i64, shard_count: i64) -> i64 {
-    capacity / crate::grant::infer_gc(gc, tk, capacity, shard_count)
+pub fn quota_ceiling(share: GrantShare) -> Millitokens {
+    Millitokens(share.capacity.0 / crate::grant::infer_gc(share))
 }
 
 /// Rule "the fast path trusts a dripping balance only until it would be full" (the trust
@@ -378,7 +413,7 @@ pub fn valid_until(limits: &[Limit], evals: &[Evaluated], now: i64) -> Option<i6
                 }
             }
             Refill::Window { reset_after_s } => {
-                if let Some(ws) = e.ws {
+                if let Some(ws) = e.window_start_ms {
                     take(ws + reset_after_s * 1000)
                 }
             }
@@ -402,14 +437,14 @@ mod tests {
 
     fn win(tk: i64, tc: i64, ws: i64, wa: Option<i64>, wtc: Option<i64>) -> LimitState {
         LimitState {
-            tk,
-            cp: 10_000,
-            tc,
-            ws: Some(ws),
-            rsa: Some(18_000),
-            wa,
-            wtc,
-            gc: Some(2),
+            balance: tk,
+            capacity: 10_000,
+            consumed: tc,
+            window_start_ms: Some(ws),
+            window_s: Some(18_000),
+            window_applied_ms: wa,
+            window_consumed: wtc,
+            grant_count: Some(2),
             ..Default::default()
         }
     }
@@ -428,7 +463,7 @@ mod tests {
         );
         assert_eq!(e.transition, Transition::WindowOpen);
         assert_eq!(
-            (e.balance, e.ws, e.wa),
+            (e.balance, e.window_start_ms, e.window_applied_ms),
             (10_000, Some(T0 + W), Some(T0 + W))
         );
         // Scenario 45: roll target 5000 − max(0, 1000 − 1000) on S = 2.
@@ -442,7 +477,10 @@ mod tests {
             None,
         );
         assert_eq!(e.transition, Transition::WindowRoll);
-        assert_eq!((e.balance, e.wa, e.gc), (5000, Some(t1), Some(2)));
+        assert_eq!(
+            (e.balance, e.window_applied_ms, e.grant_count),
+            (5000, Some(t1), Some(2))
+        );
         // Scenario 51: a net credit never lifts the target above the share.
         let e = evaluate(
             &l,
@@ -463,7 +501,7 @@ mod tests {
             None,
         );
         assert_eq!(
-            (e.transition, e.balance, e.wa),
+            (e.transition, e.balance, e.window_applied_ms),
             (Transition::Kept, 4000, Some(T0))
         );
         // Unmarked (no wa): ws > rf ⇒ roll; ws <= rf ⇒ applied, marked with ws.
@@ -484,7 +522,10 @@ mod tests {
             T0 + 20,
             None,
         );
-        assert_eq!((e.transition, e.wa), (Transition::Kept, Some(T0)));
+        assert_eq!(
+            (e.transition, e.window_applied_ms),
+            (Transition::Kept, Some(T0))
+        );
     }
 
     #[test]
@@ -493,9 +534,9 @@ mod tests {
         let l = Limit::quota_calendar("daily", 10, "0 0 * * *", "UTC").unwrap();
         let midnight = 1_764_547_200_000; // 2025-12-01T00:00:00Z
         let st = LimitState {
-            tk: -4000,
-            cp: 10_000,
-            gc: Some(1),
+            balance: -4000,
+            capacity: 10_000,
+            grant_count: Some(1),
             ..Default::default()
         };
         let e = evaluate(&l, Some(&st), midnight - 1, 1, midnight, None);
@@ -507,17 +548,17 @@ mod tests {
         assert_eq!((e.transition, e.balance), (Transition::Kept, -4000));
         // Scenario 83: S = 2 → each shard resets to 5000 with gc = 2.
         let e = evaluate(&l, Some(&st), midnight - 1, 2, midnight + 5, None);
-        assert_eq!((e.balance, e.gc), (5000, Some(2)));
+        assert_eq!((e.balance, e.grant_count), (5000, Some(2)));
     }
 
     #[test]
     fn drip_divides_rate_and_capacity() {
         let l = Limit::per_minute("rpm", 1000).unwrap();
         let st = LimitState {
-            tk: 0,
-            cp: 1_000_000,
-            ra: 1_000_000,
-            rp: 60_000,
+            balance: 0,
+            capacity: 1_000_000,
+            refill_amount: 1_000_000,
+            refill_period_ms: 60_000,
             ..Default::default()
         };
         let e = evaluate(&l, Some(&st), 0, 2, 60_000, None);
@@ -542,10 +583,10 @@ mod tests {
             .with_schedule(weekend())
             .unwrap();
         let st = LimitState {
-            tk: 400_000,
-            cp: 1_000_000,
-            ra: 1_000_000,
-            rp: 60_000,
+            balance: 400_000,
+            capacity: 1_000_000,
+            refill_amount: 1_000_000,
+            refill_period_ms: 60_000,
             ..Default::default()
         };
         let e = evaluate(&drip, Some(&st), sat - 1, 2, sat, None);
@@ -554,7 +595,7 @@ mod tests {
             (50_000, 50_000, 100_000)
         );
         let low = LimitState {
-            tk: 0,
+            balance: 0,
             ..st.clone()
         };
         let e = evaluate(&drip, Some(&low), mon - 6_000, 2, mon, None);
@@ -568,16 +609,16 @@ mod tests {
             .with_schedule(weekend())
             .unwrap();
         let qs = LimitState {
-            tk: 300_000,
-            cp: 1_000_000,
-            gc: Some(2),
-            pe: Some(sat - 21 * 86_400_000), // 2025-11-01
+            balance: 300_000,
+            capacity: 1_000_000,
+            grant_count: Some(2),
+            period_applied_ms: Some(sat - 21 * 86_400_000), // 2025-11-01
             ..Default::default()
         };
         let e = evaluate(&q, Some(&qs), sat - 1, 2, sat + 1, None);
         assert_eq!((e.transition, e.balance), (Transition::Kept, 50_000));
         let ql = LimitState {
-            tk: 20_000,
+            balance: 20_000,
             ..qs.clone()
         };
         let e = evaluate(&q, Some(&ql), mon - 1, 2, mon, None);
@@ -601,16 +642,22 @@ mod tests {
         let l = Limit::quota_calendar("rpd", 1000, "0 0 * * *", "UTC").unwrap();
         let midnight = 1_757_030_400_000;
         let st = LimitState {
-            tk: 999_000,
-            cp: 1_000_000,
-            gc: Some(1),
-            pe: Some(midnight - 86_400_000),
+            balance: 999_000,
+            capacity: 1_000_000,
+            grant_count: Some(1),
+            period_applied_ms: Some(midnight - 86_400_000),
             ..Default::default()
         };
         let e = evaluate(&l, Some(&st), T0, 4, T0 + 1000, None);
-        assert_eq!((e.ceiling, e.balance, e.gc), (1_000_000, 999_000, None));
+        assert_eq!(
+            (e.ceiling, e.balance, e.grant_count),
+            (1_000_000, 999_000, None)
+        );
         let e = evaluate(&l, Some(&st), T0, 4, midnight + 1000, None);
         assert_eq!(e.transition, Transition::CalendarReset);
-        assert_eq!((e.ceiling, e.balance, e.gc), (250_000, 250_000, Some(4)));
+        assert_eq!(
+            (e.ceiling, e.balance, e.grant_count),
+            (250_000, 250_000, Some(4))
+        );
     }
 }

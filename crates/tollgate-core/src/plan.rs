@@ -11,6 +11,7 @@ use crate::expr::{Condition, Update};
 use crate::materialize::{evaluate, evaluate_wcu, valid_until, Evaluated};
 use crate::seeding::SeedPlan;
 use crate::status::{limit_status, ShardView};
+use crate::units::{EpochMs, ShardCount};
 use crate::writes::{next_rf, normal_write, Amounts, Charging, ItemStamp, TtlWrite};
 use crate::{Limit, LimitStatus};
 
@@ -23,7 +24,7 @@ pub struct Ask<'a> {
     /// Millitokens per limit name.
     pub amounts: &'a Amounts,
     /// The parameter hash every slow write stamps (`ph`).
-    pub ph: &'a str,
+    pub params_hash: &'a str,
     /// TTL handling.
     pub ttl: TtlWrite,
     /// The effective cascade policy, stamped on the item.
@@ -69,13 +70,13 @@ pub struct SlowPass<'a> {
     pub shard: u32,
     /// The largest shard count known before planning: the cached one, the item's, the
     /// seed plan's.
-    pub shard_count: i64,
+    pub shard_count: ShardCount,
     /// The seeds of the limits the item lacks (empty when it has every limit).
     pub seeds: &'a SeedPlan,
     /// Shard 0's stored count, when it has been read (`Some(None)`: shard 0 has no item).
     pub shard0_count: Option<Option<i64>>,
     /// The instant planned at (read after the item and any sibling read).
-    pub now_ms: i64,
+    pub now: EpochMs,
 }
 
 /// What a slow pass does.
@@ -92,7 +93,7 @@ pub enum SlowPlan {
 #[derive(Debug)]
 pub struct PassPlan {
     /// The shard count the pass evaluated at (never below the one it was given).
-    pub shard_count: i64,
+    pub shard_count: ShardCount,
     /// Every limit, materialised at `now` before the debit (index = the ask's limits).
     pub evals: Vec<Evaluated>,
     /// The pin on shard 0's count the commit carries (a quota granted, reset or rolled).
@@ -128,7 +129,7 @@ pub struct PassWrite {
     /// never onto a disabled item).
     pub condition: Condition,
     /// The `rf` it stamps.
-    pub rf: i64,
+    pub refilled_at_ms: i64,
 }
 
 /// Plan one slow pass: materialise every limit on the item at `now` (seeding the ones it
@@ -141,24 +142,24 @@ pub struct PassWrite {
 pub fn plan_slow_pass(p: &SlowPass<'_>) -> SlowPlan {
     let ask = &p.ask;
     let img = p.image;
-    let now = p.now_ms;
+    let now = p.now.0;
     let eval_all = |s: i64| -> Vec<Evaluated> {
         ask.limits
             .iter()
             .map(|l| {
                 let st = img.limits.get(l.name());
-                let e = evaluate(l, st, img.rf, s, now, p.seeds.seed(l.name()));
+                let e = evaluate(l, st, img.refilled_at_ms, s, now, p.seeds.seed(l.name()));
                 if ask.bypass {
-                    crate::bypass::hold(e, st, img.rf)
+                    crate::bypass::hold(e, st, img.refilled_at_ms)
                 } else {
                     e
                 }
             })
             .collect()
     };
-    let mut s = p.shard_count.max(1);
+    let mut s = p.shard_count.get();
     let mut evals = eval_all(s);
-    let grants = evals.iter().any(|e| e.gc.is_some());
+    let grants = evals.iter().any(|e| e.grant_count.is_some());
     let mut pin = grants.then_some(CountPin::Count(s));
     if grants && p.shard != 0 {
         let Some(s0) = p.shard0_count else {
@@ -196,11 +197,11 @@ pub fn plan_slow_pass(p: &SlowPass<'_>) -> SlowPlan {
         }
     };
     debug_assert!(
-        s >= p.shard_count.max(1),
+        s >= p.shard_count.get(),
         "a pass never sizes below the count given"
     );
     SlowPlan::Pass(PassPlan {
-        shard_count: s,
+        shard_count: ShardCount(s),
         evals,
         pin,
         outcome,
@@ -219,20 +220,27 @@ pub fn materialising_write(
     charging: Charging<'_>,
     now_ms: i64,
 ) -> PassWrite {
-    let wcu = evaluate_wcu(img.wcu.as_ref(), img.rf, now_ms);
-    let rf = next_rf(now_ms, Some(img.rf), evals);
+    let wcu = evaluate_wcu(img.wcu.as_ref(), img.refilled_at_ms, now_ms);
+    let rf = next_rf(now_ms, Some(img.refilled_at_ms), evals);
     let stamp = ItemStamp {
-        rf,
-        vu: if ask.bypass {
+        refilled_at_ms: rf,
+        valid_until_ms: if ask.bypass {
             Some(crate::bypass::VALID_UNTIL)
         } else {
             valid_until(ask.limits, evals, now_ms)
         },
         ttl: ask.ttl,
-        ph: ask.ph,
+        params_hash: ask.params_hash,
     };
-    let (update, condition) =
-        normal_write(img.rf, &stamp, ask.limits, evals, &wcu, amounts, charging);
+    let (update, condition) = normal_write(
+        img.refilled_at_ms,
+        &stamp,
+        ask.limits,
+        evals,
+        &wcu,
+        amounts,
+        charging,
+    );
     let mut update = crate::usage::stamp_write_time(update, now_ms);
     match crate::bypass::flip(img, ask.mode) {
         Some(true) if ask.bypass => update = update.set(attr::BYPASS, true),
@@ -244,7 +252,7 @@ pub fn materialising_write(
         condition: condition
             .and(Condition::not_exists(attr::DISABLED))
             .and(crate::bypass::stamp(img.bypass)),
-        rf,
+        refilled_at_ms: rf,
     }
 }
 
@@ -321,7 +329,7 @@ pub fn entity_statuses(
                 Some(img) => Some(evaluate(
                     l,
                     img.limits.get(l.name()),
-                    img.rf,
+                    img.refilled_at_ms,
                     shard_count.max(img.shard_count),
                     now_ms,
                     None,
@@ -366,7 +374,7 @@ mod tests {
         Ask {
             limits,
             amounts,
-            ph: "ph",
+            params_hash: "ph",
             ttl: TtlWrite::Remove,
             cascade: false,
             bypass: false,
@@ -377,11 +385,11 @@ mod tests {
     fn image(rf: i64, shard_count: i64, limits: &[(&Limit, LimitState)]) -> BucketImage {
         BucketImage {
             key: "t".into(),
-            rf,
-            vu: None,
+            refilled_at_ms: rf,
+            valid_until_ms: None,
             ttl: None,
             shard_count,
-            ph: Some("ph".into()),
+            params_hash: Some("ph".into()),
             limits: limits
                 .iter()
                 .map(|(l, st)| (l.name().to_string(), st.clone()))
@@ -396,10 +404,10 @@ mod tests {
 
     fn state(l: &Limit, tk: i64) -> LimitState {
         LimitState {
-            tk,
-            cp: l.capacity_milli(),
-            ra: l.ra(),
-            rp: l.rp(),
+            balance: tk,
+            capacity: l.capacity_milli(),
+            refill_amount: l.ra(),
+            refill_period_ms: l.rp(),
             ..LimitState::default()
         }
     }
@@ -409,10 +417,10 @@ mod tests {
             ask: a,
             image: img,
             shard,
-            shard_count: img.shard_count,
+            shard_count: ShardCount(img.shard_count),
             seeds,
             shard0_count: None,
-            now_ms: T0 + MIN,
+            now: EpochMs(T0 + MIN),
         }
     }
 
@@ -449,7 +457,7 @@ mod tests {
         else {
             panic!("admitted: {:?}", p.outcome);
         };
-        assert!(w.rf > T0, "rf moves past the locked value");
+        assert!(w.refilled_at_ms > T0, "rf moves past the locked value");
         // The refill (8 tokens) minus the debit (3), added to the balance; the debit to tc.
         let tk = battr("rpm", field::TK);
         assert_eq!(added(&w.update, &tk), Some(5 * MILLI));
@@ -502,8 +510,8 @@ mod tests {
         let amounts = vec![("session".to_string(), MILLI)];
         // Shard 1 of 2 whose window ended two hours ago: the pass opens a new one, a grant.
         let st = LimitState {
-            ws: Some(T0 - 2 * 3_600_000),
-            rsa: Some(3600),
+            window_start_ms: Some(T0 - 2 * 3_600_000),
+            window_s: Some(3600),
             ..state(&q[0], 0)
         };
         let img = image(T0 - 3_600_000, 2, &[(&q[0], st.clone())]);
@@ -518,10 +526,11 @@ mod tests {
         let SlowPlan::Pass(p) = plan_slow_pass(&at4) else {
             panic!("planned with shard 0's count");
         };
-        assert_eq!(p.shard_count, 4);
+        assert_eq!(p.shard_count, ShardCount(4));
         assert_eq!(p.pin, Some(CountPin::Count(4)));
-        assert_eq!(p.evals[0].gc, Some(4));
-        let sized = |s| evaluate(&q[0], Some(&st), img.rf, s, input.now_ms, None).balance;
+        assert_eq!(p.evals[0].grant_count, Some(4));
+        let sized =
+            |s| evaluate(&q[0], Some(&st), img.refilled_at_ms, s, input.now.0, None).balance;
         assert_eq!(p.evals[0].balance, sized(4));
         assert_ne!(sized(4), sized(2), "the count matters");
         // Shard 0 has no item: the grant is pinned on its absence.
@@ -532,7 +541,10 @@ mod tests {
         let SlowPlan::Pass(p) = plan_slow_pass(&absent) else {
             panic!("planned");
         };
-        assert_eq!((p.shard_count, p.pin), (2, Some(CountPin::Absent)));
+        assert_eq!(
+            (p.shard_count, p.pin),
+            (ShardCount(2), Some(CountPin::Absent))
+        );
         // On shard 0 itself nothing is read: pinned at the count given.
         let on0 = pass(ask(&q, &amounts), &img, &seeds, 0);
         let SlowPlan::Pass(p) = plan_slow_pass(&on0) else {

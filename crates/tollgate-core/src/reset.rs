@@ -30,22 +30,22 @@ pub fn reset(limit: &Limit, mut e: Evaluated, shard_count: i64, now: i64) -> Eva
         Refill::Calendar(cal) => {
             e.balance = part;
             e.ceiling = part;
-            e.gc = Some(s);
-            e.pe = e.pe.or_else(|| cal.prev_edge(now));
+            e.grant_count = Some(s);
+            e.period_applied_ms = e.period_applied_ms.or_else(|| cal.prev_edge(now));
             e.transition = Transition::CalendarReset;
         }
         Refill::Window { .. } => {
-            let ws = now.max(e.ws.unwrap_or(now));
+            let ws = now.max(e.window_start_ms.unwrap_or(now));
             e.balance = part;
             e.ceiling = part;
-            e.ws = Some(ws);
-            e.wa = Some(ws);
-            e.gc = Some(s);
+            e.window_start_ms = Some(ws);
+            e.window_applied_ms = Some(ws);
+            e.grant_count = Some(s);
             e.opened = true;
             e.transition = Transition::WindowOpen;
         }
     }
-    e.tu = None;
+    e.topped_up = None;
     debug_assert!(e.balance <= e.ceiling, "a reset never exceeds the ceiling");
     e
 }
@@ -61,7 +61,7 @@ pub fn top_up(limit: &Limit, mut e: Evaluated, portion: i64) -> (Evaluated, i64)
         Refill::Drip { .. } => portion.min((e.ceiling - e.balance).max(0)),
         Refill::Calendar(_) | Refill::Window { .. } => {
             e.ceiling += portion;
-            e.tu = Some(e.tu.unwrap_or(0) + portion);
+            e.topped_up = Some(e.topped_up.unwrap_or(0) + portion);
             portion
         }
     };
@@ -147,23 +147,26 @@ mod tests {
     fn s96_s99_reset_and_top_up_of_a_calendar_quota() {
         let l = daily();
         let st = LimitState {
-            tk: 1000,
-            cp: 10_000,
-            gc: Some(2),
-            pe: Some(T0 - 3_600_000),
-            tu: Some(2000),
+            balance: 1000,
+            capacity: 10_000,
+            grant_count: Some(2),
+            period_applied_ms: Some(T0 - 3_600_000),
+            topped_up: Some(2000),
             ..LimitState::default()
         };
         let e = evaluate(&l, Some(&st), T0, 2, T0 + 1000, None);
         assert_eq!(e.transition, Transition::Kept);
         assert_eq!(e.ceiling, 7000, "C // gc + tu");
-        assert_eq!(e.tu, Some(2000));
+        assert_eq!(e.topped_up, Some(2000));
         let r = reset(&l, e.clone(), 2, T0 + 1000);
-        assert_eq!((r.balance, r.gc, r.tu), (5000, Some(2), None));
+        assert_eq!(
+            (r.balance, r.grant_count, r.topped_up),
+            (5000, Some(2), None)
+        );
         assert!(r.transition.is_set());
         let (t, applied) = top_up(&l, e, 5000);
         assert_eq!(
-            (t.balance, t.ceiling, t.tu, applied),
+            (t.balance, t.ceiling, t.topped_up, applied),
             (6000, 12_000, Some(7000), 5000)
         );
     }
@@ -172,11 +175,11 @@ mod tests {
     fn dripping_top_up_is_bounded_by_headroom() {
         let l = Limit::per_minute("rpm", 10).unwrap();
         let st = LimitState {
-            tk: 8000,
-            cp: 10_000,
-            ra: 10_000,
-            rp: 60_000,
-            gc: Some(1),
+            balance: 8000,
+            capacity: 10_000,
+            refill_amount: 10_000,
+            refill_period_ms: 60_000,
+            grant_count: Some(1),
             ..LimitState::default()
         };
         let e = evaluate(&l, Some(&st), T0, 1, T0, None);
@@ -189,19 +192,22 @@ mod tests {
     fn s100_session_reset_opens_at_the_reset() {
         let l = Limit::quota_after("session", 10, std::time::Duration::from_secs(18_000)).unwrap();
         let st = LimitState {
-            tk: 0,
-            cp: 10_000,
-            ws: Some(T0),
-            wa: Some(T0),
-            rsa: Some(18_000),
-            gc: Some(1),
-            tc: 10_000,
+            balance: 0,
+            capacity: 10_000,
+            window_start_ms: Some(T0),
+            window_applied_ms: Some(T0),
+            window_s: Some(18_000),
+            grant_count: Some(1),
+            consumed: 10_000,
             ..LimitState::default()
         };
         let r_at = T0 + 3_600_000;
         let e = evaluate(&l, Some(&st), T0, 1, r_at, None);
         let r = reset(&l, e, 1, r_at);
-        assert_eq!((r.balance, r.ws, r.wa), (10_000, Some(r_at), Some(r_at)));
+        assert_eq!(
+            (r.balance, r.window_start_ms, r.window_applied_ms),
+            (10_000, Some(r_at), Some(r_at))
+        );
         assert!(r.opened);
     }
 }

@@ -7,12 +7,13 @@ use crate::bucket::{attr, field, BucketImage, MAX_SHARD_COUNT, WCU_CAPACITY};
 use crate::expr::{Condition, Update};
 use crate::grant::{
     donor_condition, infer_gc, plan_quota_grant, quota_grant_is_current, window_grant_overlaps,
-    Grant, Sibling,
+    Grant, GrantShare, Sibling,
 };
 use crate::keys::battr;
 use crate::limit::{Limit, Refill};
 use crate::materialize::{drip_share_count, evaluate, share, Seed};
 use crate::mutants::{self, Mutant};
+use crate::units::{Millitokens, ShardCount};
 use crate::window;
 
 /// Rule "proactive doubling": a shard whose projected `wcu` balance is below 20 % of its
@@ -137,7 +138,10 @@ pub fn plan_seeds(
                     .map(|(_, img)| img.shard_count),
             );
         }
-        plan.now = images.iter().map(|(_, i)| i.rf).fold(now, i64::max);
+        plan.now = images
+            .iter()
+            .map(|(_, i)| i.refilled_at_ms)
+            .fold(now, i64::max);
     }
     let s = plan.shard_count;
     let now = plan.now;
@@ -203,18 +207,25 @@ pub fn plan_seeds(
             .iter()
             .filter_map(|(i, img)| {
                 let st = img.limits.get(l.name())?;
-                let (tk, current) = if quota_grant_is_current(l, st, img.rf, now) {
-                    (st.tk, true)
-                } else if join_ws.is_some_and(|j| window_grant_overlaps(l, st, img.rf, j)) {
+                let (tk, current) = if quota_grant_is_current(l, st, img.refilled_at_ms, now) {
+                    (st.balance, true)
+                } else if join_ws
+                    .is_some_and(|j| window_grant_overlaps(l, st, img.refilled_at_ms, j))
+                {
                     // Covered in this phase already; its dead balance is not moved.
                     (0, true)
                 } else {
-                    (st.tk, false)
+                    (st.balance, false)
                 };
                 Some(Sibling {
                     shard: *i,
-                    tk,
-                    gc: infer_gc(st.gc, st.tk, cap, img.shard_count),
+                    balance: tk,
+                    grant_count: infer_gc(GrantShare {
+                        grant_count: st.grant_count,
+                        balance: Millitokens(st.balance),
+                        capacity: Millitokens(cap),
+                        shard_count: ShardCount(img.shard_count),
+                    }),
                     current,
                 })
             })
@@ -242,7 +253,7 @@ pub fn plan_seeds(
                                     l,
                                     grant.tokens,
                                     st,
-                                    img.rf,
+                                    img.refilled_at_ms,
                                     img.shard_count,
                                     now,
                                 ),
@@ -312,10 +323,17 @@ fn plan_drip_split(
             Err(_) => DripSeed::Fresh,
         };
     }
-    let e = evaluate(l, Some(st), img.rf, img.shard_count.max(g), now, None);
+    let e = evaluate(
+        l,
+        Some(st),
+        img.refilled_at_ms,
+        img.shard_count.max(g),
+        now,
+        None,
+    );
     let half = e.balance.div_euclid(2);
     let gc = battr(n, field::GC);
-    let generation = match st.gc {
+    let generation = match st.grant_count {
         Some(x) => Condition::eq(gc, x),
         None => Condition::not_exists(gc),
     };
@@ -328,8 +346,8 @@ fn plan_drip_split(
         g,
         half,
         condition: Condition::exists("PK")
-            .and(Condition::eq(attr::RF, img.rf))
-            .and(Condition::eq(battr(n, field::TK), st.tk))
+            .and(Condition::eq(attr::RF, img.refilled_at_ms))
+            .and(Condition::eq(battr(n, field::TK), st.balance))
             .and(generation),
     }
 }
@@ -349,7 +367,7 @@ pub fn join_window(
 ) -> Option<i64> {
     images
         .iter()
-        .filter_map(|(_, img)| img.limits.get(limit)?.ws)
+        .filter_map(|(_, img)| img.limits.get(limit)?.window_start_ms)
         .filter(|ws| !window::ended(*ws, reset_after_s * 1000, now))
         .max()
 }
@@ -409,11 +427,11 @@ mod tests {
     fn image(shard_count: i64, rf: i64, limits: &[(&str, LimitState)]) -> BucketImage {
         BucketImage {
             key: "t".into(),
-            rf,
-            vu: None,
+            refilled_at_ms: rf,
+            valid_until_ms: None,
             ttl: None,
             shard_count,
-            ph: None,
+            params_hash: None,
             limits: limits
                 .iter()
                 .map(|(n, st)| (n.to_string(), st.clone()))
@@ -428,10 +446,10 @@ mod tests {
 
     fn session(ws: i64, tk: i64) -> LimitState {
         LimitState {
-            tk,
-            cp: 1_000_000,
-            ws: Some(ws),
-            rsa: Some(3600),
+            balance: tk,
+            capacity: 1_000_000,
+            window_start_ms: Some(ws),
+            window_s: Some(3600),
             ..LimitState::default()
         }
     }
@@ -483,10 +501,10 @@ mod tests {
     fn a_dripping_slot_splits_its_covering_sibling() {
         let d = Limit::per_minute("d", 10).unwrap();
         let st = LimitState {
-            tk: 8_000,
-            cp: 10_000,
-            ra: 10_000,
-            rp: 60_000,
+            balance: 8_000,
+            capacity: 10_000,
+            refill_amount: 10_000,
+            refill_period_ms: 60_000,
             ..LimitState::default()
         };
         let sib = [(0, image(1, NOW, &[("d", st)]))];

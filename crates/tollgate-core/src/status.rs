@@ -69,7 +69,7 @@ pub fn limit_status(
                 if v.eval.rate > 0 {
                     v.eval.rate
                 } else {
-                    shard_rate(eff.ra, v.shard_count)
+                    shard_rate(eff.refill_amount, v.shard_count)
                 }
             };
             let full_in = views
@@ -111,7 +111,7 @@ pub fn limit_status(
             let end = views
                 .iter()
                 .filter(|v| !v.eval.opened)
-                .filter_map(|v| v.eval.ws)
+                .filter_map(|v| v.eval.window_start_ms)
                 .max()
                 .map(|ws| ws + reset_after_s * 1000)
                 .filter(|e| *e > now_ms);
@@ -205,13 +205,13 @@ mod tests {
     fn w18_reset_instant_only_for_a_live_window() {
         assert_eq!(status_at(None, T0).resets_at_ms, None);
         let st = crate::bucket::LimitState {
-            tk: 8_500_000,
-            cp: 10_000_000,
-            tc: 1_500_000,
-            ws: Some(T0),
-            rsa: Some(18_000),
-            wa: Some(T0),
-            gc: Some(1),
+            balance: 8_500_000,
+            capacity: 10_000_000,
+            consumed: 1_500_000,
+            window_start_ms: Some(T0),
+            window_s: Some(18_000),
+            window_applied_ms: Some(T0),
+            grant_count: Some(1),
             ..Default::default()
         };
         let live = status_at(Some(&st), T0 + 60_000);

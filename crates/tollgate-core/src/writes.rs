@@ -112,7 +112,7 @@ pub fn trusted(limits: &[Limit], amounts: &Amounts, now_ms: i64) -> Condition {
 /// Whether the image trusts a balance-only write of `amounts` at `now_ms` (the same rule
 /// as [`trusted`], read off a decoded item).
 pub fn image_trusted(img: &BucketImage, limits: &[Limit], amounts: &Amounts, now_ms: i64) -> bool {
-    if img.vu.is_some_and(|v| v <= now_ms) {
+    if img.valid_until_ms.is_some_and(|v| v <= now_ms) {
         return false;
     }
     if crate::mutants::off(crate::mutants::Mutant::TrustHorizon) {
@@ -123,7 +123,7 @@ pub fn image_trusted(img: &BucketImage, limits: &[Limit], amounts: &Amounts, now
             || img
                 .limits
                 .get(n)
-                .and_then(|st| st.fu)
+                .and_then(|st| st.full_at_ms)
                 .is_some_and(|fu| fu > now_ms)
     })
 }
@@ -177,17 +177,17 @@ pub fn classify_fast_failure(
     if !image_trusted(img, limits, amounts, now_ms) {
         return FastFailure::Boundary;
     }
-    if img.ph.as_deref() != Some(ph) {
+    if img.params_hash.as_deref() != Some(ph) {
         return FastFailure::ParamsChanged;
     }
     if amounts.iter().any(|(n, _)| !img.limits.contains_key(n)) {
         return FastFailure::LimitMissing;
     }
-    let wcu_short = img.wcu.as_ref().is_none_or(|w| w.tk < WCU_COST);
+    let wcu_short = img.wcu.as_ref().is_none_or(|w| w.balance < WCU_COST);
     let app_short = amounts.iter().any(|(n, a)| {
         img.limits
             .get(n)
-            .is_some_and(|s| crate::soft::short(limits, n, s.tk, *a))
+            .is_some_and(|s| crate::soft::short(limits, n, s.balance, *a))
     });
     match (wcu_short, app_short) {
         (true, true) => FastFailure::Both,
@@ -244,7 +244,8 @@ pub fn route_fast_failure(
             if !would_refill_satisfy(img, limits, amounts, now_ms) {
                 return FastRoute::Probe { remember: false };
             }
-            let wcu = crate::materialize::evaluate_wcu(img.wcu.as_ref(), img.rf, now_ms);
+            let wcu =
+                crate::materialize::evaluate_wcu(img.wcu.as_ref(), img.refilled_at_ms, now_ms);
             if crate::seeding::should_double(wcu.balance, img.shard_count) {
                 FastRoute::Double
             } else {
@@ -284,7 +285,14 @@ pub fn would_refill_satisfy(
         let Some(l) = limits.iter().find(|l| l.name() == n) else {
             return false;
         };
-        let e = evaluate(l, img.limits.get(n), img.rf, img.shard_count, now_ms, None);
+        let e = evaluate(
+            l,
+            img.limits.get(n),
+            img.refilled_at_ms,
+            img.shard_count,
+            now_ms,
+            None,
+        );
         !crate::soft::short(limits, n, e.balance, *a)
     })
 }
@@ -293,13 +301,13 @@ pub fn would_refill_satisfy(
 #[derive(Debug, Clone)]
 pub struct ItemStamp<'a> {
     /// The instant written to `rf` (never backward: max of now, stored rf, windows).
-    pub rf: i64,
+    pub refilled_at_ms: i64,
     /// `vu` to SET, or REMOVE when `None`.
-    pub vu: Option<i64>,
+    pub valid_until_ms: Option<i64>,
     /// TTL handling.
     pub ttl: TtlWrite,
     /// Parameter hash of the limit set.
-    pub ph: &'a str,
+    pub params_hash: &'a str,
 }
 
 /// Rule "stored parameters are materialised" (ADR-135): `cp`/`ra` are the effective values
@@ -310,7 +318,7 @@ fn stamp_params(mut u: Update, l: &Limit, e: &Evaluated) -> Update {
     let n = l.name();
     u = u
         .set(battr(n, field::CP), e.params.capacity)
-        .set(battr(n, field::RA), e.params.ra)
+        .set(battr(n, field::RA), e.params.refill_amount)
         .set(battr(n, field::RP), l.rp());
     match l.schedule() {
         Some(s) => {
@@ -349,7 +357,10 @@ pub fn next_rf(now_ms: i64, locked: Option<i64>, evals: &[Evaluated]) -> i64 {
         Some(rf) => now_ms.max(rf.saturating_add(1)),
         None => now_ms,
     };
-    let next = evals.iter().filter_map(|e| e.ws).fold(floor, i64::max);
+    let next = evals
+        .iter()
+        .filter_map(|e| e.window_start_ms)
+        .fold(floor, i64::max);
     // Rule "monotonic rf": never backward, always past the locked value.
     debug_assert!(
         locked.is_none_or(|rf| next > rf || rf == i64::MAX),
@@ -394,9 +405,9 @@ pub fn normal_write(
     charging: Charging<'_>,
 ) -> (Update, Condition) {
     let mut u = Update::new()
-        .set(attr::RF, stamp.rf)
-        .set(attr::PH, stamp.ph);
-    u = match stamp.vu {
+        .set(attr::RF, stamp.refilled_at_ms)
+        .set(attr::PH, stamp.params_hash);
+    u = match stamp.valid_until_ms {
         Some(v) => u.set(attr::VU, v),
         None => u.remove(attr::VU),
     };
@@ -429,10 +440,10 @@ pub fn normal_write(
         if consumed != 0 {
             u = u.add(battr(n, field::TC), consumed);
         }
-        if let Some(g) = e.drip_gc {
+        if let Some(g) = e.drip_grant_count {
             u = u.set(battr(n, field::GC), g);
         }
-        if let Some(fu) = crate::materialize::drip_full_at(l, e, debit, stamp.rf) {
+        if let Some(fu) = crate::materialize::drip_full_at(l, e, debit, stamp.refilled_at_ms) {
             u = u.set(battr(n, field::FU), fu);
         }
         if let Some(rc) = e.carry {
@@ -440,27 +451,27 @@ pub fn normal_write(
         }
         // A window opened on this pass, or joined by a seed, stamps its start (with rsa).
         if e.opened || e.transition == Transition::Seed {
-            if let Some(ws) = e.ws {
+            if let Some(ws) = e.window_start_ms {
                 u = u.set(battr(n, field::WS), ws);
             }
         }
-        if let Some(rsa) = e.rsa {
+        if let Some(rsa) = e.window_s {
             u = u.set(battr(n, field::RSA), rsa);
         }
-        if let Some(wa) = e.wa {
+        if let Some(wa) = e.window_applied_ms {
             u = u.set(battr(n, field::WA), wa);
         }
-        if let Some(gc) = e.gc {
+        if let Some(gc) = e.grant_count {
             u = u.set(battr(n, field::GC), gc);
         }
-        if let Some(pe) = e.pe {
+        if let Some(pe) = e.period_applied_ms {
             u = u.set(battr(n, field::PE), pe);
         }
         u = stamp_top_up(u, n, e);
         if e.transition == Transition::Seed {
             c = c.and(Condition::not_exists(battr(n, field::TK)));
         } else if e.transition.is_set() {
-            c = c.and(set_pin(n, e.read_tk));
+            c = c.and(set_pin(n, e.read_balance));
         } else {
             if !charging.debt && debit > credit && !crate::soft::exempt(limits, n) {
                 c = c.and(Condition::ge(battr(n, field::TK), debit - credit));
@@ -468,12 +479,12 @@ pub fn normal_write(
             if e.transition == Transition::Refill
                 && !crate::mutants::off(crate::mutants::Mutant::TrustHorizon)
             {
-                c = c.and(Condition::le(battr(n, field::TK), e.read_tk));
+                c = c.and(Condition::le(battr(n, field::TK), e.read_balance));
             }
             // Rule "a split is not undone": the share this pass materialised is the one
             // read (a split since lowered it, without moving `rf`).
             if e.transition == Transition::Refill {
-                c = c.and(match e.gc_read {
+                c = c.and(match e.grant_count_read {
                     Some(g) => Condition::eq(battr(n, field::GC), g),
                     None => Condition::not_exists(battr(n, field::GC)),
                 });
@@ -500,7 +511,7 @@ pub fn normal_write(
 /// Rule "a top-up lasts one period" (ADR-149): the write stamps the top-up in force after
 /// the pass — SET when it changed, REMOVE when a reset, open or roll re-sized the grant.
 pub fn stamp_top_up(u: Update, limit: &str, e: &Evaluated) -> Update {
-    match (e.tu_read, e.tu) {
+    match (e.tu_read, e.topped_up) {
         (read, Some(t)) if read != Some(t) => u.set(battr(limit, field::TU), t),
         (Some(_), None) => u.remove(battr(limit, field::TU)),
         _ => u,
@@ -564,16 +575,30 @@ pub fn refund_trust(
     refunds: &Amounts,
     shard_count: i64,
 ) -> Option<Condition> {
-    let mut c = Condition::eq(attr::RF, img.rf);
+    let mut c = Condition::eq(attr::RF, img.refilled_at_ms);
     for (n, r) in refunds {
         if !drips(limits, n) {
             continue;
         }
         let l = limits.iter().find(|l| l.name() == n)?;
         let st = img.limits.get(n)?;
-        let fu = st.fu?;
-        let e = evaluate(l, Some(st), img.rf, shard_count, img.rf, None);
-        let max = trust_ceiling(e.ceiling, e.rate, l.rp(), st.rc, img.rf, fu);
+        let fu = st.full_at_ms?;
+        let e = evaluate(
+            l,
+            Some(st),
+            img.refilled_at_ms,
+            shard_count,
+            img.refilled_at_ms,
+            None,
+        );
+        let max = trust_ceiling(
+            e.ceiling,
+            e.rate,
+            l.rp(),
+            st.refill_carry,
+            img.refilled_at_ms,
+            fu,
+        );
         c = c
             .and(Condition::eq(battr(n, field::FU), fu))
             .and(Condition::le(battr(n, field::TK), max.saturating_sub(*r)));
@@ -671,9 +696,9 @@ pub fn create_item(
     put(attr::RESOURCE.into(), id.resource.into());
     put(attr::SHARD.into(), Value::N(id.shard as i64));
     put(attr::SHARD_COUNT.into(), Value::N(id.shard_count));
-    put(attr::RF.into(), Value::N(stamp.rf));
-    put(attr::PH.into(), stamp.ph.into());
-    if let Some(v) = stamp.vu {
+    put(attr::RF.into(), Value::N(stamp.refilled_at_ms));
+    put(attr::PH.into(), stamp.params_hash.into());
+    if let Some(v) = stamp.valid_until_ms {
         put(attr::VU.into(), Value::N(v));
     }
     if let TtlWrite::Set(t) = stamp.ttl {
@@ -710,7 +735,7 @@ pub fn create_item(
         put(battr(n, field::TK), Value::N(e.balance - consumed));
         put(battr(n, field::TC), Value::N(consumed));
         put(battr(n, field::CP), Value::N(e.params.capacity));
-        put(battr(n, field::RA), Value::N(e.params.ra));
+        put(battr(n, field::RA), Value::N(e.params.refill_amount));
         put(battr(n, field::RP), Value::N(l.rp()));
         if let Some(s) = l.schedule() {
             put(battr(n, field::SCHED), s.encode().into());
@@ -724,22 +749,22 @@ pub fn create_item(
         if let Some(rc) = e.carry {
             put(battr(n, field::RC), Value::N(rc));
         }
-        if let Some(ws) = e.ws {
+        if let Some(ws) = e.window_start_ms {
             put(battr(n, field::WS), Value::N(ws));
         }
-        if let Some(rsa) = e.rsa {
+        if let Some(rsa) = e.window_s {
             put(battr(n, field::RSA), Value::N(rsa));
         }
-        if let Some(wa) = e.wa {
+        if let Some(wa) = e.window_applied_ms {
             put(battr(n, field::WA), Value::N(wa));
         }
-        if let Some(gc) = e.gc.or(e.drip_gc) {
+        if let Some(gc) = e.grant_count.or(e.drip_grant_count) {
             put(battr(n, field::GC), Value::N(gc));
         }
-        if let Some(fu) = crate::materialize::drip_full_at(l, e, consumed, stamp.rf) {
+        if let Some(fu) = crate::materialize::drip_full_at(l, e, consumed, stamp.refilled_at_ms) {
             put(battr(n, field::FU), Value::N(fu));
         }
-        if let Some(pe) = e.pe {
+        if let Some(pe) = e.period_applied_ms {
             put(battr(n, field::PE), Value::N(pe));
         }
     }
@@ -830,25 +855,25 @@ mod route_tests {
     /// A 10-per-minute bucket holding `tk` milli at `rf`, its `wcu` holding `wcu` at `rf`.
     fn image(tk: i64, wcu: i64, rf: i64) -> BucketImage {
         let st = LimitState {
-            tk,
-            cp: 10_000,
-            ra: 10_000,
-            rp: 60_000,
+            balance: tk,
+            capacity: 10_000,
+            refill_amount: 10_000,
+            refill_period_ms: 60_000,
             ..LimitState::default()
         };
         BucketImage {
             key: "k".into(),
-            rf,
-            vu: None,
+            refilled_at_ms: rf,
+            valid_until_ms: None,
             ttl: None,
             shard_count: 1,
-            ph: None,
+            params_hash: None,
             limits: [("rpm".to_string(), st)].into_iter().collect(),
             wcu: Some(LimitState {
-                tk: wcu,
-                cp: WCU_CAPACITY,
-                ra: WCU_CAPACITY,
-                rp: 1_000,
+                balance: wcu,
+                capacity: WCU_CAPACITY,
+                refill_amount: WCU_CAPACITY,
+                refill_period_ms: 1_000,
                 ..LimitState::default()
             }),
             disabled: false,

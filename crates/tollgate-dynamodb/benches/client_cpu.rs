@@ -54,7 +54,7 @@ enum Op {
 #[derive(Clone)]
 struct Target {
     key: Key,
-    ph: String,
+    params_hash: String,
     entity: String,
 }
 
@@ -129,7 +129,11 @@ async fn bench(store: Arc<DynamoDbStore>, calls: usize) -> Result<(), Box<dyn st
             .and_then(Value::as_s)
             .ok_or("bucket has no ph")?
             .to_string();
-        targets.push(Target { key, ph, entity });
+        targets.push(Target {
+            key,
+            params_hash: ph,
+            entity,
+        });
     }
     // TOLLGATE_BENCH_OPS=render,acquire,update,get picks rows (for profiling one kind of
     // call); default: all.
@@ -190,7 +194,12 @@ async fn render_rows(store: &DynamoDbStore, t: &Target) -> Result<(), Box<dyn st
     let item = store.get(&t.key, true).await?.ok_or("item vanished")?;
     let av = item_to_av(&item)?;
     let amounts = [(LIMIT.to_string(), 1000i64)];
-    let (update, condition) = fast_write(&amounts, &[bench_limit()], &t.ph, 1_700_000_000_000);
+    let (update, condition) = fast_write(
+        &amounts,
+        &[bench_limit()],
+        &t.params_hash,
+        1_700_000_000_000,
+    );
     let time = |f: &mut dyn FnMut() -> usize| {
         let (u0, s0) = cpu();
         let mut sink = 0usize;
@@ -222,7 +231,12 @@ async fn render_rows(store: &DynamoDbStore, t: &Target) -> Result<(), Box<dyn st
     let decode = time(&mut || item_from_av_owned(av.clone()).map_or(0, |i| i.len()));
     let build = time(&mut || {
         let amounts = [(LIMIT.to_string(), 1000i64)];
-        let (u, c) = fast_write(&amounts, &[bench_limit()], &t.ph, 1_700_000_000_000);
+        let (u, c) = fast_write(
+            &amounts,
+            &[bench_limit()],
+            &t.params_hash,
+            1_700_000_000_000,
+        );
         u.actions.len() + matches!(c, tollgate_core::expr::Condition::And(_)) as usize
     });
     println!();
@@ -250,8 +264,8 @@ async fn top_up(
             .update(UpdateRequest {
                 key: t.key.clone(),
                 update: Update::new()
-                    .set(keys::battr(LIMIT, "tk"), FULL)
-                    .set(keys::battr(WCU, "tk"), FULL)
+                    .set(keys::battr(LIMIT, tollgate_core::bucket::field::TK), FULL)
+                    .set(keys::battr(WCU, tollgate_core::bucket::field::TK), FULL)
                     .remove(attr::TTL),
                 condition: None,
                 returns: ReturnValues::None,
@@ -284,7 +298,7 @@ async fn drive(
                             .unwrap_or(0);
                         let amounts = [(LIMIT.to_string(), 1000i64)];
                         let (update, condition) =
-                            fast_write(&amounts, &[bench_limit()], &t.ph, now);
+                            fast_write(&amounts, &[bench_limit()], &t.params_hash, now);
                         store
                             .update(UpdateRequest {
                                 key: t.key.clone(),

@@ -169,7 +169,7 @@ impl Rig {
             .batch_get(&keys, true)
             .await
             .expect("read the shard items");
-        let tc_attr = keys::battr(&self.limit, "tc");
+        let tc_attr = keys::battr(&self.limit, tollgate_core::bucket::field::TC);
         let tc = items
             .iter()
             .flatten()

@@ -220,9 +220,9 @@ pub struct TcEvent {
     /// Change of `tc` (milli).
     pub delta: i64,
     /// The limit's window start on the item after the write.
-    pub ws: Option<i64>,
+    pub window_start_ms: Option<i64>,
     /// The item's `rf` after the write.
-    pub rf: i64,
+    pub refilled_at_ms: i64,
     /// True time of the write.
     pub t: i64,
     /// Scheduler step.
@@ -264,7 +264,7 @@ pub struct Creation {
     /// The shard count stamped at creation.
     pub shard_count: i64,
     /// The `rf` stamped at creation (the refill baseline, a client's clock reading).
-    pub rf: i64,
+    pub refilled_at_ms: i64,
     /// True time.
     pub t: i64,
     /// Scheduler step.
@@ -321,7 +321,7 @@ pub struct Ledger {
     /// Operations, indexed by id.
     pub ops: Vec<OpRec>,
     /// `tc` changes.
-    pub tc: Vec<TcEvent>,
+    pub consumed: Vec<TcEvent>,
     /// Shard creations.
     pub creations: Vec<Creation>,
     /// Older-writer stamps.
@@ -452,7 +452,7 @@ impl Ledger {
                 resource: resource.clone(),
                 shard,
                 shard_count: n(a, "shard_count").unwrap_or(1),
-                rf: n(a, "rf").unwrap_or(t),
+                refilled_at_ms: n(a, "rf").unwrap_or(t),
                 t,
                 step,
             });
@@ -476,17 +476,17 @@ impl Ledger {
                         .entry((format!("{entity}/{resource}"), l.clone()))
                         .or_default() += od;
                 }
-                self.tc.push(TcEvent {
+                self.consumed.push(TcEvent {
                     op,
                     entity: entity.clone(),
                     resource: resource.clone(),
                     shard,
                     limit: l.clone(),
                     delta: tc_a - tc_b,
-                    ws: n(a, &format!("b_{l}_ws")),
+                    window_start_ms: n(a, &format!("b_{l}_ws")),
                     // A calendar quota's balance belongs to the period of the edge it
                     // reflects (`pe`); `rf` stands in on unmarked items.
-                    rf: n(a, &format!("b_{l}_pe")).unwrap_or(rf),
+                    refilled_at_ms: n(a, &format!("b_{l}_pe")).unwrap_or(rf),
                     t,
                     step,
                     lost,
@@ -566,7 +566,7 @@ impl Ledger {
     /// Whether a refused multi-resource acquire's refund failed: a write of the operation
     /// failed on a bucket after the operation's debit landed on that same bucket.
     fn refund_failed(&self, id: usize) -> bool {
-        self.tc
+        self.consumed
             .iter()
             .filter(|e| e.op == Some(id) && e.delta > 0)
             .any(|d| {
@@ -628,7 +628,7 @@ impl Ledger {
             // later failed write on the debited shard itself: the child's own fan-outs go
             // to its siblings).
             let (debit, shard) = self
-                .tc
+                .consumed
                 .iter()
                 .filter(|e| e.op == Some(id) && e.entity == *child && e.delta > 0)
                 .map(|e| (e.step, e.shard))
@@ -716,7 +716,7 @@ impl Ledger {
     /// adjustments and rollback record `tc` only, wherever the stamp is by then: mark them.
     fn mark_bypassed_leases(&mut self) {
         let leases: std::collections::BTreeSet<usize> = self
-            .tc
+            .consumed
             .iter()
             .filter(|e| e.bypassed)
             .filter_map(|e| e.op)
@@ -727,7 +727,7 @@ impl Ledger {
                 )
             })
             .collect();
-        for e in &mut self.tc {
+        for e in &mut self.consumed {
             let of = match e.op.and_then(|o| self.ops.get(o)).map(|r| &r.kind) {
                 Some(OpKind::Commit { lease_of, .. } | OpKind::Rollback { lease_of, .. }) => {
                     Some(*lease_of)
@@ -778,7 +778,7 @@ impl Ledger {
 
     fn check_consumed_once(&mut self, limits: &BTreeMap<String, Vec<Limit>>) {
         let mut by_op: BTreeMap<usize, (Moves, bool)> = BTreeMap::new();
-        for e in &self.tc {
+        for e in &self.consumed {
             if let Some(op) = e.op {
                 let slot = by_op.entry(op).or_default();
                 *slot
@@ -895,7 +895,7 @@ impl Ledger {
 
     fn check_tc_total(&mut self, items: &[Item]) {
         let mut seen: BTreeMap<Slot, i64> = BTreeMap::new();
-        for e in &self.tc {
+        for e in &self.consumed {
             *seen
                 .entry((e.entity.clone(), e.resource.clone(), e.limit.clone()))
                 .or_default() += e.delta;
@@ -937,7 +937,7 @@ impl Ledger {
         // child and the parent) and limit.
         // (An acquire may debit several shards: one landing per shard.)
         let mut landed: BTreeMap<(usize, String, String, u32), Landed> = BTreeMap::new();
-        for e in &self.tc {
+        for e in &self.consumed {
             let Some(op) = e.op else { continue };
             let Some(rec) = self.ops.get(op) else {
                 continue;
@@ -959,13 +959,13 @@ impl Ledger {
                 OpKind::Acquire { .. } => {
                     landed.insert(
                         (op, e.entity.clone(), e.limit.clone(), e.shard),
-                        (e.shard, e.ws, e.rf),
+                        (e.shard, e.window_start_ms, e.refilled_at_ms),
                     );
                     out.push(Admission {
                         slot: (e.entity.clone(), e.resource.clone(), e.limit.clone()),
                         shard: e.shard,
-                        ws: e.ws,
-                        rf: e.rf,
+                        window_start_ms: e.window_start_ms,
+                        refilled_at_ms: e.refilled_at_ms,
                         step: e.step,
                         t: e.t,
                         amount: e.delta,
@@ -982,8 +982,8 @@ impl Ledger {
                             out.push(Admission {
                                 slot: (e.entity.clone(), e.resource.clone(), e.limit.clone()),
                                 shard: e.shard,
-                                ws: e.ws,
-                                rf: e.rf,
+                                window_start_ms: e.window_start_ms,
+                                refilled_at_ms: e.refilled_at_ms,
                                 step: e.step,
                                 t: e.t,
                                 amount: e.delta,
@@ -1014,7 +1014,7 @@ impl Ledger {
             let mut starts: Vec<i64> = list
                 .iter()
                 .filter(|a| a.refund_of.is_none())
-                .filter_map(|a| a.ws)
+                .filter_map(|a| a.window_start_ms)
                 .collect();
             starts.sort_unstable();
             starts.dedup();
@@ -1031,9 +1031,9 @@ impl Ledger {
             for a in &list {
                 let ws = match a.refund_of {
                     // A refund counts only if its shard still holds the acquire's window.
-                    Some((ws_acq, _)) if ws_acq == a.ws => a.ws,
+                    Some((ws_acq, _)) if ws_acq == a.window_start_ms => a.window_start_ms,
                     Some(_) => None,
-                    None => a.ws,
+                    None => a.window_start_ms,
                 };
                 if let Some(p) = ws.and_then(phase_of) {
                     *per.entry((ent.clone(), p)).or_default() += a.amount;
@@ -1125,9 +1125,11 @@ impl Ledger {
             .filter(|a| a.slot.1 == res && a.slot.2 == l.name())
         {
             let p = match a.refund_of {
-                Some((_, rf_acq)) if period(rf_acq) == period(a.rf) => period(a.rf),
+                Some((_, rf_acq)) if period(rf_acq) == period(a.refilled_at_ms) => {
+                    period(a.refilled_at_ms)
+                }
                 Some(_) => continue,
-                None => period(a.rf),
+                None => period(a.refilled_at_ms),
             };
             *per.entry((a.slot.0.clone(), p)).or_default() += a.amount;
         }
@@ -1153,7 +1155,7 @@ impl Ledger {
     /// every adjustment and rollback the store applied for it never sums below zero.
     fn check_lease_net(&mut self) {
         let mut net: BTreeMap<(usize, String, String), i64> = BTreeMap::new();
-        for e in &self.tc {
+        for e in &self.consumed {
             let Some(op) = e.op else { continue };
             let lease = match self.ops.get(op).map(|o| &o.kind) {
                 Some(OpKind::Acquire { .. }) => op,
@@ -1244,7 +1246,7 @@ impl Ledger {
         let mut by_entity: BTreeMap<&str, Vec<&TcEvent>> = BTreeMap::new();
         // ADR-151: what a bypassed item recorded was not debited (see the module docs).
         for e in self
-            .tc
+            .consumed
             .iter()
             .filter(|e| e.resource == res && e.limit == l.name() && !e.bypassed)
         {
@@ -1368,7 +1370,7 @@ impl Ledger {
                     let rate = (ra / s).max(1);
                     // Refill is credited from the created rf up to a writer's reading,
                     // which is at most true time + skew.
-                    let elapsed = i128::from((a.t + skew - c.rf).max(0));
+                    let elapsed = i128::from((a.t + skew - c.refilled_at_ms).max(0));
                     allow +=
                         i128::from(cap / s) + i128::from(rate) * elapsed / i128::from(rp) + 1000;
                 }
@@ -1405,8 +1407,8 @@ impl Ledger {
 struct Admission {
     slot: Slot,
     shard: u32,
-    ws: Option<i64>,
-    rf: i64,
+    window_start_ms: Option<i64>,
+    refilled_at_ms: i64,
     step: u64,
     t: i64,
     amount: i64,

@@ -158,7 +158,8 @@ impl RejectionCache {
         let g = self.lock();
         let (at, img) = g.get(e, r, shard)?;
         let fresh = now - at < self.ttl_ms && now >= *at;
-        let valid = img.vu.is_none_or(|v| v > now) && img.ttl.is_none_or(|t| t > now / 1000);
+        let valid =
+            img.valid_until_ms.is_none_or(|v| v > now) && img.ttl.is_none_or(|t| t > now / 1000);
         (fresh && valid).then(|| BucketImage::clone(img))
     }
 

@@ -39,7 +39,7 @@ pub(crate) fn parent_request(
 ) -> Result<Request> {
     let crate::config::Resolved {
         limits,
-        ph,
+        params_hash: ph,
         source,
         cascade,
         mode,

@@ -20,7 +20,7 @@ pub(crate) struct Request {
     pub amounts: Vec<(String, i64)>,
     /// Shared with the config cache (and with the lease): cloning a request copies no limit.
     pub limits: Arc<[Limit]>,
-    pub ph: Arc<str>,
+    pub params_hash: Arc<str>,
     pub ttl: TtlWrite,
     /// The effective cascade policy, stamped on the items the slow path writes (ADR-146);
     /// `request` leaves it off, the caller sets it from the resolved config.
@@ -40,9 +40,15 @@ pub(crate) struct Request {
 
 pub(crate) use tollgate_core::plan::CountPin;
 
-/// The slot's own conditional write failed (rf lock lost, create race lost, or a pinned
-/// balance moved); the item as it was when it failed, if known.
-pub(crate) struct LostLock(pub(crate) Option<Box<tollgate_core::value::Item>>);
+/// How the slot's own conditional write (with what committed with it) ended.
+#[derive(Debug)]
+pub(crate) enum Landed {
+    /// It applied; the item it returned (`ALL_NEW`), when one write carried it alone.
+    Wrote(Option<Box<tollgate_core::value::Item>>),
+    /// Its condition failed (rf lock lost, create race lost, or a pinned balance moved);
+    /// the item as it was when it failed, if known.
+    LostLock(Option<Box<tollgate_core::value::Item>>),
+}
 
 /// The pause before retry `attempt` of a contended write: 25 ms doubling, at most 200 ms.
 pub(crate) fn backoff(attempt: u32) -> Duration {
@@ -55,7 +61,7 @@ impl Request {
         Ask {
             limits: &self.limits,
             amounts: &self.amounts,
-            ph: &self.ph,
+            params_hash: &self.params_hash,
             ttl: self.ttl,
             cascade: self.cascade,
             bypass: self.bypass,

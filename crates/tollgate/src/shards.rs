@@ -113,7 +113,7 @@ pub(crate) async fn fan_out(inner: &Inner, req: &Request, shard: u32, s: i64, ev
         return;
     }
     for e in evals.iter().filter(|e| e.opened) {
-        let (Some(ws), Some(rsa)) = (e.ws, e.rsa) else {
+        let (Some(ws), Some(rsa)) = (e.window_start_ms, e.window_s) else {
             continue;
         };
         for sib in (0..s as u32).filter(|x| *x != shard) {

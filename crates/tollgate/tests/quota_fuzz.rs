@@ -73,11 +73,11 @@ fn check(h: &H, q: &Limit, admitted: i64, now: i64, log: &[String]) {
             ctx()
         );
         let st = LimitState {
-            tk,
-            gc: Some(gc),
-            ws: n(&item, &attr("ws")),
-            wa: n(&item, &attr("wa")),
-            pe: n(&item, &attr("pe")),
+            balance: tk,
+            grant_count: Some(gc),
+            window_start_ms: n(&item, &attr("ws")),
+            window_applied_ms: n(&item, &attr("wa")),
+            period_applied_ms: n(&item, &attr("pe")),
             ..Default::default()
         };
         if quota_grant_is_current(q, &st, n(&item, "rf").unwrap(), now) {

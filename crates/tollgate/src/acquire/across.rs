@@ -55,7 +55,8 @@ impl Inner {
                 {
                     let mut pins = BTreeMap::new();
                     for (l, e) in req.limits.iter().zip(&evals) {
-                        if let Some(p) = refund_pin(l, e.ws, e.pe, now) {
+                        if let Some(p) = refund_pin(l, e.window_start_ms, e.period_applied_ms, now)
+                        {
                             pins.insert(l.name().to_string(), p);
                         }
                         let take = takes

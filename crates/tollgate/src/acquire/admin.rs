@@ -19,7 +19,7 @@ impl Limiter {
             resource: resource.into(),
             amounts: Vec::new(),
             limits: Vec::new().into(),
-            ph: "".into(),
+            params_hash: "".into(),
             ttl: TtlWrite::Remove,
             cascade: false,
             bypass: false,

@@ -17,7 +17,7 @@ impl Inner {
         own: TransactOp,
         moves: &[shards::Move],
         count_pin: Option<CountPin>,
-    ) -> Pass<std::result::Result<Option<Box<tollgate_core::value::Item>>, LostLock>> {
+    ) -> Pass<Landed> {
         let count = count_pin.map(CountPin::condition);
         let with = |op: TransactOp, c: &Condition| -> TransactOp {
             match op {
@@ -66,8 +66,8 @@ impl Inner {
                     .map(|()| None),
             };
             return match r {
-                Ok(n) => Ok(Ok(n)),
-                Err(StoreError::ConditionFailed { old }) => Ok(Err(LostLock(old))),
+                Ok(n) => Ok(Landed::Wrote(n)),
+                Err(StoreError::ConditionFailed { old }) => Ok(Landed::LostLock(old)),
                 Err(e) => Err(e.into()),
             };
         }
@@ -77,7 +77,7 @@ impl Inner {
         ops.extend(check);
         match self.transact(ops).await {
             Err(Flow::MoveLost) if checked && moves.is_empty() => Err(Flow::Reread),
-            r => r.map(|x| x.map(|()| None)),
+            r => r,
         }
     }
 
@@ -90,15 +90,12 @@ impl Inner {
         })
     }
 
-    /// Commit a transaction whose first operation is the slot's own write. `Err(LostLock)`
-    /// when that write's condition failed (lost rf lock or create race); `Flow::MoveLost` when a
-    /// donor's condition failed.
-    pub(super) async fn transact(
-        &self,
-        ops: Vec<TransactOp>,
-    ) -> Pass<std::result::Result<(), LostLock>> {
+    /// Commit a transaction whose first operation is the slot's own write.
+    /// [`Landed::LostLock`] when that write's condition failed (lost rf lock or create
+    /// race); `Flow::MoveLost` when a donor's condition failed.
+    pub(super) async fn transact(&self, ops: Vec<TransactOp>) -> Pass<Landed> {
         match self.store.transact_write(ops, None).await {
-            Ok(()) => Ok(Ok(())),
+            Ok(()) => Ok(Landed::Wrote(None)),
             Err(StoreError::TransactionCanceled { reasons }) => {
                 let failed = |r: &CancelReason| matches!(r, CancelReason::ConditionFailed { .. });
                 if reasons.first().is_some_and(failed) {
@@ -106,7 +103,7 @@ impl Inner {
                         Some(CancelReason::ConditionFailed { old }) => old.map(Box::new),
                         _ => None,
                     };
-                    Ok(Err(LostLock(old)))
+                    Ok(Landed::LostLock(old))
                 } else if reasons.iter().skip(1).any(failed) {
                     Err(Flow::MoveLost)
                 } else if reasons

@@ -88,14 +88,14 @@ impl Inner {
         };
         let rf = next_rf(now, None, &evals);
         let stamp = ItemStamp {
-            rf,
-            vu: if req.bypass {
+            refilled_at_ms: rf,
+            valid_until_ms: if req.bypass {
                 Some(tollgate_core::bypass::VALID_UNTIL)
             } else {
                 valid_until(&req.limits, &evals, now)
             },
             ttl: req.ttl,
-            ph: &req.ph,
+            params_hash: &req.params_hash,
         };
         let id = BucketIdentity {
             ns: self.ns(),
@@ -125,7 +125,7 @@ impl Inner {
         // A create on shard 0 is pinned by its own `attribute_not_exists(PK)`; any other
         // shard that grants a quota pins shard 0's count as read.
         let pin = match plan.shard0 {
-            Some(s0) if evals.iter().any(|e| e.gc.is_some()) => {
+            Some(s0) if evals.iter().any(|e| e.grant_count.is_some()) => {
                 Some(s0.map_or(CountPin::Absent, CountPin::Count))
             }
             _ => None,
@@ -136,7 +136,7 @@ impl Inner {
             .commit_slot(req, shard, TransactOp::Put(put), &moves_ops, pin)
             .await?;
         match (landed, refusal) {
-            (Ok(_), Some(x)) => {
+            (Landed::Wrote(_), Some(x)) => {
                 self.shards.raise(&req.entity, &req.resource, s);
                 self.images.forget(&req.entity, &req.resource, shard);
                 if s > 1 {
@@ -147,7 +147,7 @@ impl Inner {
                 }
                 Err(Flow::Fail(Error::RateLimitExceeded(x)))
             }
-            (Ok(_), None) => {
+            (Landed::Wrote(_), None) => {
                 Stats::bump(&self.stats.slow_admits);
                 self.shards.raise(&req.entity, &req.resource, s);
                 for m in &moves_ops {
@@ -161,7 +161,7 @@ impl Inner {
                 self.after_materialise(req, shard, s, &evals).await;
                 Ok(self.lease(req, shard, key.clone(), &evals, None, new, s, now))
             }
-            (Err(LostLock(old)), _) => {
+            (Landed::LostLock(old), _) => {
                 let old = old.as_deref().map(BucketImage::decode).transpose()?;
                 self.after_lost_lock(req, shard, key, s, i64::MIN, &evals, old, now, known)
                     .await

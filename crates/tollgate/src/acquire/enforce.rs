@@ -262,7 +262,7 @@ impl Limiter {
                 resource,
                 Vec::new(),
                 res.limits,
-                Some(res.ph),
+                Some(res.params_hash),
                 res.source,
                 now,
             )?

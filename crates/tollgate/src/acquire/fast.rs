@@ -154,9 +154,9 @@ impl Inner {
     ) -> Result<FastOnce> {
         let key = self.bucket_key(req, shard);
         let (update, condition) = if req.bypass {
-            tollgate_core::bypass::fast_write(&req.amounts, &req.ph, now)
+            tollgate_core::bypass::fast_write(&req.amounts, &req.params_hash, now)
         } else {
-            fast_write(&req.amounts, &req.limits, &req.ph, now)
+            fast_write(&req.amounts, &req.limits, &req.params_hash, now)
         };
         let r = self
             .store
@@ -198,10 +198,16 @@ impl Inner {
                     None => self.images.forget(&req.entity, &req.resource, shard),
                 }
                 let f = match &img {
-                    Some(i) if req.bypass => tollgate_core::bypass::classify(i, &req.ph, now),
-                    _ => {
-                        classify_fast_failure(img.as_ref(), &req.amounts, &req.limits, &req.ph, now)
+                    Some(i) if req.bypass => {
+                        tollgate_core::bypass::classify(i, &req.params_hash, now)
                     }
+                    _ => classify_fast_failure(
+                        img.as_ref(),
+                        &req.amounts,
+                        &req.limits,
+                        &req.params_hash,
+                        now,
+                    ),
                 };
                 Ok(FastOnce::Refused(f, img))
             }

@@ -30,6 +30,7 @@ use tollgate_core::limit::Limit;
 use tollgate_core::materialize::{evaluate, evaluate_wcu, valid_until, Evaluated};
 use tollgate_core::plan::{PassOutcome, PassPlan, SlowPlan};
 use tollgate_core::status::{limit_status, ShardView};
+use tollgate_core::units::{EpochMs, ShardCount};
 use tollgate_core::value::Key;
 use tollgate_core::writes::{
     classify_fast_failure, create_item, fast_write, image_trusted, next_rf, normal_write,
@@ -45,7 +46,7 @@ use crate::lease::{Lease, Part};
 use crate::limiter::{Inner, Limiter, Stats};
 use crate::shards;
 
-pub(crate) use crate::request::{backoff, CountPin, LostLock, Request};
+pub(crate) use crate::request::{backoff, CountPin, Landed, Request};
 pub use amounts::Amounts;
 pub use many::MultiLease;
 
@@ -91,10 +92,11 @@ enum Fast {
 fn needs_materialising(img: &BucketImage, req: &Request, now: i64) -> bool {
     if img.bypass {
         // A bypassed item is written `tc`-only, trusted or not (ADR-151).
-        return img.ph.as_deref() != Some(&*req.ph) || img.ttl.is_some_and(|t| t <= now / 1000);
+        return img.params_hash.as_deref() != Some(&*req.params_hash)
+            || img.ttl.is_some_and(|t| t <= now / 1000);
     }
     !image_trusted(img, &req.limits, &req.amounts, now)
-        || img.ph.as_deref() != Some(&*req.ph)
+        || img.params_hash.as_deref() != Some(&*req.params_hash)
         || img.ttl.is_some_and(|t| t <= now / 1000)
         || req.amounts.iter().any(|(n, _)| !img.limits.contains_key(n))
 }
@@ -148,7 +150,7 @@ impl Limiter {
                     if policy.is_none() {
                         policy = res.on_unavailable;
                     }
-                    (res.limits, Some(res.ph), res.source)
+                    (res.limits, Some(res.params_hash), res.source)
                 }
             };
             if let Some(m) = res.unreachable {
@@ -254,7 +256,7 @@ impl Inner {
         Ok(Request {
             entity: entity.into(),
             resource: resource.into(),
-            ph: ph.unwrap_or_else(|| params_hash(&limits).into()),
+            params_hash: ph.unwrap_or_else(|| params_hash(&limits).into()),
             amounts,
             limits,
             ttl,

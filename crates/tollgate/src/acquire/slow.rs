@@ -130,7 +130,7 @@ impl Inner {
                 &shaped
             }
         };
-        let img_rf = img.rf;
+        let img_rf = img.refilled_at_ms;
         let cached = self.shards.get(&req.entity, &req.resource).unwrap_or(1);
         let missing: Vec<&Limit> = req
             .limits
@@ -163,10 +163,10 @@ impl Inner {
             ask: req.ask(),
             image: &img,
             shard,
-            shard_count: cached.max(img.shard_count).max(plan.shard_count),
+            shard_count: ShardCount(cached.max(img.shard_count).max(plan.shard_count)),
             seeds: &plan,
             shard0_count: plan.shard0,
-            now_ms: now,
+            now: EpochMs(now),
         };
         let pass = loop {
             match tollgate_core::plan::plan_slow_pass(&input) {
@@ -175,7 +175,7 @@ impl Inner {
             }
         };
         let PassPlan {
-            shard_count: s,
+            shard_count: ShardCount(s),
             evals,
             pin,
             outcome,
@@ -198,13 +198,13 @@ impl Inner {
             }
             PassOutcome::Write { write, refused } => (write, refused.map(exceeded)),
         };
-        let rf_written = write.rf;
+        let rf_written = write.refilled_at_ms;
         let write = Self::rf_locked(key, write.update, write.condition);
         let landed = self
             .commit_slot(req, shard, TransactOp::Update(write), &plan.moves, pin)
             .await?;
         match (landed, refusal) {
-            (Ok(_), Some(x)) => {
+            (Landed::Wrote(_), Some(x)) => {
                 self.images.forget(&req.entity, &req.resource, shard);
                 if s > 1 {
                     return self
@@ -214,18 +214,18 @@ impl Inner {
                 }
                 Err(Flow::Fail(Error::RateLimitExceeded(x)))
             }
-            (Ok(new), None) => {
+            (Landed::Wrote(new), None) => {
                 Stats::bump(&self.stats.slow_admits);
                 self.rejections.forget(&req.entity, &req.resource, shard);
                 for m in &plan.moves {
                     self.rejections.forget(&req.entity, &req.resource, m.shard);
                 }
                 let new = self.remember(req, shard, new.as_deref())?;
-                debug_assert!(new.as_ref().is_none_or(|n| n.rf == rf_written));
+                debug_assert!(new.as_ref().is_none_or(|n| n.refilled_at_ms == rf_written));
                 self.after_materialise(req, shard, s, &evals).await;
                 Ok(self.lease(req, shard, key.clone(), &evals, None, new, s, now))
             }
-            (Err(LostLock(old)), _) => {
+            (Landed::LostLock(old), _) => {
                 let old = old.as_deref().map(BucketImage::decode).transpose()?;
                 self.after_lost_lock(req, shard, key, s, img_rf, &evals, old, now, known)
                     .await

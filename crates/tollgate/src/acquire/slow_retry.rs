@@ -44,12 +44,12 @@ impl Inner {
         }
         // The lock is still ours (rf unchanged) but a pinned balance moved: re-plan rather
         // than spend the pre-reset balance.
-        let lock_held = old.rf == read_rf;
+        let lock_held = old.refilled_at_ms == read_rf;
         let trusted = image_trusted(&old, &req.limits, &req.amounts, now);
         if (lock_held
             && evals
                 .iter()
-                .any(|e| e.transition.is_set() || e.gc.is_some()))
+                .any(|e| e.transition.is_set() || e.grant_count.is_some()))
             || !trusted
             || needs_materialising(&old, req, now)
         {
@@ -57,18 +57,18 @@ impl Inner {
             return Err(Flow::Reread);
         }
         match self.retry(req, shard, key, s, now).await? {
-            Ok(lease) => Ok(lease),
-            Err(Some(img)) => {
+            Retried::Granted(lease) => Ok(lease),
+            Retried::Replan(Some(img)) => {
                 *known = Some(Arc::new(img));
                 Err(Flow::Reread)
             }
-            Err(None) => Err(Flow::Reread),
+            Retried::Replan(None) => Err(Flow::Reread),
         }
     }
 
     /// The consumption-only retry after a lost rf lock or create race, on an item whose
-    /// writer left it trusted. `Ok(Err(image))`: the item is no longer trusted (or changed
-    /// shape): re-plan from the image it returned.
+    /// writer left it trusted. [`Retried::Replan`]: the item is no longer trusted (or
+    /// changed shape): re-plan from the image it returned.
     pub(super) async fn retry(
         self: &Arc<Self>,
         req: &Request,
@@ -76,7 +76,7 @@ impl Inner {
         key: &Key,
         s: i64,
         now: i64,
-    ) -> Result<std::result::Result<Lease, Option<BucketImage>>> {
+    ) -> Result<Retried> {
         let now = self.clock.now_ms().max(now);
         let (update, condition) = retry_write(&req.amounts, &req.limits, now);
         let r = self
@@ -95,7 +95,7 @@ impl Inner {
                     .put(&req.entity, &req.resource, shard, Arc::clone(&img));
                 Stats::bump(&self.stats.slow_admits);
                 let evals = self.evaluate_all(req, &img, now);
-                Ok(Ok(self.lease(
+                Ok(Retried::Granted(self.lease(
                     req,
                     shard,
                     key.clone(),
@@ -108,7 +108,7 @@ impl Inner {
             }
             Err(StoreError::ConditionFailed { old }) => {
                 let Some(img) = old.as_deref().map(BucketImage::decode).transpose()? else {
-                    return Ok(Err(None));
+                    return Ok(Retried::Replan(None));
                 };
                 self.images
                     .put(&req.entity, &req.resource, shard, img.clone());
@@ -119,17 +119,29 @@ impl Inner {
                     });
                 }
                 if img.bypass || needs_materialising(&img, req, now) {
-                    return Ok(Err(Some(img)));
+                    return Ok(Retried::Replan(Some(img)));
                 }
                 if s > 1 {
-                    return self.entity_acquire(req, s, shard, now).await.map(Ok);
+                    return self
+                        .entity_acquire(req, s, shard, now)
+                        .await
+                        .map(Retried::Granted);
                 }
                 match self.exceeded(req, &[Some(&img)], s, now) {
                     Some(x) => Err(Error::RateLimitExceeded(x)),
-                    None => Ok(Err(Some(img))),
+                    None => Ok(Retried::Replan(Some(img))),
                 }
             }
             Err(e) => Err(e.into()),
         }
     }
+}
+
+/// How the consumption-only retry ended.
+pub(super) enum Retried {
+    /// The debit landed: the lease.
+    Granted(Lease),
+    /// The item is no longer trusted, or changed shape: plan again, from this image when
+    /// the failed write returned one.
+    Replan(Option<BucketImage>),
 }

@@ -25,7 +25,10 @@ impl Inner {
             charging,
             now,
         );
-        (Self::rf_locked(key, w.update, w.condition), w.rf)
+        (
+            Self::rf_locked(key, w.update, w.condition),
+            w.refilled_at_ms,
+        )
     }
 
     /// The store request of a planned rf-locked write (it returns the new item).

@@ -15,7 +15,7 @@ impl Inner {
                 evaluate(
                     l,
                     img.limits.get(l.name()),
-                    img.rf,
+                    img.refilled_at_ms,
                     img.shard_count,
                     now,
                     None,
@@ -48,9 +48,13 @@ impl Inner {
             let (ws, pe, rf) = match landed {
                 Some(img) => {
                     let st = img.limits.get(l.name());
-                    (st.and_then(|st| st.ws), st.and_then(|st| st.pe), img.rf)
+                    (
+                        st.and_then(|st| st.window_start_ms),
+                        st.and_then(|st| st.period_applied_ms),
+                        img.refilled_at_ms,
+                    )
                 }
-                None => (e.ws, e.pe, now),
+                None => (e.window_start_ms, e.period_applied_ms, now),
             };
             if let Some(p) = refund_pin(l, ws, pe, rf) {
                 pins.insert(l.name().to_string(), p);

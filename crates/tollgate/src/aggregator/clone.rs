@@ -11,7 +11,7 @@ use tollgate_core::writes::{create_item, BucketIdentity, ItemStamp, TtlWrite};
 use tollgate_store::{PutRequest, TransactOp};
 
 use crate::error::Pass;
-use crate::request::{LostLock, Request};
+use crate::request::{Landed, Request};
 use crate::shards;
 
 use super::Aggregator;
@@ -42,10 +42,10 @@ impl Aggregator {
         // The clone's balances are its own (a split, moves): its trust horizon is not shard
         // 0's, so its first use materialises it.
         let stamp = ItemStamp {
-            rf: img0.rf,
-            vu: Some(0),
+            refilled_at_ms: img0.refilled_at_ms,
+            valid_until_ms: Some(0),
             ttl: img0.ttl.map_or(TtlWrite::Remove, TtlWrite::Set),
-            ph: &req.ph,
+            params_hash: &req.params_hash,
         };
         let id = BucketIdentity {
             ns: inner.ns(),
@@ -63,9 +63,9 @@ impl Aggregator {
             let n = l.name();
             let st = img0.limits.get(n);
             for (f, v) in [
-                ("ws", st.and_then(|s| s.ws)),
-                ("rsa", st.and_then(|s| s.rsa)),
-                ("wa", st.and_then(|s| s.wa)),
+                ("ws", st.and_then(|s| s.window_start_ms)),
+                ("rsa", st.and_then(|s| s.window_s)),
+                ("wa", st.and_then(|s| s.window_applied_ms)),
             ] {
                 match v {
                     Some(v) => item.insert(battr(n, f), Value::N(v)),
@@ -74,7 +74,7 @@ impl Aggregator {
             }
             item.insert(battr(n, field::WTC), Value::N(0));
         }
-        if img0.ph.is_none() {
+        if img0.params_hash.is_none() {
             item.remove(tollgate_core::bucket::attr::PH);
         }
         let put = PutRequest {
@@ -92,14 +92,14 @@ impl Aggregator {
             .commit_slot(req, slot, TransactOp::Put(put), &donors, None)
             .await?
         {
-            Ok(_) => {
+            Landed::Wrote(_) => {
                 inner.shards.raise(&req.entity, &req.resource, s);
                 for m in &donors {
                     inner.rejections.forget(&req.entity, &req.resource, m.shard);
                 }
                 Ok(true)
             }
-            Err(LostLock(_)) => Ok(false),
+            Landed::LostLock(_) => Ok(false),
         }
     }
 }

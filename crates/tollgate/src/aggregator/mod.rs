@@ -5,7 +5,7 @@
 //! The store contract has no change feed yet, so the aggregator is driven per
 //! (entity, resource): each call reads the shards it needs (strongly consistently) and
 //! treats what it read as the stream's latest image. The consumption a record would carry
-//! (`NewImage.tc − OldImage.tc`) is taken against the previous image this `Aggregator`
+//! (`NewImage.consumed − OldImage.consumed`) is taken against the previous image this `Aggregator`
 //! saw of the item (none seen: the whole `tc`).
 //!
 //! Rules live elsewhere, once: the refill decision in [`tollgate_core::aggregate`], the
@@ -29,7 +29,7 @@ use tollgate_store::{TransactOp, UpdateRequest};
 
 use crate::error::{Flow, Result};
 use crate::limiter::{Inner, Limiter};
-use crate::request::{CountPin, LostLock, Request};
+use crate::request::{CountPin, Landed, Request};
 use crate::shards;
 
 mod clone;
@@ -60,7 +60,7 @@ fn request(entity: &str, resource: &str, limits: Vec<Limit>, ph: &str) -> Result
         resource: resource.into(),
         amounts: Vec::new(),
         limits: limits.into(),
-        ph: ph.into(),
+        params_hash: ph.into(),
         ttl: TtlWrite::Remove,
         // The aggregator never stamps the cascade policy (ADR-146): its writes do not carry
         // `cascade`, so an item keeps what its last client write stamped.
@@ -117,8 +117,8 @@ impl Aggregator {
             .iter()
             .map(|(n, st)| {
                 let k = (img.key.clone(), n.clone());
-                let before = seen.insert(k, st.tc).unwrap_or(0);
-                (n.clone(), st.tc - before)
+                let before = seen.insert(k, st.consumed).unwrap_or(0);
+                (n.clone(), st.consumed - before)
             })
             .collect()
     }
@@ -167,7 +167,10 @@ impl Aggregator {
         let mut rep = self.refill_images(&req, s, &images).await?;
         let hot = images.iter().any(|(_, img)| {
             img.wcu.is_some()
-                && shards::should_double(evaluate_wcu(img.wcu.as_ref(), img.rf, now).balance, s)
+                && shards::should_double(
+                    evaluate_wcu(img.wcu.as_ref(), img.refilled_at_ms, now).balance,
+                    s,
+                )
         });
         if hot {
             rep.merge(self.maybe_double(entity, resource).await?);
@@ -219,7 +222,7 @@ impl Aggregator {
                     let pin = w.grants.then_some(CountPin::Count(s_used));
                     rep.writes += 1;
                     match self.inner.commit_slot(&req, shard, own, &[], pin).await {
-                        Ok(Ok(_)) => {
+                        Ok(Landed::Wrote(_)) => {
                             rep.refilled_items += 1;
                             rep.rolled += w.rolled.len();
                             rep.reset += w.reset.len();
@@ -227,7 +230,7 @@ impl Aggregator {
                             rep.clamped += w.clamped.len();
                             self.inner.rejections.forget(entity, resource, shard);
                         }
-                        Ok(Err(LostLock(_))) | Err(Flow::Reread) => {
+                        Ok(Landed::LostLock(_)) | Err(Flow::Reread) => {
                             rep.lost += 1;
                             tracing::debug!(shard, "aggregator: refill write lost its pins");
                         }
@@ -260,7 +263,10 @@ impl Aggregator {
         rep.shards_read = images.len();
         let hot = images.iter().any(|img| {
             img.wcu.is_some()
-                && shards::should_double(evaluate_wcu(img.wcu.as_ref(), img.rf, now).balance, s)
+                && shards::should_double(
+                    evaluate_wcu(img.wcu.as_ref(), img.refilled_at_ms, now).balance,
+                    s,
+                )
         });
         if !hot {
             return Ok(rep);
@@ -311,7 +317,7 @@ impl Aggregator {
             entity,
             resource,
             limits,
-            img0.ph.as_deref().unwrap_or_default(),
+            img0.params_hash.as_deref().unwrap_or_default(),
         )?;
         let from = since.clamp(1, s) as u32;
         let missing: Vec<u32> = self

@@ -85,7 +85,7 @@ impl Inner {
                         tollgate_core::materialize::evaluate(
                             l,
                             img.limits.get(l.name()),
-                            img.rf,
+                            img.refilled_at_ms,
                             s.max(img.shard_count),
                             now,
                             None,
@@ -237,7 +237,7 @@ impl Inner {
                 if x.evals.is_empty() {
                     continue;
                 }
-                grants |= x.evals.iter().any(|e| e.gc.is_some());
+                grants |= x.evals.iter().any(|e| e.grant_count.is_some());
                 let tc_only = tc_only.get(shard).map_or(&[][..], |v| v.as_slice());
                 let (write, _) = self.materialising_write(
                     req,

@@ -10,7 +10,7 @@ use tollgate_store::StoreError;
 
 use crate::error::{Error, Flow, Result};
 use crate::limiter::Inner;
-use crate::request::Request;
+use crate::request::{Landed, Request};
 
 use super::Part;
 
@@ -47,7 +47,7 @@ impl Inner {
                         tollgate_core::materialize::evaluate(
                             l,
                             img.limits.get(l.name()),
-                            img.rf,
+                            img.refilled_at_ms,
                             s,
                             now,
                             None,
@@ -59,7 +59,7 @@ impl Inner {
             // Rule "a grant is sized at the live shard count" (see `Inner::commit_slot`): a
             // quota this write resets or rolls is sized at shard 0's count, pinned.
             let mut pin = None;
-            if evals.iter().any(|e| e.gc.is_some()) {
+            if evals.iter().any(|e| e.grant_count.is_some()) {
                 let s0 = if shard == 0 {
                     Some(img.shard_count)
                 } else {
@@ -141,10 +141,8 @@ impl Inner {
                     )
                     .await
                 {
-                    Ok(Ok(new)) => Ok(new.map(|b| *b)),
-                    Ok(Err(crate::request::LostLock(old))) => {
-                        Err(StoreError::ConditionFailed { old })
-                    }
+                    Ok(Landed::Wrote(new)) => Ok(new.map(|b| *b)),
+                    Ok(Landed::LostLock(old)) => Err(StoreError::ConditionFailed { old }),
                     // Shard 0's count moved (a doubling): plan again.
                     Err(Flow::Reread) | Err(Flow::MoveLost) => continue,
                     Err(Flow::Fail(Error::Unavailable(e))) => Err(e),

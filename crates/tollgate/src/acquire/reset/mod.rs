@@ -7,7 +7,9 @@
 //! shard knows the operation landed ([`tollgate_core::reset::landed`]) and stops.
 
 use serde::Serialize;
+use tollgate_core::grant::GrantShare;
 use tollgate_core::reset::{reset, split_top_up, top_up};
+use tollgate_core::units::{Millitokens, ShardCount};
 
 use super::*;
 
@@ -96,12 +98,12 @@ fn plan_op(
                         img.limits.get(n).map(|st| {
                             (
                                 *i,
-                                tollgate_core::grant::infer_gc(
-                                    st.gc,
-                                    st.tk - st.tu.unwrap_or(0),
-                                    st.cp,
-                                    s,
-                                ),
+                                tollgate_core::grant::infer_gc(GrantShare {
+                                    grant_count: st.grant_count,
+                                    balance: Millitokens(st.balance - st.topped_up.unwrap_or(0)),
+                                    capacity: Millitokens(st.capacity),
+                                    shard_count: ShardCount(s),
+                                }),
                             )
                         })
                     })
@@ -126,11 +128,18 @@ fn plan_op(
         let evals: Vec<Evaluated> = limits
             .iter()
             .map(|l| {
-                let e = evaluate(l, img.limits.get(l.name()), img.rf, s, now, None);
+                let e = evaluate(
+                    l,
+                    img.limits.get(l.name()),
+                    img.refilled_at_ms,
+                    s,
+                    now,
+                    None,
+                );
                 plan.before
                     .entry(l.name().to_string())
                     .or_default()
-                    .push(e.read_tk);
+                    .push(e.read_balance);
                 let (e, added) = match kind {
                     BucketOp::Reset => {
                         let before = e.balance;
@@ -160,16 +169,16 @@ fn plan_op(
                 e
             })
             .collect();
-        let wcu = evaluate_wcu(img.wcu.as_ref(), img.rf, now);
+        let wcu = evaluate_wcu(img.wcu.as_ref(), img.refilled_at_ms, now);
         let stamp = ItemStamp {
-            rf: next_rf(now, Some(img.rf), &evals),
+            refilled_at_ms: next_rf(now, Some(img.refilled_at_ms), &evals),
             // ADR-149: vu = 0 sends the next acquire of every shard down the slow path.
-            vu: Some(0),
+            valid_until_ms: Some(0),
             ttl: req.ttl,
-            ph: &req.ph,
+            params_hash: &req.params_hash,
         };
         let (mut update, condition) = normal_write(
-            img.rf,
+            img.refilled_at_ms,
             &stamp,
             &limits,
             &evals,
@@ -180,8 +189,13 @@ fn plan_op(
         if matches!(kind, BucketOp::Reset) {
             // A reset starts the period over: the fan-out's consumption snapshot goes too.
             for l in &limits {
-                if img.limits.get(l.name()).is_some_and(|st| st.wtc.is_some()) {
-                    update = update.remove(keys::battr(l.name(), "wtc"));
+                if img
+                    .limits
+                    .get(l.name())
+                    .is_some_and(|st| st.window_consumed.is_some())
+                {
+                    update =
+                        update.remove(keys::battr(l.name(), tollgate_core::bucket::field::WTC));
                 }
             }
         }

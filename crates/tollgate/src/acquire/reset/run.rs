@@ -77,7 +77,7 @@ impl Limiter {
                 resource,
                 amounts,
                 res.limits.clone(),
-                Some(res.ph.clone()),
+                Some(res.params_hash.clone()),
                 res.source,
                 now,
             )?

@@ -40,7 +40,7 @@ pub struct Resolved {
     /// Their parameter hash ([`tollgate_core::writes::params_hash`]) with the mode
     /// ([`tollgate_core::bypass::policy_hash`]), computed once per resolution rather than
     /// per call.
-    pub ph: Arc<str>,
+    pub params_hash: Arc<str>,
     /// Where they came from.
     pub source: Source,
     /// The system-level `on_unavailable`, if stored.

@@ -57,23 +57,23 @@ pub async fn s04_fast_path_composes_with_slow_path(b: &Backend) {
         h.lim.acquire("e", "api", &[("rpm", 0)]).await.unwrap();
         let limits = vec![Limit::per_hour("rpm", 5).unwrap()];
         let img = BucketImage::decode(&h.item("e", "api", 0)).unwrap();
-        assert_eq!(img.limits["rpm"].tk, 5000);
+        assert_eq!(img.limits["rpm"].balance, 5000);
         let evals: Vec<_> = limits
             .iter()
-            .map(|l| evaluate(l, img.limits.get("rpm"), img.rf, 1, T0, None))
+            .map(|l| evaluate(l, img.limits.get("rpm"), img.refilled_at_ms, 1, T0, None))
             .collect();
         assert_eq!(evals[0].credit(), 0);
-        let wcu = evaluate_wcu(img.wcu.as_ref(), img.rf, T0);
+        let wcu = evaluate_wcu(img.wcu.as_ref(), img.refilled_at_ms, T0);
         let ph = params_hash(&limits);
         let stamp = ItemStamp {
-            rf: T0,
-            vu: valid_until(&limits, &evals, T0),
+            refilled_at_ms: T0,
+            valid_until_ms: valid_until(&limits, &evals, T0),
             ttl: TtlWrite::Remove,
-            ph: &ph,
+            params_hash: &ph,
         };
         let amounts = vec![("rpm".to_string(), 3000)];
         let (u, c) = normal_write(
-            img.rf,
+            img.refilled_at_ms,
             &stamp,
             &limits,
             &evals,

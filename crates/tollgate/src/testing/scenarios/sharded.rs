@@ -308,11 +308,11 @@ pub async fn s64_fast_path_projection(_b: &Backend) {
     use tollgate_core::bucket::{BucketImage, LimitState};
     let mut img = BucketImage {
         key: String::new(),
-        rf: T1 + 60_000,
-        vu: None,
+        refilled_at_ms: T1 + 60_000,
+        valid_until_ms: None,
         ttl: None,
         shard_count: 2,
-        ph: None,
+        params_hash: None,
         limits: Default::default(),
         wcu: None,
         disabled: false,
@@ -321,14 +321,14 @@ pub async fn s64_fast_path_projection(_b: &Backend) {
         cascade: None,
     };
     let st = LimitState {
-        tk: 0,
-        cp: 10_000,
-        tc: 1000,
-        ws: Some(T1),
-        rsa: Some(18_000),
-        wa: Some(T0),
-        wtc: Some(1000),
-        gc: Some(2),
+        balance: 0,
+        capacity: 10_000,
+        consumed: 1000,
+        window_start_ms: Some(T1),
+        window_s: Some(18_000),
+        window_applied_ms: Some(T0),
+        window_consumed: Some(1000),
+        grant_count: Some(2),
         ..Default::default()
     };
     img.limits.insert("session".into(), st.clone());
@@ -340,8 +340,13 @@ pub async fn s64_fast_path_projection(_b: &Backend) {
         &a,
         T1 + 1
     ));
-    img.limits
-        .insert("session".into(), LimitState { wa: Some(T1), ..st });
+    img.limits.insert(
+        "session".into(),
+        LimitState {
+            window_applied_ms: Some(T1),
+            ..st
+        },
+    );
     assert!(!tollgate_core::writes::would_refill_satisfy(
         &img,
         &l,

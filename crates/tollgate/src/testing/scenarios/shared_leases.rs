@@ -282,7 +282,11 @@ pub async fn resumed_leases_write_what_the_granting_limiter_would(b: &Backend) {
         }
         let img = |e: &str| BucketImage::decode(&h.item(e, R, 0)).unwrap();
         let (l, s) = (img("local"), img("shared"));
-        assert_eq!((l.rf, l.vu), (s.rf, s.vu), "{how} {delta}");
+        assert_eq!(
+            (l.refilled_at_ms, l.valid_until_ms),
+            (s.refilled_at_ms, s.valid_until_ms),
+            "{how} {delta}"
+        );
         assert_eq!(l.limits, s.limits, "{how} {delta}");
         assert_eq!(l.wcu, s.wcu, "{how} {delta}");
     }
@@ -658,8 +662,8 @@ pub async fn resumed_sharded_leases_write_what_the_granting_limiter_would(b: &Ba
             let img = |e: &str| BucketImage::decode(&h.item(e, R, s)).unwrap();
             let (l, sh) = (img("local"), img("shared"));
             assert_eq!(
-                (l.rf, l.vu),
-                (sh.rf, sh.vu),
+                (l.refilled_at_ms, l.valid_until_ms),
+                (sh.refilled_at_ms, sh.valid_until_ms),
                 "{how} {debit} {delta} shard {s}"
             );
             assert_eq!(l.limits, sh.limits, "{how} {debit} {delta} shard {s}");
