@@ -15,7 +15,9 @@ use std::time::Duration;
 
 use tollgate_core::keys;
 use tollgate_core::value::{Item, Key, Value};
-use tollgate_store::{ChangeFeed, Counting, MemoryStore, Store, StoreStats};
+use tollgate_store::{
+    ChangeFeed, Counting, FaultConfig, FaultyStore, MemoryStore, Store, StoreStats,
+};
 
 use crate::{Limiter, ManualClock, Options, PinnedRng};
 
@@ -65,6 +67,22 @@ impl TestStore for MemoryStore {
     }
 }
 
+/// The memory store behind a fault wrapper: raw access goes to the store itself.
+impl TestStore for FaultyStore<MemoryStore> {
+    fn raw_get(&self, key: &Key) -> Option<Item> {
+        self.inner().raw_get(key)
+    }
+    fn raw_put(&self, key: &Key, item: Item) {
+        self.inner().raw_put(key, item)
+    }
+    fn raw_delete(&self, key: &Key) {
+        self.inner().raw_delete(key)
+    }
+    fn change_feed(self: Arc<Self>) -> Option<Arc<dyn ChangeFeed>> {
+        Some(self)
+    }
+}
+
 /// A future that yields a fresh, empty test store.
 pub type StoreFuture = Pin<Box<dyn Future<Output = Arc<dyn TestStore>> + Send>>;
 
@@ -86,6 +104,24 @@ impl Backend {
     pub fn memory() -> Self {
         Backend::new(|| {
             Box::pin(async { Arc::new(MemoryStore::with_change_feed()) as Arc<dyn TestStore> })
+        })
+    }
+
+    /// The reference backend behind the fault wrapper, configured to delay about a third
+    /// of the requests by up to 300 µs and inject nothing else: every scenario's answer must
+    /// be the same when requests take time and interleave for real.
+    pub fn delayed() -> Self {
+        Backend::new(|| {
+            Box::pin(async {
+                let mut faults = FaultConfig::none();
+                faults.delay = 0.3;
+                faults.max_delay = Duration::from_micros(300);
+                Arc::new(FaultyStore::new(
+                    MemoryStore::with_change_feed(),
+                    11,
+                    faults,
+                )) as Arc<dyn TestStore>
+            })
         })
     }
 
