@@ -355,6 +355,40 @@ pub fn entity_statuses(
     out
 }
 
+/// A doubling of an entity's shard count, as planned.
+#[derive(Debug, Clone)]
+pub struct Doubling {
+    /// The count after it.
+    pub new: ShardCount,
+    /// The compare-and-set on shard 0: the count, and `vu = 0` (the next write on the shard
+    /// takes the slow path and re-materialises its dripping limits at the new share; a
+    /// stale full balance would otherwise be spent on top of the new shards' shares).
+    pub shard0: (Update, Condition),
+    /// The same write on every other existing shard (best effort, monotone: never lowers a
+    /// count).
+    pub others: (Update, Condition),
+}
+
+/// Rule "shard doubling": double `old` by compare-and-set on shard 0 — never above
+/// `max` (at most [`crate::bucket::MAX_SHARD_COUNT`]), never lowered — then propagate it to
+/// the other shards. `None` when `old` is already at the cap.
+pub fn doubling(old: ShardCount, max: i64) -> Option<Doubling> {
+    let old = old.get();
+    if old >= crate::bucket::MAX_SHARD_COUNT.min(max) {
+        return None;
+    }
+    let new = old * 2;
+    let update = Update::new().set(attr::SHARD_COUNT, new).set(attr::VU, 0);
+    Some(Doubling {
+        new: ShardCount(new),
+        shard0: (update.clone(), CountPin::Count(old).condition()),
+        others: (
+            update,
+            Condition::exists("PK").and(Condition::lt(attr::SHARD_COUNT, new)),
+        ),
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use std::collections::BTreeMap;
@@ -569,6 +603,22 @@ mod tests {
         // No shard exists: a fresh entity, at capacity.
         let st = entity_statuses(&l, &fits, &[None, None], 2, now, Some(&fits));
         assert_eq!(st[0].available, 10);
+    }
+
+    #[test]
+    fn doubling_stops_at_the_cap() {
+        let d = doubling(ShardCount(4), 32).expect("room to double");
+        assert_eq!(d.new, ShardCount(8));
+        assert_eq!(d.shard0.1, CountPin::Count(4).condition());
+        assert!(doubling(ShardCount(32), 64).is_none(), "never above 32");
+        assert!(
+            doubling(ShardCount(8), 8).is_none(),
+            "never above the configured cap"
+        );
+        assert_eq!(
+            doubling(ShardCount(1), 32).map(|d| d.new),
+            Some(ShardCount(2))
+        );
     }
 
     #[test]

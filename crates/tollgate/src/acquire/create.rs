@@ -204,25 +204,18 @@ impl Inner {
     /// other shards (best effort, monotone). Every shard written is sent to the slow path
     /// once (`vu = 0`) so its dripping limits shrink to the new share.
     pub(crate) async fn bump(&self, req: &Request, old: i64) -> Result<i64> {
-        if old >= MAX_SHARD_COUNT.min(self.opts.max_shard_count) {
+        let Some(plan) = tollgate_core::plan::doubling(ShardCount(old), self.opts.max_shard_count)
+        else {
             return Ok(old);
-        }
-        let new = old * 2;
-        let key = self.bucket_key(req, 0);
-        let cond = Condition::exists("PK").and(if old == 1 {
-            Condition::not_exists(attr::SHARD_COUNT).or(Condition::eq(attr::SHARD_COUNT, 1))
-        } else {
-            Condition::eq(attr::SHARD_COUNT, old)
-        });
+        };
+        let new = plan.new.get();
+        let (update, condition) = plan.shard0;
         let r = self
             .store
             .update(UpdateRequest {
-                key,
-                // vu = 0: the next write on this shard takes the slow path and re-materialises
-                // its dripping limits at the new share (a stale full balance would otherwise
-                // be spent on top of the new shards' shares).
-                update: Update::new().set(attr::SHARD_COUNT, new).set(attr::VU, 0),
-                condition: Some(cond),
+                key: self.bucket_key(req, 0),
+                update,
+                condition: Some(condition),
                 returns: ReturnValues::None,
             })
             .await;
@@ -235,10 +228,8 @@ impl Inner {
                         .store
                         .update(UpdateRequest {
                             key: self.bucket_key(req, s),
-                            update: Update::new().set(attr::SHARD_COUNT, new).set(attr::VU, 0),
-                            condition: Some(
-                                Condition::exists("PK").and(Condition::lt(attr::SHARD_COUNT, new)),
-                            ),
+                            update: plan.others.0.clone(),
+                            condition: Some(plan.others.1.clone()),
                             returns: ReturnValues::None,
                         })
                         .await;

@@ -14,8 +14,7 @@ mod landing;
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
-use tollgate_core::bucket::{attr, BucketImage};
-use tollgate_core::expr::Condition;
+use tollgate_core::bucket::BucketImage;
 use tollgate_core::materialize::Evaluated;
 use tollgate_core::mutants::{self, Mutant};
 use tollgate_core::spread::{plan_refund, plan_spread};
@@ -267,14 +266,7 @@ impl Inner {
             if grants {
                 // Rule "a grant is sized at the live shard count" (see `commit_slot`).
                 let k0 = self.bucket_key(req, 0);
-                let c = if s <= 1 {
-                    Condition::exists("PK").and(
-                        Condition::not_exists(attr::SHARD_COUNT)
-                            .or(Condition::eq(attr::SHARD_COUNT, 1)),
-                    )
-                } else {
-                    Condition::exists("PK").and(Condition::eq(attr::SHARD_COUNT, s))
-                };
+                let c = tollgate_core::plan::CountPin::Count(s).condition();
                 match ops.iter_mut().find(|op| *op.key() == k0) {
                     Some(TransactOp::Update(u)) => {
                         u.condition = Some(match u.condition.take() {
