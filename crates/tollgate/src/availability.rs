@@ -76,11 +76,11 @@ impl Limiter {
         asked: Vec<(String, i64)>,
         parent_side: bool,
     ) -> Result<(Availability, Option<String>)> {
-        let inner = &self.inner;
-        let now = inner.clock.now_ms();
+        let inner = &self.inner();
+        let now = inner.clock().now_ms();
         let res = inner
-            .config
-            .resolve(inner.store.as_ref(), inner.ns(), entity, resource, now)
+            .config()
+            .resolve(inner.store().as_ref(), inner.ns(), entity, resource, now)
             .await?;
         let asked: Vec<(String, i64)> = if parent_side {
             asked
@@ -108,7 +108,7 @@ impl Limiter {
             })
             .collect();
         let req = inner.request(entity, resource, asked.clone(), res.limits, res.source, now)?;
-        let s = inner.shards.get(entity, resource).unwrap_or(1);
+        let s = inner.shards().get(entity, resource).unwrap_or(1);
         let mut images = read_shards(inner, &req, s).await?;
         let stored_s = images
             .first()
@@ -116,7 +116,7 @@ impl Limiter {
             .map(|i| i.shard_count)
             .unwrap_or(1);
         if stored_s > s {
-            inner.shards.raise(entity, resource, stored_s);
+            inner.shards().raise(entity, resource, stored_s);
             images = read_shards(inner, &req, stored_s).await?;
         }
         let s = s.max(stored_s);
@@ -159,7 +159,7 @@ async fn read_shards(
     s: i64,
 ) -> Result<Vec<Option<BucketImage>>> {
     let keys: Vec<Key> = (0..s as u32).map(|i| inner.bucket_key(req, i)).collect();
-    let items = inner.store.batch_get(&keys, false).await?;
+    let items = inner.store().batch_get(&keys, false).await?;
     items
         .iter()
         .map(|i| {

@@ -85,8 +85,14 @@ impl Inner {
         now: i64,
     ) -> Result<Request> {
         let pres = self
-            .config
-            .resolve(self.store.as_ref(), self.ns(), parent, &child.resource, now)
+            .config()
+            .resolve(
+                self.store().as_ref(),
+                self.ns(),
+                parent,
+                &child.resource,
+                now,
+            )
             .await?;
         parent_request(self, child, parent, pres, now)
     }
@@ -153,11 +159,11 @@ impl Inner {
         if !stamp_questions_policy(child.cascade, stamp, confirmed) {
             return Ok(parent);
         }
-        let now = self.clock.now_ms();
+        let now = self.clock().now_ms();
         let res = match self
-            .config
+            .config()
             .resolve_confirmed(
-                self.store.as_ref(),
+                self.store().as_ref(),
                 self.ns(),
                 &child.entity,
                 &child.resource,
@@ -197,7 +203,7 @@ impl Inner {
             return;
         };
         let r = self
-            .store
+            .store()
             .update(UpdateRequest {
                 key: key.clone(),
                 update: Update::new().set(attr::CASCADE, new),
@@ -248,17 +254,17 @@ impl Inner {
     /// child is never debited, so there is nothing to roll back). The cache only refuses;
     /// it never admits.
     fn parent_precheck(&self, preq: &Request) -> Result<()> {
-        let Some(s) = self.shards.get(&preq.entity, &preq.resource) else {
+        let Some(s) = self.shards().get(&preq.entity, &preq.resource) else {
             return Ok(());
         };
-        if !self.opts.speculative {
+        if !self.opts().speculative {
             return Ok(());
         }
-        match self.open_shards(preq, s, self.clock.now_ms()) {
+        match self.open_shards(preq, s, self.clock().now_ms()) {
             Ok(_) => Ok(()),
             Err(x) => {
-                Stats::bump(&self.stats.local_rejections);
-                Stats::bump(&self.stats.rejections);
+                Stats::bump(&self.stats().local_rejections);
+                Stats::bump(&self.stats().rejections);
                 Err(Error::RateLimitExceeded(x))
             }
         }

@@ -136,7 +136,7 @@ impl Limiter {
                 }));
             }
         }
-        let ns = self.inner.ns();
+        let ns = self.inner().ns();
         let e = Entity {
             id: id.into(),
             name: name.unwrap_or(id).into(),
@@ -184,7 +184,7 @@ impl Limiter {
         match self.audited(vec![put], record).await {
             Ok(_) => {
                 // The META is cached with the config (parent and cascade policy).
-                self.inner.config.evict(&keys::entity_meta(ns, id));
+                self.inner().config().evict(&keys::entity_meta(ns, id));
                 Ok(e)
             }
             Err(err) if audit::moved(&err, 0).is_some() => Err(Error::EntityExists(id.into())),
@@ -195,8 +195,8 @@ impl Limiter {
     /// Read an entity (`None` if absent).
     pub async fn get_entity(&self, id: &str) -> Result<Option<Entity>> {
         validate_entity_id(id)?;
-        let key = keys::entity_meta(self.inner.ns(), id);
-        let Some(i) = self.inner.store.get(&key, true).await? else {
+        let key = keys::entity_meta(self.inner().ns(), id);
+        let Some(i) = self.inner().store().get(&key, true).await? else {
             return Ok(None);
         };
         entity_of(id, &i).map(Some)
@@ -206,11 +206,11 @@ impl Limiter {
     pub async fn children(&self, id: &str) -> Result<Vec<String>> {
         validate_entity_id(id)?;
         let items = self
-            .inner
-            .store
+            .inner()
+            .store()
             .query(Query::index(
                 "GSI1",
-                keys::gsi1_parent(self.inner.ns(), id),
+                keys::gsi1_parent(self.inner().ns(), id),
                 Some("CHILD#"),
             ))
             .await?;
@@ -228,8 +228,8 @@ impl Limiter {
     /// The implementation of [`crate::Admin::delete_entity_with_repairs`].
     pub(crate) async fn delete_entity_with_repairs(&self, id: &str) -> Result<EntityDeleted> {
         validate_entity_id(id)?;
-        let ns = self.inner.ns();
-        let store = &self.inner.store;
+        let ns = self.inner().ns();
+        let store = &self.inner().store();
         let entity_pk = keys::entity_pk(ns, id);
         // Each key with its item when the query returned one (an index query returns keys).
         let mut images: Vec<(Key, Option<Item>)> =
@@ -330,7 +330,7 @@ impl Limiter {
                 repairs.push(Repair::logged(c, format!("deleted with entity {id}")));
             }
         }
-        self.inner.shards.forget_entity(id);
+        self.inner().shards().forget_entity(id);
         self.forget_cached();
         Ok(EntityDeleted {
             deleted_items: keys_to_delete.len(),

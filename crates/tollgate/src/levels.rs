@@ -80,9 +80,9 @@ impl Limiter {
                 reason: "on_unavailable is stored at the system level only".into(),
             }));
         }
-        let ns = self.inner.ns();
+        let ns = self.inner().ns();
         let key = scope.key(ns);
-        let read = doctor::read_for_repair(self.inner.store.as_ref(), ns, &key).await?;
+        let read = doctor::read_for_repair(self.inner().store().as_ref(), ns, &key).await?;
         let first = match &read {
             Ok(old) => Ok(old.clone()),
             Err(c) => Err(c.to_string()),
@@ -108,9 +108,9 @@ impl Limiter {
     pub(crate) async fn config_item(&self, scope: &Scope) -> Result<Option<Item>> {
         scope.validate()?;
         Ok(self
-            .inner
-            .store
-            .get(&scope.key(self.inner.ns()), true)
+            .inner()
+            .store()
+            .get(&scope.key(self.inner().ns()), true)
             .await?)
     }
 
@@ -141,9 +141,9 @@ impl Limiter {
         scope: &Scope,
     ) -> Result<(bool, Vec<Repair>)> {
         scope.validate()?;
-        let ns = self.inner.ns();
+        let ns = self.inner().ns();
         let key = scope.key(ns);
-        let read = doctor::read_for_repair(self.inner.store.as_ref(), ns, &key).await?;
+        let read = doctor::read_for_repair(self.inner().store().as_ref(), ns, &key).await?;
         let first = match &read {
             Ok(old) => Ok(old.clone()),
             Err(c) => Err(c.to_string()),
@@ -174,8 +174,8 @@ impl Limiter {
                 reason: "cascade is set on resource and entity scopes only".into(),
             }));
         }
-        let key = scope.key(self.inner.ns());
-        let first = self.inner.store.get(&key, true).await?;
+        let key = scope.key(self.inner().ns());
+        let first = self.inner().store().get(&key, true).await?;
         self.audited_config_change(scope, Action::CascadeSet, Ok(first), |old| {
             let mut item = old.cloned().unwrap_or_default();
             item.remove("PK");
@@ -187,9 +187,9 @@ impl Limiter {
             Some(ConfigWrite::Put(item))
         })
         .await?;
-        self.inner.config.clear();
-        self.inner.rejections.clear();
-        self.inner.images.clear();
+        self.inner().config().clear();
+        self.inner().rejections().clear();
+        self.inner().images().clear();
         Ok(())
     }
 
@@ -199,11 +199,11 @@ impl Limiter {
         tollgate_core::ids::validate_resource(resource)?;
         let now = self.now_ms();
         Ok(self
-            .inner
-            .config
+            .inner()
+            .config()
             .resolve(
-                self.inner.store.as_ref(),
-                self.inner.ns(),
+                self.inner().store().as_ref(),
+                self.inner().ns(),
                 entity,
                 resource,
                 now,

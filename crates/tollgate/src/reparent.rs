@@ -52,11 +52,11 @@ impl Limiter {
         if let Some(p) = parent {
             validate_entity_id(p)?;
         }
-        let inner = &self.inner;
+        let inner = &self.inner();
         let ns = inner.ns();
         let key = keys::entity_meta(ns, entity);
         for _ in 0..ATTEMPTS {
-            let Some(meta) = inner.store.get(&key, true).await? else {
+            let Some(meta) = inner.store().get(&key, true).await? else {
                 return Err(Error::EntityNotFound(entity.into()));
             };
             let old_parent = parent_of(&meta);
@@ -108,9 +108,9 @@ impl Limiter {
             });
             match self.audited(vec![op], record).await {
                 Ok(_) => {
-                    inner.config.evict(&key);
-                    inner.rejections.clear();
-                    inner.images.clear();
+                    inner.config().evict(&key);
+                    inner.rejections().clear();
+                    inner.images().clear();
                     tracing::info!(entity, parent, pgen = pgen + 1, "entity moved");
                     return Ok(Moved {
                         id: entity.into(),
@@ -135,7 +135,7 @@ impl Limiter {
     /// [`MAX_DEPTH`] levels, strongly consistent reads); finding `entity` refuses the move.
     /// The new parent must exist.
     async fn check_ancestry(&self, entity: &str, parent: &str) -> Result<()> {
-        let ns = self.inner.ns();
+        let ns = self.inner().ns();
         let mut at = parent.to_string();
         for depth in 0..=MAX_DEPTH {
             if at == entity {
@@ -148,8 +148,8 @@ impl Limiter {
                 break;
             }
             let Some(meta) = self
-                .inner
-                .store
+                .inner()
+                .store()
                 .get(&keys::entity_meta(ns, &at), true)
                 .await?
             else {

@@ -80,7 +80,7 @@ async fn read_siblings(
     }
     let keys: Vec<_> = ids.iter().map(|i| inner.bucket_key(req, *i)).collect();
     let consistent = !mutants::off(Mutant::ConsistentSiblingRead);
-    let items = inner.store.batch_get(&keys, consistent).await?;
+    let items = inner.store().batch_get(&keys, consistent).await?;
     let mut out = Vec::new();
     for (i, item) in ids.into_iter().zip(items) {
         if let Some(item) = item {
@@ -127,7 +127,7 @@ pub(crate) async fn fan_out(inner: &Inner, req: &Request, shard: u32, s: i64, ev
                     SetValue::IfNotExists(battr(n, field::TC), Value::N(0)),
                 );
             let r = inner
-                .store
+                .store()
                 .update(UpdateRequest {
                     key: inner.bucket_key(req, sib),
                     update,
@@ -136,9 +136,9 @@ pub(crate) async fn fan_out(inner: &Inner, req: &Request, shard: u32, s: i64, ev
                 })
                 .await;
             match r {
-                Ok(_) => Stats::bump(&inner.stats.fanout_writes),
+                Ok(_) => Stats::bump(&inner.stats().fanout_writes),
                 Err(err) => {
-                    Stats::bump(&inner.stats.fanout_failures);
+                    Stats::bump(&inner.stats().fanout_failures);
                     tracing::debug!(error = %err, sibling = sib, "window fan-out write not applied");
                 }
             }

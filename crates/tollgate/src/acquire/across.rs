@@ -39,8 +39,8 @@ impl Inner {
                 Err(Error::RateLimitExceeded(Box::new(x)))
             }
             Charged::Landed(parts) => {
-                Stats::bump(&self.stats.slow_admits);
-                let now = self.clock.now_ms();
+                Stats::bump(&self.stats().slow_admits);
+                let now = self.clock().now_ms();
                 let mut after: BTreeMap<String, Vec<Evaluated>> = BTreeMap::new();
                 let mut lease_parts = Vec::new();
                 for Touched {
@@ -81,7 +81,7 @@ impl Inner {
                         bypassed: false,
                     });
                 }
-                let s_now = self.shards.get(&req.entity, &req.resource).unwrap_or(s);
+                let s_now = self.shards().get(&req.entity, &req.resource).unwrap_or(s);
                 let statuses = req
                     .limits
                     .iter()

@@ -26,6 +26,6 @@ impl Limiter {
             mode: None,
             mode_confirmed: false,
         };
-        self.inner.bump(&req, old).await
+        self.inner().bump(&req, old).await
     }
 }

@@ -57,10 +57,10 @@ impl Inner {
         }
         if rest.is_empty() && check.is_none() {
             let r = match own {
-                TransactOp::Update(u) => self.store.update(u).await.map(|n| n.map(Box::new)),
-                TransactOp::Put(p) => self.store.put(p).await.map(|()| None),
+                TransactOp::Update(u) => self.store().update(u).await.map(|n| n.map(Box::new)),
+                TransactOp::Put(p) => self.store().put(p).await.map(|()| None),
                 other => self
-                    .store
+                    .store()
                     .transact_write(vec![other], None)
                     .await
                     .map(|()| None),
@@ -84,7 +84,7 @@ impl Inner {
     /// Shard 0's stored count (strongly consistent); `None` if it has no item.
     pub(crate) async fn shard0_count(&self, req: &Request) -> Result<Option<i64>> {
         let k = self.bucket_key(req, 0);
-        Ok(match self.store.get(&k, true).await? {
+        Ok(match self.store().get(&k, true).await? {
             Some(i) => Some(BucketImage::decode(&i)?.shard_count),
             None => None,
         })
@@ -94,7 +94,7 @@ impl Inner {
     /// [`Landed::LostLock`] when that write's condition failed (lost rf lock or create
     /// race); `Flow::MoveLost` when a donor's condition failed.
     pub(super) async fn transact(&self, ops: Vec<TransactOp>) -> Pass<Landed> {
-        match self.store.transact_write(ops, None).await {
+        match self.store().transact_write(ops, None).await {
             Ok(()) => Ok(Landed::Wrote(None)),
             Err(StoreError::TransactionCanceled { reasons }) => {
                 let failed = |r: &CancelReason| matches!(r, CancelReason::ConditionFailed { .. });

@@ -15,14 +15,14 @@ impl Inner {
         moves: bool,
         known: &mut Option<Arc<BucketImage>>,
     ) -> Pass<Lease> {
-        let cached = self.shards.get(&req.entity, &req.resource).unwrap_or(1);
+        let cached = self.shards().get(&req.entity, &req.resource).unwrap_or(1);
         let shaped;
         let mut req = req;
         if shard != 0 {
             // A disabled entity stays disabled on the shards it grows, a bypassed one
             // bypassed (ADR-151: shard 0's stamp decides).
             let k0 = self.bucket_key(req, 0);
-            if let Some(i) = self.store.get(&k0, true).await? {
+            if let Some(i) = self.store().get(&k0, true).await? {
                 let s0 = BucketImage::decode(&i)?;
                 if s0.disabled {
                     return Err(Flow::Fail(Error::ResourceDisabled {
@@ -58,7 +58,7 @@ impl Inner {
             return Err(Flow::Reread);
         }
         let s = plan.shard_count;
-        let now = plan.now.max(self.clock.now_ms());
+        let now = plan.now.max(self.clock().now_ms());
         let evals: Vec<Evaluated> = req
             .limits
             .iter()
@@ -137,8 +137,8 @@ impl Inner {
             .await?;
         match (landed, refusal) {
             (Landed::Wrote(_), Some(x)) => {
-                self.shards.raise(&req.entity, &req.resource, s);
-                self.images.forget(&req.entity, &req.resource, shard);
+                self.shards().raise(&req.entity, &req.resource, s);
+                self.images().forget(&req.entity, &req.resource, shard);
                 if s > 1 {
                     return self
                         .entity_acquire(req, s, shard, now)
@@ -148,11 +148,12 @@ impl Inner {
                 Err(Flow::Fail(Error::RateLimitExceeded(x)))
             }
             (Landed::Wrote(_), None) => {
-                Stats::bump(&self.stats.slow_admits);
-                self.shards.raise(&req.entity, &req.resource, s);
+                Stats::bump(&self.stats().slow_admits);
+                self.shards().raise(&req.entity, &req.resource, s);
                 for m in &moves_ops {
-                    self.rejections.forget(&req.entity, &req.resource, m.shard);
-                    self.images.forget(&req.entity, &req.resource, m.shard);
+                    self.rejections()
+                        .forget(&req.entity, &req.resource, m.shard);
+                    self.images().forget(&req.entity, &req.resource, m.shard);
                 }
                 let mut full = item;
                 full.insert("PK".into(), key.pk.clone().into());
@@ -204,14 +205,15 @@ impl Inner {
     /// other shards (best effort, monotone). Every shard written is sent to the slow path
     /// once (`vu = 0`) so its dripping limits shrink to the new share.
     pub(crate) async fn bump(&self, req: &Request, old: i64) -> Result<i64> {
-        let Some(plan) = tollgate_core::plan::doubling(ShardCount(old), self.opts.max_shard_count)
+        let Some(plan) =
+            tollgate_core::plan::doubling(ShardCount(old), self.opts().max_shard_count)
         else {
             return Ok(old);
         };
         let new = plan.new.get();
         let (update, condition) = plan.shard0;
         let r = self
-            .store
+            .store()
             .update(UpdateRequest {
                 key: self.bucket_key(req, 0),
                 update,
@@ -221,11 +223,11 @@ impl Inner {
             .await;
         let got = match r {
             Ok(_) => {
-                Stats::bump(&self.stats.doublings);
+                Stats::bump(&self.stats().doublings);
                 tracing::info!(old, new, "shard count doubled");
                 for s in 1..old as u32 {
                     let r = self
-                        .store
+                        .store()
                         .update(UpdateRequest {
                             key: self.bucket_key(req, s),
                             update: plan.others.0.clone(),
@@ -245,7 +247,7 @@ impl Inner {
             },
             Err(e) => return Err(e.into()),
         };
-        self.shards.raise(&req.entity, &req.resource, got);
+        self.shards().raise(&req.entity, &req.resource, got);
         Ok(got)
     }
 }

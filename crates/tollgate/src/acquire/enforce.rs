@@ -78,8 +78,8 @@ impl Limiter {
                 .set_pair_mode(e, r, mode, Action::Enforcement, Spelling::Mode)
                 .await;
         }
-        let key = scope.key(self.inner.ns());
-        let first = self.inner.store.get(&key, true).await?;
+        let key = scope.key(self.inner().ns());
+        let first = self.inner().store().get(&key, true).await?;
         self.audited_config_change(scope, Action::Enforcement, Ok(first), |old| {
             let stored = old.and_then(|o| config::decode_enforcement(o).ok().flatten());
             if stored == mode && (old.is_some() || mode.is_none()) {
@@ -112,7 +112,7 @@ impl Limiter {
     pub async fn effective_enforcement(&self, entity: &str, resource: &str) -> Result<Enforcement> {
         validate_entity_id(entity)?;
         validate_resource(resource)?;
-        let ns = self.inner.ns();
+        let ns = self.inner().ns();
         let levels = [
             keys::entity_config(ns, entity, resource),
             keys::entity_config(ns, entity, keys::DEFAULT_RESOURCE),
@@ -124,7 +124,7 @@ impl Limiter {
 
     /// The mode the config levels `keys` (most specific first) give, read consistently.
     async fn modes_of(&self, keys: &[Key]) -> Result<Enforcement> {
-        let items = self.inner.store.batch_get(keys, true).await?;
+        let items = self.inner().store().batch_get(keys, true).await?;
         let mut modes = Vec::with_capacity(items.len());
         for i in &items {
             modes.push(match i {
@@ -147,13 +147,13 @@ impl Limiter {
     ) -> Result<usize> {
         validate_entity_id(entity)?;
         validate_resource(resource)?;
-        let inner = &self.inner;
+        let inner = &self.inner();
         let ns = inner.ns();
         let k0 = keys::bucket(ns, entity, resource, 0);
-        let mut read = inner.store.get(&k0, true).await?;
+        let mut read = inner.store().get(&k0, true).await?;
         if read.is_none() && mode == Some(Enforcement::Bypass) {
             self.create_bypassed(entity, resource).await?;
-            read = inner.store.get(&k0, true).await?;
+            read = inner.store().get(&k0, true).await?;
         }
         let (s, was) = match read {
             Some(i) => {
@@ -174,7 +174,7 @@ impl Limiter {
                 .await?
             }
         };
-        let cfg_exists = mode.is_some() || inner.store.get(&cfg_key, true).await?.is_some();
+        let cfg_exists = mode.is_some() || inner.store().get(&cfg_key, true).await?.is_some();
         let target = Target::Entity {
             entity: entity.into(),
             resource: Some(resource.into()),
@@ -248,11 +248,11 @@ impl Limiter {
     /// Create shard 0 of a pair about to be bypassed (funded, no window opened, no request
     /// counted), so that its first request is bypassed in every process.
     async fn create_bypassed(&self, entity: &str, resource: &str) -> Result<()> {
-        let inner = &self.inner;
-        let now = inner.clock.now_ms();
+        let inner = &self.inner();
+        let now = inner.clock().now_ms();
         let res = inner
-            .config
-            .resolve(inner.store.as_ref(), inner.ns(), entity, resource, now)
+            .config()
+            .resolve(inner.store().as_ref(), inner.ns(), entity, resource, now)
             .await?;
         let req = Request {
             cascade: res.cascade,

@@ -20,7 +20,7 @@ impl Inner {
     /// configured mode otherwise (a stamp that disagrees goes to the slow path, which
     /// confirms the mode and flips the stamp).
     pub(crate) fn guess_bypass(&self, req: &Request, shard: u32) -> bool {
-        self.images
+        self.images()
             .get(&req.entity, &req.resource, shard)
             .filter(|img| tollgate_core::bypass::flip(img, req.mode).is_none())
             .map_or(req.bypass, |img| img.bypass)
@@ -41,7 +41,7 @@ impl Inner {
         loop {
             // Each speculative write carries a fresh clock reading: its trust check is only
             // as good as the `now` it compares.
-            let now = self.clock.now_ms();
+            let now = self.clock().now_ms();
             // ADR-151: shaped by the stamp this process last saw on the shard.
             let guess = self.guess_bypass(req, cur);
             let shaped;
@@ -60,7 +60,7 @@ impl Inner {
                     // Throttled: the partition is hot. Spread out if we can.
                     let new_s = self.bump(req, s).await?;
                     if new_s > s {
-                        return Ok(Fast::Slow(self.rng.draw(s as u32, new_s as u32), None));
+                        return Ok(Fast::Slow(self.rng().draw(s as u32, new_s as u32), None));
                     }
                     return Ok(Fast::Slow(cur, None));
                 }
@@ -92,14 +92,14 @@ impl Inner {
                     let img = img.ok_or_else(|| Error::Corrupt("no image".into()))?;
                     let new_s = self.bump(req, img.shard_count.max(s)).await?;
                     if new_s > s {
-                        return Ok(Fast::Slow(self.rng.draw(s as u32, new_s as u32), None));
+                        return Ok(Fast::Slow(self.rng().draw(s as u32, new_s as u32), None));
                     }
                     return Ok(Fast::Slow(cur, Some(Arc::new(img))));
                 }
                 FastRoute::Probe { remember } => {
                     let img = img.ok_or_else(|| Error::Corrupt("no image".into()))?;
                     if remember {
-                        self.rejections
+                        self.rejections()
                             .record(&req.entity, &req.resource, cur, img.clone(), now);
                     }
                     images.push(img);
@@ -107,7 +107,7 @@ impl Inner {
             }
             // Probe up to 2 untried shards before refusing (ADR-134).
             let s_now = self
-                .shards
+                .shards()
                 .get(&req.entity, &req.resource)
                 .unwrap_or(s)
                 .max(s);
@@ -115,11 +115,11 @@ impl Inner {
                 break;
             }
             let untried: Vec<u32> = (0..s_now as u32).filter(|x| !tried.contains(x)).collect();
-            cur = untried[self.rng.draw(0, untried.len() as u32) as usize];
+            cur = untried[self.rng().draw(0, untried.len() as u32) as usize];
             tried.push(cur);
         }
         let s_now = self
-            .shards
+            .shards()
             .get(&req.entity, &req.resource)
             .unwrap_or(s)
             .max(s);
@@ -159,7 +159,7 @@ impl Inner {
             fast_write(&req.amounts, &req.limits, &req.params_hash, now)
         };
         let r = self
-            .store
+            .store()
             .update(UpdateRequest {
                 key: key.clone(),
                 update,
@@ -170,11 +170,11 @@ impl Inner {
         match r {
             Ok(new) => {
                 let img = Arc::new(returned_image(new.as_ref(), &key)?);
-                self.shards
+                self.shards()
                     .raise(&req.entity, &req.resource, img.shard_count);
-                self.images
+                self.images()
                     .put(&req.entity, &req.resource, shard, Arc::clone(&img));
-                Stats::bump(&self.stats.fast_admits);
+                Stats::bump(&self.stats().fast_admits);
                 let evals = self.evaluate_all(req, &img, now);
                 Ok(FastOnce::Admitted(self.lease(
                     req,
@@ -191,11 +191,12 @@ impl Inner {
                 let img = old.as_deref().map(BucketImage::decode).transpose()?;
                 match &img {
                     Some(i) => {
-                        self.shards.raise(&req.entity, &req.resource, i.shard_count);
-                        self.images
+                        self.shards()
+                            .raise(&req.entity, &req.resource, i.shard_count);
+                        self.images()
                             .put(&req.entity, &req.resource, shard, i.clone());
                     }
-                    None => self.images.forget(&req.entity, &req.resource, shard),
+                    None => self.images().forget(&req.entity, &req.resource, shard),
                 }
                 let f = match &img {
                     Some(i) if req.bypass => {

@@ -125,13 +125,13 @@ impl Limiter {
         validate_entity_id(entity)?;
         validate_resource(resource)?;
         let amounts = amounts.into().into_millitokens()?;
-        let inner = &self.inner;
+        let inner = &self.inner();
         let mut policy = opts.on_unavailable;
         let r = async {
-            let now = inner.clock.now_ms();
+            let now = inner.clock().now_ms();
             let res = inner
-                .config
-                .resolve(inner.store.as_ref(), inner.ns(), entity, resource, now)
+                .config()
+                .resolve(inner.store().as_ref(), inner.ns(), entity, resource, now)
                 .await?;
             // Rule "a scope's mode is its most specific level's": a disabled scope is
             // refused before any write; a bypassed one is written bypass-shaped.
@@ -181,12 +181,12 @@ impl Limiter {
             Err(e)
                 if e.is_outage()
                     && policy
-                        .or_else(|| inner.config.last_policy(inner.clock.now_ms()))
-                        .unwrap_or(inner.opts.on_unavailable)
+                        .or_else(|| inner.config().last_policy(inner.clock().now_ms()))
+                        .unwrap_or(inner.opts().on_unavailable)
                         == OnUnavailable::Allow =>
             {
                 tracing::warn!(error = %e, entity, resource, "store unavailable: admitting (on_unavailable = allow)");
-                Stats::bump(&inner.stats.degraded);
+                Stats::bump(&inner.stats().degraded);
                 Ok(Lease::degraded(entity, resource))
             }
             r => r,
@@ -248,7 +248,7 @@ impl Inner {
         }
         let ttl = match source {
             Source::Entity => TtlWrite::Remove,
-            _ => match ttl_for(&limits, now, self.opts.ttl_multiplier) {
+            _ => match ttl_for(&limits, now, self.opts().ttl_multiplier) {
                 Some(t) => TtlWrite::Set(t),
                 None => TtlWrite::Remove,
             },
@@ -272,12 +272,12 @@ impl Inner {
     }
 
     pub(crate) async fn acquire(self: &Arc<Self>, req: &Request) -> Result<Lease> {
-        let now = self.clock.now_ms();
-        let cached = self.shards.get(&req.entity, &req.resource);
+        let now = self.clock().now_ms();
+        let cached = self.shards().get(&req.entity, &req.resource);
         let r = match cached {
-            Some(s) if self.opts.speculative => match self.local_decision(req, s, now) {
+            Some(s) if self.opts().speculative => match self.local_decision(req, s, now) {
                 Err(x) => {
-                    Stats::bump(&self.stats.local_rejections);
+                    Stats::bump(&self.stats().local_rejections);
                     Err(Error::RateLimitExceeded(x))
                 }
                 Ok(shard) => {
@@ -285,7 +285,7 @@ impl Inner {
                     // saw past its trust horizon is materialised from that image, in one
                     // write, rather than refused by a speculative write first.
                     let known = self
-                        .images
+                        .images()
                         .get(&req.entity, &req.resource, shard)
                         .filter(|img| needs_materialising(img, req, now) && !img.disabled);
                     match known {
@@ -299,13 +299,13 @@ impl Inner {
                 }
             },
             Some(s) => {
-                let shard = self.rng.draw(0, s as u32);
+                let shard = self.rng().draw(0, s as u32);
                 self.slow(req, shard, None).await
             }
             None => self.slow(req, 0, None).await,
         };
         if let Err(Error::RateLimitExceeded(_)) = &r {
-            Stats::bump(&self.stats.rejections);
+            Stats::bump(&self.stats().rejections);
         }
         r
     }
@@ -319,7 +319,7 @@ impl Inner {
         now: i64,
     ) -> std::result::Result<u32, Box<Exceeded>> {
         let open = self.open_shards(req, s, now)?;
-        Ok(open[self.rng.draw(0, open.len() as u32) as usize])
+        Ok(open[self.rng().draw(0, open.len() as u32) as usize])
     }
 
     /// ADR-147: the shards not known (from this process's trusted rejection views) to be
@@ -333,7 +333,10 @@ impl Inner {
         let mut open = Vec::new();
         let mut views = Vec::new();
         for shard in 0..s as u32 {
-            match self.rejections.view(&req.entity, &req.resource, shard, now) {
+            match self
+                .rejections()
+                .view(&req.entity, &req.resource, shard, now)
+            {
                 Some(img) if !would_refill_satisfy(&img, &req.limits, &req.amounts, now) => {
                     views.push(img)
                 }

@@ -87,9 +87,9 @@ impl Inner {
     ) -> Pass<Lease> {
         let img = match known.take() {
             Some(img) => img,
-            None => match self.store.get(key, true).await? {
+            None => match self.store().get(key, true).await? {
                 None => {
-                    let now = self.clock.now_ms();
+                    let now = self.clock().now_ms();
                     return self.create(req, shard, key, now, moves, known).await;
                 }
                 Some(item) => Arc::new(BucketImage::decode(&item)?),
@@ -97,7 +97,7 @@ impl Inner {
         };
         // The clock is read after the item: a write is only as fresh as the `now` it
         // carries (its refill, its trust horizon).
-        let now = self.clock.now_ms();
+        let now = self.clock().now_ms();
         if img.disabled {
             return Err(Flow::Fail(Error::ResourceDisabled {
                 entity: req.entity.to_string(),
@@ -131,7 +131,7 @@ impl Inner {
             }
         };
         let img_rf = img.refilled_at_ms;
-        let cached = self.shards.get(&req.entity, &req.resource).unwrap_or(1);
+        let cached = self.shards().get(&req.entity, &req.resource).unwrap_or(1);
         let missing: Vec<&Limit> = req
             .limits
             .iter()
@@ -155,7 +155,7 @@ impl Inner {
             now
         } else {
             // The seed plan read the siblings: the clock again, after that read.
-            plan.now.max(self.clock.now_ms())
+            plan.now.max(self.clock().now_ms())
         };
         // Planned in the core (rule "plan in the core, execute in the limiter"); a grant off
         // shard 0 needs shard 0's count, read consistently unless the seed plan read it.
@@ -180,13 +180,13 @@ impl Inner {
             pin,
             outcome,
         } = pass;
-        self.shards.raise(&req.entity, &req.resource, s);
+        self.shards().raise(&req.entity, &req.resource, s);
         let exceeded = |st| Box::new(Exceeded::new(&req.entity, &req.resource, st));
         let (write, refusal) = match outcome {
             PassOutcome::Refused(st) => {
                 // A refusal writes nothing, but a stamp this pass found stale is put right.
                 self.restamp_mode(key, shard, &img, req).await;
-                self.rejections
+                self.rejections()
                     .record(&req.entity, &req.resource, shard, img, now);
                 if s > 1 {
                     return self
@@ -205,7 +205,7 @@ impl Inner {
             .await?;
         match (landed, refusal) {
             (Landed::Wrote(_), Some(x)) => {
-                self.images.forget(&req.entity, &req.resource, shard);
+                self.images().forget(&req.entity, &req.resource, shard);
                 if s > 1 {
                     return self
                         .entity_acquire(req, s, shard, now)
@@ -215,10 +215,11 @@ impl Inner {
                 Err(Flow::Fail(Error::RateLimitExceeded(x)))
             }
             (Landed::Wrote(new), None) => {
-                Stats::bump(&self.stats.slow_admits);
-                self.rejections.forget(&req.entity, &req.resource, shard);
+                Stats::bump(&self.stats().slow_admits);
+                self.rejections().forget(&req.entity, &req.resource, shard);
                 for m in &plan.moves {
-                    self.rejections.forget(&req.entity, &req.resource, m.shard);
+                    self.rejections()
+                        .forget(&req.entity, &req.resource, m.shard);
                 }
                 let new = self.remember(req, shard, new.as_deref())?;
                 debug_assert!(new.as_ref().is_none_or(|n| n.refilled_at_ms == rf_written));

@@ -28,7 +28,7 @@ impl Inner {
             Enforcement::Enforce
         };
         let r = self
-            .store
+            .store()
             .update(UpdateRequest {
                 key: key.clone(),
                 update: mode.stamp_update(),
@@ -41,7 +41,7 @@ impl Inner {
             })
             .await;
         match r {
-            Ok(_) => self.images.forget(&req.entity, &req.resource, shard),
+            Ok(_) => self.images().forget(&req.entity, &req.resource, shard),
             Err(e) => {
                 tracing::debug!(error = %e, %key, "bypass: the stale stamp was not put right")
             }
@@ -54,11 +54,11 @@ impl Inner {
     /// still disagrees, keeping it when the cache was the stale one, refusing when the
     /// scope is now disabled. A re-read that fails keeps the item's stamp (its shape).
     pub(super) async fn confirm_mode(&self, req: &Request, img: &BucketImage) -> Pass<Request> {
-        let now = self.clock.now_ms();
+        let now = self.clock().now_ms();
         let res = self
-            .config
+            .config()
             .resolve_confirmed(
-                self.store.as_ref(),
+                self.store().as_ref(),
                 self.ns(),
                 &req.entity,
                 &req.resource,

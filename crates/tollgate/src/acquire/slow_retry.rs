@@ -31,10 +31,10 @@ impl Inner {
                 resource: req.resource.to_string(),
             }));
         }
-        self.shards
+        self.shards()
             .raise(&req.entity, &req.resource, old.shard_count);
         let old = Arc::new(old);
-        self.images
+        self.images()
             .put(&req.entity, &req.resource, shard, Arc::clone(&old));
         if old.bypass || req.bypass {
             // ADR-151: a bypassed item (or one no longer bypassed) is planned again in the
@@ -77,10 +77,10 @@ impl Inner {
         s: i64,
         now: i64,
     ) -> Result<Retried> {
-        let now = self.clock.now_ms().max(now);
+        let now = self.clock().now_ms().max(now);
         let (update, condition) = retry_write(&req.amounts, &req.limits, now);
         let r = self
-            .store
+            .store()
             .update(UpdateRequest {
                 key: key.clone(),
                 update,
@@ -91,9 +91,9 @@ impl Inner {
         match r {
             Ok(new) => {
                 let img = Arc::new(returned_image(new.as_ref(), key)?);
-                self.images
+                self.images()
                     .put(&req.entity, &req.resource, shard, Arc::clone(&img));
-                Stats::bump(&self.stats.slow_admits);
+                Stats::bump(&self.stats().slow_admits);
                 let evals = self.evaluate_all(req, &img, now);
                 Ok(Retried::Granted(self.lease(
                     req,
@@ -110,7 +110,7 @@ impl Inner {
                 let Some(img) = old.as_deref().map(BucketImage::decode).transpose()? else {
                     return Ok(Retried::Replan(None));
                 };
-                self.images
+                self.images()
                     .put(&req.entity, &req.resource, shard, img.clone());
                 if img.disabled {
                     return Err(Error::ResourceDisabled {

@@ -52,12 +52,12 @@ impl Inner {
         match new {
             Some(i) => {
                 let img = Arc::new(BucketImage::decode(i)?);
-                self.images
+                self.images()
                     .put(&req.entity, &req.resource, shard, Arc::clone(&img));
                 Ok(Some(img))
             }
             None => {
-                self.images.forget(&req.entity, &req.resource, shard);
+                self.images().forget(&req.entity, &req.resource, shard);
                 Ok(None)
             }
         }

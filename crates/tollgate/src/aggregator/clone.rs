@@ -26,7 +26,7 @@ impl Aggregator {
         s: i64,
     ) -> Pass<bool> {
         let inner = &self.inner;
-        let now = inner.clock.now_ms();
+        let now = inner.clock().now_ms();
         let all: Vec<&Limit> = req.limits.iter().collect();
         let plan = shards::plan_seeds_of(inner, req, &all, slot, s, now, true, true).await?;
         if plan.split_first.is_some() {
@@ -93,9 +93,11 @@ impl Aggregator {
             .await?
         {
             Landed::Wrote(_) => {
-                inner.shards.raise(&req.entity, &req.resource, s);
+                inner.shards().raise(&req.entity, &req.resource, s);
                 for m in &donors {
-                    inner.rejections.forget(&req.entity, &req.resource, m.shard);
+                    inner
+                        .rejections()
+                        .forget(&req.entity, &req.resource, m.shard);
                 }
                 Ok(true)
             }

@@ -76,7 +76,7 @@ impl Aggregator {
     /// An aggregator sharing `limiter`'s store, clock, options and caches.
     pub fn new(limiter: &Limiter) -> Self {
         Aggregator {
-            inner: limiter.inner.clone(),
+            inner: limiter.inner().clone(),
             seen: Mutex::new(HashMap::new()),
         }
     }
@@ -84,7 +84,7 @@ impl Aggregator {
     /// Shard 0's image (strongly consistent), if the bucket exists.
     async fn shard0(&self, req: &Request) -> Result<Option<BucketImage>> {
         let k0 = self.inner.bucket_key(req, 0);
-        Ok(match self.inner.store.get(&k0, true).await? {
+        Ok(match self.inner.store().get(&k0, true).await? {
             Some(i) => Some(BucketImage::decode(&i)?),
             None => None,
         })
@@ -102,7 +102,7 @@ impl Aggregator {
             return Ok(Vec::new());
         }
         let keys: Vec<Key> = ids.iter().map(|i| self.inner.bucket_key(req, *i)).collect();
-        let items = self.inner.store.batch_get(&keys, true).await?;
+        let items = self.inner.store().batch_get(&keys, true).await?;
         ids.into_iter()
             .zip(items)
             .map(|(i, it)| Ok((i, it.as_ref().map(BucketImage::decode).transpose()?)))
@@ -158,7 +158,7 @@ impl Aggregator {
         seen: &[(u32, Arc<tollgate_core::value::Item>)],
     ) -> Result<AggregateReport> {
         let req = request(entity, resource, Vec::new(), "")?;
-        let now = self.inner.clock.now_ms();
+        let now = self.inner.clock().now_ms();
         let mut images = Vec::with_capacity(seen.len());
         for (shard, item) in seen {
             images.push((*shard, BucketImage::decode(item)?));
@@ -187,7 +187,7 @@ impl Aggregator {
     ) -> Result<AggregateReport> {
         let (entity, resource) = (&*req.entity, &*req.resource);
         let req = req.clone();
-        let now = self.inner.clock.now_ms();
+        let now = self.inner.clock().now_ms();
         let mut rep = AggregateReport::default();
         for (shard, img) in images {
             let shard = *shard;
@@ -228,7 +228,7 @@ impl Aggregator {
                             rep.reset += w.reset.len();
                             rep.refilled += w.refilled.len();
                             rep.clamped += w.clamped.len();
-                            self.inner.rejections.forget(entity, resource, shard);
+                            self.inner.rejections().forget(entity, resource, shard);
                         }
                         Ok(Landed::LostLock(_)) | Err(Flow::Reread) => {
                             rep.lost += 1;
@@ -247,7 +247,7 @@ impl Aggregator {
     /// client uses, then clone shard 0 into the slots the doubling opened (Path 2).
     pub async fn maybe_double(&self, entity: &str, resource: &str) -> Result<AggregateReport> {
         let req = request(entity, resource, Vec::new(), "")?;
-        let now = self.inner.clock.now_ms();
+        let now = self.inner.clock().now_ms();
         let mut rep = AggregateReport::default();
         let Some(img0) = self.shard0(&req).await? else {
             return Ok(rep);
@@ -271,7 +271,7 @@ impl Aggregator {
         if !hot {
             return Ok(rep);
         }
-        let doublings = || self.inner.stats.doublings.load(Ordering::Relaxed);
+        let doublings = || self.inner.stats().doublings.load(Ordering::Relaxed);
         let before = doublings();
         let new = self.inner.bump(&req, s).await?;
         rep.writes += if doublings() > before {

@@ -69,7 +69,7 @@ impl Limiter {
         first: std::result::Result<Option<Item>, String>,
         change: impl Fn(Option<&Item>) -> Option<ConfigWrite>,
     ) -> Result<(Option<Item>, Option<AuditRecord>)> {
-        let key = scope.key(self.inner.ns());
+        let key = scope.key(self.inner().ns());
         let target = target_of(scope);
         let (mut old, undecodable) = match first {
             Ok(o) => (o, None),
@@ -108,7 +108,7 @@ impl Limiter {
                 // The store cannot write over the item in a transaction without decoding
                 // it: purge it, and write again over nothing (the record with the write).
                 Err(StoreError::Corrupt(_)) if undecodable.is_some() && !purged => {
-                    self.inner.store.purge(&key).await?;
+                    self.inner().store().purge(&key).await?;
                     purged = true;
                 }
                 Err(e) => match moved(&e, 0) {

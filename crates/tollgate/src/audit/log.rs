@@ -60,13 +60,13 @@ impl Limiter {
         let ns = if q.registry {
             keys::REGISTRY_NS
         } else {
-            self.inner.ns()
+            self.inner().ns()
         };
         let query = match &q.entity {
             Some(e) => Query::table(keys::audit_entity_pk(ns, e), Some(keys::AUDIT_SK_PREFIX)),
             None => Query::index("GSI1", keys::gsi1_audit(ns), Some(keys::GSI1_AUDIT_PREFIX)),
         };
-        let items = self.inner.store.query(query).await?;
+        let items = self.inner().store().query(query).await?;
         let records = items
             .iter()
             .map(audit::decode)
@@ -82,11 +82,11 @@ impl Limiter {
 
     /// The implementation of [`crate::Admin::purge_audit`].
     pub(crate) async fn purge_audit(&self) -> Result<usize> {
-        let ns = self.inner.ns();
+        let ns = self.inner().ns();
         let now = self.now_ms();
         let items = self
-            .inner
-            .store
+            .inner()
+            .store()
             .query(Query::index(
                 "GSI1",
                 keys::gsi1_audit(ns),
@@ -100,8 +100,8 @@ impl Limiter {
                 continue;
             }
             let res = self
-                .inner
-                .store
+                .inner()
+                .store()
                 .delete(DeleteRequest {
                     key: r.key(ns),
                     condition: Some(Condition::le("ttl", now.div_euclid(1000))),

@@ -79,15 +79,15 @@ impl Limiter {
     /// server the authenticated token's name.
     pub fn acting_as(&self, principal: &str) -> Result<Limiter> {
         validate_principal(principal)?;
-        Ok(Limiter {
-            inner: self.inner.clone(),
-            principal: Arc::from(principal),
-        })
+        Ok(Limiter::from_parts(
+            self.inner().clone(),
+            Arc::from(principal),
+        ))
     }
 
     /// Whom this handle's administrative changes are recorded for.
     pub fn principal(&self) -> &str {
-        &self.principal
+        self.principal_name()
     }
 
     /// A record of `action` on `target` at the limiter's `now`, by this handle's principal.
@@ -99,11 +99,12 @@ impl Limiter {
         after: Json,
     ) -> AuditRecord {
         let now = self.now_ms();
-        let keep_s = i64::try_from(self.inner.opts.audit_retention.as_secs()).unwrap_or(i64::MAX);
+        let keep_s =
+            i64::try_from(self.inner().opts().audit_retention.as_secs()).unwrap_or(i64::MAX);
         AuditRecord {
-            id: self.inner.audit_ids.next(now),
+            id: self.inner().audit_ids().next(now),
             at_ms: now,
-            principal: self.principal.to_string(),
+            principal: self.principal_name().to_string(),
             action,
             level: target.level(),
             entity: target.entity().map(str::to_string),
@@ -128,7 +129,7 @@ impl Limiter {
         // Registry changes are recorded in the registry namespace (a purge keeps them).
         let ns = match record.namespace {
             Some(_) => keys::REGISTRY_NS,
-            None => self.inner.ns(),
+            None => self.inner().ns(),
         };
         debug_assert!(ops.len() < tollgate_store::MAX_TRANSACT_OPS);
         ops.push(TransactOp::Put(PutRequest {
@@ -136,7 +137,7 @@ impl Limiter {
             item: audit::encode(ns, &record),
             condition: Some(Condition::not_exists("PK")),
         }));
-        self.inner.store.transact_write(ops, None).await?;
+        self.inner().store().transact_write(ops, None).await?;
         tracing::info!(
             target: "tollgate::audit",
             id = %record.id,

@@ -15,8 +15,8 @@ use crate::limiter::Limiter;
 impl Limiter {
     /// The implementation of [`crate::Admin::doctor`].
     pub(crate) async fn doctor(&self, repair: bool) -> Result<DoctorReport> {
-        let ns = self.inner.ns();
-        let store = self.inner.store.as_ref();
+        let ns = self.inner().ns();
+        let store = self.inner().store().as_ref();
         let mut report = DoctorReport {
             namespace: ns.to_string(),
             ..DoctorReport::default()
@@ -61,7 +61,7 @@ impl Limiter {
     /// Delete every bucket item of each (entity, resource) with a corrupt one among
     /// `corrupt`.
     async fn repair_buckets(&self, corrupt: &[CorruptItem]) -> Result<Vec<Repair>> {
-        let store = self.inner.store.as_ref();
+        let store = self.inner().store().as_ref();
         let mut pairs: Vec<(&str, &str)> = corrupt
             .iter()
             .filter_map(|c| match &c.item {
@@ -122,7 +122,7 @@ impl Limiter {
             }) {
                 repaired.push(Repair::logged(c.clone(), action.clone()));
             }
-            self.inner.shards.forget_entity(entity);
+            self.inner().shards().forget_entity(entity);
         }
         if !repaired.is_empty() {
             self.forget_cached();
@@ -136,8 +136,8 @@ impl Limiter {
     /// only on DynamoDB, so it never fails to decode there), or, when an item there cannot
     /// be decoded, from a scan of the pair's key prefix.
     async fn bucket_keys(&self, entity: &str, resource: &str) -> Result<Vec<Key>> {
-        let ns = self.inner.ns();
-        let store = self.inner.store.as_ref();
+        let ns = self.inner().ns();
+        let store = self.inner().store().as_ref();
         let q = tollgate_store::Query::index(
             "GSI3",
             keys::gsi3_entity(ns, entity),

@@ -58,7 +58,7 @@ pub(crate) enum Charged {
 impl Inner {
     async fn read_entity(&self, req: &Request, s: i64) -> Result<Vec<Seen>> {
         let keys: Vec<Key> = (0..s as u32).map(|i| self.bucket_key(req, i)).collect();
-        let items = self.store.batch_get(&keys, true).await?;
+        let items = self.store().batch_get(&keys, true).await?;
         let mut out = Vec::with_capacity(keys.len());
         for (i, (key, item)) in keys.into_iter().zip(items).enumerate() {
             let img = item.as_ref().map(BucketImage::decode).transpose()?;
@@ -122,11 +122,11 @@ impl Inner {
                 .map_or(1, |i| i.shard_count);
             if stored > s {
                 s = stored;
-                self.shards.raise(&req.entity, &req.resource, s);
+                self.shards().raise(&req.entity, &req.resource, s);
                 seen = self.read_entity(req, s).await?;
             }
             // Materialised at the instant after the read: the writes carry this `now`.
-            let now = self.clock.now_ms();
+            let now = self.clock().now_ms();
             self.materialise_seen(req, &mut seen, s, now);
             if !debt
                 && seen
@@ -283,19 +283,19 @@ impl Inner {
             let single = ops.len() == 1 && matches!(ops[0], TransactOp::Update(_));
             let r = if single {
                 match ops.pop() {
-                    Some(TransactOp::Update(u)) => self.store.update(u).await.map(Some),
+                    Some(TransactOp::Update(u)) => self.store().update(u).await.map(Some),
                     _ => unreachable_update(),
                 }
             } else {
-                self.store.transact_write(ops, None).await.map(|()| None)
+                self.store().transact_write(ops, None).await.map(|()| None)
             };
             match r {
                 Ok(new) => {
                     for t in &touched {
                         let shard = t.landing.shard;
-                        self.rejections.forget(&req.entity, &req.resource, shard);
+                        self.rejections().forget(&req.entity, &req.resource, shard);
                         if new.is_none() {
-                            self.images.forget(&req.entity, &req.resource, shard);
+                            self.images().forget(&req.entity, &req.resource, shard);
                         }
                         crate::shards::fan_out(self, req, shard, s, &t.evals).await;
                     }

@@ -34,11 +34,11 @@ impl Lease {
         let names = tollgate_core::bypass::tc_only(&deltas);
         let u = tollgate_store::UpdateRequest {
             key: self.parts[0].key.clone(),
-            update: tollgate_core::writes::adjust_write(&deltas, &names, lim.clock.now_ms()),
+            update: tollgate_core::writes::adjust_write(&deltas, &names, lim.clock().now_ms()),
             condition: Some(Condition::exists("PK")),
             returns: tollgate_core::expr::ReturnValues::None,
         };
-        lim.store.update(u).await?;
+        lim.store().update(u).await?;
         for (n, d) in deltas {
             *self.parts[0].held.entry(n).or_default() += d;
         }

@@ -84,7 +84,7 @@ impl Lease {
                 });
             }
             let s = lim
-                .shards
+                .shards()
                 .get(&req.entity, &req.resource)
                 .unwrap_or(1)
                 .max(2);
@@ -114,9 +114,9 @@ impl Lease {
             return Ok(());
         };
         let (key, shard) = (self.parts[0].key.clone(), self.parts[0].shard);
-        lim.rejections.forget(&req.entity, &req.resource, shard);
+        lim.rejections().forget(&req.entity, &req.resource, shard);
         let s = lim
-            .shards
+            .shards()
             .get(&req.entity, &req.resource)
             .unwrap_or(1)
             .max(1);
@@ -149,7 +149,7 @@ impl Lease {
                 condition = condition.and(p.clone());
             }
         }
-        let mut update = adjust_write(deltas, &[], lim.clock.now_ms());
+        let mut update = adjust_write(deltas, &[], lim.clock().now_ms());
         if drip_refund {
             match self.parts[0]
                 .image
@@ -169,11 +169,11 @@ impl Lease {
                 condition: Some(condition.clone().and(trusted(
                     &req.limits,
                     &usage,
-                    lim.clock.now_ms(),
+                    lim.clock().now_ms(),
                 ))),
                 returns: ReturnValues::AllNew,
             };
-            let store = lim.store.clone();
+            let store = lim.store().clone();
             async move { store.update(u).await }
         })
         .await;

@@ -34,9 +34,9 @@ impl Inner {
         let mut retries = 0;
         for _ in 0..6 {
             let img = BucketImage::decode(&item)?;
-            let now = self.clock.now_ms();
+            let now = self.clock().now_ms();
             let mut s = self
-                .shards
+                .shards()
                 .get(&req.entity, &req.resource)
                 .unwrap_or(1)
                 .max(img.shard_count);
@@ -149,7 +149,7 @@ impl Inner {
                     Err(Flow::Fail(e)) => return Err(e),
                 }
             } else {
-                self.store.update(write).await
+                self.store().update(write).await
             };
             // Throttled or conflicting: nothing applied; planned again with a fresh clock
             // reading after a back-off (a resent write would carry the old one).

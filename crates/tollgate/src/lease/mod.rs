@@ -334,7 +334,7 @@ impl Lease {
             condition: Some(Condition::exists("PK")),
             returns: tollgate_core::expr::ReturnValues::None,
         };
-        if let Err(e) = lim.store.update(u).await {
+        if let Err(e) = lim.store().update(u).await {
             tracing::warn!(error = %e, "cascade: the refused request stays counted in usage");
         }
     }

@@ -48,7 +48,7 @@ impl Lease {
             return Ok(());
         }
         let s = lim
-            .shards
+            .shards()
             .get(&req.entity, &req.resource)
             .unwrap_or(1)
             .max(1);
@@ -83,7 +83,7 @@ impl Lease {
             })
             .collect();
         for o in &ones {
-            lim.rejections
+            lim.rejections()
                 .forget(&req.entity, &req.resource, self.parts[o.part].shard);
         }
         // Rule "a refund repays the entity's debt": on a sharded entity a dripping refund
@@ -111,7 +111,7 @@ impl Lease {
                     }
                 }
             }
-            let mut update = adjust_write(&o.deltas, &o.tc_only, lim.clock.now_ms());
+            let mut update = adjust_write(&o.deltas, &o.tc_only, lim.clock().now_ms());
             match (&o.trust, o.drips) {
                 (Some(t), _) => condition = condition.and(t.clone()),
                 // Nothing known to keep: pull the trust horizon in (the next acquire
@@ -131,7 +131,7 @@ impl Lease {
             // Per part: the old item when its condition failed (`Some(None)`: gone).
             let failed: Vec<(usize, Option<tollgate_core::value::Item>)> = if ones.len() == 1 {
                 let u = build(&ones[0], &self.parts, debt_ok);
-                match retrying(|| lim.store.update(u.clone())).await {
+                match retrying(|| lim.store().update(u.clone())).await {
                     Ok(n) => break vec![n],
                     Err(StoreError::ConditionFailed { old }) => vec![(0, old.map(|b| *b))],
                     Err(e) => return Err(e.into()),
@@ -141,7 +141,7 @@ impl Lease {
                     .iter()
                     .map(|o| TransactOp::Update(build(o, &self.parts, debt_ok)))
                     .collect();
-                match retrying(|| lim.store.transact_write(ops.clone(), None)).await {
+                match retrying(|| lim.store().transact_write(ops.clone(), None)).await {
                     Ok(()) => break ones.iter().map(|_| None).collect(),
                     Err(StoreError::TransactionCanceled { reasons }) => {
                         let f: Vec<(usize, Option<tollgate_core::value::Item>)> = reasons
@@ -173,7 +173,7 @@ impl Lease {
                 })
                 .fold(s, i64::max);
             if seen_s > s {
-                lim.shards.raise(&req.entity, &req.resource, seen_s);
+                lim.shards().raise(&req.entity, &req.resource, seen_s);
             }
             let in_debt = guarded
                 && failed.iter().any(|(j, old)| {
@@ -212,8 +212,8 @@ impl Lease {
                     self.land(o.part, &deltas);
                 }
                 for l in &landed {
-                    lim.rejections.forget(&req.entity, &req.resource, l.shard);
-                    lim.images.forget(&req.entity, &req.resource, l.shard);
+                    lim.rejections().forget(&req.entity, &req.resource, l.shard);
+                    lim.images().forget(&req.entity, &req.resource, l.shard);
                 }
                 return Ok(());
             }
@@ -257,13 +257,13 @@ impl Lease {
             self.land(o.part, &deltas);
             let shard = self.parts[o.part].shard;
             let key = self.parts[o.part].key.clone();
-            lim.rejections.forget(&req.entity, &req.resource, shard);
+            lim.rejections().forget(&req.entity, &req.resource, shard);
             let img = new.as_ref().and_then(|i| BucketImage::decode(i).ok());
             match &img {
                 Some(img) => lim
-                    .images
+                    .images()
                     .put(&req.entity, &req.resource, shard, img.clone()),
-                None => lim.images.forget(&req.entity, &req.resource, shard),
+                None => lim.images().forget(&req.entity, &req.resource, shard),
             }
             // A refund that leaves a quota balance above its ceiling (e.g. after a reset)
             // forces the next acquire onto the slow path, which clamps it (scenario 8).
@@ -271,7 +271,7 @@ impl Lease {
                 tollgate_core::lease::refund_left_above_ceiling(img, &req.limits, s)
             }) {
                 let r = lim
-                    .store
+                    .store()
                     .update(UpdateRequest {
                         key: key.clone(),
                         update: Update::new().set(attr::VU, 0),
@@ -282,7 +282,7 @@ impl Lease {
                 if let Err(e) = r {
                     tracing::debug!(error = %e, "could not force the slow path after a refund");
                 }
-                lim.images.forget(&req.entity, &req.resource, shard);
+                lim.images().forget(&req.entity, &req.resource, shard);
             }
         }
         Ok(())

@@ -72,7 +72,7 @@ impl Lease {
             Claim::Sent(n) => n.clone(),
             Claim::None => format!("{:016x}", rand::random::<u64>()),
         };
-        let now = lim.clock.now_ms();
+        let now = lim.clock().now_ms();
         if now > sh.expires_at_ms.saturating_add(LATE_CLOSE_MS) {
             tracing::warn!(
                 lease = %sh.id,
@@ -104,7 +104,7 @@ impl Lease {
                 item: item.clone(),
                 condition: Some(condition.clone()),
             };
-            let store = lim.store.clone();
+            let store = lim.store().clone();
             async move { store.put(req).await }
         })
         .await;
@@ -125,8 +125,8 @@ impl Lease {
         if let Some(sh) = self.shared.as_mut() {
             sh.claim = Claim::Held;
         }
-        if lim.store.backend() != "dynamodb" {
-            lim.closures.remember(ttl_s, id);
+        if lim.store().backend() != "dynamodb" {
+            lim.closures().remember(ttl_s, id);
         }
         Ok(())
     }

@@ -219,9 +219,9 @@ impl Limiter {
         if lease.is_closed() {
             return Err(Error::LeaseClosed);
         }
-        let inner = lease.lim.as_ref().unwrap_or(&self.inner);
+        let inner = lease.lim.as_ref().unwrap_or(self.inner());
         if lease.shared.is_none() {
-            let now = inner.clock.now_ms();
+            let now = inner.clock().now_ms();
             let ttl_ms = i64::try_from(ttl.as_millis()).unwrap_or(i64::MAX);
             lease.shared = Some(Shared {
                 id: format!("{:032x}", rand::random::<u128>()),
@@ -259,17 +259,17 @@ impl Limiter {
     /// [`Limiter::resume_lease`] of a token already verified.
     pub fn resume_verified(&self, token: LeaseToken) -> Result<Lease> {
         let b = token.body;
-        if b.ns != self.inner.ns() {
+        if b.ns != self.inner().ns() {
             return Err(invalid(format!(
                 "it was granted in namespace {:?}, this limiter serves {:?}",
                 b.ns,
-                self.inner.ns()
+                self.inner().ns()
             )));
         }
         if self.now_ms() >= b.exp {
             return Err(Error::LeaseExpired);
         }
-        let mut lease = lease_of(&self.inner, b.lease, 0)?;
+        let mut lease = lease_of(self.inner(), b.lease, 0)?;
         lease.shared = Some(Shared {
             id: b.id,
             version: b.ver,
@@ -282,13 +282,13 @@ impl Limiter {
 
     /// The implementation of [`crate::Admin::purge_lease_closures`].
     pub(crate) async fn purge_lease_closures(&self) -> Result<usize> {
-        let inner = &self.inner;
-        let now_s = inner.clock.now_ms().div_euclid(1000);
-        let due = inner.closures.take_due(now_s);
+        let inner = &self.inner();
+        let now_s = inner.clock().now_ms().div_euclid(1000);
+        let due = inner.closures().take_due(now_s);
         let mut deleted = 0;
         for (i, (ttl_s, id)) in due.iter().enumerate() {
             let r = inner
-                .store
+                .store()
                 .delete(DeleteRequest {
                     key: keys::lease_closure(inner.ns(), id),
                     condition: Some(Condition::le(attr::TTL, now_s)),
@@ -299,7 +299,7 @@ impl Limiter {
                 Ok(None) | Err(StoreError::ConditionFailed { .. }) => {}
                 Err(e) => {
                     for (t, id) in &due[i..] {
-                        inner.closures.remember(*t, id.clone());
+                        inner.closures().remember(*t, id.clone());
                     }
                     debug_assert!(*ttl_s <= now_s, "only due records are taken");
                     return Err(e.into());
@@ -312,7 +312,7 @@ impl Limiter {
     /// How many closure records this limiter still has to delete (see
     /// [`crate::Admin::purge_lease_closures`]).
     pub fn lease_closures_pending(&self) -> usize {
-        self.inner.closures.len()
+        self.inner().closures().len()
     }
 }
 

@@ -266,7 +266,7 @@ pub(super) fn doc_of(inner: &Inner, l: &Lease) -> Doc {
         .iter()
         .filter_map(|p| p.image.as_ref().map(|i| i.shard_count));
     let shard_count = inner
-        .shards
+        .shards()
         .get(&l.entity, &l.resource)
         .into_iter()
         .chain(seen)
@@ -354,7 +354,7 @@ pub(super) fn lease_of(inner: &Arc<Inner>, d: Doc, depth: u32) -> Result<Lease> 
         if !(1..=tollgate_core::bucket::MAX_SHARD_COUNT).contains(&s) {
             return Err(invalid(format!("shard count {s}")));
         }
-        inner.shards.raise(&d.entity, &d.resource, s);
+        inner.shards().raise(&d.entity, &d.resource, s);
     }
     let parent = match d.parent {
         None => None,

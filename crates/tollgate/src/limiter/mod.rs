@@ -24,19 +24,19 @@ pub use stats::{Stats, StatsSnapshot};
 
 /// Shared state behind a [`Limiter`] handle.
 pub struct Inner {
-    pub(crate) store: Arc<dyn Store>,
-    pub(crate) clock: Arc<dyn Clock>,
-    pub(crate) rng: Arc<dyn ShardRng>,
-    pub(crate) opts: Options,
-    pub(crate) config: ConfigCache,
-    pub(crate) shards: ShardCounts,
-    pub(crate) rejections: RejectionCache,
-    pub(crate) images: ImageCache,
-    pub(crate) stats: Stats,
+    store: Arc<dyn Store>,
+    clock: Arc<dyn Clock>,
+    rng: Arc<dyn ShardRng>,
+    opts: Options,
+    config: ConfigCache,
+    shards: ShardCounts,
+    rejections: RejectionCache,
+    images: ImageCache,
+    stats: Stats,
     /// Closure records of shared leases to delete later (stores without native TTL).
-    pub(crate) closures: crate::caches::Closures,
+    closures: crate::caches::Closures,
     /// Ids of audit records.
-    pub(crate) audit_ids: crate::recording::AuditIds,
+    audit_ids: crate::recording::AuditIds,
 }
 
 impl std::fmt::Debug for Inner {
@@ -49,6 +49,51 @@ impl std::fmt::Debug for Inner {
 }
 
 impl Inner {
+    /// The store every read and write goes to.
+    pub(crate) fn store(&self) -> &Arc<dyn Store> {
+        &self.store
+    }
+    /// The injected clock.
+    pub(crate) fn clock(&self) -> &Arc<dyn Clock> {
+        &self.clock
+    }
+    /// The source of shard choices.
+    pub(crate) fn rng(&self) -> &Arc<dyn ShardRng> {
+        &self.rng
+    }
+    /// The options the limiter was built with.
+    pub(crate) fn opts(&self) -> &Options {
+        &self.opts
+    }
+    /// The config cache.
+    pub(crate) fn config(&self) -> &ConfigCache {
+        &self.config
+    }
+    /// The shard counts this process has seen, per (entity, resource).
+    pub(crate) fn shards(&self) -> &ShardCounts {
+        &self.shards
+    }
+    /// The rejection cache.
+    pub(crate) fn rejections(&self) -> &RejectionCache {
+        &self.rejections
+    }
+    /// The bucket images this process last saw.
+    pub(crate) fn images(&self) -> &ImageCache {
+        &self.images
+    }
+    /// The counters.
+    pub(crate) fn stats(&self) -> &Stats {
+        &self.stats
+    }
+    /// The closure records to delete later (stores without native TTL).
+    pub(crate) fn closures(&self) -> &crate::caches::Closures {
+        &self.closures
+    }
+    /// The ids of audit records.
+    pub(crate) fn audit_ids(&self) -> &crate::recording::AuditIds {
+        &self.audit_ids
+    }
+
     pub(crate) fn ns(&self) -> &str {
         &self.opts.namespace
     }
@@ -57,12 +102,27 @@ impl Inner {
 /// The rate limiter. Cheap to clone; every clone shares caches and the store.
 #[derive(Debug, Clone)]
 pub struct Limiter {
-    pub(crate) inner: Arc<Inner>,
+    inner: Arc<Inner>,
     /// Whom administrative changes are recorded for (see [`Limiter::acting_as`]).
-    pub(crate) principal: Arc<str>,
+    principal: Arc<str>,
 }
 
 impl Limiter {
+    /// A limiter over shared state, recording changes for `principal`.
+    pub(crate) fn from_parts(inner: Arc<Inner>, principal: Arc<str>) -> Self {
+        Limiter { inner, principal }
+    }
+
+    /// The shared state.
+    pub(crate) fn inner(&self) -> &Arc<Inner> {
+        &self.inner
+    }
+
+    /// Whom administrative changes are recorded for.
+    pub(crate) fn principal_name(&self) -> &Arc<str> {
+        &self.principal
+    }
+
     /// The store's backend name.
     pub fn backend(&self) -> &'static str {
         self.inner.store.backend()

@@ -176,8 +176,8 @@ impl Limiter {
     /// A config item tollgate cannot read is `Error::Corrupt` naming it (`tollgate doctor`
     /// lists it, `limits set` / `limits delete` repair it).
     pub async fn stored_levels(&self) -> Result<StoredLevels> {
-        let ns = self.inner.ns();
-        let store = self.inner.store.as_ref();
+        let ns = self.inner().ns();
+        let store = self.inner().store().as_ref();
         let mut out = StoredLevels::new();
         for part in ["SYSTEM#", "RESOURCE#", "ENTITY#"] {
             for s in scan_all(store, &format!("{ns}/{part}")).await? {

@@ -130,7 +130,7 @@ impl Limiter {
             }
             Err(e) => return Err(e.into()),
         }
-        if before.id == self.inner.ns() {
+        if before.id == self.inner().ns() {
             self.forget_cached();
         }
         tracing::info!(name, id = %before.id, "namespace soft-deleted");
@@ -189,7 +189,7 @@ impl Limiter {
             }
             Err(e) => return Err(e.into()),
         }
-        if id == self.inner.ns() {
+        if id == self.inner().ns() {
             self.forget_cached();
         }
         tracing::info!(id, name = %after.name, "namespace recovered");

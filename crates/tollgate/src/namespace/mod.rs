@@ -183,8 +183,8 @@ impl LimiterBuilder {
 impl Limiter {
     async fn reverse(&self, id: &str) -> Result<Option<Namespace>> {
         match self
-            .inner
-            .store
+            .inner()
+            .store()
             .get(&keys::namespace_reverse(id), true)
             .await?
         {
@@ -197,8 +197,8 @@ impl Limiter {
     pub async fn get_namespace(&self, name: &str) -> Result<Option<Namespace>> {
         validate_name(name)?;
         match self
-            .inner
-            .store
+            .inner()
+            .store()
             .get(&keys::namespace_forward(name), true)
             .await?
         {
@@ -211,8 +211,8 @@ impl Limiter {
     /// (filter on [`Namespace::status`]). One query of the registry.
     pub async fn list_namespaces(&self) -> Result<Vec<Namespace>> {
         let items = self
-            .inner
-            .store
+            .inner()
+            .store()
             .query(Query::table(keys::registry_pk(), Some(keys::NSID_PREFIX)))
             .await?;
         let mut out = items

@@ -56,8 +56,8 @@ impl Limiter {
         let mut after = None;
         loop {
             let page = self
-                .inner
-                .store
+                .inner()
+                .store()
                 .scan(&prefix, after.clone(), PURGE_PAGE)
                 .await?;
             for entry in &page.items {
@@ -67,7 +67,7 @@ impl Limiter {
                 };
                 if let Some(k) = key {
                     debug_assert!(k.pk.starts_with(&prefix), "a purge stays in its namespace");
-                    self.inner.store.purge(&k).await?;
+                    self.inner().store().purge(&k).await?;
                     deleted += 1;
                 }
             }
@@ -76,8 +76,11 @@ impl Limiter {
                 None => break,
             }
         }
-        self.inner.store.purge(&keys::namespace_reverse(id)).await?;
-        if id == self.inner.ns() {
+        self.inner()
+            .store()
+            .purge(&keys::namespace_reverse(id))
+            .await?;
+        if id == self.inner().ns() {
             self.forget_cached();
         }
         tracing::info!(id, name = %before.name, deleted, "namespace purged");

@@ -95,13 +95,13 @@ impl FeedAggregator {
     }
 
     fn ns(&self) -> &str {
-        self.limiter.inner.ns()
+        self.limiter.inner().ns()
     }
 
     /// The stored checkpoint: its text (for the commit's condition) and cursor.
     async fn checkpoint(&self) -> Result<(Option<String>, FeedCursor)> {
         let k = checkpoint_key(self.ns(), &self.opts.consumer);
-        let item = self.limiter.inner.store.get(&k, true).await?;
+        let item = self.limiter.inner().store().get(&k, true).await?;
         match item
             .as_ref()
             .and_then(|i| i.get(CURSOR))
@@ -195,12 +195,12 @@ impl FeedAggregator {
             key: checkpoint_key(&ns, &self.opts.consumer),
             update: Update::new()
                 .set(CURSOR, text.as_str())
-                .set("updated_ms", self.limiter.inner.clock.now_ms()),
+                .set("updated_ms", self.limiter.inner().clock().now_ms()),
             condition: Some(cond),
             returns: ReturnValues::None,
         }));
         let checkpoint_at = ops.len() - 1;
-        match self.limiter.inner.store.transact_write(ops, None).await {
+        match self.limiter.inner().store().transact_write(ops, None).await {
             Ok(()) => Ok(true),
             Err(StoreError::TransactionCanceled { reasons })
                 if matches!(
@@ -242,7 +242,7 @@ impl FeedAggregator {
             }
             if first {
                 let oldest = batch.changes.iter().map(|c| c.at_ms).min().unwrap_or(0);
-                rep.lag_ms = (self.limiter.inner.clock.now_ms() - oldest).max(0);
+                rep.lag_ms = (self.limiter.inner().clock().now_ms() - oldest).max(0);
                 first = false;
             }
             rep.changes += batch.changes.len();
@@ -319,7 +319,7 @@ impl FeedAggregator {
                 stored = Some(end.encode());
                 cursor = end;
                 self.remember(&stored, &cursor);
-                let before = self.limiter.inner.clock.now_ms() - self.opts.feed_retention_ms;
+                let before = self.limiter.inner().clock().now_ms() - self.opts.feed_retention_ms;
                 if let Err(e) = self.feed.trim_feed(&cursor, before).await {
                     tracing::warn!(error = %e, "aggregator: feed trim failed (kept)");
                 }

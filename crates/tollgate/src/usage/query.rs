@@ -61,12 +61,12 @@ impl Limiter {
         if !(1..=1000).contains(&limit) {
             return Err(invalid(format!("limit must be 1 to 1000, not {limit}")));
         }
-        let ns = self.inner.ns();
+        let ns = self.inner().ns();
         let items = match (&q.entity, &q.resource) {
             (Some(e), r) => {
                 let prefix = r.as_ref().map(|r| format!("{r}#"));
-                self.inner
-                    .store
+                self.inner()
+                    .store()
                     .query(Query {
                         consistent: true,
                         ..Query::table(snapshot_pk(ns, e), prefix.as_deref())
@@ -74,8 +74,8 @@ impl Limiter {
                     .await?
             }
             (None, Some(r)) => {
-                self.inner
-                    .store
+                self.inner()
+                    .store()
                     .query(Query::index(
                         "GSI2",
                         tollgate_core::keys::gsi2_resource(ns, r),

@@ -49,19 +49,19 @@ impl Limiter {
         if let Some(op) = op {
             validate_op_id(op)?;
         }
-        let inner = &self.inner;
+        let inner = &self.inner();
         let op: String = match op {
             Some(o) => o.to_string(),
-            None => inner.audit_ids.next(inner.clock.now_ms()),
+            None => inner.audit_ids().next(inner.clock().now_ms()),
         };
         // Administrative writes read the config fresh (ADR-147: and clear the caches).
-        inner.config.clear();
-        inner.rejections.clear();
-        inner.images.clear();
-        let now = inner.clock.now_ms();
+        inner.config().clear();
+        inner.rejections().clear();
+        inner.images().clear();
+        let now = inner.clock().now_ms();
         let res = inner
-            .config
-            .resolve(inner.store.as_ref(), inner.ns(), entity, resource, now)
+            .config()
+            .resolve(inner.store().as_ref(), inner.ns(), entity, resource, now)
             .await?;
         if let Some(m) = res.unreachable {
             return Err(Error::Unavailable(StoreError::Unavailable(m)));
@@ -129,8 +129,8 @@ impl Limiter {
                 }
             }
             if landed(images.iter().map(|(_, i)| i), &op) {
-                inner.rejections.clear();
-                inner.images.clear();
+                inner.rejections().clear();
+                inner.images().clear();
                 if let Some((added, shards, id)) = lost {
                     tracing::info!(%op, entity, resource, "bucket operation landed (response lost)");
                     return Ok(BucketOpOutcome {
@@ -156,7 +156,7 @@ impl Limiter {
                     resource: resource.into(),
                 });
             }
-            let now = inner.clock.now_ms();
+            let now = inner.clock().now_ms();
             let plan = plan_op(inner, &req, &kind, &images, now);
             let ops: Vec<TransactOp> = plan
                 .writes
@@ -177,8 +177,8 @@ impl Limiter {
             let record_id = record.id.clone();
             match self.audited(ops, record).await {
                 Ok(r) => {
-                    inner.rejections.clear();
-                    inner.images.clear();
+                    inner.rejections().clear();
+                    inner.images().clear();
                     return Ok(BucketOpOutcome {
                         op,
                         shards: plan.writes.len(),
@@ -211,9 +211,9 @@ impl Limiter {
     /// Every shard of (entity, resource) as it is, strongly consistent: shard 0 (the source
     /// of the shard count), then the others. Shards not created yet are left out.
     async fn read_shards(&self, req: &Request) -> Result<Vec<(u32, BucketImage)>> {
-        let inner = &self.inner;
+        let inner = &self.inner();
         let k0 = inner.bucket_key(req, 0);
-        let Some(i0) = inner.store.get(&k0, true).await? else {
+        let Some(i0) = inner.store().get(&k0, true).await? else {
             return Ok(Vec::new());
         };
         let img0 = BucketImage::decode(&i0)?;
@@ -221,14 +221,14 @@ impl Limiter {
         let mut out = vec![(0, img0)];
         if s > 1 {
             let keys: Vec<Key> = (1..s as u32).map(|i| inner.bucket_key(req, i)).collect();
-            let items = inner.store.batch_get(&keys, true).await?;
+            let items = inner.store().batch_get(&keys, true).await?;
             for (i, item) in (1..s as u32).zip(items) {
                 if let Some(item) = item {
                     out.push((i, BucketImage::decode(&item)?));
                 }
             }
         }
-        inner.shards.raise(&req.entity, &req.resource, s);
+        inner.shards().raise(&req.entity, &req.resource, s);
         Ok(out)
     }
 }
