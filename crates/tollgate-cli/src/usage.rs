@@ -115,6 +115,7 @@ pub async fn aggregate(a: AggregateArgs, json: bool) -> Result<(), Failure> {
                 "snapshot_writes": p.snapshot_writes,
                 "commits": p.commits,
                 "lost_races": p.lost_races,
+                "claims_finished": p.claims_finished,
                 "lag_ms": p.lag_ms,
                 "refilled_items": p.background.refilled_items,
                 "doubled": p.background.doubled,

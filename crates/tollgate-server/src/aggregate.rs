@@ -93,6 +93,7 @@ impl AggregatorRun {
                 snapshot_writes = p.snapshot_writes,
                 commits = p.commits,
                 lost_races = p.lost_races,
+                claims_finished = p.claims_finished,
                 lag_ms = p.lag_ms,
                 refilled = p.background.refilled_items,
                 "aggregator pass"

@@ -5,8 +5,12 @@
 //!
 //! The actor runs small bounded passes between the clients' requests; now and then it is
 //! "killed" (dropped, its in-memory read position lost, a fresh one started) or runs two
-//! aggregators at once on the same checkpoint. Every store request it makes is a scheduling
-//! point with the run's faults (lost responses, throttles, races, hangs).
+//! aggregators at once on the same checkpoint. Its passes commit 1, 2, 3 or 99 snapshot
+//! items per transaction and sum up to 1 to 8 changes or the whole pass, so most of them
+//! claim the checkpoint and apply in several transactions, and a fault between claim and
+//! finalize leaves a claim for the next pass (rule "a pass's usage is applied exactly once:
+//! claim, apply per item at most once, finalize"). Every store request it makes is a
+//! scheduling point with the run's faults (lost responses, throttles, races, hangs).
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -28,6 +32,7 @@ fn build(
     deadline: Option<Duration>,
     batch: usize,
     max: Option<usize>,
+    (commit_items, max_pass_changes): (usize, usize),
 ) -> Option<FeedAggregator> {
     let store = Arc::new(SimStore {
         client: id,
@@ -53,6 +58,8 @@ fn build(
             windows: vec![Window::Hourly, Window::Daily],
             batch,
             max_batches: max,
+            commit_items,
+            max_pass_changes,
             background: false,
             ..UsageOptions::default()
         },
@@ -60,15 +67,29 @@ fn build(
     .ok()
 }
 
+/// How a pass commits: snapshot items per transaction (few, so that most passes claim the
+/// checkpoint and apply in several transactions) and changes per commit.
+fn commits(rng: &mut SmallRng) -> (usize, usize) {
+    let items = [1, 2, 3, 99][rng.gen_range(0..4)];
+    let changes = if rng.gen_bool(0.5) {
+        rng.gen_range(1..=8)
+    } else {
+        50_000
+    };
+    (items, changes)
+}
+
 /// The actor: `passes` bounded passes between the clients' requests.
 pub async fn aggregator(sh: Arc<Shared>, id: usize, mut rng: SmallRng, deadline: Option<Duration>) {
     let passes = rng.gen_range(4..=12);
+    let c = commits(&mut rng);
     let mut agg = build(
         &sh,
         id,
         deadline,
         rng.gen_range(1..=6),
         Some(rng.gen_range(1..=3)),
+        c,
     );
     for _ in 0..passes {
         for _ in 0..rng.gen_range(5..=40) {
@@ -76,19 +97,22 @@ pub async fn aggregator(sh: Arc<Shared>, id: usize, mut rng: SmallRng, deadline:
         }
         if rng.gen_bool(0.25) {
             // Killed and restarted: whatever it read past the checkpoint is forgotten.
+            let c = commits(&mut rng);
             agg = build(
                 &sh,
                 id,
                 deadline,
                 rng.gen_range(1..=6),
                 Some(rng.gen_range(1..=3)),
+                c,
             );
             trace(&sh, "AGGREGATOR restarted");
         }
         let Some(a) = &agg else { return };
         if rng.gen_bool(0.3) {
             // A duplicate on the same checkpoint, at the same time.
-            if let Some(b) = build(&sh, id, deadline, rng.gen_range(1..=6), Some(2)) {
+            let c = commits(&mut rng);
+            if let Some(b) = build(&sh, id, deadline, rng.gen_range(1..=6), Some(2), c) {
                 let (x, y) = tokio::join!(a.pass(), b.pass());
                 trace(
                     &sh,
@@ -105,8 +129,8 @@ pub async fn aggregator(sh: Arc<Shared>, id: usize, mut rng: SmallRng, deadline:
 fn outcome(r: &tollgate::Result<tollgate::PassReport>) -> String {
     match r {
         Ok(p) => format!(
-            "{} changes, {} with usage, {} commits, {} lost races",
-            p.changes, p.usage_changes, p.commits, p.lost_races
+            "{} changes, {} with usage, {} commits, {} lost races, {} claims finished",
+            p.changes, p.usage_changes, p.commits, p.lost_races, p.claims_finished
         ),
         Err(e) => format!("error: {e}"),
     }
@@ -121,7 +145,7 @@ fn trace(sh: &Shared, line: &str) {
 
 /// After quiesce (faults off): one unbounded pass of a fresh aggregator.
 pub async fn catch_up(sh: Arc<Shared>, id: usize, out: Arc<std::sync::Mutex<Vec<Violation>>>) {
-    let Some(a) = build(&sh, id, None, 100, None) else {
+    let Some(a) = build(&sh, id, None, 100, None, (2, 50_000)) else {
         return;
     };
     if let Err(e) = a.pass().await {

@@ -2,24 +2,32 @@
 //!
 //! [`FeedAggregator::pass`] reads the store's [`ChangeFeed`] from the consumer's checkpoint,
 //! turns each bucket write into usage ([`tollgate_core::usage::usage_of`]: `tc` and `rq`
-//! deltas dated by the write's `wt`, and each limit's overdraw, ADR-151), adds it to the snapshots of every configured window,
-//! and — in the same transaction — moves the checkpoint, conditioned on the checkpoint it
-//! started from. A batch read twice (a restarted aggregator, a second aggregator on the
-//! same store) therefore lands once: the second commit's checkpoint condition fails and it
-//! re-reads from the checkpoint that won. A pass that dies before its commit leaves the
-//! checkpoint where it was, and the next pass reads the same changes again.
+//! deltas dated by the write's `wt`, and each limit's overdraw, ADR-151), sums it per
+//! snapshot item of every configured window over the whole pass (up to
+//! [`UsageOptions::max_pass_changes`] changes), and commits the sums exactly once with the
+//! checkpoint (rule "a pass's usage is applied exactly once: claim, apply per item at most
+//! once, finalize", in `commit`): in one transaction with the checkpoint move when they fit,
+//! else a claim on the checkpoint, per-item updates that each land at most once for the
+//! claimed pass, and a finalize. A range read twice (a restarted aggregator, a second
+//! aggregator on the same store) therefore lands once: the second commit's checkpoint
+//! condition fails and it re-reads from the checkpoint that won. A pass that dies before its
+//! commit or claim leaves the checkpoint where it was, and the next pass reads the same
+//! changes again; one that dies after its claim leaves the claim, which the next pass of
+//! any consumer sharing the checkpoint finishes first.
 //!
 //! After the usage, the pass runs the [`Aggregator`]'s background work (refill, roll and
 //! reset; proactive doubling and Path-2 clones) for every (entity, resource) that consumed
 //! in the batch, as the original's stream processor did.
 //!
-//! The options and a pass's report are here; the aggregator is in `feed`, the snapshot
-//! query in `query`.
+//! The options and a pass's report are here; the aggregator is in `feed`, the sums in
+//! `pending`, their commit in `commit`, the snapshot query in `query`.
 //!
 //! [`ChangeFeed`]: tollgate_store::ChangeFeed
 //! [`Aggregator`]: crate::Aggregator
 
+mod commit;
 mod feed;
+mod pending;
 mod query;
 
 use tollgate_core::usage::Window;
@@ -43,6 +51,14 @@ pub struct UsageOptions {
     pub background: bool,
     /// Most feed reads in one pass (`None`: until the feed has nothing more).
     pub max_batches: Option<usize>,
+    /// Most changes summed into one commit (default 50,000): a pass reading more commits
+    /// every this many. The bigger, the more writes of one snapshot item are summed into one
+    /// update; the smaller, the less a claim left by a crash re-reads.
+    pub max_pass_changes: usize,
+    /// Most snapshot updates in one store transaction (default and at most 99, one less
+    /// than a transaction holds): a pass whose sums fit commits them with the checkpoint in
+    /// one transaction; a bigger one claims the checkpoint and applies them in several.
+    pub commit_items: usize,
     /// Changes counted are trimmed from the feed (where the backend keeps it: memory,
     /// SQLite) once older than this (ms; default 24 hours, DynamoDB Streams' own), so
     /// another consumer of the same feed — another namespace's aggregator on the same file
@@ -59,6 +75,8 @@ impl Default for UsageOptions {
             consumer: "aggregator".into(),
             background: true,
             max_batches: None,
+            max_pass_changes: 50_000,
+            commit_items: tollgate_store::MAX_TRANSACT_OPS - 1,
             feed_retention_ms: 86_400_000,
         }
     }
@@ -71,13 +89,18 @@ pub struct PassReport {
     pub changes: usize,
     /// Changes that carried usage.
     pub usage_changes: usize,
-    /// Snapshot updates written (each snapshot item once per commit).
+    /// Snapshot updates written (each snapshot item once per commit; an update found
+    /// already applied by another consumer finishing the same claim is not counted).
     pub snapshot_writes: usize,
-    /// Transactions that moved the checkpoint.
+    /// Writes that moved the checkpoint: one-transaction commits and finalized claims.
     pub commits: usize,
-    /// Commits refused because another consumer had moved the checkpoint first (their
-    /// changes were re-read from the winner's checkpoint, never counted twice).
+    /// Commits and claims refused because another consumer had moved or claimed the
+    /// checkpoint first (their changes were re-read from the winner's checkpoint, never
+    /// counted twice).
     pub lost_races: usize,
+    /// Claims left on the checkpoint (by a crashed pass, or one running concurrently) that
+    /// this pass finished — re-read, applied where not yet, finalized.
+    pub claims_finished: usize,
     /// Age (ms) of the oldest change read, at the start of the pass: the feed lag.
     pub lag_ms: i64,
     /// The background work's report.

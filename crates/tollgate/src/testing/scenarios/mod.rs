@@ -21,6 +21,7 @@ pub mod sharded;
 pub mod shared_leases;
 pub mod soft;
 pub mod usage;
+pub mod usage_commit;
 
 /// Generate one `#[tokio::test]` per limiter behaviour scenario, on `$backend`: an
 /// expression of type `Option<`[`Backend`](crate::testing::Backend)`>` (`None` skips, for a
@@ -201,7 +202,9 @@ macro_rules! scenario_tests {
             operator::s106_leases_settle_with_the_parent_they_debited,
             usage::usage_equals_admitted_net_consumption,
             usage::usage_survives_restart_and_duplicate_aggregators,
-            usage::usage_commit_with_a_lost_response_counts_once
+            usage::usage_commit_with_a_lost_response_counts_once,
+            usage_commit::usage_pass_beyond_one_transaction_counts_once,
+            usage_commit::usage_claim_left_by_a_crash_is_finished_once
         );
     };
 }

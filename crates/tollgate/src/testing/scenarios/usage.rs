@@ -9,20 +9,20 @@ use std::sync::Arc;
 use crate::testing::*;
 use crate::{FeedAggregator, Limit, Scope, UsageOptions, UsageQuery, Window};
 
-const R: &str = "llm";
+pub(super) const R: &str = "llm";
 /// The start of the hour holding T0 (2025-09-04T15:00:00Z).
 const HOUR0: i64 = 1_756_998_000_000;
 const HOUR_MS: i64 = 3_600_000;
 
 /// Usage by (entity, window, start): (limit → millitokens, requests).
-type Usage = BTreeMap<(String, Window, i64), (BTreeMap<String, i64>, i64)>;
+pub(super) type Usage = BTreeMap<(String, Window, i64), (BTreeMap<String, i64>, i64)>;
 
 /// Expected usage.
 #[derive(Default, Debug)]
-struct Ledger(Usage);
+pub(super) struct Ledger(pub(super) Usage);
 
 impl Ledger {
-    fn add(&mut self, entity: &str, at: i64, amounts: &[(&str, i64)], requests: i64) {
+    pub(super) fn add(&mut self, entity: &str, at: i64, amounts: &[(&str, i64)], requests: i64) {
         for w in [Window::Hourly, Window::Daily, Window::Monthly] {
             let e = self
                 .0
@@ -36,20 +36,20 @@ impl Ledger {
     }
 }
 
-fn options(windows: &[Window]) -> UsageOptions {
+pub(super) fn options(windows: &[Window]) -> UsageOptions {
     UsageOptions {
         windows: windows.to_vec(),
         ..UsageOptions::default()
     }
 }
 
-async fn aggregator(h: &H, opts: UsageOptions) -> Option<FeedAggregator> {
+pub(super) async fn aggregator(h: &H, opts: UsageOptions) -> Option<FeedAggregator> {
     let feed = h.raw.clone().change_feed()?;
     Some(FeedAggregator::new(&h.lim, feed, opts).expect("aggregator"))
 }
 
 /// Every stored snapshot of `entities`, as the ledger holds them (zero counters dropped).
-async fn stored(
+pub(super) async fn stored(
     h: &H,
     entities: &[&str],
 ) -> BTreeMap<(String, Window, i64), (BTreeMap<String, i64>, i64)> {
@@ -82,7 +82,7 @@ async fn stored(
     out
 }
 
-fn clean(l: &Ledger) -> Usage {
+pub(super) fn clean(l: &Ledger) -> Usage {
     l.0.iter()
         .map(|(k, (m, r))| {
             (
@@ -99,7 +99,7 @@ fn clean(l: &Ledger) -> Usage {
         .collect()
 }
 
-async fn setup(h: &H) {
+pub(super) async fn setup(h: &H) {
     h.lim
         .admin()
         .set_limits(
