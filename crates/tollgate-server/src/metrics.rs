@@ -224,6 +224,15 @@ impl Store for MeteredStore {
         self.metrics.record("update", t, &r);
         r
     }
+    async fn update_shared(
+        &self,
+        req: UpdateRequest,
+    ) -> Result<Option<std::sync::Arc<Item>>, StoreError> {
+        let t = Instant::now();
+        let r = self.inner.update_shared(req).await;
+        self.metrics.record("update", t, &r);
+        r
+    }
     async fn delete(&self, req: DeleteRequest) -> Result<Option<Item>, StoreError> {
         let t = Instant::now();
         let r = self.inner.delete(req).await;

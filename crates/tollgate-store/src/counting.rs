@@ -117,6 +117,13 @@ impl<S: Store> Store for Counting<S> {
         self.bump(3);
         self.inner.update(req).await
     }
+    async fn update_shared(
+        &self,
+        req: UpdateRequest,
+    ) -> Result<Option<std::sync::Arc<Item>>, StoreError> {
+        self.bump(3);
+        self.inner.update_shared(req).await
+    }
     async fn delete(&self, req: DeleteRequest) -> Result<Option<Item>, StoreError> {
         self.bump(4);
         self.inner.delete(req).await

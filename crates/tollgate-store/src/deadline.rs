@@ -92,6 +92,13 @@ impl<S: Store> Store for Deadline<S> {
     async fn update(&self, req: UpdateRequest) -> Result<Option<Item>, StoreError> {
         self.bounded("update", true, self.inner.update(req)).await
     }
+    async fn update_shared(
+        &self,
+        req: UpdateRequest,
+    ) -> Result<Option<std::sync::Arc<Item>>, StoreError> {
+        self.bounded("update", true, self.inner.update_shared(req))
+            .await
+    }
     async fn delete(&self, req: DeleteRequest) -> Result<Option<Item>, StoreError> {
         self.bounded("delete", true, self.inner.delete(req)).await
     }

@@ -174,6 +174,15 @@ pub trait Store: Send + Sync {
     async fn put(&self, req: PutRequest) -> Result<(), StoreError>;
     /// Conditional update; returns what `req.returns` asks for.
     async fn update(&self, req: UpdateRequest) -> Result<Option<Item>, StoreError>;
+    /// [`Store::update`] (the same one request, the same answer), returning the item shared:
+    /// a store that keeps its items shared ([`MemoryStore`]) hands out the version it holds
+    /// instead of copying it; the default wraps what `update` returns.
+    async fn update_shared(
+        &self,
+        req: UpdateRequest,
+    ) -> Result<Option<std::sync::Arc<Item>>, StoreError> {
+        Ok(self.update(req).await?.map(std::sync::Arc::new))
+    }
     /// Conditional delete; returns the old item.
     async fn delete(&self, req: DeleteRequest) -> Result<Option<Item>, StoreError>;
     /// All-or-nothing write of up to [`MAX_TRANSACT_OPS`] operations on distinct items.
@@ -276,6 +285,12 @@ impl<S: Store + ?Sized> Store for std::sync::Arc<S> {
     }
     async fn update(&self, req: UpdateRequest) -> Result<Option<Item>, StoreError> {
         (**self).update(req).await
+    }
+    async fn update_shared(
+        &self,
+        req: UpdateRequest,
+    ) -> Result<Option<std::sync::Arc<Item>>, StoreError> {
+        (**self).update_shared(req).await
     }
     async fn delete(&self, req: DeleteRequest) -> Result<Option<Item>, StoreError> {
         (**self).delete(req).await

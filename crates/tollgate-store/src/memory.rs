@@ -355,6 +355,88 @@ fn log_change(
     }
 }
 
+impl MemoryStore {
+    /// A conditional update, answered with the versions the store holds (shared, not
+    /// copied).
+    fn update_in(&self, req: UpdateRequest) -> Result<Option<Arc<Item>>, StoreError> {
+        // Static checks fail the request before its condition is read (as DynamoDB does).
+        validate_update(&req.update)?;
+        let mut g = self.lock();
+        self.charge(&mut g, &[&req.key])?;
+        // An existing item is updated in place: one copy of it is kept as the previous
+        // version (what a stale read sees, and what every right-hand side reads), and the
+        // only other copy is what the request asks to have returned. While the feed (or a
+        // reader) shares the current version, that version itself becomes the previous
+        // one and the update writes a copy.
+        let feed_on = g.feed_on;
+        if let Some(Slot {
+            cur: Some(cur),
+            prev,
+        }) = g.items.get_mut(&req.key)
+        {
+            if let Some(c) = &req.condition {
+                if !eval_condition(Some(cur), c) {
+                    return Err(StoreError::ConditionFailed {
+                        old: Some(Box::new(Item::clone(cur))),
+                    });
+                }
+            }
+            // The previous version's memory is reused for the copy of the item as it is
+            // when nothing else holds it (it is about to be dropped) and it has the same
+            // shape; otherwise the current version is kept as it is and the update works
+            // on a copy.
+            let spare = prev.take();
+            let old = if Arc::get_mut(cur).is_some() {
+                copy_of(spare, cur)
+            } else {
+                let old = Arc::clone(cur);
+                *cur = copy_of(spare, &old);
+                old
+            };
+            // Unshared now in both cases: no copy here.
+            let target = Arc::make_mut(cur);
+            if let Err(e) = apply_actions(target, &old, &req.update) {
+                *cur = old;
+                return Err(e);
+            }
+            let out = match req.returns {
+                ReturnValues::None => None,
+                ReturnValues::AllNew => Some(Arc::clone(cur)),
+                ReturnValues::AllOld => Some(Arc::clone(&old)),
+                ReturnValues::UpdatedNew => updated_new(cur, &req.update).map(Arc::new),
+            };
+            let change = (feed_on && **cur != *old).then(|| (Arc::clone(&old), Arc::clone(cur)));
+            *prev = Some(old);
+            if let Some((old, new)) = change {
+                let at_ms = self.feed_now();
+                log_change(&mut g, &req.key, Some(old), Some(new), at_ms);
+            }
+            return Ok(out);
+        }
+        // Absent (never written, or deleted): the update creates it, unless it only removes.
+        let cur = g.items.get(&req.key).and_then(|s| s.cur.as_deref());
+        debug_assert!(cur.is_none(), "an existing item is updated in place above");
+        if let Some(c) = &req.condition {
+            if !eval_condition(None, c) {
+                return Err(StoreError::ConditionFailed { old: None });
+            }
+        }
+        let new = apply_update_stored(None, &key_item(&req.key), &req.update)?;
+        let out = match req.returns {
+            ReturnValues::None | ReturnValues::AllOld => None,
+            ReturnValues::AllNew => new.clone().map(Arc::new),
+            ReturnValues::UpdatedNew => new
+                .as_ref()
+                .and_then(|n| updated_new(n, &req.update))
+                .map(Arc::new),
+        };
+        if new.is_some() {
+            write(&mut g, &req.key, new, self.feed_now());
+        }
+        Ok(out)
+    }
+}
+
 #[async_trait]
 impl Store for MemoryStore {
     async fn get(&self, key: &Key, consistent: bool) -> Result<Option<Item>, StoreError> {
@@ -401,78 +483,12 @@ impl Store for MemoryStore {
     }
 
     async fn update(&self, req: UpdateRequest) -> Result<Option<Item>, StoreError> {
-        // Static checks fail the request before its condition is read (as DynamoDB does).
-        validate_update(&req.update)?;
-        let mut g = self.lock();
-        self.charge(&mut g, &[&req.key])?;
-        // An existing item is updated in place: one copy of it is kept as the previous
-        // version (what a stale read sees, and what every right-hand side reads), and the
-        // only other copy is what the request asks to have returned. While the feed (or a
-        // reader) shares the current version, that version itself becomes the previous
-        // one and the update writes a copy.
-        let feed_on = g.feed_on;
-        if let Some(Slot {
-            cur: Some(cur),
-            prev,
-        }) = g.items.get_mut(&req.key)
-        {
-            if let Some(c) = &req.condition {
-                if !eval_condition(Some(cur), c) {
-                    return Err(StoreError::ConditionFailed {
-                        old: Some(Box::new(Item::clone(cur))),
-                    });
-                }
-            }
-            // The previous version's memory is reused for the copy of the item as it is
-            // when nothing else holds it (it is about to be dropped) and it has the same
-            // shape; otherwise the current version is kept as it is and the update works
-            // on a copy.
-            let spare = prev.take();
-            let old = if Arc::get_mut(cur).is_some() {
-                copy_of(spare, cur)
-            } else {
-                let old = Arc::clone(cur);
-                *cur = copy_of(spare, &old);
-                old
-            };
-            // Unshared now in both cases: no copy here.
-            let target = Arc::make_mut(cur);
-            if let Err(e) = apply_actions(target, &old, &req.update) {
-                *cur = old;
-                return Err(e);
-            }
-            let out = match req.returns {
-                ReturnValues::None => None,
-                ReturnValues::AllNew => Some(Item::clone(cur)),
-                ReturnValues::AllOld => Some(Item::clone(&old)),
-                ReturnValues::UpdatedNew => updated_new(cur, &req.update),
-            };
-            let change = (feed_on && **cur != *old).then(|| (Arc::clone(&old), Arc::clone(cur)));
-            *prev = Some(old);
-            if let Some((old, new)) = change {
-                let at_ms = self.feed_now();
-                log_change(&mut g, &req.key, Some(old), Some(new), at_ms);
-            }
-            return Ok(out);
-        }
-        // Absent (never written, or deleted): the update creates it, unless it only removes.
-        let cur = g.items.get(&req.key).and_then(|s| s.cur.as_deref());
-        debug_assert!(cur.is_none(), "an existing item is updated in place above");
-        if let Some(c) = &req.condition {
-            if !eval_condition(None, c) {
-                return Err(StoreError::ConditionFailed { old: None });
-            }
-        }
-        let new = apply_update_stored(None, &key_item(&req.key), &req.update)?;
-        let out = match req.returns {
-            ReturnValues::None | ReturnValues::AllOld => None,
-            ReturnValues::AllNew => new.clone(),
-            ReturnValues::UpdatedNew => new.as_ref().and_then(|n| updated_new(n, &req.update)),
-        };
-        if new.is_some() {
-            write(&mut g, &req.key, new, self.feed_now());
-        }
-        Ok(out)
+        // A copy of what the request asks to have returned (the store keeps its own).
+        Ok(self.update_in(req)?.map(Arc::unwrap_or_clone))
+    }
+
+    async fn update_shared(&self, req: UpdateRequest) -> Result<Option<Arc<Item>>, StoreError> {
+        self.update_in(req)
     }
 
     async fn delete(&self, req: DeleteRequest) -> Result<Option<Item>, StoreError> {

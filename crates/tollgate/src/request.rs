@@ -43,8 +43,9 @@ pub(crate) use tollgate_core::plan::CountPin;
 /// How the slot's own conditional write (with what committed with it) ended.
 #[derive(Debug)]
 pub(crate) enum Landed {
-    /// It applied; the item it returned (`ALL_NEW`), when one write carried it alone.
-    Wrote(Option<Box<tollgate_core::value::Item>>),
+    /// It applied; the item it returned (`ALL_NEW`, shared with the store where it keeps
+    /// items shared), when one write carried it alone.
+    Wrote(Option<Arc<tollgate_core::value::Item>>),
     /// Its condition failed (rf lock lost, create race lost, or a pinned balance moved);
     /// the item as it was when it failed, if known.
     LostLock(Option<Box<tollgate_core::value::Item>>),

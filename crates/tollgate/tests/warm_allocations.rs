@@ -142,11 +142,10 @@ fn warm_acquire_allocation_count_is_bounded() {
     // Raised by up to 2 with ADR-151's bypass: every balance write carries the stamp term
     // `attribute_not_exists(bypass)` (its attribute name and condition node;
     // 112/172/105/154 before).
-    assert!(slow_1 <= 114, "1 limit, 1 ms apart: {slow_1} allocations");
-    assert!(slow_3 <= 174, "3 limits, 1 ms apart: {slow_3} allocations");
-    assert!(fast_1 <= 107, "1 limit, same instant: {fast_1} allocations");
-    assert!(
-        fast_3 <= 155,
-        "3 limits, same instant: {fast_3} allocations"
-    );
+    // Lowered when a write's returned item came to be shared with MemoryStore instead of
+    // copied (`Store::update_shared`): 114/174/107/155 before.
+    assert!(slow_1 <= 65, "1 limit, 1 ms apart: {slow_1} allocations");
+    assert!(slow_3 <= 107, "3 limits, 1 ms apart: {slow_3} allocations");
+    assert!(fast_1 <= 60, "1 limit, same instant: {fast_1} allocations");
+    assert!(fast_3 <= 90, "3 limits, same instant: {fast_3} allocations");
 }

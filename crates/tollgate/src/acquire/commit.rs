@@ -57,7 +57,7 @@ impl Inner {
         }
         if rest.is_empty() && check.is_none() {
             let r = match own {
-                TransactOp::Update(u) => self.store().update(u).await.map(|n| n.map(Box::new)),
+                TransactOp::Update(u) => self.store().update_shared(u).await,
                 TransactOp::Put(p) => self.store().put(p).await.map(|()| None),
                 other => self
                     .store()

@@ -160,7 +160,7 @@ impl Inner {
         };
         let r = self
             .store()
-            .update(UpdateRequest {
+            .update_shared(UpdateRequest {
                 key: key.clone(),
                 update,
                 condition: Some(condition),
@@ -169,7 +169,7 @@ impl Inner {
             .await;
         match r {
             Ok(new) => {
-                let img = Arc::new(returned_image(new.as_ref(), &key)?);
+                let img = Arc::new(returned_image(new.as_deref(), &key)?);
                 self.shards()
                     .raise(&req.entity, &req.resource, img.shard_count);
                 self.images()

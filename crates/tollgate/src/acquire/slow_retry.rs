@@ -81,7 +81,7 @@ impl Inner {
         let (update, condition) = retry_write(&req.amounts, &req.limits, now);
         let r = self
             .store()
-            .update(UpdateRequest {
+            .update_shared(UpdateRequest {
                 key: key.clone(),
                 update,
                 condition: Some(condition),
@@ -90,7 +90,7 @@ impl Inner {
             .await;
         match r {
             Ok(new) => {
-                let img = Arc::new(returned_image(new.as_ref(), key)?);
+                let img = Arc::new(returned_image(new.as_deref(), key)?);
                 self.images()
                     .put(&req.entity, &req.resource, shard, Arc::clone(&img));
                 Stats::bump(&self.stats().slow_admits);

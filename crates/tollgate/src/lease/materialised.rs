@@ -141,7 +141,7 @@ impl Inner {
                     )
                     .await
                 {
-                    Ok(Landed::Wrote(new)) => Ok(new.map(|b| *b)),
+                    Ok(Landed::Wrote(new)) => Ok(new.map(Arc::unwrap_or_clone)),
                     Ok(Landed::LostLock(old)) => Err(StoreError::ConditionFailed { old }),
                     // Shard 0's count moved (a doubling): plan again.
                     Err(Flow::Reread) | Err(Flow::MoveLost) => continue,
