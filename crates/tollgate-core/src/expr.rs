@@ -116,6 +116,31 @@ impl Condition {
             (a, b) => Condition::And(vec![a, b]),
         }
     }
+    /// The conjunction of `parts`, in order, nested `And`s flattened: what folding them
+    /// with [`Condition::and`] gives, built in one allocation (a single part is itself).
+    pub fn all(parts: Vec<Condition>) -> Self {
+        if parts.len() == 1 {
+            if let Some(c) = parts.into_iter().next() {
+                return c;
+            }
+            return Condition::And(Vec::new());
+        }
+        let n = parts
+            .iter()
+            .map(|c| match c {
+                Condition::And(v) => v.len(),
+                _ => 1,
+            })
+            .sum();
+        let mut out = Vec::with_capacity(n);
+        for c in parts {
+            match c {
+                Condition::And(v) => out.extend(v),
+                c => out.push(c),
+            }
+        }
+        Condition::And(out)
+    }
     /// Disjunction.
     pub fn or(self, other: Condition) -> Self {
         Condition::Or(vec![self, other])
@@ -183,6 +208,12 @@ impl Update {
     pub fn new() -> Self {
         Update::default()
     }
+    /// An empty update with room for `n` actions.
+    pub fn with_capacity(n: usize) -> Self {
+        Update {
+            actions: Vec::with_capacity(n),
+        }
+    }
     /// `SET name = value`
     pub fn set(mut self, name: impl Into<String>, v: impl Into<Value>) -> Self {
         self.actions
@@ -249,4 +280,21 @@ pub fn project(item: &Item, names: &[String]) -> Item {
         .iter()
         .filter_map(|n| item.get(n).map(|v| (n.clone(), v.clone())))
         .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn all_is_the_fold_of_and() {
+        let a = || Condition::exists("a");
+        let b = || Condition::not_exists("b").or(Condition::eq("c", 1));
+        let d = || Condition::exists("d").and(Condition::gt("e", 2));
+        let parts = vec![a(), d(), b(), d()];
+        let folded = a().and(d()).and(b()).and(d());
+        assert_eq!(Condition::all(parts), folded);
+        assert_eq!(Condition::all(vec![d(), a()]), d().and(a()));
+        assert_eq!(Condition::all(vec![b()]), b());
+    }
 }

@@ -59,28 +59,31 @@ pub fn fast_write(
     ph: &str,
     now_ms: i64,
 ) -> (Update, Condition) {
-    let mut u = Update::new();
-    let mut c = Condition::exists("PK");
+    // Sized once: the amounts' two actions each, `wcu`'s two, `rq` and `wt`.
+    let mut u = Update::with_capacity(2 * amounts.len() + 4);
+    let mut c = Vec::with_capacity(amounts.len() + 7);
+    c.push(Condition::exists("PK"));
     for (n, amt) in amounts {
         u = u
             .add(battr(n, field::TK), -amt)
             .add(battr(n, field::TC), *amt);
         if !crate::soft::exempt(limits, n) {
-            c = c.and(Condition::ge(battr(n, field::TK), *amt));
+            c.push(Condition::ge(battr(n, field::TK), *amt));
         }
     }
     u = u
         .add(battr(WCU, field::TK), -WCU_COST)
         .add(battr(WCU, field::TC), WCU_COST);
     u = crate::usage::stamp_write_time(crate::usage::count_request(u), now_ms);
-    c = c
-        .and(Condition::ge(battr(WCU, field::TK), WCU_COST))
-        .and(Condition::not_exists(attr::TTL).or(Condition::gt(attr::TTL, now_ms / 1000)))
-        .and(Condition::not_exists(attr::DISABLED))
-        .and(crate::bypass::stamp(false))
-        .and(Condition::eq(attr::PH, ph))
-        .and(trusted(limits, amounts, now_ms));
-    (u, c)
+    c.extend([
+        Condition::ge(battr(WCU, field::TK), WCU_COST),
+        Condition::not_exists(attr::TTL).or(Condition::gt(attr::TTL, now_ms / 1000)),
+        Condition::not_exists(attr::DISABLED),
+        crate::bypass::stamp(false),
+        Condition::eq(attr::PH, ph),
+        trusted(limits, amounts, now_ms),
+    ]);
+    (u, Condition::all(c))
 }
 
 /// Whether `limit` drips (it has a trust horizon).

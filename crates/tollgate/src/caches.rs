@@ -154,13 +154,13 @@ impl RejectionCache {
     }
 
     /// A trusted view: younger than the TTL, before its `vu`, not past its item TTL.
-    pub fn view(&self, e: &str, r: &str, shard: u32, now: i64) -> Option<BucketImage> {
+    pub fn view(&self, e: &str, r: &str, shard: u32, now: i64) -> Option<Arc<BucketImage>> {
         let g = self.lock();
         let (at, img) = g.get(e, r, shard)?;
         let fresh = now - at < self.ttl_ms && now >= *at;
         let valid =
             img.valid_until_ms.is_none_or(|v| v > now) && img.ttl.is_none_or(|t| t > now / 1000);
-        (fresh && valid).then(|| BucketImage::clone(img))
+        (fresh && valid).then(|| Arc::clone(img))
     }
 
     /// Forget one shard (a local credit changed it).

@@ -194,6 +194,14 @@ impl Limiter {
     }
 }
 
+/// The shards an acquire may be sent to (ADR-147).
+pub(crate) enum Open {
+    /// Every shard.
+    All,
+    /// These (at least one, not every one).
+    Some(Vec<u32>),
+}
+
 /// The item a successful write returned (`ALL_NEW`), decoded.
 fn returned_image(new: Option<&tollgate_core::value::Item>, key: &Key) -> Result<BucketImage> {
     new.map(BucketImage::decode)
@@ -318,8 +326,10 @@ impl Inner {
         s: i64,
         now: i64,
     ) -> std::result::Result<u32, Box<Exceeded>> {
-        let open = self.open_shards(req, s, now)?;
-        Ok(open[self.rng().draw(0, open.len() as u32) as usize])
+        match self.open_shards(req, s, now)? {
+            Open::All => Ok(self.rng().draw(0, s as u32)),
+            Open::Some(open) => Ok(open[self.rng().draw(0, open.len() as u32) as usize]),
+        }
     }
 
     /// ADR-147: the shards not known (from this process's trusted rejection views) to be
@@ -329,29 +339,34 @@ impl Inner {
         req: &Request,
         s: i64,
         now: i64,
-    ) -> std::result::Result<Vec<u32>, Box<Exceeded>> {
-        let mut open = Vec::new();
-        let mut views = Vec::new();
-        for shard in 0..s as u32 {
-            match self
-                .rejections()
+    ) -> std::result::Result<Open, Box<Exceeded>> {
+        let short = |shard: u32| {
+            self.rejections()
                 .view(&req.entity, &req.resource, shard, now)
-            {
-                Some(img) if !would_refill_satisfy(&img, &req.limits, &req.amounts, now) => {
-                    views.push(img)
-                }
-                _ => open.push(shard),
+                .filter(|img| !would_refill_satisfy(img, &req.limits, &req.amounts, now))
+        };
+        // The common case, nothing known short, allocates nothing.
+        let Some(first) = (0..s as u32).find(|&i| short(i).is_some()) else {
+            return Ok(Open::All);
+        };
+        let mut open = Vec::with_capacity(s as usize);
+        let mut views = Vec::new();
+        open.extend(0..first);
+        for shard in first..s as u32 {
+            match short(shard) {
+                Some(img) => views.push(img),
+                None => open.push(shard),
             }
         }
         if open.is_empty() {
-            if let Some(x) = self.exceeded(req, &views.iter().map(Some).collect::<Vec<_>>(), s, now)
-            {
+            let images: Vec<Option<&BucketImage>> = views.iter().map(|i| Some(&**i)).collect();
+            if let Some(x) = self.exceeded(req, &images, s, now) {
                 return Err(x);
             }
             // Every shard is short on its own but together they cover it: draw any (the
             // store decides, across shards if need be).
-            return Ok((0..s as u32).collect());
+            return Ok(Open::All);
         }
-        Ok(open)
+        Ok(Open::Some(open))
     }
 }
