@@ -20,7 +20,6 @@ use std::collections::BTreeMap;
 use crate::bucket::{attr, field, BucketImage};
 use crate::error::RuleError;
 use crate::expr::{Condition, Update};
-use crate::ids::WCU;
 use crate::keys::battr;
 use crate::limit::{Limit, Refill};
 use crate::materialize::{evaluate, evaluate_wcu, valid_until, Evaluated, Transition};
@@ -341,10 +340,10 @@ pub fn plan_refill(
     if img.wcu.is_some() {
         let wcu = evaluate_wcu(img.wcu.as_ref(), img.refilled_at_ms, now);
         if wcu.credit() != 0 {
-            u = u.add(battr(WCU, field::TK), wcu.credit());
+            u = u.add(crate::bucket::wcu_attr::TK, wcu.credit());
         }
         if let Some(rc) = wcu.carry {
-            u = u.set(battr(WCU, field::RC), rc);
+            u = u.set(crate::bucket::wcu_attr::RC, rc);
         }
     }
     if img.valid_until_ms.is_none_or(|v| v <= now) {

@@ -14,6 +14,23 @@ pub const WCU_CAPACITY: i64 = 1_000_000;
 pub const WCU_COST: i64 = 1000;
 /// `wcu` refill period in ms.
 pub const WCU_PERIOD_MS: i64 = 1000;
+
+/// The `wcu` guard's stored attribute names (`b_wcu_{field}`), spelled out once: every
+/// bucket write names some of them.
+pub mod wcu_attr {
+    /// Balance.
+    pub const TK: &str = "b_wcu_tk";
+    /// Consumption counter.
+    pub const TC: &str = "b_wcu_tc";
+    /// Capacity.
+    pub const CP: &str = "b_wcu_cp";
+    /// Refill amount.
+    pub const RA: &str = "b_wcu_ra";
+    /// Refill period.
+    pub const RP: &str = "b_wcu_rp";
+    /// Carried refill remainder.
+    pub const RC: &str = "b_wcu_rc";
+}
 /// Most shards an entity's resource may spread over.
 pub const MAX_SHARD_COUNT: i64 = 32;
 
@@ -173,7 +190,8 @@ pub mod field {
     pub const SOFT: &str = "soft";
 }
 
-const FIELDS: [&str; 19] = [
+/// Every per-limit field, in the order they are decoded.
+pub const FIELDS: [&str; 19] = [
     field::TK,
     field::CP,
     field::RA,
@@ -382,6 +400,22 @@ impl BucketImage {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_wcu_names_are_its_battrs() {
+        use crate::ids::WCU;
+        use crate::keys::battr;
+        for (n, f) in [
+            (wcu_attr::TK, field::TK),
+            (wcu_attr::TC, field::TC),
+            (wcu_attr::CP, field::CP),
+            (wcu_attr::RA, field::RA),
+            (wcu_attr::RP, field::RP),
+            (wcu_attr::RC, field::RC),
+        ] {
+            assert_eq!(n, battr(WCU, f));
+        }
+    }
     use crate::value::Key;
 
     fn item(pairs: &[(&str, Value)]) -> Item {

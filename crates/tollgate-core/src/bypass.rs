@@ -19,7 +19,6 @@
 
 use crate::bucket::{attr, field, BucketImage, LimitState, WCU_COST};
 use crate::expr::{Condition, Update};
-use crate::ids::WCU;
 use crate::keys::battr;
 use crate::materialize::{Evaluated, Transition};
 use crate::mutants::{self, Mutant};
@@ -168,12 +167,12 @@ pub fn fast_write(amounts: &Amounts, ph: &str, now_ms: i64) -> (Update, Conditio
         }
     }
     u = u
-        .add(battr(WCU, field::TK), -WCU_COST)
-        .add(battr(WCU, field::TC), WCU_COST);
+        .add(crate::bucket::wcu_attr::TK, -WCU_COST)
+        .add(crate::bucket::wcu_attr::TC, WCU_COST);
     u = crate::usage::stamp_write_time(crate::usage::count_request(u), now_ms);
     let c = Condition::exists("PK")
         .and(stamp(true))
-        .and(Condition::ge(battr(WCU, field::TK), WCU_COST))
+        .and(Condition::ge(crate::bucket::wcu_attr::TK, WCU_COST))
         .and(Condition::not_exists(attr::TTL).or(Condition::gt(attr::TTL, now_ms / 1000)))
         .and(Condition::not_exists(attr::DISABLED))
         .and(Condition::eq(attr::PH, ph));

@@ -6,6 +6,7 @@
 
 use serde::{Deserialize, Serialize};
 
+pub use crate::name::Name;
 use crate::value::{Item, Value};
 
 /// Comparison operators of a condition.
@@ -45,18 +46,18 @@ pub enum Operand {
     /// A literal value.
     Value(Value),
     /// Another attribute of the same item.
-    Attr(String),
+    Attr(Name),
 }
 
 /// A condition on the item as it is before the write.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub enum Condition {
     /// `attribute_exists(name)`
-    Exists(String),
+    Exists(Name),
     /// `attribute_not_exists(name)`
-    NotExists(String),
+    NotExists(Name),
     /// `name OP operand`
-    Cmp(String, CmpOp, Operand),
+    Cmp(Name, CmpOp, Operand),
     /// All must hold (an empty `And` holds).
     And(Vec<Condition>),
     /// One must hold (an empty `Or` does not hold).
@@ -67,35 +68,35 @@ pub enum Condition {
 
 impl Condition {
     /// `attribute_exists(name)`
-    pub fn exists(name: impl Into<String>) -> Self {
+    pub fn exists(name: impl Into<Name>) -> Self {
         Condition::Exists(name.into())
     }
     /// `attribute_not_exists(name)`
-    pub fn not_exists(name: impl Into<String>) -> Self {
+    pub fn not_exists(name: impl Into<Name>) -> Self {
         Condition::NotExists(name.into())
     }
     /// `name OP value`
-    pub fn cmp(name: impl Into<String>, op: CmpOp, v: impl Into<Value>) -> Self {
+    pub fn cmp(name: impl Into<Name>, op: CmpOp, v: impl Into<Value>) -> Self {
         Condition::Cmp(name.into(), op, Operand::Value(v.into()))
     }
     /// `name = value`
-    pub fn eq(name: impl Into<String>, v: impl Into<Value>) -> Self {
+    pub fn eq(name: impl Into<Name>, v: impl Into<Value>) -> Self {
         Self::cmp(name, CmpOp::Eq, v)
     }
     /// `name >= value`
-    pub fn ge(name: impl Into<String>, v: impl Into<Value>) -> Self {
+    pub fn ge(name: impl Into<Name>, v: impl Into<Value>) -> Self {
         Self::cmp(name, CmpOp::Ge, v)
     }
     /// `name > value`
-    pub fn gt(name: impl Into<String>, v: impl Into<Value>) -> Self {
+    pub fn gt(name: impl Into<Name>, v: impl Into<Value>) -> Self {
         Self::cmp(name, CmpOp::Gt, v)
     }
     /// `name < value`
-    pub fn lt(name: impl Into<String>, v: impl Into<Value>) -> Self {
+    pub fn lt(name: impl Into<Name>, v: impl Into<Value>) -> Self {
         Self::cmp(name, CmpOp::Lt, v)
     }
     /// `name <= value`
-    pub fn le(name: impl Into<String>, v: impl Into<Value>) -> Self {
+    pub fn le(name: impl Into<Name>, v: impl Into<Value>) -> Self {
         Self::cmp(name, CmpOp::Le, v)
     }
     /// Conjunction of two conditions, flattening nested `And`s.
@@ -148,11 +149,11 @@ impl Condition {
     /// Every attribute name the condition mentions (for alias rendering).
     pub fn names(&self, out: &mut Vec<String>) {
         match self {
-            Condition::Exists(n) | Condition::NotExists(n) => out.push(n.clone()),
+            Condition::Exists(n) | Condition::NotExists(n) => out.push(n.to_string()),
             Condition::Cmp(n, _, o) => {
-                out.push(n.clone());
+                out.push(n.to_string());
                 if let Operand::Attr(a) = o {
-                    out.push(a.clone());
+                    out.push(a.to_string());
                 }
             }
             Condition::And(cs) | Condition::Or(cs) => cs.iter().for_each(|c| c.names(out)),
@@ -167,9 +168,9 @@ pub enum SetValue {
     /// A literal.
     Value(Value),
     /// The old value of another attribute (must exist).
-    Path(String),
+    Path(Name),
     /// `if_not_exists(path, default)`
-    IfNotExists(String, Value),
+    IfNotExists(Name, Value),
     /// `a + b` (numbers).
     Plus(Box<SetValue>, Box<SetValue>),
     /// `a - b` (numbers).
@@ -180,11 +181,11 @@ pub enum SetValue {
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub enum Action {
     /// `SET name = value`
-    Set(String, SetValue),
+    Set(Name, SetValue),
     /// `ADD name value` (numbers add, starting from 0; string sets union).
-    Add(String, Value),
+    Add(Name, Value),
     /// `REMOVE name`
-    Remove(String),
+    Remove(Name),
 }
 
 impl Action {
@@ -215,23 +216,23 @@ impl Update {
         }
     }
     /// `SET name = value`
-    pub fn set(mut self, name: impl Into<String>, v: impl Into<Value>) -> Self {
+    pub fn set(mut self, name: impl Into<Name>, v: impl Into<Value>) -> Self {
         self.actions
             .push(Action::Set(name.into(), SetValue::Value(v.into())));
         self
     }
     /// `SET name = <expression>`
-    pub fn set_expr(mut self, name: impl Into<String>, v: SetValue) -> Self {
+    pub fn set_expr(mut self, name: impl Into<Name>, v: SetValue) -> Self {
         self.actions.push(Action::Set(name.into(), v));
         self
     }
     /// `ADD name n`
-    pub fn add(mut self, name: impl Into<String>, n: i64) -> Self {
+    pub fn add(mut self, name: impl Into<Name>, n: i64) -> Self {
         self.actions.push(Action::Add(name.into(), Value::N(n)));
         self
     }
     /// `REMOVE name`
-    pub fn remove(mut self, name: impl Into<String>) -> Self {
+    pub fn remove(mut self, name: impl Into<Name>) -> Self {
         self.actions.push(Action::Remove(name.into()));
         self
     }
@@ -244,7 +245,7 @@ impl Update {
         fn walk(v: &SetValue, out: &mut Vec<String>) {
             match v {
                 SetValue::Value(_) => {}
-                SetValue::Path(p) | SetValue::IfNotExists(p, _) => out.push(p.clone()),
+                SetValue::Path(p) | SetValue::IfNotExists(p, _) => out.push(p.to_string()),
                 SetValue::Plus(a, b) | SetValue::Minus(a, b) => {
                     walk(a, out);
                     walk(b, out);

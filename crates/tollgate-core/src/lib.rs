@@ -21,6 +21,7 @@ pub mod materialize;
 pub mod merge;
 pub mod multi;
 pub mod mutants;
+pub mod name;
 pub mod plan;
 pub mod refill;
 pub mod reset;

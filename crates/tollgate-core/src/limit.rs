@@ -2,6 +2,7 @@
 //!
 //! All amounts are integer millitokens inside; constructors take whole tokens.
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
@@ -36,15 +37,48 @@ pub enum Refill {
     },
 }
 
+/// The stored attribute names of a limit's fields (`b_{name}_{field}`, by position in
+/// [`crate::bucket::FIELDS`]), each built the first time a write names it and shared by
+/// every write after (and every clone of the limit made after).
+#[derive(Clone, Default)]
+struct Attrs([std::sync::OnceLock<Arc<str>>; crate::bucket::FIELDS.len()]);
+
 /// One limit of a resource.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Clone)]
 pub struct Limit {
     name: String,
+    attrs: Attrs,
     capacity: i64,
     refill: Refill,
     schedule: Option<Schedule>,
     /// ADR-151: a soft limit records consumption and never refuses.
     soft: bool,
+}
+
+/// Limits are equal when they limit alike (the attribute names built for writes are
+/// derived from the name).
+impl PartialEq for Limit {
+    fn eq(&self, other: &Self) -> bool {
+        self.name == other.name
+            && self.capacity == other.capacity
+            && self.refill == other.refill
+            && self.schedule == other.schedule
+            && self.soft == other.soft
+    }
+}
+
+impl Eq for Limit {}
+
+impl std::fmt::Debug for Limit {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Limit")
+            .field("name", &self.name)
+            .field("capacity", &self.capacity)
+            .field("refill", &self.refill)
+            .field("schedule", &self.schedule)
+            .field("soft", &self.soft)
+            .finish()
+    }
 }
 
 /// A limit's effective (entity-wide, undivided) parameters at one instant: after its
@@ -86,6 +120,7 @@ impl Limit {
         }
         Ok(Limit {
             name: name.into(),
+            attrs: Attrs::default(),
             capacity: tokens_to_milli(name, "capacity", capacity)?,
             refill: Refill::Drip {
                 amount: tokens_to_milli(name, "refill amount", refill_amount)?,
@@ -130,6 +165,7 @@ impl Limit {
         })?;
         Ok(Limit {
             name: name.into(),
+            attrs: Attrs::default(),
             capacity: tokens_to_milli(name, "capacity", capacity)?,
             refill: Refill::Calendar(Box::new(cal)),
             schedule: None,
@@ -154,6 +190,7 @@ impl Limit {
         }
         Ok(Limit {
             name: name.into(),
+            attrs: Attrs::default(),
             capacity: tokens_to_milli(name, "capacity", capacity)?,
             refill: Refill::Window { reset_after_s: s },
             schedule: None,
@@ -202,6 +239,7 @@ impl Limit {
         };
         Ok(Limit {
             name: name.into(),
+            attrs: Attrs::default(),
             capacity: capacity_milli,
             refill,
             schedule: None,
@@ -270,6 +308,16 @@ impl Limit {
     /// The limit's name.
     pub fn name(&self) -> &str {
         &self.name
+    }
+    /// The stored attribute name of this limit's `field` (one of [`crate::bucket::field`]),
+    /// shared: `b_{name}_{field}`.
+    pub fn attr(&self, field: &'static str) -> crate::expr::Name {
+        match crate::bucket::FIELDS.iter().position(|f| *f == field) {
+            Some(i) => crate::expr::Name::Shared(Arc::clone(
+                self.attrs.0[i].get_or_init(|| Arc::from(crate::keys::battr(&self.name, field))),
+            )),
+            None => crate::expr::Name::Owned(crate::keys::battr(&self.name, field)),
+        }
     }
     /// Capacity in millitokens (entity-wide, never divided by shards).
     pub fn capacity_milli(&self) -> i64 {

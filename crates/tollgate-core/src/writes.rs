@@ -3,7 +3,6 @@
 
 use crate::bucket::{attr, field, BucketImage, WCU_COST};
 use crate::expr::{Condition, Update};
-use crate::ids::WCU;
 use crate::keys::battr;
 use crate::limit::{Limit, Refill};
 use crate::materialize::{evaluate, Evaluated, Transition};
@@ -64,19 +63,22 @@ pub fn fast_write(
     let mut c = Vec::with_capacity(amounts.len() + 7);
     c.push(Condition::exists("PK"));
     for (n, amt) in amounts {
-        u = u
-            .add(battr(n, field::TK), -amt)
-            .add(battr(n, field::TC), *amt);
+        let attr = |f: &'static str| match limits.iter().find(|l| l.name() == n) {
+            Some(l) => l.attr(f),
+            None => battr(n, f).into(),
+        };
+        let tk = attr(field::TK);
+        u = u.add(tk.clone(), -amt).add(attr(field::TC), *amt);
         if !crate::soft::exempt(limits, n) {
-            c.push(Condition::ge(battr(n, field::TK), *amt));
+            c.push(Condition::ge(tk, *amt));
         }
     }
     u = u
-        .add(battr(WCU, field::TK), -WCU_COST)
-        .add(battr(WCU, field::TC), WCU_COST);
+        .add(crate::bucket::wcu_attr::TK, -WCU_COST)
+        .add(crate::bucket::wcu_attr::TC, WCU_COST);
     u = crate::usage::stamp_write_time(crate::usage::count_request(u), now_ms);
     c.extend([
-        Condition::ge(battr(WCU, field::TK), WCU_COST),
+        Condition::ge(crate::bucket::wcu_attr::TK, WCU_COST),
         Condition::not_exists(attr::TTL).or(Condition::gt(attr::TTL, now_ms / 1000)),
         Condition::not_exists(attr::DISABLED),
         crate::bypass::stamp(false),
@@ -105,8 +107,11 @@ pub fn trusted(limits: &[Limit], amounts: &Amounts, now_ms: i64) -> Condition {
         return c;
     }
     for (n, _) in amounts {
-        if drips(limits, n) {
-            c = c.and(Condition::gt(battr(n, field::FU), now_ms));
+        if let Some(l) = limits
+            .iter()
+            .find(|l| l.name() == n && matches!(l.refill(), Refill::Drip { .. }))
+        {
+            c = c.and(Condition::gt(l.attr(field::FU), now_ms));
         }
     }
     c
@@ -318,30 +323,29 @@ pub struct ItemStamp<'a> {
 /// slow path and the aggregator can recompute without config, and an unscheduled one drops
 /// a schedule it no longer has.
 fn stamp_params(mut u: Update, l: &Limit, e: &Evaluated) -> Update {
-    let n = l.name();
     u = u
-        .set(battr(n, field::CP), e.params.capacity)
-        .set(battr(n, field::RA), e.params.refill_amount)
-        .set(battr(n, field::RP), l.rp());
+        .set(l.attr(field::CP), e.params.capacity)
+        .set(l.attr(field::RA), e.params.refill_amount)
+        .set(l.attr(field::RP), l.rp());
     match l.schedule() {
         Some(s) => {
             u = u
-                .set(battr(n, field::SCHED), s.encode())
-                .set(battr(n, field::BCP), l.capacity_milli())
-                .set(battr(n, field::BRA), l.ra());
+                .set(l.attr(field::SCHED), s.encode())
+                .set(l.attr(field::BCP), l.capacity_milli())
+                .set(l.attr(field::BRA), l.ra());
         }
         None if e.sched_stored => {
             u = u
-                .remove(battr(n, field::SCHED))
-                .remove(battr(n, field::BCP))
-                .remove(battr(n, field::BRA));
+                .remove(l.attr(field::SCHED))
+                .remove(l.attr(field::BCP))
+                .remove(l.attr(field::BRA));
         }
         None => {}
     }
     if let Some(c) = l.calendar() {
         u = u
-            .set(battr(n, field::RSCHED), c.expr())
-            .set(battr(n, field::TZ), c.tz());
+            .set(l.attr(field::RSCHED), c.expr())
+            .set(l.attr(field::TZ), c.tz());
     }
     u
 }
@@ -432,64 +436,64 @@ pub fn normal_write(
             .unwrap_or(0);
         u = stamp_params(u, l, e);
         let credit = e.credit();
-        let debit = if charging.tc_only.contains(&n.to_string()) {
+        let debit = if charging.tc_only.iter().any(|t| t == n) {
             0
         } else {
             consumed
         };
         if credit - debit != 0 || e.transition == Transition::Seed {
-            u = u.add(battr(n, field::TK), credit - debit);
+            u = u.add(l.attr(field::TK), credit - debit);
         }
         if consumed != 0 {
-            u = u.add(battr(n, field::TC), consumed);
+            u = u.add(l.attr(field::TC), consumed);
         }
         if let Some(g) = e.drip_grant_count {
-            u = u.set(battr(n, field::GC), g);
+            u = u.set(l.attr(field::GC), g);
         }
         if let Some(fu) = crate::materialize::drip_full_at(l, e, debit, stamp.refilled_at_ms) {
-            u = u.set(battr(n, field::FU), fu);
+            u = u.set(l.attr(field::FU), fu);
         }
         if let Some(rc) = e.carry {
-            u = u.set(battr(n, field::RC), rc);
+            u = u.set(l.attr(field::RC), rc);
         }
         // A window opened on this pass, or joined by a seed, stamps its start (with rsa).
         if e.opened || e.transition == Transition::Seed {
             if let Some(ws) = e.window_start_ms {
-                u = u.set(battr(n, field::WS), ws);
+                u = u.set(l.attr(field::WS), ws);
             }
         }
         if let Some(rsa) = e.window_s {
-            u = u.set(battr(n, field::RSA), rsa);
+            u = u.set(l.attr(field::RSA), rsa);
         }
         if let Some(wa) = e.window_applied_ms {
-            u = u.set(battr(n, field::WA), wa);
+            u = u.set(l.attr(field::WA), wa);
         }
         if let Some(gc) = e.grant_count {
-            u = u.set(battr(n, field::GC), gc);
+            u = u.set(l.attr(field::GC), gc);
         }
         if let Some(pe) = e.period_applied_ms {
-            u = u.set(battr(n, field::PE), pe);
+            u = u.set(l.attr(field::PE), pe);
         }
         u = stamp_top_up(u, n, e);
         if e.transition == Transition::Seed {
-            c = c.and(Condition::not_exists(battr(n, field::TK)));
+            c = c.and(Condition::not_exists(l.attr(field::TK)));
         } else if e.transition.is_set() {
             c = c.and(set_pin(n, e.read_balance));
         } else {
             if !charging.debt && debit > credit && !crate::soft::exempt(limits, n) {
-                c = c.and(Condition::ge(battr(n, field::TK), debit - credit));
+                c = c.and(Condition::ge(l.attr(field::TK), debit - credit));
             }
             if e.transition == Transition::Refill
                 && !crate::mutants::off(crate::mutants::Mutant::TrustHorizon)
             {
-                c = c.and(Condition::le(battr(n, field::TK), e.read_balance));
+                c = c.and(Condition::le(l.attr(field::TK), e.read_balance));
             }
             // Rule "a split is not undone": the share this pass materialised is the one
             // read (a split since lowered it, without moving `rf`).
             if e.transition == Transition::Refill {
                 c = c.and(match e.grant_count_read {
-                    Some(g) => Condition::eq(battr(n, field::GC), g),
-                    None => Condition::not_exists(battr(n, field::GC)),
+                    Some(g) => Condition::eq(l.attr(field::GC), g),
+                    None => Condition::not_exists(l.attr(field::GC)),
                 });
             }
         }
@@ -497,16 +501,16 @@ pub fn normal_write(
     // The write-capacity guard refills on every rf-locked write (the original only refilled
     // it from the aggregator, so a bucket without one doubled forever: §11 #6).
     if wcu.credit() != 0 || wcu.transition == Transition::Seed {
-        u = u.add(battr(WCU, field::TK), wcu.credit());
+        u = u.add(crate::bucket::wcu_attr::TK, wcu.credit());
     }
     if wcu.transition == Transition::Seed {
         u = u
-            .set(battr(WCU, field::CP), crate::bucket::WCU_CAPACITY)
-            .set(battr(WCU, field::RA), crate::bucket::WCU_CAPACITY)
-            .set(battr(WCU, field::RP), crate::bucket::WCU_PERIOD_MS);
+            .set(crate::bucket::wcu_attr::CP, crate::bucket::WCU_CAPACITY)
+            .set(crate::bucket::wcu_attr::RA, crate::bucket::WCU_CAPACITY)
+            .set(crate::bucket::wcu_attr::RP, crate::bucket::WCU_PERIOD_MS);
     }
     if let Some(rc) = wcu.carry {
-        u = u.set(battr(WCU, field::RC), rc);
+        u = u.set(crate::bucket::wcu_attr::RC, rc);
     }
     (u, c)
 }
@@ -771,12 +775,21 @@ pub fn create_item(
             put(battr(n, field::PE), Value::N(pe));
         }
     }
-    put(battr(WCU, field::TK), Value::N(crate::bucket::WCU_CAPACITY));
-    put(battr(WCU, field::TC), Value::N(0));
-    put(battr(WCU, field::CP), Value::N(crate::bucket::WCU_CAPACITY));
-    put(battr(WCU, field::RA), Value::N(crate::bucket::WCU_CAPACITY));
     put(
-        battr(WCU, field::RP),
+        crate::bucket::wcu_attr::TK.to_string(),
+        Value::N(crate::bucket::WCU_CAPACITY),
+    );
+    put(crate::bucket::wcu_attr::TC.to_string(), Value::N(0));
+    put(
+        crate::bucket::wcu_attr::CP.to_string(),
+        Value::N(crate::bucket::WCU_CAPACITY),
+    );
+    put(
+        crate::bucket::wcu_attr::RA.to_string(),
+        Value::N(crate::bucket::WCU_CAPACITY),
+    );
+    put(
+        crate::bucket::wcu_attr::RP.to_string(),
         Value::N(crate::bucket::WCU_PERIOD_MS),
     );
     i

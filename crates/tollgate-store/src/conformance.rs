@@ -528,7 +528,7 @@ pub async fn set_if_not_exists(s: &dyn Store) -> CheckResult {
 pub async fn set_plus_minus(s: &dyn Store) -> CheckResult {
     let k = Key::new("conf/plus_minus", "#STATE");
     put(s, &k, &[("x", Value::N(10)), ("t", Value::S("s".into()))]).await?;
-    let p = |n: &str| Box::new(SetValue::Path(n.into()));
+    let p = |n: &str| Box::new(SetValue::Path(n.to_string().into()));
     let v = |n: i64| Box::new(SetValue::Value(Value::N(n)));
     let new = update(
         s,

@@ -131,12 +131,14 @@ pub fn validate_update(update: &Update) -> Result<(), StoreError> {
 fn eval_set(old: &Item, v: &SetValue) -> Result<Value, StoreError> {
     match v {
         SetValue::Value(v) => Ok(v.clone()),
-        SetValue::Path(p) => old.get(p).cloned().ok_or_else(|| {
+        SetValue::Path(p) => old.get(p.as_str()).cloned().ok_or_else(|| {
             StoreError::Validation(format!(
                 "the provided expression refers to an attribute that does not exist: {p}"
             ))
         }),
-        SetValue::IfNotExists(p, d) => Ok(old.get(p).cloned().unwrap_or_else(|| d.clone())),
+        SetValue::IfNotExists(p, d) => {
+            Ok(old.get(p.as_str()).cloned().unwrap_or_else(|| d.clone()))
+        }
         SetValue::Plus(a, b) | SetValue::Minus(a, b) => {
             let (a, b) = (eval_set(old, a)?, eval_set(old, b)?);
             let (Value::N(a), Value::N(b)) = (&a, &b) else {
@@ -206,10 +208,10 @@ pub fn apply_actions(new: &mut Item, old: &Item, update: &Update) -> Result<(), 
                 put_attr(new, n, v);
             }
             Action::Remove(n) => {
-                new.remove(n);
+                new.remove(n.as_str());
             }
             Action::Add(n, v) => {
-                let merged = match (old.get(n), v) {
+                let merged = match (old.get(n.as_str()), v) {
                     (None, Value::N(d)) => Value::N(*d),
                     (Some(Value::N(a)), Value::N(d)) => Value::N(
                         a.checked_add(*d)

@@ -124,7 +124,7 @@ pub(crate) async fn fan_out(inner: &Inner, req: &Request, shard: u32, s: i64, ev
                 .set("vu", 0)
                 .set_expr(
                     battr(n, field::WTC),
-                    SetValue::IfNotExists(battr(n, field::TC), Value::N(0)),
+                    SetValue::IfNotExists(battr(n, field::TC).into(), Value::N(0)),
                 );
             let r = inner
                 .store()

@@ -82,6 +82,55 @@ impl Default for UsageOptions {
     }
 }
 
+/// Each option has a setter: `UsageOptions::default().windows(vec![Window::Hourly]).consumer("agg-2")`.
+impl UsageOptions {
+    /// The snapshot windows.
+    pub fn windows(mut self, windows: Vec<Window>) -> Self {
+        self.windows = windows;
+        self
+    }
+    /// Days a snapshot is kept after its window ends.
+    pub fn retention_days(mut self, days: i64) -> Self {
+        self.retention_days = days;
+        self
+    }
+    /// Changes read per feed request.
+    pub fn batch(mut self, changes: usize) -> Self {
+        self.batch = changes;
+        self
+    }
+    /// The consumer name its checkpoint is stored under.
+    pub fn consumer(mut self, name: &str) -> Self {
+        self.consumer = name.to_string();
+        self
+    }
+    /// Whether to refill, roll, reset and double the buckets that consumed.
+    pub fn background(mut self, on: bool) -> Self {
+        self.background = on;
+        self
+    }
+    /// Most feed reads in one pass (`None`: until the feed has nothing more).
+    pub fn max_batches(mut self, reads: Option<usize>) -> Self {
+        self.max_batches = reads;
+        self
+    }
+    /// Most changes summed into one commit.
+    pub fn max_pass_changes(mut self, changes: usize) -> Self {
+        self.max_pass_changes = changes;
+        self
+    }
+    /// Most snapshot updates in one store transaction (at most 99).
+    pub fn commit_items(mut self, items: usize) -> Self {
+        self.commit_items = items;
+        self
+    }
+    /// How long counted changes stay in the feed (ms).
+    pub fn feed_retention_ms(mut self, ms: i64) -> Self {
+        self.feed_retention_ms = ms;
+        self
+    }
+}
+
 /// What one pass did.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct PassReport {

@@ -92,9 +92,12 @@ impl Pending {
         );
         let mut condition = None;
         if let Some((attr, pass)) = once {
-            update = update.set(attr, pass);
+            update = update.set(attr.to_string(), pass);
             if !tollgate_core::mutants::off(tollgate_core::mutants::Mutant::UsageCheckpoint) {
-                condition = Some(Condition::not_exists(attr).or(Condition::lt(attr, pass)));
+                condition = Some(
+                    Condition::not_exists(attr.to_string())
+                        .or(Condition::lt(attr.to_string(), pass)),
+                );
             }
         }
         Some(TransactOp::Update(UpdateRequest {
