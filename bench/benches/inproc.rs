@@ -128,7 +128,8 @@ fn main() {
     let lim = Limiter::new(Arc::new(MemoryStore::new())).expect("limiter");
     rt.block_on(async {
         let limit = Limit::per_second(LIMIT, 1_000_000_000).expect("a valid constant limit");
-        lim.set_limits(&Scope::Resource(RESOURCE.into()), &[limit], None)
+        lim.admin()
+            .set_limits(&Scope::Resource(RESOURCE.into()), &[limit])
             .await
             .expect("set limits");
         for _ in 0..2 {

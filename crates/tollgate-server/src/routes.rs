@@ -414,7 +414,12 @@ async fn acquire_inner(
         on_unavailable: body.on_unavailable,
     };
     let r = lim
-        .acquire_with(&body.entity, &body.resource, &borrow(&amounts), opts)
+        .acquire_with(
+            &body.entity,
+            &body.resource,
+            tollgate::Amounts::from(amounts),
+            opts,
+        )
         .await;
     // The limits, for the policy windows in the headers (cached by the limiter).
     let limits_for_headers = || async {
