@@ -39,15 +39,15 @@ pub enum Refill {
 
 /// The stored attribute names of a limit's fields (`b_{name}_{field}`, by position in
 /// [`crate::bucket::FIELDS`]), each built the first time a write names it and shared by
-/// every write after (and every clone of the limit made after).
-#[derive(Clone, Default)]
+/// every write after and by every clone of the limit.
+#[derive(Default)]
 struct Attrs([std::sync::OnceLock<Arc<str>>; crate::bucket::FIELDS.len()]);
 
 /// One limit of a resource.
 #[derive(Clone)]
 pub struct Limit {
     name: String,
-    attrs: Attrs,
+    attrs: Arc<Attrs>,
     capacity: i64,
     refill: Refill,
     schedule: Option<Schedule>,
@@ -120,7 +120,7 @@ impl Limit {
         }
         Ok(Limit {
             name: name.into(),
-            attrs: Attrs::default(),
+            attrs: Arc::default(),
             capacity: tokens_to_milli(name, "capacity", capacity)?,
             refill: Refill::Drip {
                 amount: tokens_to_milli(name, "refill amount", refill_amount)?,
@@ -165,7 +165,7 @@ impl Limit {
         })?;
         Ok(Limit {
             name: name.into(),
-            attrs: Attrs::default(),
+            attrs: Arc::default(),
             capacity: tokens_to_milli(name, "capacity", capacity)?,
             refill: Refill::Calendar(Box::new(cal)),
             schedule: None,
@@ -190,7 +190,7 @@ impl Limit {
         }
         Ok(Limit {
             name: name.into(),
-            attrs: Attrs::default(),
+            attrs: Arc::default(),
             capacity: tokens_to_milli(name, "capacity", capacity)?,
             refill: Refill::Window { reset_after_s: s },
             schedule: None,
@@ -239,7 +239,7 @@ impl Limit {
         };
         Ok(Limit {
             name: name.into(),
-            attrs: Attrs::default(),
+            attrs: Arc::default(),
             capacity: capacity_milli,
             refill,
             schedule: None,
