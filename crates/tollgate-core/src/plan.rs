@@ -291,11 +291,7 @@ pub fn refusal(
         .zip(evals)
         .filter_map(|(l, e)| {
             let a = named(l)?;
-            let view = ShardView {
-                eval: e,
-                shard_count,
-                carry: e.carry.unwrap_or(0),
-            };
+            let view = ShardView::of(e, shard_count);
             Some(limit_status(l, &[view], a, short(l, e, a), now_ms))
         })
         .collect();
@@ -340,11 +336,7 @@ pub fn entity_statuses(
             .collect();
         let views: Vec<ShardView<'_>> = evals
             .iter()
-            .map(|e| ShardView {
-                eval: e,
-                shard_count,
-                carry: e.carry.unwrap_or(0),
-            })
+            .map(|e| ShardView::of(e, shard_count))
             .collect();
         let total: i64 = evals.iter().map(|e| e.balance).sum();
         let exceeded = judged

@@ -40,6 +40,17 @@ pub struct ShardView<'a> {
     pub carry: i64,
 }
 
+impl<'a> ShardView<'a> {
+    /// The view of one shard's evaluation at `shard_count`, carrying its remainder.
+    pub fn of(eval: &'a Evaluated, shard_count: i64) -> Self {
+        ShardView {
+            eval,
+            shard_count,
+            carry: eval.carry.unwrap_or(0),
+        }
+    }
+}
+
 /// Rule "retry-after and the one reset instant": build a limit's status from the views of
 /// the shards read (one for a fast-path decision, all of them for availability).
 ///

@@ -88,14 +88,8 @@ impl Inner {
                     .filter_map(|l| {
                         let a = req.amounts.iter().find(|(n, _)| n == l.name())?.1;
                         let evals = after.get(l.name())?;
-                        let views: Vec<ShardView<'_>> = evals
-                            .iter()
-                            .map(|e| ShardView {
-                                eval: e,
-                                shard_count: s_now,
-                                carry: e.carry.unwrap_or(0),
-                            })
-                            .collect();
+                        let views: Vec<ShardView<'_>> =
+                            evals.iter().map(|e| ShardView::of(e, s_now)).collect();
                         Some(limit_status(l, &views, a, false, now))
                     })
                     .collect();

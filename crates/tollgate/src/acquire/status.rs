@@ -70,11 +70,8 @@ impl Inner {
                     opened: false,
                     ..e.clone()
                 };
-                let view = ShardView {
-                    eval: &after,
-                    shard_count: s,
-                    carry: e.carry.unwrap_or(0),
-                };
+                // `after` carries `e`'s remainder.
+                let view = ShardView::of(&after, s);
                 statuses.push(limit_status(l, &[view], *a, false, now));
             }
         }

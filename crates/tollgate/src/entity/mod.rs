@@ -345,14 +345,7 @@ impl Inner {
             .filter_map(|(li, l)| {
                 let a = amounts.iter().find(|(n, _)| n == l.name())?.1;
                 let evals: Vec<&Evaluated> = seen.iter().filter_map(|x| x.evals.get(li)).collect();
-                let views: Vec<ShardView<'_>> = evals
-                    .iter()
-                    .map(|e| ShardView {
-                        eval: e,
-                        shard_count: s,
-                        carry: e.carry.unwrap_or(0),
-                    })
-                    .collect();
+                let views: Vec<ShardView<'_>> = evals.iter().map(|e| ShardView::of(e, s)).collect();
                 let total: i64 = evals.iter().map(|e| e.balance).sum();
                 Some(limit_status(l, &views, a, total < a, now))
             })
