@@ -145,10 +145,31 @@ pub fn read_in(
     })
 }
 
-/// Forget the changes at or before `cursor` written before `before_ms`.
+/// Forget the changes at or before `cursor` written before `before_ms`: the oldest ones, up
+/// to the first that is still retained (as `MemoryStore` trims its log). A change written
+/// before `before_ms` but after a retained one (another process's clock behind) stays until
+/// a later trim; nothing after `cursor` is ever removed.
+///
+/// The cost is the rows removed, plus one: the boundary is found by walking the primary key
+/// from its start, where every row passed is one being removed. (A `DELETE … WHERE seq <= ?
+/// AND at_ms < ?` walked every retained row up to the cursor on every trim — a day of
+/// changes under the default retention — and made the writer thread's trims the embedded
+/// store's main cost under load.)
 pub fn trim(conn: &Connection, cursor: &FeedCursor, before_ms: i64) -> Result<usize, StoreError> {
     let through = cursor.single_seq()?;
-    conn.prepare_cached("DELETE FROM changes WHERE seq <= ?1 AND at_ms < ?2")
-        .and_then(|mut s| s.execute(params![through, before_ms]))
+    // The first change at or before the cursor still retained; none: every one is removed.
+    let kept = conn
+        .prepare_cached(
+            "SELECT seq FROM changes WHERE seq <= ?1 AND at_ms >= ?2 ORDER BY seq LIMIT 1",
+        )
+        .and_then(|mut s| {
+            s.query_row(params![through, before_ms], |r| r.get::<_, i64>(0))
+                .optional()
+        })
+        .map_err(|e| from_sqlite("trim feed", e))?;
+    let end = kept.unwrap_or(through.saturating_add(1));
+    // One bound on the primary key: the walk stops at `end`.
+    conn.prepare_cached("DELETE FROM changes WHERE seq < ?1")
+        .and_then(|mut s| s.execute(params![end]))
         .map_err(|e| from_sqlite("trim feed", e))
 }

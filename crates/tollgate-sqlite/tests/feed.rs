@@ -94,3 +94,53 @@ async fn two_stores_on_one_file_share_one_feed_and_trim_is_refused_past_it() {
         other => panic!("a read from before the trim must be refused, got {other:?}"),
     }
 }
+
+/// Trimming removes the oldest changes up to the first one still retained, as
+/// `MemoryStore` does: a change stamped before the retention by a process whose clock is
+/// behind, but written after a retained one, stays (removing it would leave a hole that
+/// refuses a reader positioned before it), and nothing past the cursor goes.
+#[tokio::test]
+async fn trim_removes_the_oldest_changes_up_to_the_first_retained_one() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("trim.db");
+    let s = SqliteStore::open(&path).unwrap();
+    let raw = rusqlite::Connection::open(&path).unwrap();
+    // Six changes stamped 100, 200, 300 (retained below), 150 (a clock behind), 400, 500.
+    for at in [100, 200, 300, 150, 400, 500] {
+        raw.execute(
+            "INSERT INTO changes (pk, sk, old, new, at_ms) VALUES ('p', 'x', NULL, NULL, ?1)",
+            [at],
+        )
+        .unwrap();
+    }
+    let count = |raw: &rusqlite::Connection| -> Vec<i64> {
+        let mut st = raw.prepare("SELECT seq FROM changes ORDER BY seq").unwrap();
+        let rows = st.query_map([], |r| r.get::<_, i64>(0)).unwrap();
+        rows.collect::<Result<Vec<_>, _>>().unwrap()
+    };
+    let through_5 = s.read_feed(&FeedCursor::start(), 5).await.unwrap().cursor;
+    // Retention boundary 250: 1 and 2 go; 3 is retained, so 4 stays behind it.
+    s.trim_feed(&through_5, 250).await.unwrap();
+    assert_eq!(count(&raw), vec![3, 4, 5, 6]);
+    let from_start = s.read_feed(&FeedCursor::start(), 2).await;
+    assert!(
+        matches!(&from_start, Err(StoreError::Validation(m)) if m.contains("trimmed")),
+        "a read from before the trim is refused"
+    );
+    // A reader positioned after 2 reads 3, 4, 5, 6 with no hole.
+    let mut at_2 = FeedCursor::start();
+    at_2.advance(&tollgate_store::FeedPosition {
+        stream: String::new(),
+        seq: "2".into(),
+    });
+    let rest = s.read_feed(&at_2, 10).await.unwrap();
+    let seqs: Vec<&str> = rest.changes.iter().map(|c| c.position.seq.as_str()).collect();
+    assert_eq!(seqs, vec!["3", "4", "5", "6"]);
+    // Everything old enough, but never past the cursor (5): 6 stays.
+    s.trim_feed(&through_5, i64::MAX).await.unwrap();
+    assert_eq!(count(&raw), vec![6]);
+    // Nothing old enough: nothing goes.
+    let through_6 = rest.cursor;
+    s.trim_feed(&through_6, 0).await.unwrap();
+    assert_eq!(count(&raw), vec![6]);
+}
