@@ -7,6 +7,7 @@
 //! A failed condition writes nothing, so it fails its operation alone; a transaction writes
 //! under a SAVEPOINT, so a failure midway takes back its own writes and nobody else's.
 
+use std::borrow::Cow;
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use rusqlite::types::ValueRef;
@@ -97,10 +98,67 @@ fn read_raw(conn: &Connection, key: &Key) -> Result<Option<String>, StoreError> 
         .map_err(|e| from_sqlite("read", e))
 }
 
+/// A row as a write found it: its stored text (the change feed's old image) and the item
+/// decoded from it (for the condition, the update and the index columns).
+struct Stored {
+    raw: String,
+    item: Item,
+}
+
+/// Read one item with its stored text, in one statement (a write needs both).
+fn read_stored(conn: &Connection, key: &Key) -> Result<Option<Stored>, StoreError> {
+    let mut stmt = conn
+        .prepare_cached("SELECT item FROM items WHERE pk = ?1 AND sk = ?2")
+        .map_err(|e| from_sqlite("prepare read", e))?;
+    let mut rows = stmt
+        .query(params![key.pk, key.sk])
+        .map_err(|e| from_sqlite("read", e))?;
+    let Some(row) = rows.next().map_err(|e| from_sqlite("read", e))? else {
+        return Ok(None);
+    };
+    let stored = row.get_ref(0).map_err(|e| from_sqlite("read", e))?;
+    let item = decode(key, stored)?;
+    // It decoded, so it is JSON text: UTF-8.
+    let raw = match stored {
+        ValueRef::Text(b) | ValueRef::Blob(b) => String::from_utf8_lossy(b).into_owned(),
+        _ => String::new(),
+    };
+    Ok(Some(Stored { raw, item }))
+}
+
+/// What a write knows of the row it replaces.
+enum Prior<'a> {
+    /// Nothing: the write reads the stored text itself.
+    Unread,
+    /// Read by the same operation in the same transaction (`None`: there is no row).
+    Read(Option<&'a Stored>),
+}
+
+/// The attributes copied into the index columns, in column order (`gsi1pk` … `gsi4sk`).
+const INDEX_ATTRS: [&str; 8] = [
+    "GSI1PK", "GSI1SK", "GSI2PK", "GSI2SK", "GSI3PK", "GSI3SK", "GSI4PK", "GSI4SK",
+];
+
+/// An index column's value: the attribute when it is a string (DynamoDB indexes only
+/// string keys), NULL otherwise.
+fn index_col<'i>(item: &'i Item, attr: &str) -> Option<&'i str> {
+    item.get(attr).and_then(|v| v.as_s())
+}
+
 /// Write (`Some`) or delete (`None`) one item, refreshing its index columns, and record the
-/// change on the feed in the same transaction ([`crate::feed::record`]).
-fn write_item(conn: &Connection, key: &Key, item: Option<&Item>) -> Result<(), StoreError> {
-    let old = read_raw(conn, key)?;
+/// change on the feed in the same transaction ([`crate::feed::record`]). A row that exists
+/// and keeps its index columns is rewritten in place (an `UPDATE` of the item text, which
+/// touches no index); any other is replaced whole.
+fn write_item(
+    conn: &Connection,
+    key: &Key,
+    item: Option<&Item>,
+    prior: Prior<'_>,
+) -> Result<(), StoreError> {
+    let (old, old_item) = match prior {
+        Prior::Unread => (read_raw(conn, key)?.map(Cow::Owned), None),
+        Prior::Read(p) => (p.map(|s| Cow::Borrowed(s.raw.as_str())), p.map(|s| &s.item)),
+    };
     let at = now_ms();
     let Some(item) = item else {
         if old.is_none() {
@@ -117,33 +175,41 @@ fn write_item(conn: &Connection, key: &Key, item: Option<&Item>) -> Result<(), S
         "items are stamped before writing"
     );
     let json = encode(key, item)?;
-    let col = |ix: &str, part: &str| {
-        item.get(&format!("{ix}{part}"))
-            .and_then(|v| v.as_s())
-            .map(str::to_string)
-    };
-    let [g1, g2, g3, g4] = INDEXES;
-    conn.prepare_cached(
-        "INSERT OR REPLACE INTO items
-            (pk, sk, item, gsi1pk, gsi1sk, gsi2pk, gsi2sk, gsi3pk, gsi3sk, gsi4pk, gsi4sk)
-         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11)",
-    )
-    .and_then(|mut s| {
-        s.execute(params![
-            key.pk,
-            key.sk,
-            json,
-            col(g1, "PK"),
-            col(g1, "SK"),
-            col(g2, "PK"),
-            col(g2, "SK"),
-            col(g3, "PK"),
-            col(g3, "SK"),
-            col(g4, "PK"),
-            col(g4, "SK"),
-        ])
-    })
-    .map_err(|e| from_sqlite("write", e))?;
+    let in_place = old_item.is_some_and(|o| {
+        INDEX_ATTRS
+            .iter()
+            .all(|a| index_col(o, a) == index_col(item, a))
+    });
+    if in_place {
+        let n = conn
+            .prepare_cached("UPDATE items SET item = ?3 WHERE pk = ?1 AND sk = ?2")
+            .and_then(|mut s| s.execute(params![key.pk, key.sk, json]))
+            .map_err(|e| from_sqlite("write", e))?;
+        debug_assert_eq!(n, 1, "the row read in this transaction is there");
+    } else {
+        let c = |i: usize| index_col(item, INDEX_ATTRS[i]);
+        conn.prepare_cached(
+            "INSERT OR REPLACE INTO items
+                (pk, sk, item, gsi1pk, gsi1sk, gsi2pk, gsi2sk, gsi3pk, gsi3sk, gsi4pk, gsi4sk)
+             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11)",
+        )
+        .and_then(|mut s| {
+            s.execute(params![
+                key.pk,
+                key.sk,
+                json,
+                c(0),
+                c(1),
+                c(2),
+                c(3),
+                c(4),
+                c(5),
+                c(6),
+                c(7),
+            ])
+        })
+        .map_err(|e| from_sqlite("write", e))?;
+    }
     crate::feed::record(conn, key, old.as_deref(), Some(&json), at)
 }
 
@@ -288,7 +354,7 @@ pub fn write(
         Write::Put(req) => put(tx, req).map(|()| Outcome::Done),
         Write::Update(req) => update(tx, req).map(Outcome::Item),
         Write::Delete(req) => delete(tx, req).map(Outcome::Item),
-        Write::Purge(key) => write_item(tx, &key, None).map(|()| Outcome::Done),
+        Write::Purge(key) => write_item(tx, &key, None, Prior::Unread).map(|()| Outcome::Done),
         Write::TrimFeed(cursor, before) => {
             crate::feed::trim(tx, &cursor, before).map(|_| Outcome::Done)
         }
@@ -349,27 +415,28 @@ fn put(conn: &Connection, req: PutRequest) -> Result<(), StoreError> {
     }
     let mut item = req.item;
     req.key.stamp(&mut item);
-    write_item(conn, &req.key, Some(&item))
+    write_item(conn, &req.key, Some(&item), Prior::Unread)
 }
 
 /// `update`. Static checks failed the request before it was queued; a remove-only update of
 /// an absent item creates nothing.
 fn update(conn: &Connection, req: UpdateRequest) -> Result<Option<Item>, StoreError> {
-    let cur = read_item(conn, &req.key)?;
+    let prior = read_stored(conn, &req.key)?;
+    let cur = prior.as_ref().map(|s| &s.item);
     if let Some(c) = &req.condition {
-        if !eval_condition(cur.as_ref(), c) {
-            return Err(condition_failed(cur));
+        if !eval_condition(cur, c) {
+            return Err(condition_failed(prior.map(|s| s.item)));
         }
     }
-    let new = apply_update_stored(cur.as_ref(), &key_item(&req.key), &req.update)?;
+    let new = apply_update_stored(cur, &key_item(&req.key), &req.update)?;
     if let Some(new) = &new {
-        write_item(conn, &req.key, Some(new))?;
+        write_item(conn, &req.key, Some(new), Prior::Read(prior.as_ref()))?;
     }
     // Absent before and after: nothing written.
     Ok(match req.returns {
         ReturnValues::None => None,
         ReturnValues::AllNew => new,
-        ReturnValues::AllOld => cur,
+        ReturnValues::AllOld => prior.map(|s| s.item),
         ReturnValues::UpdatedNew => new.as_ref().and_then(|new| {
             let names: Vec<String> = req
                 .update
@@ -385,16 +452,16 @@ fn update(conn: &Connection, req: UpdateRequest) -> Result<Option<Item>, StoreEr
 
 /// `delete`.
 fn delete(conn: &Connection, req: DeleteRequest) -> Result<Option<Item>, StoreError> {
-    let cur = read_item(conn, &req.key)?;
+    let prior = read_stored(conn, &req.key)?;
     if let Some(c) = &req.condition {
-        if !eval_condition(cur.as_ref(), c) {
-            return Err(condition_failed(cur));
+        if !eval_condition(prior.as_ref().map(|s| &s.item), c) {
+            return Err(condition_failed(prior.map(|s| s.item)));
         }
     }
-    if cur.is_some() {
-        write_item(conn, &req.key, None)?;
+    if prior.is_some() {
+        write_item(conn, &req.key, None, Prior::Read(prior.as_ref()))?;
     }
-    Ok(cur)
+    Ok(prior.map(|s| s.item))
 }
 
 /// A transaction's operations as stored with its token, to tell a resend (same operations)
@@ -528,7 +595,7 @@ fn transact_body(
     }
     for (op, p) in ops.iter().zip(&planned) {
         if let Some(new) = p {
-            write_item(conn, op.key(), new.as_ref())?;
+            write_item(conn, op.key(), new.as_ref(), Prior::Unread)?;
         }
     }
     if let (Some(t), Some(fp)) = (token, fingerprint) {

@@ -134,7 +134,11 @@ async fn trim_removes_the_oldest_changes_up_to_the_first_retained_one() {
         seq: "2".into(),
     });
     let rest = s.read_feed(&at_2, 10).await.unwrap();
-    let seqs: Vec<&str> = rest.changes.iter().map(|c| c.position.seq.as_str()).collect();
+    let seqs: Vec<&str> = rest
+        .changes
+        .iter()
+        .map(|c| c.position.seq.as_str())
+        .collect();
     assert_eq!(seqs, vec!["3", "4", "5", "6"]);
     // Everything old enough, but never past the cursor (5): 6 stays.
     s.trim_feed(&through_5, i64::MAX).await.unwrap();

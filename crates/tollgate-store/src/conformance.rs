@@ -1290,6 +1290,107 @@ pub async fn query_index(s: &dyn Store) -> CheckResult {
     )
 }
 
+/// Updates move an item into an index, along it and out of it; an update that leaves the
+/// index attributes alone keeps the item where it is, with its new attributes.
+pub async fn update_moves_item_in_index(s: &dyn Store) -> CheckResult {
+    let gpk = "conf/gsi-moves";
+    let (a, b) = (
+        Key::new("conf/gsi-moves/a", "#STATE"),
+        Key::new("conf/gsi-moves/b", "#STATE"),
+    );
+    put(s, &a, &[("x", Value::N(1))]).await?;
+    put(
+        s,
+        &b,
+        &[
+            ("x", Value::N(1)),
+            ("GSI1PK", Value::S(gpk.into())),
+            ("GSI1SK", Value::S("m".into())),
+        ],
+    )
+    .await?;
+    let pks = |items: &[Item]| -> Vec<String> {
+        items
+            .iter()
+            .filter_map(|i| Key::of(i).map(|k| k.pk))
+            .collect()
+    };
+    let q = || Query::index("GSI1", gpk, None);
+    ensure_eq(
+        pks(&query_index_until(s, q(), 1).await?),
+        vec![b.pk.clone()],
+        "only b is in the index",
+    )?;
+    // Into the index, before b.
+    update(
+        s,
+        &a,
+        Update::new().set("GSI1PK", gpk).set("GSI1SK", "a"),
+        None,
+        ReturnValues::None,
+    )
+    .await
+    .map_err(e2s)?;
+    ensure_eq(
+        pks(&query_index_until(s, q(), 2).await?),
+        vec![a.pk.clone(), b.pk.clone()],
+        "an update that sets the index attributes puts the item in the index",
+    )?;
+    // Along it: a's sort key now after b's.
+    update(
+        s,
+        &a,
+        Update::new().set("GSI1SK", "z"),
+        None,
+        ReturnValues::None,
+    )
+    .await
+    .map_err(e2s)?;
+    // Not the index attributes: b stays, with its new x.
+    update(s, &b, Update::new().add("x", 41), None, ReturnValues::None)
+        .await
+        .map_err(e2s)?;
+    let mut got = Vec::new();
+    for _ in 0..40 {
+        got = query_index_until(s, q(), 2).await?;
+        let b_x = got
+            .iter()
+            .find(|i| Key::of(i).as_ref() == Some(&b))
+            .and_then(|i| i.get("x"));
+        if pks(&got) == vec![b.pk.clone(), a.pk.clone()] && b_x == Some(&Value::N(42)) {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    ensure_eq(
+        pks(&got),
+        vec![b.pk.clone(), a.pk.clone()],
+        "an update of the sort key moves the item along the index",
+    )?;
+    ensure(
+        got.iter()
+            .find(|i| Key::of(i).as_ref() == Some(&b))
+            .and_then(|i| i.get("x"))
+            == Some(&Value::N(42)),
+        "an update of other attributes keeps the item in the index, updated",
+    )?;
+    // Out of it.
+    update(
+        s,
+        &a,
+        Update::new().remove("GSI1PK"),
+        None,
+        ReturnValues::None,
+    )
+    .await
+    .map_err(e2s)?;
+    ensure_eq(
+        pks(&query_index_until(s, q(), 1).await?),
+        vec![b.pk.clone()],
+        "an update that removes an index attribute takes the item out of the index",
+    )
+}
+
 /// A consistent read sees the latest write, every time.
 pub async fn consistent_get_sees_latest(s: &dyn Store) -> CheckResult {
     let k = Key::new("conf/consistent", "#STATE");
@@ -1608,6 +1709,7 @@ registry![
     batch_get_duplicate_keys_is_validation,
     query_table_prefix_in_order,
     query_index,
+    update_moves_item_in_index,
     scan_prefix_in_pages_and_purge,
     consistent_get_sees_latest,
     large_numbers_round_trip,
