@@ -11,6 +11,9 @@
 //! file, in the transaction that writes what it derived, so several processes on one file
 //! share one feed and one checkpoint.
 
+use std::collections::HashMap;
+use std::sync::Arc;
+
 use rusqlite::{params, Connection, OptionalExtension};
 use tollgate_core::value::{Item, Key};
 use tollgate_store::{Change, FeedBatch, FeedCursor, FeedPosition, StoreError};
@@ -52,9 +55,9 @@ pub fn record(
     Ok(())
 }
 
-fn image(key: &Key, seq: i64, raw: Option<String>) -> Result<Option<Item>, StoreError> {
+fn image(key: &Key, seq: i64, raw: Option<&str>) -> Result<Option<Item>, StoreError> {
     raw.map(|t| {
-        serde_json::from_str::<Item>(&t).map_err(|e| {
+        serde_json::from_str::<Item>(t).map_err(|e| {
             StoreError::Corrupt(format!(
                 "change {seq} of item {key}: stored image is not an item: {e}"
             ))
@@ -124,6 +127,10 @@ pub fn read_in(
     }
     let mut next = cursor.clone();
     let mut changes = Vec::with_capacity(rows.len());
+    // The image each key was last left with in this batch, as stored and decoded: a
+    // change's old image is, byte for byte, the previous change's new one, so it is shared
+    // rather than decoded again (half the decoding of a batch that writes a key repeatedly).
+    let mut last: HashMap<Key, (String, Arc<Item>)> = HashMap::new();
     for (seq, pk, sk, old, new, at_ms) in rows {
         let key = Key::new(pk, sk);
         let position = FeedPosition {
@@ -131,9 +138,26 @@ pub fn read_in(
             seq: seq.to_string(),
         };
         next.advance(&position);
+        let old = match (old, last.get(&key)) {
+            (Some(text), Some((seen, img))) if text == *seen => Some(Arc::clone(img)),
+            (old, _) => image(&key, seq, old.as_deref())?.map(Arc::new),
+        };
+        let new = match new {
+            Some(text) => {
+                let img = image(&key, seq, Some(&text))?.map(Arc::new);
+                if let Some(img) = &img {
+                    last.insert(key.clone(), (text, Arc::clone(img)));
+                }
+                img
+            }
+            None => {
+                last.remove(&key);
+                None
+            }
+        };
         changes.push(Change {
-            old: image(&key, seq, old)?.map(std::sync::Arc::new),
-            new: image(&key, seq, new)?.map(std::sync::Arc::new),
+            old,
+            new,
             key,
             position,
             at_ms,

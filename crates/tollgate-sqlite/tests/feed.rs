@@ -148,3 +148,43 @@ async fn trim_removes_the_oldest_changes_up_to_the_first_retained_one() {
     s.trim_feed(&through_6, 0).await.unwrap();
     assert_eq!(count(&raw), vec![6]);
 }
+
+/// In one read, a change's old image is the previous change's new one of the same key: the
+/// same item, shared rather than decoded twice; across keys nothing is mixed up.
+#[tokio::test]
+async fn a_batch_shares_each_old_image_with_the_previous_new_one() {
+    let dir = tempfile::tempdir().unwrap();
+    let s = SqliteStore::open(dir.path().join("share.db")).unwrap();
+    let (a, b) = (Key::new("p", "a"), Key::new("p", "b"));
+    for n in 1..=3 {
+        put(&s, &a, n).await;
+        put(&s, &b, 10 * n).await;
+    }
+    let batch = s.read_feed(&FeedCursor::start(), 10).await.unwrap();
+    assert_eq!(batch.changes.len(), 6);
+    let n_of = |i: &Option<std::sync::Arc<tollgate_core::value::Item>>| {
+        i.as_ref().and_then(|i| i.get("n")).and_then(Value::as_n)
+    };
+    for k in [&a, &b] {
+        let mine: Vec<_> = batch.changes.iter().filter(|c| c.key == *k).collect();
+        assert_eq!(mine.len(), 3);
+        assert_eq!(mine[0].old, None, "the first write created the item");
+        for w in mine.windows(2) {
+            assert_eq!(
+                n_of(&w[1].old),
+                n_of(&w[0].new),
+                "{k}: old is the previous new"
+            );
+            let (prev_new, old) = (w[0].new.as_ref().unwrap(), w[1].old.as_ref().unwrap());
+            assert!(
+                std::sync::Arc::ptr_eq(prev_new, old),
+                "{k}: shared, not decoded again"
+            );
+        }
+    }
+    let ns: Vec<_> = batch.changes.iter().map(|c| n_of(&c.new)).collect();
+    assert_eq!(
+        ns,
+        vec![Some(1), Some(10), Some(2), Some(20), Some(3), Some(30)]
+    );
+}

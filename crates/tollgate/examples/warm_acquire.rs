@@ -1,5 +1,5 @@
 //! A fixed number of warm acquires on `MemoryStore`, for instruction-count profiles:
-//! `valgrind --tool=callgrind target/release/examples/warm_acquire N LIMITS` twice (two N)
+//! `valgrind --tool=callgrind target/release/examples/warm_acquire N LIMITS [ENTITIES]` twice (two N)
 //! and divide the difference by the difference of N to get instructions per acquire,
 //! independent of the machine's load.
 
@@ -18,6 +18,14 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let k: usize = args.next().map(|s| s.parse()).transpose()?.unwrap_or(1);
     let names = ["rpm", "tpm", "rpd"];
     let k = k.clamp(1, names.len());
+    // Entities cycled over (the criterion bench in bench/ uses 10,000).
+    let e: usize = args
+        .next()
+        .map(|s| s.parse())
+        .transpose()?
+        .unwrap_or(1)
+        .max(1);
+    let entities: Vec<String> = (0..e).map(|i| format!("user-{i}")).collect();
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()?;
@@ -32,10 +40,12 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             .set_limits(&Scope::Resource("api".into()), &limits)
             .await?;
         for _ in 0..2 {
-            lim.acquire("user-1", "api", &amounts).await?;
+            for id in &entities {
+                lim.acquire(id, "api", &amounts).await?;
+            }
         }
-        for _ in 0..n {
-            let l = lim.acquire("user-1", "api", &amounts).await?;
+        for i in 0..n {
+            let l = lim.acquire(&entities[i % e], "api", &amounts).await?;
             std::hint::black_box(l);
         }
         Ok::<_, tollgate::Error>(())
