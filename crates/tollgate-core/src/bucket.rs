@@ -421,7 +421,7 @@ mod tests {
     fn item(pairs: &[(&str, Value)]) -> Item {
         let mut i: Item = pairs
             .iter()
-            .map(|(k, v)| (k.to_string(), v.clone()))
+            .map(|(k, v)| ((*k).into(), v.clone()))
             .collect();
         Key::new("ns/BUCKET#e#r#0", "#STATE").stamp(&mut i);
         i

@@ -236,7 +236,7 @@ pub fn hold(mut e: Evaluated, state: Option<&LimitState>, rf: i64) -> Evaluated 
 pub fn stamp_created(item: &mut Item, evals: &[Evaluated]) {
     item.insert(attr::BYPASS.into(), Value::Bool(true));
     for e in evals {
-        item.insert(battr(&e.name, field::TK), Value::N(e.balance));
+        item.insert(battr(&e.name, field::TK).into(), Value::N(e.balance));
     }
 }
 

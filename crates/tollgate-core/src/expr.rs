@@ -279,7 +279,7 @@ pub enum ReturnValues {
 pub fn project(item: &Item, names: &[String]) -> Item {
     names
         .iter()
-        .filter_map(|n| item.get(n).map(|v| (n.clone(), v.clone())))
+        .filter_map(|n| item.get(n.as_str()).map(|v| (n.as_str().into(), v.clone())))
         .collect()
 }
 

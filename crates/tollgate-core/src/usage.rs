@@ -220,7 +220,7 @@ pub fn debited(old: Option<&Item>, new: &Item, limit: &str) -> bool {
         return true;
     };
     let tk = battr(limit, field::TK);
-    old.get(&tk) != new.get(&tk) || old.get(bucket_attr::RF) != new.get(bucket_attr::RF)
+    old.get(tk.as_str()) != new.get(tk.as_str()) || old.get(bucket_attr::RF) != new.get(bucket_attr::RF)
 }
 
 /// The namespace of a bucket key (`{ns}/BUCKET#…`, `#STATE`), or `None` for other items.
@@ -418,7 +418,7 @@ mod tests {
     fn item(pairs: &[(&str, Value)]) -> Item {
         pairs
             .iter()
-            .map(|(k, v)| ((*k).to_string(), v.clone()))
+            .map(|(k, v)| ((*k).into(), v.clone()))
             .collect()
     }
 
@@ -430,7 +430,7 @@ mod tests {
             ("b_wcu_tc", Value::N(7000)),
         ]);
         for (l, v) in tc {
-            i.insert(format!("b_{l}_tc"), Value::N(*v));
+            i.insert(format!("b_{l}_tc").into(), Value::N(*v));
         }
         if let Some(t) = wt {
             i.insert("wt".into(), Value::N(t));
@@ -505,7 +505,7 @@ mod tests {
     }
 
     fn with_tk(mut i: Item, limit: &str, tk: i64) -> Item {
-        i.insert(format!("b_{limit}_tk"), Value::N(tk));
+        i.insert(format!("b_{limit}_tk").into(), Value::N(tk));
         i
     }
 

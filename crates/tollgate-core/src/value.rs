@@ -88,7 +88,10 @@ impl From<bool> for Value {
 }
 
 /// An item: attribute name → value. Includes the key attributes `PK` and `SK`.
-pub type Item = BTreeMap<String, Value>;
+pub type Item = BTreeMap<AttrName, Value>;
+
+/// An attribute name: inline up to 24 bytes, so copying an item copies no name.
+pub type AttrName = compact_str::CompactString;
 
 /// Name of the partition-key attribute.
 pub const PK: &str = "PK";

@@ -697,7 +697,7 @@ pub fn create_item(
 ) -> Item {
     let mut i = Item::new();
     let mut put = |k: String, v: Value| {
-        i.insert(k, v);
+        i.insert(k.into(), v);
     };
     put(attr::ENTITY.into(), id.entity.into());
     put(attr::RESOURCE.into(), id.resource.into());

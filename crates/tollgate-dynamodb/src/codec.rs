@@ -84,7 +84,7 @@ pub fn from_av_owned(attr: &str, av: AttributeValue) -> Result<Value, StoreError
             m.into_iter()
                 .map(|(k, v)| {
                     let v = from_av_owned(&format!("{attr}.{k}"), v)?;
-                    Ok((k, v))
+                    Ok((k.into(), v))
                 })
                 .collect::<Result<_, StoreError>>()?,
         ),
@@ -118,7 +118,7 @@ fn av_type_name(av: &AttributeValue) -> &'static str {
 /// Encode a whole item.
 pub fn item_to_av(item: &Item) -> Result<AvMap, StoreError> {
     item.iter()
-        .map(|(k, v)| Ok((k.clone(), to_av(k, v)?)))
+        .map(|(k, v)| Ok((k.to_string(), to_av(k, v)?)))
         .collect()
 }
 
@@ -130,7 +130,7 @@ pub fn item_into_av(item: Item) -> Result<AvMap, StoreError> {
             Value::S(s) => AttributeValue::S(s),
             other => to_av(&k, &other)?,
         };
-        out.insert(k, av);
+        out.insert(k.into_string(), av);
     }
     Ok(out)
 }
@@ -138,7 +138,7 @@ pub fn item_into_av(item: Item) -> Result<AvMap, StoreError> {
 /// Decode a whole item.
 pub fn item_from_av(map: &AvMap) -> Result<Item, StoreError> {
     map.iter()
-        .map(|(k, v)| Ok((k.clone(), from_av(k, v)?)))
+        .map(|(k, v)| Ok((k.as_str().into(), from_av(k, v)?)))
         .collect()
 }
 
@@ -147,7 +147,7 @@ pub fn item_from_av_owned(map: AvMap) -> Result<Item, StoreError> {
     map.into_iter()
         .map(|(k, v)| {
             let v = from_av_owned(&k, v)?;
-            Ok((k, v))
+            Ok((k.into(), v))
         })
         .collect()
 }
@@ -240,7 +240,7 @@ mod tests {
         ));
         assert!(matches!(
             item_into_av(Item::from([(
-                "e".to_string(),
+                "e".into(),
                 Value::Ss(Default::default())
             )])),
             Err(StoreError::Validation(_))

@@ -60,7 +60,7 @@ fn image(map: Option<&HashMap<String, AttributeValue>>) -> Result<Option<Item>, 
     map.filter(|m| !m.is_empty())
         .map(|m| {
             m.iter()
-                .map(|(k, v)| Ok((k.clone(), value(k, v)?)))
+                .map(|(k, v)| Ok((k.as_str().into(), value(k, v)?)))
                 .collect::<Result<Item, StoreError>>()
         })
         .transpose()

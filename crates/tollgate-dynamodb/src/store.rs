@@ -939,7 +939,7 @@ fn scanned(m: AvMap) -> Scanned {
     for (name, v) in m {
         match from_av_owned(&name, v) {
             Ok(v) => {
-                item.insert(name, v);
+                item.insert(name.into(), v);
             }
             Err(e) => {
                 let msg = match e {

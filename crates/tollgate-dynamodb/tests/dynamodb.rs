@@ -30,7 +30,7 @@ macro_rules! endpoint_or_skip {
 fn item(pairs: &[(&str, Value)]) -> Item {
     pairs
         .iter()
-        .map(|(k, v)| (k.to_string(), v.clone()))
+        .map(|(k, v)| ((*k).into(), v.clone()))
         .collect()
 }
 

@@ -165,7 +165,7 @@ async fn a_frozen_dynamodb_answers_within_the_deadline() {
     admin
         .put(PutRequest {
             key: Key::new("p", "s"),
-            item: Item::from([("n".to_string(), Value::N(1))]),
+            item: Item::from([("n".into(), Value::N(1))]),
             condition: None,
         })
         .await

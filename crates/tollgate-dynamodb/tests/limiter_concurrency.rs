@@ -173,7 +173,7 @@ impl Rig {
         let tc = items
             .iter()
             .flatten()
-            .filter_map(|i| i.get(&tc_attr).and_then(Value::as_n))
+            .filter_map(|i| i.get(tc_attr.as_str()).and_then(Value::as_n))
             .sum();
         let count = items[0]
             .as_ref()

@@ -867,7 +867,7 @@ pub async fn chaos(sh: Arc<Shared>, id: usize, spec: Arc<Spec>, mut rng: SmallRn
                     continue;
                 };
                 for l in crate::ledger::limits_on(&i) {
-                    let g = |a: &str| i.get(&format!("b_{l}_{a}")).and_then(Value::as_n);
+                    let g = |a: &str| i.get(format!("b_{l}_{a}").as_str()).and_then(Value::as_n);
                     let prio = match (g("ws"), g("wa")) {
                         (Some(ws), Some(wa)) if ws > wa => 2,
                         (Some(ws), _) if ws > own => 1,
@@ -991,7 +991,7 @@ pub async fn quiesce(
                 let Some(i) = sh.mem.raw_get(&keys::bucket(NS, ent, &spec.resource, j)) else {
                     continue;
                 };
-                let g = |a: &str| i.get(&format!("b_{name}_{a}")).and_then(Value::as_n);
+                let g = |a: &str| i.get(format!("b_{name}_{a}").as_str()).and_then(Value::as_n);
                 starts.push((j, g("ws"), g("wa")));
                 held += g("tk").unwrap_or(0);
             }

@@ -718,10 +718,10 @@ fn scan_index(
                 .map_err(|e| from_sqlite("scan", e))?,
         );
         let item = decode(&key, row.get_ref(2).map_err(|e| from_sqlite("scan", e))?)?;
-        if item.get(&pk_attr).and_then(|v| v.as_s()) != Some(pk) {
+        if item.get(pk_attr.as_str()).and_then(|v| v.as_s()) != Some(pk) {
             continue;
         }
-        let Some(sort) = item.get(&sk_attr).and_then(|v| v.as_s()) else {
+        let Some(sort) = item.get(sk_attr.as_str()).and_then(|v| v.as_s()) else {
             continue;
         };
         if sort.starts_with(prefix) {

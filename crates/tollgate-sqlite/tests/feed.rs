@@ -6,7 +6,7 @@ use tollgate_sqlite::{SqliteStore, SCHEMA_VERSION};
 use tollgate_store::{ChangeFeed, FeedCursor, PutRequest, Store, StoreError};
 
 fn item(n: i64) -> tollgate_core::value::Item {
-    [("n".to_string(), Value::N(n))].into_iter().collect()
+    [("n".into(), Value::N(n))].into_iter().collect()
 }
 
 async fn put(s: &SqliteStore, k: &Key, n: i64) {

@@ -21,7 +21,7 @@ use tollgate_store::{
 fn item(pairs: &[(&str, Value)]) -> Item {
     pairs
         .iter()
-        .map(|(k, v)| (k.to_string(), v.clone()))
+        .map(|(k, v)| ((*k).into(), v.clone()))
         .collect()
 }
 

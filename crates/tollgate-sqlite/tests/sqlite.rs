@@ -15,7 +15,7 @@ use tollgate_store::{
 fn item(pairs: &[(&str, Value)]) -> Item {
     pairs
         .iter()
-        .map(|(k, v)| (k.to_string(), v.clone()))
+        .map(|(k, v)| ((*k).into(), v.clone()))
         .collect()
 }
 
@@ -535,7 +535,7 @@ fn rand_op(r: &mut Lcg) -> TransactOp {
         0 => TransactOp::Put(PutRequest {
             key,
             item: (0..r.below(4))
-                .map(|_| (rand_attr(r).to_string(), rand_value(r)))
+                .map(|_| (rand_attr(r).into(), rand_value(r)))
                 .collect(),
             condition: rand_condition(r),
         }),

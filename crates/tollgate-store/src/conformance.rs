@@ -81,7 +81,7 @@ fn e2s(e: StoreError) -> String {
 fn attrs(pairs: &[(&str, Value)]) -> Item {
     pairs
         .iter()
-        .map(|(n, v)| ((*n).to_string(), v.clone()))
+        .map(|(n, v)| ((*n).into(), v.clone()))
         .collect()
 }
 

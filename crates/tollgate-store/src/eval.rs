@@ -247,7 +247,7 @@ fn put_attr(item: &mut Item, name: &str, v: Value) {
     match item.get_mut(name) {
         Some(slot) => *slot = v,
         None => {
-            item.insert(name.to_string(), v);
+            item.insert(name.into(), v);
         }
     }
 }

@@ -295,10 +295,10 @@ fn query_sort_key(item: &Item, q: &Query) -> Option<String> {
         None => ("PK".to_string(), "SK".to_string()),
         Some(ix) => (format!("{ix}PK"), format!("{ix}SK")),
     };
-    if item.get(&pk_attr)?.as_s()? != q.pk {
+    if item.get(pk_attr.as_str())?.as_s()? != q.pk {
         return None;
     }
-    let sk = item.get(&sk_attr)?.as_s()?;
+    let sk = item.get(sk_attr.as_str())?.as_s()?;
     match &q.sk_prefix {
         Some(p) if !sk.starts_with(p.as_str()) => None,
         _ => Some(sk.to_string()),

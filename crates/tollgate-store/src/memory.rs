@@ -577,9 +577,9 @@ impl Store for MemoryStore {
             .items
             .keys()
             .filter_map(|k| self.read_ref(&g, k, consistent))
-            .filter(|i| i.get(&pk_attr).and_then(|v| v.as_s()) == Some(q.pk.as_str()))
+            .filter(|i| i.get(pk_attr.as_str()).and_then(|v| v.as_s()) == Some(q.pk.as_str()))
             .filter_map(|i| {
-                let sk = i.get(&sk_attr)?.as_s()?.to_string();
+                let sk = i.get(sk_attr.as_str())?.as_s()?.to_string();
                 match &q.sk_prefix {
                     Some(p) if !sk.starts_with(p.as_str()) => None,
                     _ => Some((sk, i.clone())),

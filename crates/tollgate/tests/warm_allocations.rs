@@ -57,12 +57,17 @@ const WARM_UP: usize = 4;
 /// Allocations of each of `n` warm acquires (the lease dropped included) of `names` on one
 /// entity, after [`WARM_UP`] acquires, the clock moving `step_ms` before each.
 fn allocations_per_acquire(names: &[&str], n: usize, step_ms: i64) -> Vec<u64> {
+    allocations_on(MemoryStore::new(), names, n, step_ms)
+}
+
+/// [`allocations_per_acquire`] on `store`.
+fn allocations_on(store: MemoryStore, names: &[&str], n: usize, step_ms: i64) -> Vec<u64> {
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
         .expect("a current-thread runtime");
     let clock = Arc::new(ManualClock::new(1_767_225_600_000));
-    let lim = Limiter::builder(Arc::new(MemoryStore::new()))
+    let lim = Limiter::builder(Arc::new(store))
         .clock(clock.clone())
         .build()
         .expect("limiter");
@@ -109,6 +114,19 @@ fn steady(what: &str, v: &[u64]) -> u64 {
     max
 }
 
+/// The count most acquires made: with the change feed on, the log's buffer grows now and
+/// then (one more allocation on that acquire).
+fn typical(v: &[u64]) -> u64 {
+    let mut counts = std::collections::BTreeMap::new();
+    for x in v {
+        *counts.entry(*x).or_insert(0usize) += 1;
+    }
+    counts
+        .into_iter()
+        .max_by_key(|(x, n)| (*n, std::cmp::Reverse(*x)))
+        .map_or(u64::MAX, |(x, _)| x)
+}
+
 #[test]
 fn warm_acquire_allocation_count_is_bounded() {
     let one = ["rpm"];
@@ -128,9 +146,18 @@ fn warm_acquire_allocation_count_is_bounded() {
         "3 limits, same instant",
         &allocations_per_acquire(&three, 50, 0),
     );
+    // `serve` on the memory store keeps a change feed (for its aggregator): every write
+    // also logs the item's old and new versions, so the update copies the item instead of
+    // reusing the previous version's memory.
+    let feed_1 = typical(&allocations_on(
+        MemoryStore::with_change_feed(),
+        &one,
+        50,
+        1,
+    ));
     eprintln!(
         "allocations per warm acquire: 1 ms apart {slow_1} (1 limit) {slow_3} (3 limits); \
-         same instant {fast_1} (1 limit) {fast_3} (3 limits)"
+         same instant {fast_1} (1 limit) {fast_3} (3 limits); change feed on {feed_1} (1 limit)"
     );
     // What issue 17's work achieved (from 235 / 337 before it, 1 limit / 3 limits); the
     // rest is two copies of the item (the version kept, the `ALL_NEW` image returned), its

@@ -68,11 +68,11 @@ impl Aggregator {
                 ("wa", st.and_then(|s| s.window_applied_ms)),
             ] {
                 match v {
-                    Some(v) => item.insert(battr(n, f), Value::N(v)),
-                    None => item.remove(&battr(n, f)),
+                    Some(v) => item.insert(battr(n, f).into(), Value::N(v)),
+                    None => item.remove(battr(n, f).as_str()),
                 };
             }
-            item.insert(battr(n, field::WTC), Value::N(0));
+            item.insert(battr(n, field::WTC).into(), Value::N(0));
         }
         if img0.params_hash.is_none() {
             item.remove(tollgate_core::bucket::attr::PH);

@@ -23,22 +23,22 @@ pub fn encode(limits: &[Limit], on_unavailable: Option<OnUnavailable>) -> Item {
     for l in limits {
         let p = if l.rsa().is_some() { "w" } else { "l" };
         let n = l.name();
-        i.insert(format!("{p}_{n}_cp"), Value::N(l.capacity_milli()));
-        i.insert(format!("{p}_{n}_ra"), Value::N(l.ra()));
-        i.insert(format!("{p}_{n}_rp"), Value::N(l.rp()));
+        i.insert(format!("{p}_{n}_cp").into(), Value::N(l.capacity_milli()));
+        i.insert(format!("{p}_{n}_ra").into(), Value::N(l.ra()));
+        i.insert(format!("{p}_{n}_rp").into(), Value::N(l.rp()));
         if let Some(rsa) = l.rsa() {
-            i.insert(format!("{p}_{n}_rsa"), Value::N(rsa));
+            i.insert(format!("{p}_{n}_rsa").into(), Value::N(rsa));
         }
         if let Some(c) = l.calendar() {
-            i.insert(format!("{p}_{n}_rsched"), Value::S(c.expr().into()));
-            i.insert(format!("{p}_{n}_tz"), Value::S(c.tz().into()));
+            i.insert(format!("{p}_{n}_rsched").into(), Value::S(c.expr().into()));
+            i.insert(format!("{p}_{n}_tz").into(), Value::S(c.tz().into()));
         }
         if let Some(s) = l.schedule() {
-            i.insert(format!("{p}_{n}_sched"), Value::S(s.encode()));
+            i.insert(format!("{p}_{n}_sched").into(), Value::S(s.encode()));
         }
         if l.is_soft() {
             // ADR-151: absent means enforced (every item written before soft limits).
-            i.insert(format!("{p}_{n}_soft"), Value::N(1));
+            i.insert(format!("{p}_{n}_soft").into(), Value::N(1));
         }
     }
     if let Some(o) = on_unavailable {
@@ -84,7 +84,7 @@ pub fn decode(item: &Item) -> Result<(Vec<Limit>, Option<OnUnavailable>)> {
         }
         let num = |f: &str| -> Result<Option<i64>> {
             let a = format!("{p}_{n}_{f}");
-            match item.get(&a) {
+            match item.get(a.as_str()) {
                 None => Ok(None),
                 Some(Value::N(v)) => Ok(Some(*v)),
                 Some(_) => Err(corrupt(&key, &a, "expected a number")),
@@ -92,7 +92,7 @@ pub fn decode(item: &Item) -> Result<(Vec<Limit>, Option<OnUnavailable>)> {
         };
         let text = |f: &str| -> Result<Option<String>> {
             let a = format!("{p}_{n}_{f}");
-            match item.get(&a) {
+            match item.get(a.as_str()) {
                 None => Ok(None),
                 Some(Value::S(v)) => Ok(Some(v.clone())),
                 Some(_) => Err(corrupt(&key, &a, "expected a string")),
@@ -196,7 +196,7 @@ pub fn encode_merge(item: &mut Item, m: &Merge) {
     if !m.patch.is_empty() {
         item.insert(PATCH.into(), Value::Ss(m.patch.keys().cloned().collect()));
         for (n, s) in &m.patch {
-            item.insert(format!("p_{n}_sched"), Value::S(s.encode()));
+            item.insert(format!("p_{n}_sched").into(), Value::S(s.encode()));
         }
     }
 }
@@ -221,7 +221,7 @@ pub fn decode_merge(item: &Item) -> Result<Merge> {
     let mut patch = BTreeMap::new();
     for n in set(PATCH)? {
         let a = format!("p_{n}_sched");
-        let raw = match item.get(&a) {
+        let raw = match item.get(a.as_str()) {
             Some(Value::S(v)) => v,
             None => return Err(corrupt(&key, &a, "missing")),
             Some(_) => return Err(corrupt(&key, &a, "expected a string")),

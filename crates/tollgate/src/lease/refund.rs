@@ -181,7 +181,7 @@ impl Lease {
                         ones[*j].refunds.iter().any(|(n, _)| {
                             drip(n)
                                 && old
-                                    .get(&tollgate_core::keys::battr(n, field::TK))
+                                    .get(tollgate_core::keys::battr(n, field::TK).as_str())
                                     .and_then(tollgate_core::value::Value::as_n)
                                     .is_some_and(|tk| tk < 0)
                         })
