@@ -220,7 +220,8 @@ pub fn debited(old: Option<&Item>, new: &Item, limit: &str) -> bool {
         return true;
     };
     let tk = battr(limit, field::TK);
-    old.get(tk.as_str()) != new.get(tk.as_str()) || old.get(bucket_attr::RF) != new.get(bucket_attr::RF)
+    old.get(tk.as_str()) != new.get(tk.as_str())
+        || old.get(bucket_attr::RF) != new.get(bucket_attr::RF)
 }
 
 /// The namespace of a bucket key (`{ns}/BUCKET#…`, `#STATE`), or `None` for other items.

@@ -84,7 +84,7 @@ pub fn from_av_owned(attr: &str, av: AttributeValue) -> Result<Value, StoreError
             m.into_iter()
                 .map(|(k, v)| {
                     let v = from_av_owned(&format!("{attr}.{k}"), v)?;
-                    Ok((k.into(), v))
+                    Ok((k, v))
                 })
                 .collect::<Result<_, StoreError>>()?,
         ),
@@ -239,10 +239,7 @@ mod tests {
             Err(StoreError::Corrupt(_))
         ));
         assert!(matches!(
-            item_into_av(Item::from([(
-                "e".into(),
-                Value::Ss(Default::default())
-            )])),
+            item_into_av(Item::from([("e".into(), Value::Ss(Default::default()))])),
             Err(StoreError::Validation(_))
         ));
     }

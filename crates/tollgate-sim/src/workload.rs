@@ -991,7 +991,10 @@ pub async fn quiesce(
                 let Some(i) = sh.mem.raw_get(&keys::bucket(NS, ent, &spec.resource, j)) else {
                     continue;
                 };
-                let g = |a: &str| i.get(format!("b_{name}_{a}").as_str()).and_then(Value::as_n);
+                let g = |a: &str| {
+                    i.get(format!("b_{name}_{a}").as_str())
+                        .and_then(Value::as_n)
+                };
                 starts.push((j, g("ws"), g("wa")));
                 held += g("tk").unwrap_or(0);
             }

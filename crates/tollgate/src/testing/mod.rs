@@ -259,7 +259,10 @@ impl H {
     pub fn spendable(&self, e: &str, r: &str, limit: &str, s: u32) -> i64 {
         (0..s)
             .filter_map(|i| self.raw.raw_get(&self.key(e, r, i)))
-            .filter_map(|it| it.get(format!("b_{limit}_tk").as_str()).and_then(Value::as_n))
+            .filter_map(|it| {
+                it.get(format!("b_{limit}_tk").as_str())
+                    .and_then(Value::as_n)
+            })
             .map(|tk| tk.max(0))
             .sum::<i64>()
             / 1000
@@ -270,7 +273,10 @@ impl H {
             .map(|i| {
                 self.raw
                     .raw_get(&self.key(e, r, i))
-                    .and_then(|it| it.get(format!("b_{limit}_tk").as_str()).and_then(Value::as_n))
+                    .and_then(|it| {
+                        it.get(format!("b_{limit}_tk").as_str())
+                            .and_then(Value::as_n)
+                    })
                     .unwrap_or(i64::MIN)
             })
             .collect()

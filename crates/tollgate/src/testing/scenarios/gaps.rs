@@ -381,7 +381,10 @@ pub async fn w12_windows_at_the_write(b: &Backend) {
 fn held(h: &H, limit: &str, s: i64) -> i64 {
     (0..s as u32)
         .filter_map(|i| h.raw.raw_get(&h.key(E, R, i)))
-        .filter_map(|it| it.get(format!("b_{limit}_tk").as_str()).and_then(Value::as_n))
+        .filter_map(|it| {
+            it.get(format!("b_{limit}_tk").as_str())
+                .and_then(Value::as_n)
+        })
         .sum()
 }
 
