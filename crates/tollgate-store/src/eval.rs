@@ -242,6 +242,18 @@ pub fn apply_actions(new: &mut Item, old: &Item, update: &Update) -> Result<(), 
     Ok(())
 }
 
+/// Whether `new` — `old` with `update`'s actions applied by [`apply_actions`] — differs from
+/// `old`: only the attributes the actions name can, so only those are compared (an item
+/// compared whole costs every attribute, on every write).
+pub fn update_changed(update: &Update, new: &Item, old: &Item) -> bool {
+    let changed = update
+        .actions
+        .iter()
+        .any(|a| new.get(a.target()) != old.get(a.target()));
+    debug_assert_eq!(changed, new != old, "only the named attributes change");
+    changed
+}
+
 /// Write one attribute: in place when the name exists, else inserted under a new name.
 fn put_attr(item: &mut Item, name: &str, v: Value) {
     match item.get_mut(name) {

@@ -10,8 +10,8 @@ use tollgate_core::value::{Item, Key, Value};
 
 use crate::error::{CancelReason, StoreError};
 use crate::eval::{
-    apply_actions, apply_update_stored, eval_condition, key_item, plan_transact_op, validate_item,
-    validate_update,
+    apply_actions, apply_update_stored, eval_condition, key_item, plan_transact_op, update_changed,
+    validate_item, validate_update,
 };
 use crate::feed::{Change, ChangeFeed, FeedBatch, FeedCursor, FeedPosition};
 use crate::{
@@ -405,7 +405,8 @@ impl MemoryStore {
                 ReturnValues::AllOld => Some(Arc::clone(&old)),
                 ReturnValues::UpdatedNew => updated_new(cur, &req.update).map(Arc::new),
             };
-            let change = (feed_on && **cur != *old).then(|| (Arc::clone(&old), Arc::clone(cur)));
+            let change = (feed_on && update_changed(&req.update, cur, &old))
+                .then(|| (Arc::clone(&old), Arc::clone(cur)));
             *prev = Some(old);
             if let Some((old, new)) = change {
                 let at_ms = self.feed_now();

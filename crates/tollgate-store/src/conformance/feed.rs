@@ -197,7 +197,8 @@ pub async fn feed_records_each_write(s: &dyn ChangeFeed) -> CheckResult {
     Ok(())
 }
 
-/// Failed conditions, cancelled transactions and deletes of absent items never appear.
+/// Failed conditions, cancelled transactions, deletes of absent items and updates that change
+/// nothing never appear.
 pub async fn feed_skips_what_was_not_applied(s: &dyn ChangeFeed) -> CheckResult {
     let k = Key::new("feed#skip", "#ITEM");
     let other = Key::new("feed#skip", "#OTHER");
@@ -231,6 +232,15 @@ pub async fn feed_skips_what_was_not_applied(s: &dyn ChangeFeed) -> CheckResult 
         matches!(r, Err(StoreError::ConditionFailed { .. })),
         format!("conditional update: {r:?}"),
     )?;
+    // Applied, but it changes nothing: no record (as DynamoDB Streams writes none).
+    s.update(UpdateRequest {
+        key: k.clone(),
+        update: Update::new().set("n", Value::N(1)).remove("gone"),
+        condition: None,
+        returns: ReturnValues::None,
+    })
+    .await
+    .map_err(e2s)?;
     let r = s
         .transact_write(
             vec![
