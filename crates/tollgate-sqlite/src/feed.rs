@@ -19,6 +19,7 @@ use tollgate_core::value::{Item, Key};
 use tollgate_store::{Change, FeedBatch, FeedCursor, FeedPosition, StoreError};
 
 use crate::error::from_sqlite;
+use crate::recent::Recent;
 
 /// The table, created by schema version 2.
 pub const CHANGES_TABLE: &str = "
@@ -35,24 +36,24 @@ CREATE TABLE IF NOT EXISTS changes (
 /// Its columns, as `PRAGMA table_info` lists them.
 pub const CHANGES_COLUMNS: &[&str] = &["seq", "pk", "sk", "old", "new", "at_ms"];
 
-/// Record that the item at `key` went from `old` to `new` (stored JSON text). Nothing when
-/// the write changed nothing.
+/// Record that the item at `key` went from `old` to `new` (stored JSON text): the change's
+/// sequence number. Nothing (`None`) when the write changed nothing.
 pub fn record(
     conn: &Connection,
     key: &Key,
     old: Option<&str>,
     new: Option<&str>,
     at_ms: i64,
-) -> Result<(), StoreError> {
+) -> Result<Option<i64>, StoreError> {
     if old == new {
-        return Ok(());
+        return Ok(None);
     }
     conn.prepare_cached(
         "INSERT INTO changes (pk, sk, old, new, at_ms) VALUES (?1, ?2, ?3, ?4, ?5)",
     )
     .and_then(|mut s| s.execute(params![key.pk, key.sk, old, new, at_ms]))
     .map_err(|e| from_sqlite("record change", e))?;
-    Ok(())
+    Ok(Some(conn.last_insert_rowid()))
 }
 
 fn image(key: &Key, seq: i64, raw: Option<&str>) -> Result<Option<Item>, StoreError> {
@@ -77,12 +78,18 @@ fn last_seq(conn: &Connection) -> Result<i64, StoreError> {
         .map_err(|e| from_sqlite("read feed end", e))
 }
 
-/// Up to `limit` changes after `cursor`, from one snapshot (a read transaction of its own).
-pub fn read(conn: &Connection, cursor: &FeedCursor, limit: usize) -> Result<FeedBatch, StoreError> {
+/// Up to `limit` changes after `cursor`, from one snapshot (a read transaction of its own);
+/// the images of the changes `recent` holds are taken from it, already decoded.
+pub fn read(
+    conn: &Connection,
+    cursor: &FeedCursor,
+    limit: usize,
+    recent: &Recent,
+) -> Result<FeedBatch, StoreError> {
     let tx = conn
         .unchecked_transaction()
         .map_err(|e| from_sqlite("begin feed read", e))?;
-    let out = read_in(&tx, cursor, limit)?;
+    let out = read_in(&tx, cursor, limit, recent)?;
     tx.finish().map_err(|e| from_sqlite("end feed read", e))?;
     Ok(out)
 }
@@ -92,6 +99,7 @@ pub fn read_in(
     tx: &Connection,
     cursor: &FeedCursor,
     limit: usize,
+    recent: &Recent,
 ) -> Result<FeedBatch, StoreError> {
     let after = cursor.single_seq()?;
     let end = last_seq(tx)?;
@@ -131,7 +139,9 @@ pub fn read_in(
     // change's old image is, byte for byte, the previous change's new one, so it is shared
     // rather than decoded again (half the decoding of a batch that writes a key repeatedly).
     let mut last: HashMap<Key, (String, Arc<Item>)> = HashMap::new();
-    for (seq, pk, sk, old, new, at_ms) in rows {
+    let held = recent.lookup(rows.iter().map(|r| r.0));
+    debug_assert_eq!(held.len(), rows.len());
+    for ((seq, pk, sk, old, new, at_ms), held) in rows.into_iter().zip(held) {
         let key = Key::new(pk, sk);
         let position = FeedPosition {
             stream: String::new(),
@@ -142,15 +152,21 @@ pub fn read_in(
             (Some(text), Some((seen, img))) if text == *seen => Some(Arc::clone(img)),
             (old, _) => image(&key, seq, old.as_deref())?.map(Arc::new),
         };
-        let new = match new {
-            Some(text) => {
+        // Committed by this process's writer: its new image is decoded already.
+        let held = held.filter(|p| p.key == key).map(|p| p.new);
+        let new = match (new, held) {
+            (Some(text), Some(img)) => {
+                last.insert(key.clone(), (text, Arc::clone(&img)));
+                Some(img)
+            }
+            (Some(text), None) => {
                 let img = image(&key, seq, Some(&text))?.map(Arc::new);
                 if let Some(img) = &img {
                     last.insert(key.clone(), (text, Arc::clone(img)));
                 }
                 img
             }
-            None => {
+            (None, _) => {
                 last.remove(&key);
                 None
             }

@@ -61,6 +61,7 @@ mod feed;
 mod ops;
 mod queue;
 mod readers;
+mod recent;
 mod schema;
 mod stats;
 mod writer;
@@ -88,6 +89,7 @@ use crate::error::from_open;
 use crate::ops::{Outcome, Read, Write};
 use crate::queue::{Answer, Job, Queue, Reply, Request};
 use crate::readers::Readers;
+use crate::recent::Recent;
 
 /// The path that opens a private in-memory database instead of a file.
 pub const IN_MEMORY: &str = ":memory:";
@@ -109,6 +111,8 @@ struct Inner {
     path: Arc<str>,
     deadline: Duration,
     threads: Mutex<Vec<JoinHandle<()>>>,
+    /// What the writer committed, decoded, for the feed reader (`recent.rs`).
+    recent: Arc<Recent>,
 }
 
 impl std::fmt::Debug for Inner {
@@ -186,11 +190,13 @@ impl SqliteStore {
         let spawn_failed = |e: std::io::Error| {
             StoreError::Unavailable(format!("sqlite {shown}: cannot start a thread: {e}"))
         };
+        let recent = Arc::new(Recent::default());
         let writer = {
             let queue = Arc::clone(&queue);
+            let recent = Arc::clone(&recent);
             std::thread::Builder::new()
                 .name("tollgate-sqlite-writer".into())
-                .spawn(move || writer::run(conn, queue, bounds))
+                .spawn(move || writer::run(conn, queue, bounds, recent))
                 .map_err(spawn_failed)?
         };
         let inner = Inner {
@@ -198,6 +204,7 @@ impl SqliteStore {
             readers,
             path: Arc::from(shown.as_str()),
             deadline: config.deadline,
+            recent,
             threads: Mutex::new(vec![writer]),
         };
         // From here `inner` stops the writer if anything fails.
@@ -428,9 +435,13 @@ impl Store for SqliteStore {
     }
 
     async fn update(&self, req: UpdateRequest) -> Result<Option<Item>, StoreError> {
+        Ok(self.update_shared(req).await?.map(Arc::unwrap_or_clone))
+    }
+
+    async fn update_shared(&self, req: UpdateRequest) -> Result<Option<Arc<Item>>, StoreError> {
         validate_update(&req.update)?;
         match self.write(Write::Update(req)).await? {
-            Outcome::Item(item) => Ok(item),
+            Outcome::Shared(item) => Ok(item),
             other => Err(mismatch("update", &other)),
         }
     }
@@ -506,6 +517,7 @@ impl tollgate_store::ChangeFeed for SqliteStore {
         let r = Read::Feed {
             cursor: cursor.clone(),
             limit,
+            recent: Arc::clone(&self.inner.recent),
         };
         match self.read(r).await? {
             Outcome::Feed(batch) => Ok(batch),

@@ -8,6 +8,7 @@
 //! under a SAVEPOINT, so a failure midway takes back its own writes and nobody else's.
 
 use std::borrow::Cow;
+use std::sync::Arc;
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use rusqlite::types::ValueRef;
@@ -23,6 +24,7 @@ use tollgate_store::{
 };
 
 use crate::error::from_sqlite;
+use crate::recent::Published;
 use crate::schema::INDEXES;
 
 /// Most keys in one `batch_get` (DynamoDB's limit, as `MemoryStore` enforces it).
@@ -102,7 +104,7 @@ fn read_raw(conn: &Connection, key: &Key) -> Result<Option<String>, StoreError> 
 /// decoded from it (for the condition, the update and the index columns).
 struct Stored {
     raw: String,
-    item: Item,
+    item: Arc<Item>,
 }
 
 /// Read one item with its stored text, in one statement (a write needs both).
@@ -123,7 +125,10 @@ fn read_stored(conn: &Connection, key: &Key) -> Result<Option<Stored>, StoreErro
         ValueRef::Text(b) | ValueRef::Blob(b) => String::from_utf8_lossy(b).into_owned(),
         _ => String::new(),
     };
-    Ok(Some(Stored { raw, item }))
+    Ok(Some(Stored {
+        raw,
+        item: Arc::new(item),
+    }))
 }
 
 /// What a write knows of the row it replaces.
@@ -154,15 +159,18 @@ fn write_item(
     key: &Key,
     item: Option<&Item>,
     prior: Prior<'_>,
-) -> Result<(), StoreError> {
+) -> Result<Option<i64>, StoreError> {
     let (old, old_item) = match prior {
         Prior::Unread => (read_raw(conn, key)?.map(Cow::Owned), None),
-        Prior::Read(p) => (p.map(|s| Cow::Borrowed(s.raw.as_str())), p.map(|s| &s.item)),
+        Prior::Read(p) => (
+            p.map(|s| Cow::Borrowed(s.raw.as_str())),
+            p.map(|s| &*s.item),
+        ),
     };
     let at = now_ms();
     let Some(item) = item else {
         if old.is_none() {
-            return Ok(());
+            return Ok(None);
         }
         conn.prepare_cached("DELETE FROM items WHERE pk = ?1 AND sk = ?2")
             .and_then(|mut s| s.execute(params![key.pk, key.sk]))
@@ -240,6 +248,8 @@ pub enum Read {
         cursor: tollgate_store::FeedCursor,
         /// At most this many changes.
         limit: usize,
+        /// What this process's writer committed, decoded.
+        recent: Arc<crate::recent::Recent>,
     },
 }
 
@@ -285,8 +295,10 @@ impl Write {
 pub enum Outcome {
     /// `put` and `transact_write`.
     Done,
-    /// `get`, `update`, `delete`.
+    /// `get`, `delete`.
     Item(Option<Item>),
+    /// `update`: the item as the store holds it (also published to the feed reader).
+    Shared(Option<Arc<Item>>),
     /// `batch_get`.
     Items(Vec<Option<Item>>),
     /// `query`.
@@ -324,13 +336,17 @@ pub fn read(conn: &Connection, r: &Read) -> Result<Outcome, StoreError> {
             limit,
         } => scan(conn, prefix, after.as_ref(), *limit).map(Outcome::Page),
         Read::IntegrityCheck => integrity_check(conn).map(Outcome::Lines),
-        Read::Feed { cursor, limit } => {
+        Read::Feed {
+            cursor,
+            limit,
+            recent,
+        } => {
             if !conn.is_autocommit() {
                 // Inside the writer's transaction (an in-memory database): its state is
                 // the snapshot.
-                return crate::feed::read_in(conn, cursor, *limit).map(Outcome::Feed);
+                return crate::feed::read_in(conn, cursor, *limit, recent).map(Outcome::Feed);
             }
-            crate::feed::read(conn, cursor, *limit).map(Outcome::Feed)
+            crate::feed::read(conn, cursor, *limit, recent).map(Outcome::Feed)
         }
     }
 }
@@ -342,9 +358,12 @@ pub struct BatchBroken(pub StoreError);
 
 /// Run a write inside the writer's open transaction. The inner result is the operation's own;
 /// [`BatchBroken`] means the whole batch must be abandoned.
+/// The changes an update recorded, decoded, go to `published` (with their sequence numbers),
+/// for [`crate::recent::Recent`] once the batch has committed.
 pub fn write(
     tx: &mut Transaction<'_>,
     w: Write,
+    published: &mut Vec<(i64, Published)>,
 ) -> Result<Result<Outcome, StoreError>, BatchBroken> {
     debug_assert!(
         !tx.is_autocommit(),
@@ -352,9 +371,9 @@ pub fn write(
     );
     Ok(match w {
         Write::Put(req) => put(tx, req).map(|()| Outcome::Done),
-        Write::Update(req) => update(tx, req).map(Outcome::Item),
+        Write::Update(req) => update(tx, req, published).map(Outcome::Shared),
         Write::Delete(req) => delete(tx, req).map(Outcome::Item),
-        Write::Purge(key) => write_item(tx, &key, None, Prior::Unread).map(|()| Outcome::Done),
+        Write::Purge(key) => write_item(tx, &key, None, Prior::Unread).map(|_| Outcome::Done),
         Write::TrimFeed(cursor, before) => {
             crate::feed::trim(tx, &cursor, before).map(|_| Outcome::Done)
         }
@@ -415,22 +434,37 @@ fn put(conn: &Connection, req: PutRequest) -> Result<(), StoreError> {
     }
     let mut item = req.item;
     req.key.stamp(&mut item);
-    write_item(conn, &req.key, Some(&item), Prior::Unread)
+    write_item(conn, &req.key, Some(&item), Prior::Unread).map(|_| ())
 }
 
 /// `update`. Static checks failed the request before it was queued; a remove-only update of
 /// an absent item creates nothing.
-fn update(conn: &Connection, req: UpdateRequest) -> Result<Option<Item>, StoreError> {
+fn update(
+    conn: &Connection,
+    req: UpdateRequest,
+    published: &mut Vec<(i64, Published)>,
+) -> Result<Option<Arc<Item>>, StoreError> {
     let prior = read_stored(conn, &req.key)?;
-    let cur = prior.as_ref().map(|s| &s.item);
+    let cur = prior.as_ref().map(|s| &*s.item);
     if let Some(c) = &req.condition {
         if !eval_condition(cur, c) {
-            return Err(condition_failed(prior.map(|s| s.item)));
+            return Err(condition_failed(
+                prior.map(|s| Arc::unwrap_or_clone(s.item)),
+            ));
         }
     }
-    let new = apply_update_stored(cur, &key_item(&req.key), &req.update)?;
+    let new = apply_update_stored(cur, &key_item(&req.key), &req.update)?.map(Arc::new);
     if let Some(new) = &new {
-        write_item(conn, &req.key, Some(new), Prior::Read(prior.as_ref()))?;
+        if let Some(seq) = write_item(conn, &req.key, Some(new), Prior::Read(prior.as_ref()))? {
+            // Decoded already: the feed reader of this process takes it from here.
+            published.push((
+                seq,
+                Published {
+                    key: req.key.clone(),
+                    new: Arc::clone(new),
+                },
+            ));
+        }
     }
     // Absent before and after: nothing written.
     Ok(match req.returns {
@@ -445,7 +479,9 @@ fn update(conn: &Connection, req: UpdateRequest) -> Result<Option<Item>, StoreEr
                 .map(|a| a.target().to_string())
                 .collect();
             // DynamoDB omits `Attributes` when nothing it wrote remains.
-            Some(project(new, &names)).filter(|p| !p.is_empty())
+            Some(project(new, &names))
+                .filter(|p| !p.is_empty())
+                .map(Arc::new)
         }),
     })
 }
@@ -454,14 +490,16 @@ fn update(conn: &Connection, req: UpdateRequest) -> Result<Option<Item>, StoreEr
 fn delete(conn: &Connection, req: DeleteRequest) -> Result<Option<Item>, StoreError> {
     let prior = read_stored(conn, &req.key)?;
     if let Some(c) = &req.condition {
-        if !eval_condition(prior.as_ref().map(|s| &s.item), c) {
-            return Err(condition_failed(prior.map(|s| s.item)));
+        if !eval_condition(prior.as_ref().map(|s| &*s.item), c) {
+            return Err(condition_failed(
+                prior.map(|s| Arc::unwrap_or_clone(s.item)),
+            ));
         }
     }
     if prior.is_some() {
         write_item(conn, &req.key, None, Prior::Read(prior.as_ref()))?;
     }
-    Ok(prior.map(|s| s.item))
+    Ok(prior.map(|s| Arc::unwrap_or_clone(s.item)))
 }
 
 /// A transaction's operations as stored with its token, to tell a resend (same operations)

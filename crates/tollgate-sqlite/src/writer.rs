@@ -40,6 +40,7 @@ use tollgate_store::StoreError;
 use crate::error::{from_commit, from_sqlite};
 use crate::ops::{self, BatchBroken, Outcome};
 use crate::queue::{Job, Queue, Reply, Request};
+use crate::recent::Recent;
 
 /// The writer's bounds.
 #[derive(Debug, Clone, Copy)]
@@ -51,11 +52,11 @@ pub struct Bounds {
 }
 
 /// The writer's loop, until the queue closes.
-pub fn run(mut conn: Connection, queue: Arc<Queue>, bounds: Bounds) {
+pub fn run(mut conn: Connection, queue: Arc<Queue>, bounds: Bounds, recent: Arc<Recent>) {
     let mut batch = Vec::with_capacity(bounds.max_batch_items.min(256));
     while queue.take(bounds.max_batch_items, &mut batch) {
         let ran = catch_unwind(AssertUnwindSafe(|| {
-            run_batch(&mut conn, &queue, &mut batch, bounds)
+            run_batch(&mut conn, &queue, &mut batch, bounds, &recent)
         }));
         if ran.is_err() {
             // The callers whose replies were dropped get "writer stopped" (Unavailable); a
@@ -78,7 +79,13 @@ fn answer_all(replies: Vec<Reply>, err: &StoreError) {
     }
 }
 
-fn run_batch(conn: &mut Connection, queue: &Queue, batch: &mut Vec<Request>, bounds: Bounds) {
+fn run_batch(
+    conn: &mut Connection,
+    queue: &Queue,
+    batch: &mut Vec<Request>,
+    bounds: Bounds,
+    recent: &Recent,
+) {
     let now = Instant::now();
     let mut jobs = Vec::with_capacity(batch.len());
     let mut replies = Vec::with_capacity(batch.len());
@@ -111,9 +118,10 @@ fn run_batch(conn: &mut Connection, queue: &Queue, batch: &mut Vec<Request>, bou
         Err(e) => return answer_all(replies, &from_sqlite("begin immediate", e)),
     };
     let mut results: Vec<Result<Outcome, StoreError>> = Vec::with_capacity(jobs.len());
+    let mut published = Vec::new();
     for job in jobs {
         let result = match job {
-            Job::Write(w) => ops::write(&mut tx, w),
+            Job::Write(w) => ops::write(&mut tx, w, &mut published),
             Job::Read(r) => Ok(ops::read(&tx, &r)),
         };
         let result = match result {
@@ -140,6 +148,9 @@ fn run_batch(conn: &mut Connection, queue: &Queue, batch: &mut Vec<Request>, bou
     match tx.commit() {
         Ok(()) => {
             debug_assert_eq!(results.len(), replies.len());
+            // Committed: the feed reader may take these images (never before the commit:
+            // a rolled-back batch's sequence numbers are given again).
+            recent.publish(published);
             for (reply, result) in replies.into_iter().zip(results) {
                 reply.send(result);
             }

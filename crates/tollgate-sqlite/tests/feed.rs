@@ -188,3 +188,50 @@ async fn a_batch_shares_each_old_image_with_the_previous_new_one() {
         vec![Some(1), Some(10), Some(2), Some(20), Some(3), Some(30)]
     );
 }
+
+/// The feed reader takes the images of the changes this process's writer committed as the
+/// writer left them (the very items the updates returned), and decodes the ones another
+/// store on the same file wrote.
+#[tokio::test]
+async fn the_feed_hands_back_the_writers_own_images_and_decodes_the_others() {
+    use tollgate_core::expr::{ReturnValues, Update};
+    use tollgate_store::UpdateRequest;
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("handoff.db");
+    let (a, b) = (
+        SqliteStore::open(&path).unwrap(),
+        SqliteStore::open(&path).unwrap(),
+    );
+    let k = Key::new("p", "x");
+    let add = |n: i64| UpdateRequest {
+        key: k.clone(),
+        update: Update::new().add("n", n),
+        condition: None,
+        returns: ReturnValues::AllNew,
+    };
+    let first = a.update_shared(add(1)).await.unwrap().unwrap();
+    let second = a.update_shared(add(2)).await.unwrap().unwrap();
+    b.update(add(4)).await.unwrap();
+    let batch = a.read_feed(&FeedCursor::start(), 10).await.unwrap();
+    assert_eq!(batch.changes.len(), 3);
+    let (c0, c1, c2) = (&batch.changes[0], &batch.changes[1], &batch.changes[2]);
+    assert!(c0.old.is_none());
+    assert!(std::sync::Arc::ptr_eq(c0.new.as_ref().unwrap(), &first));
+    // The old image is the previous change's new one, shared.
+    assert!(std::sync::Arc::ptr_eq(c1.old.as_ref().unwrap(), &first));
+    assert!(std::sync::Arc::ptr_eq(c1.new.as_ref().unwrap(), &second));
+    // Written by `b`: decoded from the stored text, with the same values.
+    let n = |i: &Option<std::sync::Arc<tollgate_core::value::Item>>| {
+        i.as_ref().and_then(|i| i.get("n")).and_then(Value::as_n)
+    };
+    assert!(!std::sync::Arc::ptr_eq(c2.new.as_ref().unwrap(), &second));
+    assert_eq!((n(&c2.old), n(&c2.new)), (Some(3), Some(7)));
+    // `b` reads the same feed, decoding what `a` wrote: the same changes.
+    let from_b = b.read_feed(&FeedCursor::start(), 10).await.unwrap();
+    let shape =
+        |c: &tollgate_store::Change| (c.key.clone(), n(&c.old), n(&c.new), c.position.seq.clone());
+    assert_eq!(
+        from_b.changes.iter().map(shape).collect::<Vec<_>>(),
+        batch.changes.iter().map(shape).collect::<Vec<_>>()
+    );
+}

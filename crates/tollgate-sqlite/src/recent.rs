@@ -1,0 +1,57 @@
+//! The changes this process's writer committed, decoded, by sequence number: the feed
+//! reader of the same process takes their images from here instead of decoding the stored
+//! JSON again (decoding the feed was the embedded store's largest cost after the writer's
+//! own work).
+//!
+//! Only committed changes are published: a rolled-back batch's sequence numbers are given
+//! again, to other changes, but a committed number never is (`AUTOINCREMENT`), so an entry is
+//! always the change stored under its number. Changes another process wrote are not here and
+//! are read from their text. At most [`CAP`] entries are kept, the newest.
+
+use std::collections::BTreeMap;
+use std::sync::{Arc, Mutex};
+
+use tollgate_core::value::{Item, Key};
+
+/// Most entries kept (each holds one decoded item, about 2 KB for a bucket of one limit: at
+/// most about 16 MB): most of what one aggregator pass reads at the embedded store's peak
+/// rate and the default pass interval (1 s).
+pub const CAP: usize = 8_192;
+
+/// One committed change's new image, decoded (its old image is the previous change's new
+/// one: the reader shares it from there, see `feed::read_in`).
+#[derive(Debug, Clone)]
+pub struct Published {
+    /// The item written.
+    pub key: Key,
+    /// The item after the write.
+    pub new: Arc<Item>,
+}
+
+/// The recent committed changes of this process.
+#[derive(Debug, Default)]
+pub struct Recent(Mutex<BTreeMap<i64, Published>>);
+
+impl Recent {
+    fn lock(&self) -> std::sync::MutexGuard<'_, BTreeMap<i64, Published>> {
+        self.0.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Publish the changes of a committed batch (call only after its `COMMIT` succeeded).
+    pub fn publish(&self, committed: Vec<(i64, Published)>) {
+        if committed.is_empty() {
+            return;
+        }
+        let mut g = self.lock();
+        g.extend(committed);
+        while g.len() > CAP {
+            g.pop_first();
+        }
+    }
+
+    /// The published changes among `seqs` (`None` where a change is not held).
+    pub fn lookup(&self, seqs: impl Iterator<Item = i64>) -> Vec<Option<Published>> {
+        let g = self.lock();
+        seqs.map(|s| g.get(&s).cloned()).collect()
+    }
+}
