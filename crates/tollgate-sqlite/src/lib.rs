@@ -48,6 +48,13 @@
 //! write, in the write's transaction: see `feed.rs`); the schema version in
 //! `PRAGMA user_version` (2; a version-1 file is upgraded on open).
 //!
+//! A write reads its row once; an existing row whose index columns stay the same is
+//! rewritten in place (`UPDATE` of the item text, no index touched). The feed reader of a
+//! process takes the new image of each change that process's writer committed from the
+//! writer, already decoded (`recent.rs`), and shares each old image with the previous
+//! change's new one of the same key; only other processes' changes are decoded from text. A
+//! trim removes the oldest changes up to the first still retained, walking only those.
+//!
 //! # Async
 //!
 //! rusqlite is blocking. Writes are handed to the writer thread and awaited; reads run on
