@@ -148,13 +148,18 @@ pub fn read_in(
             seq: seq.to_string(),
         };
         next.advance(&position);
-        let old = match (old, last.get(&key)) {
-            (Some(text), Some((seen, img))) if text == *seen => Some(Arc::clone(img)),
-            (old, _) => image(&key, seq, old.as_deref())?.map(Arc::new),
+        // Committed by this process's writer: its images are decoded already.
+        let held = held.filter(|p| p.key == key);
+        let (held_old, held_new) = match held {
+            Some(p) => (Some(p.old), Some(p.new)),
+            None => (None, None),
         };
-        // Committed by this process's writer: its new image is decoded already.
-        let held = held.filter(|p| p.key == key).map(|p| p.new);
-        let new = match (new, held) {
+        let old = match (old, last.get(&key), held_old) {
+            (Some(text), Some((seen, img)), _) if text == *seen => Some(Arc::clone(img)),
+            (Some(_), _, Some(Some(img))) => Some(img),
+            (old, _, _) => image(&key, seq, old.as_deref())?.map(Arc::new),
+        };
+        let new = match (new, held_new) {
             (Some(text), Some(img)) => {
                 last.insert(key.clone(), (text, Arc::clone(&img)));
                 Some(img)

@@ -8,6 +8,7 @@
 //! under a SAVEPOINT, so a failure midway takes back its own writes and nobody else's.
 
 use std::borrow::Cow;
+use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::{SystemTime, UNIX_EPOCH};
 
@@ -107,8 +108,34 @@ struct Stored {
     item: Arc<Item>,
 }
 
-/// Read one item with its stored text, in one statement (a write needs both).
-fn read_stored(conn: &Connection, key: &Key) -> Result<Option<Stored>, StoreError> {
+/// What the writer keeps from one operation to the next: the text and decoded item of the
+/// rows it last wrote (a memo of the decoding: a row is decoded again only when its stored
+/// text is not the one remembered — another process wrote it, or the batch that wrote the
+/// remembered text was rolled back), and the changes committed updates publish.
+#[derive(Debug, Default)]
+pub struct Memo {
+    rows: HashMap<Key, (String, Arc<Item>)>,
+    /// The changes the updates of the current batch recorded, decoded, with their
+    /// sequence numbers: for [`crate::recent::Recent`] once the batch has committed.
+    pub published: Vec<(i64, Published)>,
+}
+
+/// Most rows [`Memo`] remembers (each a decoded item and its text, about 3 KB for a bucket
+/// of one limit): past it, it starts over.
+const MEMO_ROWS: usize = 4_096;
+
+impl Memo {
+    fn remember(&mut self, key: &Key, text: String, item: &Arc<Item>) {
+        if self.rows.len() >= MEMO_ROWS && !self.rows.contains_key(key) {
+            self.rows.clear();
+        }
+        self.rows.insert(key.clone(), (text, Arc::clone(item)));
+    }
+}
+
+/// Read one item with its stored text, in one statement (a write needs both); decoded only
+/// when `memo` does not hold that very text.
+fn read_stored(conn: &Connection, key: &Key, memo: &Memo) -> Result<Option<Stored>, StoreError> {
     let mut stmt = conn
         .prepare_cached("SELECT item FROM items WHERE pk = ?1 AND sk = ?2")
         .map_err(|e| from_sqlite("prepare read", e))?;
@@ -119,6 +146,14 @@ fn read_stored(conn: &Connection, key: &Key) -> Result<Option<Stored>, StoreErro
         return Ok(None);
     };
     let stored = row.get_ref(0).map_err(|e| from_sqlite("read", e))?;
+    if let (ValueRef::Text(b), Some((text, item))) = (stored, memo.rows.get(key)) {
+        if b == text.as_bytes() {
+            return Ok(Some(Stored {
+                raw: text.clone(),
+                item: Arc::clone(item),
+            }));
+        }
+    }
     let item = decode(key, stored)?;
     // It decoded, so it is JSON text: UTF-8.
     let raw = match stored {
@@ -159,7 +194,7 @@ fn write_item(
     key: &Key,
     item: Option<&Item>,
     prior: Prior<'_>,
-) -> Result<Option<i64>, StoreError> {
+) -> Result<Written, StoreError> {
     let (old, old_item) = match prior {
         Prior::Unread => (read_raw(conn, key)?.map(Cow::Owned), None),
         Prior::Read(p) => (
@@ -170,12 +205,13 @@ fn write_item(
     let at = now_ms();
     let Some(item) = item else {
         if old.is_none() {
-            return Ok(None);
+            return Ok(Written::default());
         }
         conn.prepare_cached("DELETE FROM items WHERE pk = ?1 AND sk = ?2")
             .and_then(|mut s| s.execute(params![key.pk, key.sk]))
             .map_err(|e| from_sqlite("delete", e))?;
-        return crate::feed::record(conn, key, old.as_deref(), None, at);
+        let seq = crate::feed::record(conn, key, old.as_deref(), None, at)?;
+        return Ok(Written { seq, text: None });
     };
     debug_assert_eq!(
         Key::of(item).as_ref(),
@@ -218,7 +254,20 @@ fn write_item(
         })
         .map_err(|e| from_sqlite("write", e))?;
     }
-    crate::feed::record(conn, key, old.as_deref(), Some(&json), at)
+    let seq = crate::feed::record(conn, key, old.as_deref(), Some(&json), at)?;
+    Ok(Written {
+        seq,
+        text: Some(json),
+    })
+}
+
+/// What [`write_item`] did.
+#[derive(Debug, Default)]
+struct Written {
+    /// The change's sequence number on the feed (`None`: nothing changed, nothing recorded).
+    seq: Option<i64>,
+    /// The text stored (`None`: the item was deleted, or nothing was written).
+    text: Option<String>,
 }
 
 /// A read: on a read connection (its own snapshot), or, for an in-memory database, inside
@@ -358,12 +407,11 @@ pub struct BatchBroken(pub StoreError);
 
 /// Run a write inside the writer's open transaction. The inner result is the operation's own;
 /// [`BatchBroken`] means the whole batch must be abandoned.
-/// The changes an update recorded, decoded, go to `published` (with their sequence numbers),
-/// for [`crate::recent::Recent`] once the batch has committed.
+/// `memo` is the writer's (see [`Memo`]).
 pub fn write(
     tx: &mut Transaction<'_>,
     w: Write,
-    published: &mut Vec<(i64, Published)>,
+    memo: &mut Memo,
 ) -> Result<Result<Outcome, StoreError>, BatchBroken> {
     debug_assert!(
         !tx.is_autocommit(),
@@ -371,8 +419,8 @@ pub fn write(
     );
     Ok(match w {
         Write::Put(req) => put(tx, req).map(|()| Outcome::Done),
-        Write::Update(req) => update(tx, req, published).map(Outcome::Shared),
-        Write::Delete(req) => delete(tx, req).map(Outcome::Item),
+        Write::Update(req) => update(tx, req, memo).map(Outcome::Shared),
+        Write::Delete(req) => delete(tx, req, memo).map(Outcome::Item),
         Write::Purge(key) => write_item(tx, &key, None, Prior::Unread).map(|_| Outcome::Done),
         Write::TrimFeed(cursor, before) => {
             crate::feed::trim(tx, &cursor, before).map(|_| Outcome::Done)
@@ -442,9 +490,9 @@ fn put(conn: &Connection, req: PutRequest) -> Result<(), StoreError> {
 fn update(
     conn: &Connection,
     req: UpdateRequest,
-    published: &mut Vec<(i64, Published)>,
+    memo: &mut Memo,
 ) -> Result<Option<Arc<Item>>, StoreError> {
-    let prior = read_stored(conn, &req.key)?;
+    let prior = read_stored(conn, &req.key, memo)?;
     let cur = prior.as_ref().map(|s| &*s.item);
     if let Some(c) = &req.condition {
         if !eval_condition(cur, c) {
@@ -455,15 +503,20 @@ fn update(
     }
     let new = apply_update_stored(cur, &key_item(&req.key), &req.update)?.map(Arc::new);
     if let Some(new) = &new {
-        if let Some(seq) = write_item(conn, &req.key, Some(new), Prior::Read(prior.as_ref()))? {
-            // Decoded already: the feed reader of this process takes it from here.
-            published.push((
+        let w = write_item(conn, &req.key, Some(new), Prior::Read(prior.as_ref()))?;
+        if let Some(seq) = w.seq {
+            // Decoded already: the feed reader of this process takes both images from here.
+            memo.published.push((
                 seq,
                 Published {
                     key: req.key.clone(),
+                    old: prior.as_ref().map(|s| Arc::clone(&s.item)),
                     new: Arc::clone(new),
                 },
             ));
+        }
+        if let Some(text) = w.text {
+            memo.remember(&req.key, text, new);
         }
     }
     // Absent before and after: nothing written.
@@ -487,8 +540,8 @@ fn update(
 }
 
 /// `delete`.
-fn delete(conn: &Connection, req: DeleteRequest) -> Result<Option<Item>, StoreError> {
-    let prior = read_stored(conn, &req.key)?;
+fn delete(conn: &Connection, req: DeleteRequest, memo: &Memo) -> Result<Option<Item>, StoreError> {
+    let prior = read_stored(conn, &req.key, memo)?;
     if let Some(c) = &req.condition {
         if !eval_condition(prior.as_ref().map(|s| &*s.item), c) {
             return Err(condition_failed(

@@ -1,7 +1,8 @@
 //! The changes this process's writer committed, decoded, by sequence number: the feed
 //! reader of the same process takes their images from here instead of decoding the stored
 //! JSON again (decoding the feed was the embedded store's largest cost after the writer's
-//! own work).
+//! own work). The writer does not decode either: it remembers the text and item of the rows
+//! it wrote (`ops::Memo`).
 //!
 //! Only committed changes are published: a rolled-back batch's sequence numbers are given
 //! again, to other changes, but a committed number never is (`AUTOINCREMENT`), so an entry is
@@ -18,13 +19,15 @@ use tollgate_core::value::{Item, Key};
 /// rate and the default pass interval (1 s).
 pub const CAP: usize = 8_192;
 
-/// One committed change's new image, decoded (its old image is the previous change's new
-/// one: the reader shares it from there, see `feed::read_in`).
+/// One committed change's images, decoded (the old one is, as a rule, the previous
+/// change's new one of the same key, shared: an entry costs one item).
 #[derive(Debug, Clone)]
 pub struct Published {
     /// The item written.
     pub key: Key,
-    /// The item after the write.
+    /// The item before the write.
+    pub old: Option<Arc<Item>>,
+    /// The item after it.
     pub new: Arc<Item>,
 }
 

@@ -53,10 +53,11 @@ pub struct Bounds {
 
 /// The writer's loop, until the queue closes.
 pub fn run(mut conn: Connection, queue: Arc<Queue>, bounds: Bounds, recent: Arc<Recent>) {
+    let mut memo = ops::Memo::default();
     let mut batch = Vec::with_capacity(bounds.max_batch_items.min(256));
     while queue.take(bounds.max_batch_items, &mut batch) {
         let ran = catch_unwind(AssertUnwindSafe(|| {
-            run_batch(&mut conn, &queue, &mut batch, bounds, &recent)
+            run_batch(&mut conn, &queue, &mut batch, bounds, &recent, &mut memo)
         }));
         if ran.is_err() {
             // The callers whose replies were dropped get "writer stopped" (Unavailable); a
@@ -85,7 +86,10 @@ fn run_batch(
     batch: &mut Vec<Request>,
     bounds: Bounds,
     recent: &Recent,
+    memo: &mut ops::Memo,
 ) {
+    // Nothing of a batch that did not commit is published.
+    memo.published.clear();
     let now = Instant::now();
     let mut jobs = Vec::with_capacity(batch.len());
     let mut replies = Vec::with_capacity(batch.len());
@@ -118,10 +122,9 @@ fn run_batch(
         Err(e) => return answer_all(replies, &from_sqlite("begin immediate", e)),
     };
     let mut results: Vec<Result<Outcome, StoreError>> = Vec::with_capacity(jobs.len());
-    let mut published = Vec::new();
     for job in jobs {
         let result = match job {
-            Job::Write(w) => ops::write(&mut tx, w, &mut published),
+            Job::Write(w) => ops::write(&mut tx, w, memo),
             Job::Read(r) => Ok(ops::read(&tx, &r)),
         };
         let result = match result {
@@ -150,7 +153,7 @@ fn run_batch(
             debug_assert_eq!(results.len(), replies.len());
             // Committed: the feed reader may take these images (never before the commit:
             // a rolled-back batch's sequence numbers are given again).
-            recent.publish(published);
+            recent.publish(std::mem::take(&mut memo.published));
             for (reply, result) in replies.into_iter().zip(results) {
                 reply.send(result);
             }

@@ -235,3 +235,45 @@ async fn the_feed_hands_back_the_writers_own_images_and_decodes_the_others() {
         batch.changes.iter().map(shape).collect::<Vec<_>>()
     );
 }
+
+/// The writer remembers the rows it wrote, decoded, but trusts a memory only while the row
+/// still holds the text it wrote: another process's write in between is read and decoded.
+#[tokio::test]
+async fn a_row_another_process_wrote_since_is_decoded_again() {
+    use tollgate_core::expr::{ReturnValues, Update};
+    use tollgate_store::UpdateRequest;
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("memo.db");
+    let (a, b) = (
+        SqliteStore::open(&path).unwrap(),
+        SqliteStore::open(&path).unwrap(),
+    );
+    let k = Key::new("p", "x");
+    let add = |n: i64| UpdateRequest {
+        key: k.clone(),
+        update: Update::new().add("n", n),
+        condition: None,
+        returns: ReturnValues::AllNew,
+    };
+    let n =
+        |i: Option<tollgate_core::value::Item>| i.and_then(|i| i.get("n").and_then(Value::as_n));
+    assert_eq!(n(a.update(add(1)).await.unwrap()), Some(1));
+    assert_eq!(n(b.update(add(10)).await.unwrap()), Some(11));
+    // `a` remembers n = 1; the file holds 11.
+    assert_eq!(n(a.update(add(100)).await.unwrap()), Some(111));
+    assert_eq!(n(a.update(add(1000)).await.unwrap()), Some(1111));
+    let olds: Vec<Option<i64>> = a
+        .read_feed(&FeedCursor::start(), 10)
+        .await
+        .unwrap()
+        .changes
+        .iter()
+        .map(|c| {
+            c.old
+                .as_ref()
+                .and_then(|i| i.get("n"))
+                .and_then(Value::as_n)
+        })
+        .collect();
+    assert_eq!(olds, vec![None, Some(1), Some(11), Some(111)]);
+}
