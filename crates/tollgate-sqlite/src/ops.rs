@@ -74,8 +74,13 @@ fn encode(key: &Key, item: &Item) -> Result<String, StoreError> {
         .map_err(|e| StoreError::Validation(format!("item {key} cannot be encoded: {e}")))
 }
 
-/// Read one item within the connection's current transaction (or autocommit).
-fn read_item(conn: &Connection, key: &Key) -> Result<Option<Item>, StoreError> {
+/// Run `f` on the stored value of one item within the connection's current transaction (or
+/// autocommit); `None` when there is no row.
+fn with_row<T>(
+    conn: &Connection,
+    key: &Key,
+    f: impl FnOnce(ValueRef<'_>) -> Result<T, StoreError>,
+) -> Result<Option<T>, StoreError> {
     let mut stmt = conn
         .prepare_cached("SELECT item FROM items WHERE pk = ?1 AND sk = ?2")
         .map_err(|e| from_sqlite("prepare read", e))?;
@@ -84,11 +89,13 @@ fn read_item(conn: &Connection, key: &Key) -> Result<Option<Item>, StoreError> {
         .map_err(|e| from_sqlite("read", e))?;
     match rows.next().map_err(|e| from_sqlite("read", e))? {
         None => Ok(None),
-        Some(row) => {
-            let raw = row.get_ref(0).map_err(|e| from_sqlite("read", e))?;
-            decode(key, raw).map(Some)
-        }
+        Some(row) => f(row.get_ref(0).map_err(|e| from_sqlite("read", e))?).map(Some),
     }
+}
+
+/// Read one item within the connection's current transaction (or autocommit).
+fn read_item(conn: &Connection, key: &Key) -> Result<Option<Item>, StoreError> {
+    with_row(conn, key, |raw| decode(key, raw))
 }
 
 /// The stored text of one item (undecoded: also an item that cannot be decoded).
@@ -136,34 +143,26 @@ impl Memo {
 /// Read one item with its stored text, in one statement (a write needs both); decoded only
 /// when `memo` does not hold that very text.
 fn read_stored(conn: &Connection, key: &Key, memo: &Memo) -> Result<Option<Stored>, StoreError> {
-    let mut stmt = conn
-        .prepare_cached("SELECT item FROM items WHERE pk = ?1 AND sk = ?2")
-        .map_err(|e| from_sqlite("prepare read", e))?;
-    let mut rows = stmt
-        .query(params![key.pk, key.sk])
-        .map_err(|e| from_sqlite("read", e))?;
-    let Some(row) = rows.next().map_err(|e| from_sqlite("read", e))? else {
-        return Ok(None);
-    };
-    let stored = row.get_ref(0).map_err(|e| from_sqlite("read", e))?;
-    if let (ValueRef::Text(b), Some((text, item))) = (stored, memo.rows.get(key)) {
-        if b == text.as_bytes() {
-            return Ok(Some(Stored {
-                raw: text.clone(),
-                item: Arc::clone(item),
-            }));
+    with_row(conn, key, |stored| {
+        if let (ValueRef::Text(b), Some((text, item))) = (stored, memo.rows.get(key)) {
+            if b == text.as_bytes() {
+                return Ok(Stored {
+                    raw: text.clone(),
+                    item: Arc::clone(item),
+                });
+            }
         }
-    }
-    let item = decode(key, stored)?;
-    // It decoded, so it is JSON text: UTF-8.
-    let raw = match stored {
-        ValueRef::Text(b) | ValueRef::Blob(b) => String::from_utf8_lossy(b).into_owned(),
-        _ => String::new(),
-    };
-    Ok(Some(Stored {
-        raw,
-        item: Arc::new(item),
-    }))
+        let item = decode(key, stored)?;
+        // It decoded, so it is JSON text: UTF-8.
+        let raw = match stored {
+            ValueRef::Text(b) | ValueRef::Blob(b) => String::from_utf8_lossy(b).into_owned(),
+            _ => String::new(),
+        };
+        Ok(Stored {
+            raw,
+            item: Arc::new(item),
+        })
+    })
 }
 
 /// What a write knows of the row it replaces.

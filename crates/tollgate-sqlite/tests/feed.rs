@@ -19,6 +19,27 @@ async fn put(s: &SqliteStore, k: &Key, n: i64) {
     .expect("put");
 }
 
+/// Two stores on one new file (as two processes would open it), and the directory.
+fn two_stores(name: &str) -> (tempfile::TempDir, SqliteStore, SqliteStore) {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join(name);
+    let (a, b) = (
+        SqliteStore::open(&path).unwrap(),
+        SqliteStore::open(&path).unwrap(),
+    );
+    (dir, a, b)
+}
+
+/// `ADD n` to the item at `k`, returning the new item.
+fn add(k: &Key, n: i64) -> tollgate_store::UpdateRequest {
+    tollgate_store::UpdateRequest {
+        key: k.clone(),
+        update: tollgate_core::expr::Update::new().add("n", n),
+        condition: None,
+        returns: tollgate_core::expr::ReturnValues::AllNew,
+    }
+}
+
 #[tokio::test]
 async fn a_version_1_file_is_upgraded_and_its_feed_starts_at_the_upgrade() {
     let dir = tempfile::tempdir().unwrap();
@@ -194,21 +215,9 @@ async fn a_batch_shares_each_old_image_with_the_previous_new_one() {
 /// store on the same file wrote.
 #[tokio::test]
 async fn the_feed_hands_back_the_writers_own_images_and_decodes_the_others() {
-    use tollgate_core::expr::{ReturnValues, Update};
-    use tollgate_store::UpdateRequest;
-    let dir = tempfile::tempdir().unwrap();
-    let path = dir.path().join("handoff.db");
-    let (a, b) = (
-        SqliteStore::open(&path).unwrap(),
-        SqliteStore::open(&path).unwrap(),
-    );
+    let (_dir, a, b) = two_stores("handoff.db");
     let k = Key::new("p", "x");
-    let add = |n: i64| UpdateRequest {
-        key: k.clone(),
-        update: Update::new().add("n", n),
-        condition: None,
-        returns: ReturnValues::AllNew,
-    };
+    let add = |n: i64| add(&k, n);
     let first = a.update_shared(add(1)).await.unwrap().unwrap();
     let second = a.update_shared(add(2)).await.unwrap().unwrap();
     b.update(add(4)).await.unwrap();
@@ -240,21 +249,9 @@ async fn the_feed_hands_back_the_writers_own_images_and_decodes_the_others() {
 /// still holds the text it wrote: another process's write in between is read and decoded.
 #[tokio::test]
 async fn a_row_another_process_wrote_since_is_decoded_again() {
-    use tollgate_core::expr::{ReturnValues, Update};
-    use tollgate_store::UpdateRequest;
-    let dir = tempfile::tempdir().unwrap();
-    let path = dir.path().join("memo.db");
-    let (a, b) = (
-        SqliteStore::open(&path).unwrap(),
-        SqliteStore::open(&path).unwrap(),
-    );
+    let (_dir, a, b) = two_stores("memo.db");
     let k = Key::new("p", "x");
-    let add = |n: i64| UpdateRequest {
-        key: k.clone(),
-        update: Update::new().add("n", n),
-        condition: None,
-        returns: ReturnValues::AllNew,
-    };
+    let add = |n: i64| add(&k, n);
     let n =
         |i: Option<tollgate_core::value::Item>| i.and_then(|i| i.get("n").and_then(Value::as_n));
     assert_eq!(n(a.update(add(1)).await.unwrap()), Some(1));
