@@ -40,6 +40,12 @@ pub struct UsageArgs {
     /// The checkpoint name: aggregators with the same one share it, and count each change once.
     #[arg(long, default_value = "aggregator")]
     pub consumer: String,
+    /// How long counted changes stay in an embedded store's change feed for other consumers
+    /// of the same file (another namespace's aggregator) before they are trimmed. On SQLite
+    /// the feed costs about 2 KB of disk per write while it is kept: lower it when nothing
+    /// else reads the file's feed. Ignored on DynamoDB (Streams keeps 24 hours itself).
+    #[arg(long, default_value = "24h", value_parser = spec::parse_duration)]
+    pub feed_retention: Duration,
 }
 
 impl UsageArgs {
@@ -48,6 +54,7 @@ impl UsageArgs {
             windows: self.usage_windows.clone(),
             retention_days: self.usage_retention_days,
             consumer: self.consumer.clone(),
+            feed_retention_ms: i64::try_from(self.feed_retention.as_millis()).unwrap_or(i64::MAX),
             ..UsageOptions::default()
         }
     }

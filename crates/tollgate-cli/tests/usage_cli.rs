@@ -91,3 +91,56 @@ fn aggregate_then_usage_list_and_summary() {
     ]);
     assert_eq!(code(&o), 2, "{}", stderr(&o));
 }
+
+/// `--feed-retention` bounds what an embedded store's feed keeps: with `0s` the changes an
+/// aggregator counted leave the file at once; by default (24 h) they stay for other
+/// consumers. The usage counted is the same either way.
+#[test]
+fn feed_retention_trims_counted_changes_from_the_file() {
+    let dir = tempfile::tempdir().unwrap();
+    let run = |name: &str, extra: &[&str]| -> (i64, Value) {
+        let path = dir.path().join(name);
+        let st = format!("sqlite:{}", path.display());
+        let ok = |args: &[&str]| {
+            let o = tollgate(args);
+            assert_eq!(code(&o), 0, "{args:?}: {}{}", stdout(&o), stderr(&o));
+            stdout(&o)
+        };
+        ok(&[
+            "limits",
+            "set",
+            "--resource",
+            "gpt",
+            "rpm:rate=100/min",
+            "--store",
+            &st,
+        ]);
+        for e in ["u1", "u2", "u1"] {
+            ok(&["acquire", e, "gpt", "rpm=1", "--store", &st]);
+        }
+        let mut args = vec!["--json", "aggregate", "--once", "--store", &st];
+        args.extend_from_slice(extra);
+        let v: Value = serde_json::from_str(&ok(&args)).unwrap();
+        assert_eq!(v["usage_changes"], 3, "{v}");
+        let usage: Value = serde_json::from_str(&ok(&[
+            "--json", "usage", "list", "--entity", "u1", "--window", "daily", "--store", &st,
+        ]))
+        .unwrap();
+        let raw = rusqlite::Connection::open(&path).unwrap();
+        let kept: i64 = raw
+            .query_row("SELECT count(*) FROM changes", [], |r| r.get(0))
+            .unwrap();
+        (kept, usage["snapshots"][0]["requests"].clone())
+    };
+    let (kept_default, requests_default) = run("default.db", &[]);
+    let (kept_zero, requests_zero) = run("zero.db", &["--feed-retention", "0s"]);
+    assert_eq!(requests_default, 2);
+    assert_eq!(requests_zero, 2);
+    // Kept by default: at least the acquires' writes (3 buckets written, limits, ...).
+    assert!(kept_default >= 3, "default retention kept {kept_default}");
+    // Trimmed through the cursor: only what the pass itself wrote after it remains.
+    assert!(
+        kept_zero < kept_default,
+        "0s retention kept {kept_zero} of {kept_default} changes"
+    );
+}
