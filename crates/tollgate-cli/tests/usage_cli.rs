@@ -5,15 +5,17 @@ mod common;
 use common::{code, stderr, stdout, tollgate};
 use serde_json::Value;
 
+/// Run `tollgate` with `args`, which must succeed; its stdout.
+fn ok(args: &[&str]) -> String {
+    let o = tollgate(args);
+    assert_eq!(code(&o), 0, "{args:?}: {}{}", stdout(&o), stderr(&o));
+    stdout(&o)
+}
+
 #[test]
 fn aggregate_then_usage_list_and_summary() {
     let dir = tempfile::tempdir().unwrap();
     let st = format!("sqlite:{}", dir.path().join("u.db").display());
-    let ok = |args: &[&str]| {
-        let o = tollgate(args);
-        assert_eq!(code(&o), 0, "{args:?}: {}{}", stdout(&o), stderr(&o));
-        stdout(&o)
-    };
     ok(&[
         "limits",
         "set",
@@ -101,11 +103,6 @@ fn feed_retention_trims_counted_changes_from_the_file() {
     let run = |name: &str, extra: &[&str]| -> (i64, Value) {
         let path = dir.path().join(name);
         let st = format!("sqlite:{}", path.display());
-        let ok = |args: &[&str]| {
-            let o = tollgate(args);
-            assert_eq!(code(&o), 0, "{args:?}: {}{}", stdout(&o), stderr(&o));
-            stdout(&o)
-        };
         ok(&[
             "limits",
             "set",

@@ -19,6 +19,11 @@ async fn put(s: &SqliteStore, k: &Key, n: i64) {
     .expect("put");
 }
 
+/// The attribute `n` of an image, if any.
+fn n_of(i: Option<&std::sync::Arc<tollgate_core::value::Item>>) -> Option<i64> {
+    i.and_then(|i| i.get("n")).and_then(Value::as_n)
+}
+
 /// Two stores on one new file (as two processes would open it), and the directory.
 fn two_stores(name: &str) -> (tempfile::TempDir, SqliteStore, SqliteStore) {
     let dir = tempfile::tempdir().unwrap();
@@ -183,17 +188,14 @@ async fn a_batch_shares_each_old_image_with_the_previous_new_one() {
     }
     let batch = s.read_feed(&FeedCursor::start(), 10).await.unwrap();
     assert_eq!(batch.changes.len(), 6);
-    let n_of = |i: &Option<std::sync::Arc<tollgate_core::value::Item>>| {
-        i.as_ref().and_then(|i| i.get("n")).and_then(Value::as_n)
-    };
     for k in [&a, &b] {
         let mine: Vec<_> = batch.changes.iter().filter(|c| c.key == *k).collect();
         assert_eq!(mine.len(), 3);
         assert_eq!(mine[0].old, None, "the first write created the item");
         for w in mine.windows(2) {
             assert_eq!(
-                n_of(&w[1].old),
-                n_of(&w[0].new),
+                n_of(w[1].old.as_ref()),
+                n_of(w[0].new.as_ref()),
                 "{k}: old is the previous new"
             );
             let (prev_new, old) = (w[0].new.as_ref().unwrap(), w[1].old.as_ref().unwrap());
@@ -203,7 +205,7 @@ async fn a_batch_shares_each_old_image_with_the_previous_new_one() {
             );
         }
     }
-    let ns: Vec<_> = batch.changes.iter().map(|c| n_of(&c.new)).collect();
+    let ns: Vec<_> = batch.changes.iter().map(|c| n_of(c.new.as_ref())).collect();
     assert_eq!(
         ns,
         vec![Some(1), Some(10), Some(2), Some(20), Some(3), Some(30)]
@@ -230,15 +232,21 @@ async fn the_feed_hands_back_the_writers_own_images_and_decodes_the_others() {
     assert!(std::sync::Arc::ptr_eq(c1.old.as_ref().unwrap(), &first));
     assert!(std::sync::Arc::ptr_eq(c1.new.as_ref().unwrap(), &second));
     // Written by `b`: decoded from the stored text, with the same values.
-    let n = |i: &Option<std::sync::Arc<tollgate_core::value::Item>>| {
-        i.as_ref().and_then(|i| i.get("n")).and_then(Value::as_n)
-    };
     assert!(!std::sync::Arc::ptr_eq(c2.new.as_ref().unwrap(), &second));
-    assert_eq!((n(&c2.old), n(&c2.new)), (Some(3), Some(7)));
+    assert_eq!(
+        (n_of(c2.old.as_ref()), n_of(c2.new.as_ref())),
+        (Some(3), Some(7))
+    );
     // `b` reads the same feed, decoding what `a` wrote: the same changes.
     let from_b = b.read_feed(&FeedCursor::start(), 10).await.unwrap();
-    let shape =
-        |c: &tollgate_store::Change| (c.key.clone(), n(&c.old), n(&c.new), c.position.seq.clone());
+    let shape = |c: &tollgate_store::Change| {
+        (
+            c.key.clone(),
+            n_of(c.old.as_ref()),
+            n_of(c.new.as_ref()),
+            c.position.seq.clone(),
+        )
+    };
     assert_eq!(
         from_b.changes.iter().map(shape).collect::<Vec<_>>(),
         batch.changes.iter().map(shape).collect::<Vec<_>>()
@@ -265,12 +273,7 @@ async fn a_row_another_process_wrote_since_is_decoded_again() {
         .unwrap()
         .changes
         .iter()
-        .map(|c| {
-            c.old
-                .as_ref()
-                .and_then(|i| i.get("n"))
-                .and_then(Value::as_n)
-        })
+        .map(|c| n_of(c.old.as_ref()))
         .collect();
     assert_eq!(olds, vec![None, Some(1), Some(11), Some(111)]);
 }
