@@ -149,31 +149,32 @@ pub fn read_in(
         };
         next.advance(&position);
         // Committed by this process's writer: its images are decoded already.
-        let held = held.filter(|p| p.key == key);
-        let (held_old, held_new) = match held {
-            Some(p) => (Some(p.old), Some(p.new)),
-            None => (None, None),
+        let (held_old, held_new) = held
+            .filter(|p| p.key == key)
+            .map(|p| (p.old, p.new))
+            .unzip();
+        let old = match old {
+            None => None,
+            Some(text) => match (held_old.flatten(), last.get(&key)) {
+                (Some(img), _) => Some(img),
+                (None, Some((seen, img))) if *seen == text => Some(Arc::clone(img)),
+                (None, _) => image(&key, seq, Some(&text))?.map(Arc::new),
+            },
         };
-        let old = match (old, last.get(&key), held_old) {
-            (Some(text), Some((seen, img)), _) if text == *seen => Some(Arc::clone(img)),
-            (Some(_), _, Some(Some(img))) => Some(img),
-            (old, _, _) => image(&key, seq, old.as_deref())?.map(Arc::new),
-        };
-        let new = match (new, held_new) {
-            (Some(text), Some(img)) => {
-                last.insert(key.clone(), (text, Arc::clone(&img)));
-                Some(img)
+        let new = match new {
+            None => {
+                last.remove(&key);
+                None
             }
-            (Some(text), None) => {
-                let img = image(&key, seq, Some(&text))?.map(Arc::new);
+            Some(text) => {
+                let img = match held_new {
+                    Some(img) => Some(img),
+                    None => image(&key, seq, Some(&text))?.map(Arc::new),
+                };
                 if let Some(img) = &img {
                     last.insert(key.clone(), (text, Arc::clone(img)));
                 }
                 img
-            }
-            (None, _) => {
-                last.remove(&key);
-                None
             }
         };
         changes.push(Change {
