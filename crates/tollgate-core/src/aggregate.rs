@@ -39,7 +39,7 @@ pub fn stored_limits(img: &BucketImage) -> Result<Vec<Limit>, RuleError> {
         .iter()
         .map(|(n, st)| {
             let corrupt = |attribute: String, reason: String| RuleError::Corrupt {
-                key: img.key.clone(),
+                key: img.key_text(),
                 attribute,
                 reason,
             };
@@ -91,7 +91,7 @@ pub fn stored_schedule(img: &BucketImage, n: &str) -> Result<Option<Schedule>, R
     Schedule::decode(raw)
         .map(Some)
         .map_err(|e| RuleError::Corrupt {
-            key: img.key.clone(),
+            key: img.key_text(),
             attribute: battr(n, field::SCHED),
             reason: format!("stored schedule cannot be evaluated: {e}"),
         })
@@ -184,7 +184,7 @@ pub fn plan_refill(
     for n in img.limits.keys() {
         if let Err(e) = stored_schedule(img, n) {
             return Ok(Decision::Unevaluable {
-                limit: n.clone(),
+                limit: n.to_string(),
                 reason: e.to_string(),
             });
         }
@@ -369,7 +369,7 @@ mod tests {
 
     fn image(rf: i64, vu: Option<i64>, limits: &[(&str, LimitState)]) -> BucketImage {
         BucketImage {
-            key: "k".into(),
+            key: crate::value::Key::new("k", ""),
             refilled_at_ms: rf,
             valid_until_ms: vu,
             ttl: None,
@@ -377,7 +377,7 @@ mod tests {
             params_hash: None,
             limits: limits
                 .iter()
-                .map(|(n, s)| (n.to_string(), s.clone()))
+                .map(|(n, s)| (crate::value::AttrName::from(*n), s.clone()))
                 .collect(),
             wcu: None,
             disabled: false,

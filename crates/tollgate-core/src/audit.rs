@@ -426,8 +426,8 @@ mod tests {
         );
         assert_eq!(item.get("ttl"), Some(&Value::N(99)));
         assert_eq!(decode(&item).unwrap(), r);
-        assert_eq!(r.key("ns").pk, "ns/AUDIT#ENTITY#e");
-        assert_eq!(r.key("ns").sk, "#AUDIT#01ARZ3NDEKTSV4RRFFQ69G5FAV");
+        assert_eq!(&*r.key("ns").pk, "ns/AUDIT#ENTITY#e");
+        assert_eq!(&*r.key("ns").sk, "#AUDIT#01ARZ3NDEKTSV4RRFFQ69G5FAV");
         item.insert("after".into(), Value::S("{nope".into()));
         assert!(decode(&item).unwrap_err().to_string().contains("after"));
         item.insert("after".into(), Value::S("null".into()));

@@ -6,7 +6,9 @@ use std::collections::BTreeMap;
 use crate::error::RuleError;
 use crate::ids::WCU;
 use crate::keys::battr;
-use crate::value::{Item, Value};
+use smallvec::SmallVec;
+
+use crate::value::{AttrName, Item, Key, Value};
 
 /// The write-capacity guard: capacity 1000 tokens, refilled 1000 per second, never divided.
 pub const WCU_CAPACITY: i64 = 1_000_000;
@@ -117,8 +119,8 @@ pub struct LimitState {
 /// A decoded bucket item.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct BucketImage {
-    /// Item key (for error messages).
-    pub key: String,
+    /// Item key (shared with the key the item was written under, when the caller gives it).
+    pub key: Key,
     /// `rf`.
     pub refilled_at_ms: i64,
     /// `vu`.
@@ -128,9 +130,9 @@ pub struct BucketImage {
     /// `shard_count` (1 when absent).
     pub shard_count: i64,
     /// Parameter hash.
-    pub params_hash: Option<String>,
+    pub params_hash: Option<AttrName>,
     /// User limits by name (complete states only).
-    pub limits: BTreeMap<String, LimitState>,
+    pub limits: BTreeMap<AttrName, LimitState>,
     /// The `wcu` guard.
     pub wcu: Option<LimitState>,
     /// The (entity, resource) is disabled.
@@ -216,15 +218,24 @@ pub const FIELDS: [&str; 19] = [
 /// One limit's stored fields while decoding: (attribute name, value) by index in `FIELDS`.
 type LimitFields<'a> = [Option<(&'a str, &'a Value)>; FIELDS.len()];
 
-fn corrupt(key: &str, attribute: &str, reason: impl Into<String>) -> RuleError {
+/// `key` as errors name it: its display form, empty for an item without key attributes.
+fn key_text(key: &Key) -> String {
+    if key.pk.is_empty() && key.sk.is_empty() {
+        String::new()
+    } else {
+        key.to_string()
+    }
+}
+
+fn corrupt(key: &Key, attribute: &str, reason: impl Into<String>) -> RuleError {
     RuleError::Corrupt {
-        key: key.into(),
+        key: key_text(key),
         attribute: attribute.into(),
         reason: reason.into(),
     }
 }
 
-fn num(item: &Item, key: &str, name: &str) -> Result<Option<i64>, RuleError> {
+fn num(item: &Item, key: &Key, name: &str) -> Result<Option<i64>, RuleError> {
     match item.get(name) {
         None => Ok(None),
         Some(Value::N(n)) => Ok(Some(*n)),
@@ -236,10 +247,10 @@ fn num(item: &Item, key: &str, name: &str) -> Result<Option<i64>, RuleError> {
     }
 }
 
-fn string(item: &Item, key: &str, name: &str) -> Result<Option<String>, RuleError> {
+fn string<'a>(item: &'a Item, key: &Key, name: &str) -> Result<Option<&'a str>, RuleError> {
     match item.get(name) {
         None => Ok(None),
-        Some(Value::S(s)) => Ok(Some(s.clone())),
+        Some(Value::S(s)) => Ok(Some(s.as_str())),
         Some(v) => Err(corrupt(
             key,
             name,
@@ -249,18 +260,41 @@ fn string(item: &Item, key: &str, name: &str) -> Result<Option<String>, RuleErro
 }
 
 impl BucketImage {
+    /// The key as error messages name it (its display form; empty for an item stored
+    /// without key attributes).
+    pub fn key_text(&self) -> String {
+        key_text(&self.key)
+    }
+
     /// Decode a stored bucket item. A wrong type or a missing half of a pair is an error
     /// naming the attribute.
     pub fn decode(item: &Item) -> Result<Self, RuleError> {
-        // `Key`'s display form, built straight from the key attributes.
         let key = match (
             item.get(crate::value::PK).and_then(Value::as_s),
             item.get(crate::value::SK).and_then(Value::as_s),
         ) {
-            (Some(pk), Some(sk)) => format!("{pk}|{sk}"),
-            _ => String::new(),
+            (Some(pk), Some(sk)) => Key {
+                pk: pk.into(),
+                sk: if sk == crate::keys::STATE {
+                    crate::keys::state_sk()
+                } else {
+                    sk.into()
+                },
+            },
+            _ => Key::new("", ""),
         };
-        let k = key.as_str();
+        Self::decode_keyed(item, key)
+    }
+
+    /// [`BucketImage::decode`] of the item stored under `key`: the image shares the key
+    /// the caller already holds instead of building it again from the item.
+    pub fn decode_keyed(item: &Item, key: Key) -> Result<Self, RuleError> {
+        debug_assert!(
+            item.get(crate::value::PK)
+                .is_none_or(|pk| pk.as_s() == Some(&*key.pk)),
+            "the item is the one stored under the key"
+        );
+        let k = &key;
         let rf = num(item, k, attr::RF)?.ok_or_else(|| corrupt(k, attr::RF, "missing"))?;
         let shard_count = num(item, k, attr::SHARD_COUNT)?.unwrap_or(1);
         if !(1..=MAX_SHARD_COUNT).contains(&shard_count) {
@@ -273,7 +307,8 @@ impl BucketImage {
         // One pass over the attributes: group `b_{limit}_{field}` by limit.
         // Each limit's fields by their index in `FIELDS` (an attribute name determines its
         // limit and field, so a slot is filled at most once), limits in name order.
-        let mut fields: Vec<(&str, LimitFields<'_>)> = Vec::new();
+        // Held on the stack for the usual few limits (a user limit or three and `wcu`).
+        let mut fields: SmallVec<[(&str, LimitFields<'_>); 4]> = SmallVec::new();
         for (a, v) in item {
             if let Some(rest) = a.strip_prefix("b_") {
                 if let Some((n, f)) = rest.rsplit_once('_') {
@@ -360,15 +395,15 @@ impl BucketImage {
             if n == WCU {
                 wcu = Some(st);
             } else {
-                limits.insert(n.to_string(), st);
+                limits.insert(AttrName::from(n), st);
             }
         }
         let vu = num(item, k, attr::VU)?;
         let ttl = num(item, k, attr::TTL)?;
-        let ph = string(item, k, attr::PH)?;
+        let ph = string(item, k, attr::PH)?.map(AttrName::from);
         let disabled = item.contains_key(attr::DISABLED);
         let bypass = item.contains_key(attr::BYPASS);
-        let op = string(item, k, attr::OP)?;
+        let op = string(item, k, attr::OP)?.map(str::to_string);
         let cascade = match item.get(attr::CASCADE) {
             None => None,
             Some(Value::Bool(b)) => Some(*b),

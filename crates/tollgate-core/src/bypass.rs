@@ -324,7 +324,7 @@ mod tests {
     #[test]
     fn a_flip_follows_the_configured_mode() {
         let mut img = BucketImage {
-            key: "k".into(),
+            key: crate::value::Key::new("k", ""),
             refilled_at_ms: 0,
             valid_until_ms: None,
             ttl: None,

@@ -1,5 +1,9 @@
 //! Key layout (spec-shards-windows-quotas.md §2), under a namespace `ns`.
 
+use std::sync::{Arc, LazyLock};
+
+use smallvec::SmallVec;
+
 use crate::value::Key;
 
 /// Sort key of a bucket item.
@@ -11,21 +15,32 @@ pub const DEFAULT_RESOURCE: &str = "_default_";
 
 /// The bucket item of (entity, resource, shard).
 pub fn bucket(ns: &str, entity: &str, resource: &str, shard: u32) -> Key {
-    // Built by appending (this runs on every acquire): the same text as
-    // `format!("{ns}/BUCKET#{entity}#{resource}#{shard}")`.
-    let mut pk = String::with_capacity(ns.len() + entity.len() + resource.len() + 20);
-    pk.push_str(ns);
-    pk.push_str("/BUCKET#");
-    pk.push_str(entity);
-    pk.push('#');
-    pk.push_str(resource);
-    pk.push('#');
+    // Built by appending on the stack (this runs on every acquire), then shared in one
+    // allocation: the same text as `format!("{ns}/BUCKET#{entity}#{resource}#{shard}")`.
+    let mut pk: SmallVec<[u8; 128]> = SmallVec::new();
+    pk.extend_from_slice(ns.as_bytes());
+    pk.extend_from_slice(b"/BUCKET#");
+    pk.extend_from_slice(entity.as_bytes());
+    pk.push(b'#');
+    pk.extend_from_slice(resource.as_bytes());
+    pk.push(b'#');
     push_decimal(&mut pk, shard);
-    Key::new(pk, STATE)
+    let pk: Arc<str> = match std::str::from_utf8(&pk) {
+        Ok(s) => Arc::from(s),
+        // Unreachable: every part is text and the digits are ASCII.
+        Err(_) => Arc::from(format!("{ns}/BUCKET#{entity}#{resource}#{shard}")),
+    };
+    Key { pk, sk: state_sk() }
+}
+
+/// [`STATE`], shared: every bucket key's sort key is one allocation made once.
+pub fn state_sk() -> Arc<str> {
+    static SK: LazyLock<Arc<str>> = LazyLock::new(|| Arc::from(STATE));
+    Arc::clone(&SK)
 }
 
 /// Append `n` in decimal.
-fn push_decimal(out: &mut String, n: u32) {
+fn push_decimal(out: &mut SmallVec<[u8; 128]>, n: u32) {
     let mut digits = [0u8; 10];
     let mut i = digits.len();
     let mut n = n;
@@ -37,9 +52,7 @@ fn push_decimal(out: &mut String, n: u32) {
             break;
         }
     }
-    for d in &digits[i..] {
-        out.push(char::from(*d));
-    }
+    out.extend_from_slice(&digits[i..]);
 }
 
 /// The META item of an entity.
@@ -170,12 +183,12 @@ mod tests {
     #[test]
     fn bucket_keys() {
         let k = bucket("ns", "e", "gpt-4", 0);
-        assert_eq!(k.pk, "ns/BUCKET#e#gpt-4#0");
-        assert_eq!(k.sk, "#STATE");
+        assert_eq!(&*k.pk, "ns/BUCKET#e#gpt-4#0");
+        assert_eq!(&*k.sk, "#STATE");
         assert_ne!(bucket("ns", "e", "gpt-4", 1).pk, k.pk);
         assert_eq!(battr("session", "tk"), "b_session_tk");
         for s in [0, 7, 10, 99, 1234, u32::MAX] {
-            assert_eq!(bucket("n", "e", "r", s).pk, format!("n/BUCKET#e#r#{s}"));
+            assert_eq!(*bucket("n", "e", "r", s).pk, format!("n/BUCKET#e#r#{s}"));
         }
     }
 }

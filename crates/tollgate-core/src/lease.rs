@@ -72,13 +72,13 @@ mod tests {
             ..LimitState::default()
         };
         let img = |tk, vu| BucketImage {
-            key: "k".into(),
+            key: crate::value::Key::new("k", ""),
             refilled_at_ms: 1_000,
             valid_until_ms: vu,
             ttl: None,
             shard_count: 1,
             params_hash: None,
-            limits: [("rpm".to_string(), st(tk))].into_iter().collect(),
+            limits: [("rpm".into(), st(tk))].into_iter().collect(),
             wcu: None,
             disabled: false,
             bypass: false,

@@ -46,7 +46,8 @@ struct Attrs([std::sync::OnceLock<Arc<str>>; crate::bucket::FIELDS.len()]);
 /// One limit of a resource.
 #[derive(Clone)]
 pub struct Limit {
-    name: String,
+    /// Shared with every evaluation and status made of the limit ([`Limit::shared_name`]).
+    name: Arc<str>,
     attrs: Arc<Attrs>,
     capacity: i64,
     refill: Refill,
@@ -253,7 +254,7 @@ impl Limit {
     pub fn with_schedule(mut self, schedule: Schedule) -> Result<Self, RuleError> {
         if self.is_quota() && schedule.entries().iter().any(|e| e.rate_milli().is_some()) {
             return Err(RuleError::InvalidLimit {
-                name: self.name.clone(),
+                name: self.name.to_string(),
                 reason: "a quota's schedule sets a capacity only, never a rate".into(),
             });
         }
@@ -308,6 +309,10 @@ impl Limit {
     /// The limit's name.
     pub fn name(&self) -> &str {
         &self.name
+    }
+    /// The name, shared with the limit (copying it copies no text).
+    pub fn shared_name(&self) -> crate::expr::Name {
+        crate::expr::Name::Shared(Arc::clone(&self.name))
     }
     /// The stored attribute name of this limit's `field` (one of [`crate::bucket::field`]),
     /// shared: `b_{name}_{field}`.
@@ -518,7 +523,7 @@ impl LimitSpec {
 impl From<&Limit> for LimitSpec {
     fn from(l: &Limit) -> Self {
         let mut s = LimitSpec {
-            name: l.name.clone(),
+            name: l.name.to_string(),
             capacity: l.capacity / MILLI,
             refill_amount: None,
             refill_period_ms: None,

@@ -66,8 +66,8 @@ pub struct Seed {
 /// One limit, materialised on one shard.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Evaluated {
-    /// Limit name.
-    pub name: String,
+    /// Limit name (shared with the limit).
+    pub name: crate::expr::Name,
     /// The balance read (0 when seeded).
     pub read_balance: i64,
     /// The balance after this pass's transition, before consumption.
@@ -143,7 +143,7 @@ pub fn evaluate_wcu(state: Option<&LimitState>, rf: i64, now: i64) -> Evaluated 
         },
     };
     Evaluated {
-        name: crate::ids::WCU.into(),
+        name: crate::expr::Name::Static(crate::ids::WCU),
         read_balance: state.map(|s| s.balance).unwrap_or(0),
         balance: r.balance,
         ceiling: WCU_CAPACITY,
@@ -217,7 +217,7 @@ pub fn evaluate(
     let cap = params.capacity;
     let part = share(cap, s);
     let mut e = Evaluated {
-        name: limit.name().to_string(),
+        name: limit.shared_name(),
         read_balance: state.map(|st| st.balance).unwrap_or(0),
         balance: 0,
         ceiling: part,
@@ -402,7 +402,7 @@ pub fn valid_until(limits: &[Limit], evals: &[Evaluated], now: i64) -> Option<i6
     let mut vu: Option<i64> = None;
     let mut take = |t: i64| vu = Some(vu.map_or(t, |v: i64| v.min(t)));
     for (l, e) in limits.iter().zip(evals) {
-        debug_assert_eq!(l.name(), e.name, "evaluations follow the limits");
+        debug_assert_eq!(e.name, l.name(), "evaluations follow the limits");
         if let Some(b) = l.next_boundary(now) {
             take(b)
         }

@@ -175,13 +175,9 @@ pub fn plan_slow_pass(p: &SlowPass<'_>) -> SlowPlan {
     let outcome = match (refused, p.seeds.moves.is_empty()) {
         (Some(st), true) => PassOutcome::Refused(st),
         (refused, _) => {
-            let amounts: Vec<(String, i64)> = if refused.is_some() {
-                Vec::new()
-            } else {
-                ask.amounts.to_vec()
-            };
+            let amounts: &Amounts = if refused.is_some() { &[] } else { ask.amounts };
             let tc_only = if ask.bypass {
-                crate::bypass::tc_only(&amounts)
+                crate::bypass::tc_only(amounts)
             } else {
                 Vec::new()
             };
@@ -189,7 +185,7 @@ pub fn plan_slow_pass(p: &SlowPass<'_>) -> SlowPlan {
                 debt: false,
                 tc_only: &tc_only,
             };
-            let mut write = materialising_write(ask, img, &evals, &amounts, charging, now);
+            let mut write = materialising_write(ask, img, &evals, amounts, charging, now);
             if refused.is_none() {
                 write.update = crate::usage::count_request(write.update);
             }
@@ -410,7 +406,7 @@ mod tests {
 
     fn image(rf: i64, shard_count: i64, limits: &[(&Limit, LimitState)]) -> BucketImage {
         BucketImage {
-            key: "t".into(),
+            key: crate::value::Key::new("t", ""),
             refilled_at_ms: rf,
             valid_until_ms: None,
             ttl: None,
@@ -418,7 +414,7 @@ mod tests {
             params_hash: Some("ph".into()),
             limits: limits
                 .iter()
-                .map(|(l, st)| (l.name().to_string(), st.clone()))
+                .map(|(l, st)| (l.name().into(), st.clone()))
                 .collect::<BTreeMap<_, _>>(),
             wcu: None,
             disabled: false,

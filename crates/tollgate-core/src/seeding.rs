@@ -426,7 +426,7 @@ mod tests {
 
     fn image(shard_count: i64, rf: i64, limits: &[(&str, LimitState)]) -> BucketImage {
         BucketImage {
-            key: "t".into(),
+            key: crate::value::Key::new("t", ""),
             refilled_at_ms: rf,
             valid_until_ms: None,
             ttl: None,
@@ -434,7 +434,7 @@ mod tests {
             params_hash: None,
             limits: limits
                 .iter()
-                .map(|(n, st)| (n.to_string(), st.clone()))
+                .map(|(n, st)| ((*n).into(), st.clone()))
                 .collect::<BTreeMap<_, _>>(),
             wcu: None,
             disabled: false,

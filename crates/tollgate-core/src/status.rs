@@ -5,14 +5,15 @@ use serde::{Deserialize, Serialize};
 use crate::limit::{Limit, Refill, MILLI};
 use crate::materialize::{shard_rate, Evaluated};
 use crate::refill::time_to_refill;
+use crate::value::AttrName;
 
 /// The state of one limit for one request, entity-wide.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct LimitStatus {
-    /// Limit name.
-    pub limit: String,
+    /// Limit name (held inline up to 24 bytes: a status is made on every acquire).
+    pub limit: AttrName,
     /// `"rate"` or `"quota"`.
-    pub kind: String,
+    pub kind: AttrName,
     /// Capacity in tokens (entity-wide).
     pub capacity: i64,
     /// Tokens available now (entity-wide; negative in debt).
@@ -98,7 +99,7 @@ pub fn limit_status(
             let retry = if never {
                 None
             } else {
-                let shards: Vec<(i64, i64, i64, i64)> = views
+                let shards: smallvec::SmallVec<[(i64, i64, i64, i64); 4]> = views
                     .iter()
                     .map(|v| (v.eval.balance, v.eval.ceiling, rate(v), v.carry))
                     .collect();
@@ -136,8 +137,8 @@ pub fn limit_status(
         }
     };
     LimitStatus {
-        limit: limit.name().to_string(),
-        kind: kind.into(),
+        limit: limit.name().into(),
+        kind: AttrName::const_new(kind),
         capacity: eff.capacity / MILLI,
         available: available.div_euclid(MILLI),
         requested: requested_milli / MILLI,

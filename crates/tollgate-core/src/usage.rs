@@ -226,7 +226,7 @@ pub fn debited(old: Option<&Item>, new: &Item, limit: &str) -> bool {
 
 /// The namespace of a bucket key (`{ns}/BUCKET#…`, `#STATE`), or `None` for other items.
 pub fn bucket_ns(key: &Key) -> Option<&str> {
-    if key.sk != STATE {
+    if &*key.sk != STATE {
         return None;
     }
     key.pk.split_once("/BUCKET#").map(|(ns, _)| ns)
@@ -651,7 +651,7 @@ mod tests {
         assert_eq!(s.requests, 1);
         assert_eq!(s.window, Window::Hourly);
         assert_eq!(
-            snapshot_key("ns", "e1", "gpt", Window::Hourly, 3_600_000).pk,
+            &*snapshot_key("ns", "e1", "gpt", Window::Hourly, 3_600_000).pk,
             "ns/USAGE#e1"
         );
     }

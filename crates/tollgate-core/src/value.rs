@@ -1,6 +1,7 @@
 //! The item model shared by every backend: an item is a map from attribute name to [`Value`].
 
 use std::collections::{BTreeMap, BTreeSet};
+use std::sync::Arc;
 
 use serde::{Deserialize, Serialize};
 
@@ -98,18 +99,20 @@ pub const PK: &str = "PK";
 /// Name of the sort-key attribute.
 pub const SK: &str = "SK";
 
-/// The primary key of an item.
+/// The primary key of an item. Both parts are shared text: a key is built once per
+/// operation and then copied into the write, the lease and the caches that name the item,
+/// and a copy copies no text.
 #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
 pub struct Key {
     /// Partition key.
-    pub pk: String,
+    pub pk: Arc<str>,
     /// Sort key.
-    pub sk: String,
+    pub sk: Arc<str>,
 }
 
 impl Key {
     /// Build a key.
-    pub fn new(pk: impl Into<String>, sk: impl Into<String>) -> Self {
+    pub fn new(pk: impl Into<Arc<str>>, sk: impl Into<Arc<str>>) -> Self {
         Key {
             pk: pk.into(),
             sk: sk.into(),
@@ -123,8 +126,8 @@ impl Key {
 
     /// Write the key attributes into an item.
     pub fn stamp(&self, item: &mut Item) {
-        item.insert(PK.into(), Value::S(self.pk.clone()));
-        item.insert(SK.into(), Value::S(self.sk.clone()));
+        item.insert(PK.into(), Value::S(self.pk.to_string()));
+        item.insert(SK.into(), Value::S(self.sk.to_string()));
     }
 }
 

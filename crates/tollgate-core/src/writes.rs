@@ -60,7 +60,9 @@ pub fn fast_write(
 ) -> (Update, Condition) {
     // Sized once: the amounts' two actions each, `wcu`'s two, `rq` and `wt`.
     let mut u = Update::with_capacity(2 * amounts.len() + 4);
-    let mut c = Vec::with_capacity(amounts.len() + 7);
+    // The condition's terms, flat: `PK`, a balance each, `wcu`, TTL, disabled, bypass, `ph`,
+    // `vu` and a trust horizon each.
+    let mut c = Vec::with_capacity(2 * amounts.len() + 8);
     c.push(Condition::exists("PK"));
     for (n, amt) in amounts {
         let attr = |f: &'static str| match limits.iter().find(|l| l.name() == n) {
@@ -83,9 +85,13 @@ pub fn fast_write(
         Condition::not_exists(attr::DISABLED),
         crate::bypass::stamp(false),
         Condition::eq(attr::PH, ph),
-        trusted(limits, amounts, now_ms),
     ]);
-    (u, Condition::all(c))
+    trusted_terms(&mut c, limits, amounts, now_ms);
+    debug_assert!(
+        c.iter().all(|t| !matches!(t, Condition::And(_))),
+        "the terms are flat: the conjunction is what `Condition::all` would build"
+    );
+    (u, Condition::And(c))
 }
 
 /// Whether `limit` drips (it has a trust horizon).
@@ -102,19 +108,25 @@ fn drips(limits: &[Limit], name: &str) -> bool {
 /// [`crate::materialize::drip_full_at`]; a limit without one — written by a writer that does
 /// not know the rule — is never trusted).
 pub fn trusted(limits: &[Limit], amounts: &Amounts, now_ms: i64) -> Condition {
-    let mut c = Condition::not_exists(attr::VU).or(Condition::gt(attr::VU, now_ms));
+    let mut terms = Vec::with_capacity(1 + amounts.len());
+    trusted_terms(&mut terms, limits, amounts, now_ms);
+    Condition::all(terms)
+}
+
+/// The terms of [`trusted`], appended to `out` (a conjunction the caller builds).
+fn trusted_terms(out: &mut Vec<Condition>, limits: &[Limit], amounts: &Amounts, now_ms: i64) {
+    out.push(Condition::not_exists(attr::VU).or(Condition::gt(attr::VU, now_ms)));
     if crate::mutants::off(crate::mutants::Mutant::TrustHorizon) {
-        return c;
+        return;
     }
     for (n, _) in amounts {
         if let Some(l) = limits
             .iter()
             .find(|l| l.name() == n && matches!(l.refill(), Refill::Drip { .. }))
         {
-            c = c.and(Condition::gt(l.attr(field::FU), now_ms));
+            out.push(Condition::gt(l.attr(field::FU), now_ms));
         }
     }
-    c
 }
 
 /// Whether the image trusts a balance-only write of `amounts` at `now_ms` (the same rule
@@ -130,7 +142,7 @@ pub fn image_trusted(img: &BucketImage, limits: &[Limit], amounts: &Amounts, now
         !drips(limits, n)
             || img
                 .limits
-                .get(n)
+                .get(n.as_str())
                 .and_then(|st| st.full_at_ms)
                 .is_some_and(|fu| fu > now_ms)
     })
@@ -188,13 +200,16 @@ pub fn classify_fast_failure(
     if img.params_hash.as_deref() != Some(ph) {
         return FastFailure::ParamsChanged;
     }
-    if amounts.iter().any(|(n, _)| !img.limits.contains_key(n)) {
+    if amounts
+        .iter()
+        .any(|(n, _)| !img.limits.contains_key(n.as_str()))
+    {
         return FastFailure::LimitMissing;
     }
     let wcu_short = img.wcu.as_ref().is_none_or(|w| w.balance < WCU_COST);
     let app_short = amounts.iter().any(|(n, a)| {
         img.limits
-            .get(n)
+            .get(n.as_str())
             .is_some_and(|s| crate::soft::short(limits, n, s.balance, *a))
     });
     match (wcu_short, app_short) {
@@ -295,7 +310,7 @@ pub fn would_refill_satisfy(
         };
         let e = evaluate(
             l,
-            img.limits.get(n),
+            img.limits.get(n.as_str()),
             img.refilled_at_ms,
             img.shard_count,
             now_ms,
@@ -411,7 +426,11 @@ pub fn normal_write(
     amounts: &Amounts,
     charging: Charging<'_>,
 ) -> (Update, Condition) {
-    let mut u = Update::new()
+    // Room for every action and condition term this write can carry (a limit sets at most
+    // 16 fields, the item and the write-capacity guard 13; a limit adds at most 3 terms, the
+    // item's 4 with what `plan::materialising_write` joins): the write is built in one
+    // allocation each instead of growing.
+    let mut u = Update::with_capacity(13 + 16 * limits.len())
         .set(attr::RF, stamp.refilled_at_ms)
         .set(attr::PH, stamp.params_hash);
     u = match stamp.valid_until_ms {
@@ -422,11 +441,13 @@ pub fn normal_write(
         TtlWrite::Set(t) => u.set(attr::TTL, t),
         TtlWrite::Remove => u.remove(attr::TTL),
     };
-    let mut c = if !crate::mutants::off(crate::mutants::Mutant::RfLock) {
-        Condition::eq(attr::RF, expected_rf)
-    } else {
-        Condition::exists("PK")
-    };
+    let mut c = Condition::And(Vec::with_capacity(4 + 3 * limits.len())).and(
+        if !crate::mutants::off(crate::mutants::Mutant::RfLock) {
+            Condition::eq(attr::RF, expected_rf)
+        } else {
+            Condition::exists("PK")
+        },
+    );
     for (l, e) in limits.iter().zip(evals) {
         let n = l.name();
         let consumed = amounts
@@ -588,7 +609,7 @@ pub fn refund_trust(
             continue;
         }
         let l = limits.iter().find(|l| l.name() == n)?;
-        let st = img.limits.get(n)?;
+        let st = img.limits.get(n.as_str())?;
         let fu = st.full_at_ms?;
         let e = evaluate(
             l,
@@ -655,18 +676,15 @@ pub fn refund_pin(
     pe_at_debit: Option<i64>,
     rf_at_debit: i64,
 ) -> Option<Condition> {
-    let pe = battr(limit.name(), field::PE);
     match limit.refill() {
         Refill::Drip { .. } => None,
         Refill::Calendar(c) => match pe_at_debit {
-            Some(p) => Some(Condition::eq(pe, p)),
-            None => c
-                .next_edge(rf_at_debit)
-                .map(|edge| Condition::not_exists(pe).and(Condition::lt(attr::RF, edge))),
+            Some(p) => Some(Condition::eq(limit.attr(field::PE), p)),
+            None => c.next_edge(rf_at_debit).map(|edge| {
+                Condition::not_exists(limit.attr(field::PE)).and(Condition::lt(attr::RF, edge))
+            }),
         },
-        Refill::Window { .. } => {
-            ws_at_debit.map(|ws| Condition::eq(battr(limit.name(), field::WS), ws))
-        }
+        Refill::Window { .. } => ws_at_debit.map(|ws| Condition::eq(limit.attr(field::WS), ws)),
     }
 }
 
@@ -878,13 +896,13 @@ mod route_tests {
             ..LimitState::default()
         };
         BucketImage {
-            key: "k".into(),
+            key: crate::value::Key::new("k", ""),
             refilled_at_ms: rf,
             valid_until_ms: None,
             ttl: None,
             shard_count: 1,
             params_hash: None,
-            limits: [("rpm".to_string(), st)].into_iter().collect(),
+            limits: [("rpm".into(), st)].into_iter().collect(),
             wcu: Some(LimitState {
                 balance: wcu,
                 capacity: WCU_CAPACITY,

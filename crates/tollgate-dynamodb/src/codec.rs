@@ -155,16 +155,16 @@ pub fn item_from_av_owned(map: AvMap) -> Result<Item, StoreError> {
 /// The primary key as the SDK carries it.
 pub fn key_to_av(key: &Key) -> AvMap {
     HashMap::from([
-        (PK.to_string(), AttributeValue::S(key.pk.clone())),
-        (SK.to_string(), AttributeValue::S(key.sk.clone())),
+        (PK.to_string(), AttributeValue::S(key.pk.to_string())),
+        (SK.to_string(), AttributeValue::S(key.sk.to_string())),
     ])
 }
 
 /// The primary key as the SDK carries it, from a key the caller gives up.
 pub fn key_into_av(key: Key) -> AvMap {
     HashMap::from([
-        (PK.to_string(), AttributeValue::S(key.pk)),
-        (SK.to_string(), AttributeValue::S(key.sk)),
+        (PK.to_string(), AttributeValue::S(key.pk.to_string())),
+        (SK.to_string(), AttributeValue::S(key.sk.to_string())),
     ])
 }
 

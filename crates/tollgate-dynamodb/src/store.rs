@@ -415,8 +415,8 @@ fn render_update(
 /// An item with its key stamped on, as the SDK wants it.
 fn stamped(key: Key, item: Item) -> Result<AvMap, StoreError> {
     let mut m = item_into_av(item)?;
-    m.insert(PK.to_string(), ddb::AttributeValue::S(key.pk));
-    m.insert(SK.to_string(), ddb::AttributeValue::S(key.sk));
+    m.insert(PK.to_string(), ddb::AttributeValue::S(key.pk.to_string()));
+    m.insert(SK.to_string(), ddb::AttributeValue::S(key.sk.to_string()));
     Ok(m)
 }
 

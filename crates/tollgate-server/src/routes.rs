@@ -435,13 +435,9 @@ async fn acquire_inner(
         Ok(mut lease) => {
             let statuses = lease.statuses().to_vec();
             let degraded = lease.is_degraded();
-            // A degraded lease has no statuses for the headers, and the store just failed to
-            // answer: do not wait for it again.
-            let limits = if degraded {
-                Vec::new()
-            } else {
-                limits_for_headers().await
-            };
+            // The limits the acquire was judged by (a degraded lease has none, and the store
+            // just failed to answer: it is not asked again).
+            let limits: Arc<[Limit]> = lease.judged_by().unwrap_or_else(|| Arc::new([]));
             let now = lim.clock().now_ms();
             let (lease_id, lease_expires_at_ms) = if body.commit {
                 lease.commit().await?;

@@ -704,7 +704,7 @@ async fn admin_writes_repair_corrupt_items_with_warnings() {
     let left: Vec<String> = store
         .raw_items()
         .iter()
-        .filter_map(|i| tollgate_core::value::Key::of(i).map(|k| k.pk))
+        .filter_map(|i| tollgate_core::value::Key::of(i).map(|k| k.pk.to_string()))
         .filter(|pk| !pk.starts_with("default/AUDIT#"))
         .collect();
     assert!(left.is_empty(), "{left:?}");

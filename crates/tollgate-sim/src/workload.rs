@@ -406,7 +406,7 @@ fn answer(admitted: bool, statuses: &[tollgate::LimitStatus]) -> crate::ledger::
         statuses: statuses
             .iter()
             .map(|s| crate::ledger::Reported {
-                limit: s.limit.clone(),
+                limit: s.limit.to_string(),
                 capacity: s.capacity,
                 available: s.available,
                 requested: s.requested,

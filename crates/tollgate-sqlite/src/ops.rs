@@ -747,7 +747,7 @@ fn scan(
 ) -> Result<ScanPage, StoreError> {
     let limit = limit.max(1);
     let (from_pk, from_sk) = match after {
-        Some(k) => (k.pk.as_str(), Some(k.sk.as_str())),
+        Some(k) => (&*k.pk, Some(&*k.sk)),
         None => (prefix, None),
     };
     let mut stmt = conn

@@ -1100,7 +1100,7 @@ pub async fn batch_get_in_key_order(s: &dyn Store) -> CheckResult {
         .map(|sk| Key::new("conf/batch", *sk))
         .collect();
     for (i, k) in keys.iter().enumerate() {
-        if k.sk != "MISSING" {
+        if &*k.sk != "MISSING" {
             put(s, k, &[("i", Value::N(i as i64))]).await?;
         }
     }
@@ -1108,7 +1108,7 @@ pub async fn batch_get_in_key_order(s: &dyn Store) -> CheckResult {
     let want: Vec<Option<Item>> = keys
         .iter()
         .enumerate()
-        .map(|(i, k)| (k.sk != "MISSING").then(|| stored(k, &[("i", Value::N(i as i64))])))
+        .map(|(i, k)| (&*k.sk != "MISSING").then(|| stored(k, &[("i", Value::N(i as i64))])))
         .collect();
     ensure_eq(got, want, "batch_get")?;
     let none = s.batch_get(&[], true).await.map_err(e2s)?;
@@ -1265,7 +1265,7 @@ pub async fn query_index(s: &dyn Store) -> CheckResult {
     let pks = |items: &[Item]| -> Vec<String> {
         items
             .iter()
-            .filter_map(|i| Key::of(i).map(|k| k.pk))
+            .filter_map(|i| Key::of(i).map(|k| k.pk.to_string()))
             .collect()
     };
     let got = query_index_until(s, Query::index("GSI1", gpk, Some("CHILD#")), 2).await?;
@@ -1312,13 +1312,13 @@ pub async fn update_moves_item_in_index(s: &dyn Store) -> CheckResult {
     let pks = |items: &[Item]| -> Vec<String> {
         items
             .iter()
-            .filter_map(|i| Key::of(i).map(|k| k.pk))
+            .filter_map(|i| Key::of(i).map(|k| k.pk.to_string()))
             .collect()
     };
     let q = || Query::index("GSI1", gpk, None);
     ensure_eq(
         pks(&query_index_until(s, q(), 1).await?),
-        vec![b.pk.clone()],
+        vec![b.pk.to_string()],
         "only b is in the index",
     )?;
     // Into the index, before b.
@@ -1333,7 +1333,7 @@ pub async fn update_moves_item_in_index(s: &dyn Store) -> CheckResult {
     .map_err(e2s)?;
     ensure_eq(
         pks(&query_index_until(s, q(), 2).await?),
-        vec![a.pk.clone(), b.pk.clone()],
+        vec![a.pk.to_string(), b.pk.to_string()],
         "an update that sets the index attributes puts the item in the index",
     )?;
     // Along it: a's sort key now after b's.
@@ -1357,14 +1357,14 @@ pub async fn update_moves_item_in_index(s: &dyn Store) -> CheckResult {
             .iter()
             .find(|i| Key::of(i).as_ref() == Some(&b))
             .and_then(|i| i.get("x"));
-        if pks(&got) == vec![b.pk.clone(), a.pk.clone()] && b_x == Some(&Value::N(42)) {
+        if pks(&got) == vec![b.pk.to_string(), a.pk.to_string()] && b_x == Some(&Value::N(42)) {
             break;
         }
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
     ensure_eq(
         pks(&got),
-        vec![b.pk.clone(), a.pk.clone()],
+        vec![b.pk.to_string(), a.pk.to_string()],
         "an update of the sort key moves the item along the index",
     )?;
     ensure(
@@ -1386,7 +1386,7 @@ pub async fn update_moves_item_in_index(s: &dyn Store) -> CheckResult {
     .map_err(e2s)?;
     ensure_eq(
         pks(&query_index_until(s, q(), 1).await?),
-        vec![b.pk.clone()],
+        vec![b.pk.to_string()],
         "an update that removes an index attribute takes the item out of the index",
     )
 }

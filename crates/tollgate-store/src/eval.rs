@@ -203,6 +203,9 @@ pub fn apply_update(
 pub fn apply_actions(new: &mut Item, old: &Item, update: &Update) -> Result<(), StoreError> {
     for a in &update.actions {
         match a {
+            // A plain value equal to the one the item holds leaves it as it is (a string
+            // SET again on every write, the parameter hash, is then not copied).
+            Action::Set(n, SetValue::Value(v)) if new.get(n.as_str()) == Some(v) => {}
             Action::Set(n, v) => {
                 let v = eval_set(old, v)?;
                 put_attr(new, n, v);

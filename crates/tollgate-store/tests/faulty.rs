@@ -58,7 +58,7 @@ async fn workload(s: &FaultyStore<MemoryStore>) -> Vec<String> {
                 )
                 .await
             ),
-            _ => format!("{:?}", s.query(Query::table(k.pk.clone(), None)).await),
+            _ => format!("{:?}", s.query(Query::table(k.pk.to_string(), None)).await),
         };
         out.push(r);
     }

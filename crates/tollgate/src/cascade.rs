@@ -59,7 +59,7 @@ pub(crate) fn parent_request(
         .collect();
     let req = inner.request_hashed(
         parent,
-        &child.resource,
+        Arc::clone(&child.resource),
         amounts,
         limits,
         Some(ph),

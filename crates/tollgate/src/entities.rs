@@ -53,7 +53,7 @@ fn entity_image(id: &str, images: &[(Key, Option<Item>)]) -> Json {
     let mut limits = serde_json::Map::new();
     for (k, item) in images {
         let Some(item) = item else { continue };
-        if k.sk == keys::META {
+        if &*k.sk == keys::META {
             entity = match entity_of(id, item) {
                 Ok(e) => serde_json::to_value(e).unwrap_or_default(),
                 Err(err) => serde_json::json!({ "corrupt": err.to_string() }),
@@ -242,7 +242,7 @@ impl Limiter {
                     .await?
                     .iter()
                     .filter_map(doctor::scanned_key)
-                    .filter(|k| k.pk == entity_pk)
+                    .filter(|k| *k.pk == *entity_pk)
                     .map(|k| (k, None))
                     .collect(),
                 Err(e) => return Err(e.into()),
@@ -278,7 +278,7 @@ impl Limiter {
         // item), the record is written first, on its own: never a deletion without one.
         let anchor = images
             .iter()
-            .position(|(k, i)| k.sk == keys::META && i.is_some())
+            .position(|(k, i)| &*k.sk == keys::META && i.is_some())
             .or_else(|| images.iter().position(|(_, i)| i.is_some()));
         let target = Target::Entity {
             entity: id.into(),

@@ -156,9 +156,15 @@ impl Inner {
                     self.images().forget(&req.entity, &req.resource, m.shard);
                 }
                 let mut full = item;
-                full.insert("PK".into(), key.pk.clone().into());
-                full.insert("SK".into(), key.sk.clone().into());
-                let new = self.remember(req, shard, Some(&full))?;
+                full.insert(
+                    "PK".into(),
+                    tollgate_core::value::Value::S(key.pk.to_string()),
+                );
+                full.insert(
+                    "SK".into(),
+                    tollgate_core::value::Value::S(key.sk.to_string()),
+                );
+                let new = self.remember(req, shard, key, Some(&full))?;
                 self.after_materialise(req, shard, s, &evals).await;
                 Ok(self.lease(req, shard, key.clone(), &evals, None, new, s, now))
             }

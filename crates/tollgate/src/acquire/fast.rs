@@ -1,6 +1,8 @@
 //! The speculative fast path: one conditional write on the drawn shard, probes of the
 //! other open shards, doubling when they are all busy.
 
+use smallvec::SmallVec;
+
 use super::*;
 use tollgate_core::writes::{route_fast_failure, FastRoute};
 
@@ -34,7 +36,8 @@ impl Inner {
         s: i64,
         now: i64,
     ) -> Result<Fast> {
-        let mut tried = vec![shard];
+        // At most 3 shards are tried: on the stack.
+        let mut tried: SmallVec<[u32; 4]> = smallvec::smallvec![shard];
         let mut images: Vec<BucketImage> = Vec::new();
         let mut cur = shard;
         let mut reshaped = false;
@@ -55,7 +58,7 @@ impl Inner {
                 &shaped
             };
             let (failure, img) = match self.fast_once(req, cur, now).await? {
-                FastOnce::Admitted(lease) => return Ok(Fast::Granted(Box::new(lease))),
+                FastOnce::Admitted(lease) => return Ok(Fast::Granted(lease)),
                 FastOnce::Throttled => {
                     // Throttled: the partition is hot. Spread out if we can.
                     let new_s = self.bump(req, s).await?;
@@ -127,7 +130,7 @@ impl Inner {
             // Rule "a debit belongs to the entity": the shards probed cannot pay, the
             // entity may (read them all; admit across several, or refuse honestly).
             return match self.entity_acquire(req, s_now, shard, now).await {
-                Ok(lease) => Ok(Fast::Granted(Box::new(lease))),
+                Ok(lease) => Ok(Fast::Granted(lease)),
                 Err(Error::RateLimitExceeded(x)) => Ok(Fast::Rejected(x)),
                 Err(e) => Err(e),
             };

@@ -62,7 +62,7 @@ impl Inner {
                 .slow_attempt(req, shard, key, budget.pass_moves, &mut known)
                 .await;
             match budget.next(r) {
-                Step::Done(r) => return *r,
+                Step::Done(r) => return r,
                 Step::Replan => {}
                 Step::Retry(wait) => {
                     // A fresh pass reads the item again.
@@ -92,7 +92,7 @@ impl Inner {
                     let now = self.clock().now_ms();
                     return self.create(req, shard, key, now, moves, known).await;
                 }
-                Some(item) => Arc::new(BucketImage::decode(&item)?),
+                Some(item) => Arc::new(BucketImage::decode_keyed(&item, key.clone())?),
             },
         };
         // The clock is read after the item: a write is only as fresh as the `now` it
@@ -221,7 +221,7 @@ impl Inner {
                     self.rejections()
                         .forget(&req.entity, &req.resource, m.shard);
                 }
-                let new = self.remember(req, shard, new.as_deref())?;
+                let new = self.remember(req, shard, key, new.as_deref())?;
                 debug_assert!(new.as_ref().is_none_or(|n| n.refilled_at_ms == rf_written));
                 self.after_materialise(req, shard, s, &evals).await;
                 Ok(self.lease(req, shard, key.clone(), &evals, None, new, s, now))
@@ -236,9 +236,12 @@ impl Inner {
 }
 
 /// What the slow path does after a pass (see [`Budget::next`]).
+// The answer is held in place, not boxed: a step is made on every slow pass and consumed
+// at once, so its size costs a copy while a box cost an allocation per acquire.
+#[allow(clippy::large_enum_variant)]
 enum Step {
     /// Answer.
-    Done(Box<Result<Lease>>),
+    Done(Result<Lease>),
     /// Plan again at once, from the image the failed write returned (kept in `known`).
     Replan,
     /// A fresh pass (a new read), after the back-off when there is one.
@@ -304,7 +307,7 @@ impl Budget {
         }
         let r = r.map_err(Flow::into_error);
         if !self.across_passes {
-            return Step::Done(Box::new(r));
+            return Step::Done(r);
         }
         match r {
             Err(Error::Unavailable(e)) if e.is_retryable() && self.attempt < 3 => {
@@ -320,7 +323,7 @@ impl Budget {
                 self.fresh_pass();
                 Step::Retry(None)
             }
-            r => Step::Done(Box::new(r)),
+            r => Step::Done(r),
         }
     }
 

@@ -47,11 +47,12 @@ impl Inner {
         &self,
         req: &Request,
         shard: u32,
+        key: &Key,
         new: Option<&tollgate_core::value::Item>,
     ) -> Result<Option<Arc<BucketImage>>> {
         match new {
             Some(i) => {
-                let img = Arc::new(BucketImage::decode(i)?);
+                let img = Arc::new(BucketImage::decode_keyed(i, key.clone())?);
                 self.images()
                     .put(&req.entity, &req.resource, shard, Arc::clone(&img));
                 Ok(Some(img))

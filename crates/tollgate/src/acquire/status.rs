@@ -75,10 +75,15 @@ impl Inner {
                 statuses.push(limit_status(l, &[view], *a, false, now));
             }
         }
+        // Inserted one by one: collecting into a map first gathers the pairs in a vector.
+        let mut held = BTreeMap::new();
+        for (n, a) in &req.amounts {
+            held.insert(n.clone(), *a);
+        }
         let part = Part {
             shard,
             key,
-            held: req.amounts.iter().cloned().collect(),
+            held,
             pins,
             image: after,
             bypassed: req.bypass,

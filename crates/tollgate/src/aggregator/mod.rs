@@ -41,7 +41,7 @@ pub use report::AggregateReport;
 pub struct Aggregator {
     inner: Arc<Inner>,
     /// `tc` per (item key, limit) at the previous image seen: the change feed's old image.
-    seen: Mutex<HashMap<(String, String), i64>>,
+    seen: Mutex<HashMap<(Key, String), i64>>,
 }
 
 impl std::fmt::Debug for Aggregator {
@@ -116,9 +116,9 @@ impl Aggregator {
         img.limits
             .iter()
             .map(|(n, st)| {
-                let k = (img.key.clone(), n.clone());
+                let k = (img.key.clone(), n.to_string());
                 let before = seen.insert(k, st.consumed).unwrap_or(0);
-                (n.clone(), st.consumed - before)
+                (n.to_string(), st.consumed - before)
             })
             .collect()
     }

@@ -55,7 +55,7 @@ impl ItemKind {
 
     fn parse(ns: &str, key: &Key) -> Option<ItemKind> {
         let rest = key.pk.strip_prefix(ns)?.strip_prefix('/')?;
-        let sk = key.sk.as_str();
+        let sk: &str = &key.sk;
         // Each candidate is rebuilt with the key functions and compared, so a key only
         // resembling the layout is `Other`.
         let kind = if rest == "SYSTEM#" {

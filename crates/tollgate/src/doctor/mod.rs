@@ -68,7 +68,7 @@ pub(crate) fn scanned_key(s: &Scanned) -> Option<Key> {
 fn bucket_prefix(ns: &str, entity: &str, resource: &str) -> String {
     let k = keys::bucket(ns, entity, resource, 0);
     let p = k.pk.strip_suffix('0').unwrap_or(&k.pk).to_string();
-    debug_assert!(p.ends_with('#') && k.sk == STATE, "bucket key layout");
+    debug_assert!(p.ends_with('#') && &*k.sk == STATE, "bucket key layout");
     p
 }
 

@@ -179,6 +179,12 @@ impl Lease {
         &self.statuses
     }
 
+    /// The limits the acquire was judged by (the resolved ones, or the call's overrides),
+    /// shared; `None` for a degraded lease (no store answered).
+    pub fn judged_by(&self) -> Option<Arc<[Limit]>> {
+        self.req.as_ref().map(|r| Arc::clone(&r.limits))
+    }
+
     /// The parent's lease when the acquire cascaded (ADR-146): its entity, shard and
     /// statuses.
     pub fn parent(&self) -> Option<&Lease> {

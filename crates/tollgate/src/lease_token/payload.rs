@@ -232,8 +232,11 @@ impl From<&BucketImage> for ImageDoc {
             vu: *vu,
             ttl: *ttl,
             sc: *shard_count,
-            ph: ph.clone(),
-            l: limits.iter().map(|(n, s)| (n.clone(), s.into())).collect(),
+            ph: ph.as_ref().map(|p| p.to_string()),
+            l: limits
+                .iter()
+                .map(|(n, s)| (n.to_string(), s.into()))
+                .collect(),
             w: wcu.as_ref().map(StateDoc::from),
             d: *disabled,
             bp: *bypass,
@@ -244,13 +247,17 @@ impl From<&BucketImage> for ImageDoc {
 impl ImageDoc {
     fn image(self, key: &Key) -> BucketImage {
         BucketImage {
-            key: key.to_string(),
+            key: key.clone(),
             refilled_at_ms: self.rf,
             valid_until_ms: self.vu,
             ttl: self.ttl,
             shard_count: self.sc,
-            params_hash: self.ph,
-            limits: self.l.into_iter().map(|(n, s)| (n, s.into())).collect(),
+            params_hash: self.ph.map(Into::into),
+            limits: self
+                .l
+                .into_iter()
+                .map(|(n, s)| (n.into(), s.into()))
+                .collect(),
             wcu: self.w.map(LimitState::from),
             disabled: self.d,
             bypass: self.bp,

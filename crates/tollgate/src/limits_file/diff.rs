@@ -160,7 +160,7 @@ fn scope_of(ns: &str, key: &Key) -> Option<Scope> {
         return Some(Scope::System);
     }
     if let Some(r) = key.pk.strip_prefix(&format!("{ns}/RESOURCE#")) {
-        return (key.sk == "#CONFIG").then(|| Scope::Resource(r.to_string()));
+        return (&*key.sk == "#CONFIG").then(|| Scope::Resource(r.to_string()));
     }
     let e = key.pk.strip_prefix(&format!("{ns}/ENTITY#"))?;
     let r = key.sk.strip_prefix("#CONFIG#")?;

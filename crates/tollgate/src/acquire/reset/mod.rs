@@ -95,7 +95,7 @@ fn plan_op(
                 let grants: Vec<(u32, i64)> = images
                     .iter()
                     .filter_map(|(i, img)| {
-                        img.limits.get(n).map(|st| {
+                        img.limits.get(n.as_str()).map(|st| {
                             (
                                 *i,
                                 tollgate_core::grant::infer_gc(GrantShare {

@@ -35,6 +35,11 @@ struct Entry {
 /// shared with the cache.
 #[derive(Debug, Clone)]
 pub struct Resolved {
+    /// The entity and resource resolved for, shared: a request made from a cached
+    /// resolution copies no text.
+    pub entity: Arc<str>,
+    /// See `entity`.
+    pub resource: Arc<str>,
     /// The limits.
     pub limits: Arc<[Limit]>,
     /// Their parameter hash ([`tollgate_core::writes::params_hash`]) with the mode

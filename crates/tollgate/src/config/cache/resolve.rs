@@ -230,6 +230,8 @@ impl ConfigCache {
             &[0, 1, 2, 3].map(|i| found[i].as_ref().and_then(|e| e.enforcement)),
         );
         let resolved = Resolved {
+            entity: entity.into(),
+            resource: resource.into(),
             params_hash: tollgate_core::bypass::policy_hash(
                 &tollgate_core::writes::params_hash(&limits),
                 mode,

@@ -307,7 +307,7 @@ pub async fn s62_rf_monotonic(b: &Backend) {
 pub async fn s64_fast_path_projection(_b: &Backend) {
     use tollgate_core::bucket::{BucketImage, LimitState};
     let mut img = BucketImage {
-        key: String::new(),
+        key: tollgate_core::value::Key::new("", ""),
         refilled_at_ms: T1 + 60_000,
         valid_until_ms: None,
         ttl: None,
