@@ -6,6 +6,8 @@
 use std::cmp::Ordering;
 use std::collections::BTreeSet;
 
+use smallvec::SmallVec;
+
 use tollgate_core::expr::{Action, CmpOp, Condition, Operand, SetValue, Update};
 use tollgate_core::value::{Item, Key, Value, PK, SK};
 
@@ -196,51 +198,82 @@ pub fn apply_update(
     Ok(new)
 }
 
+/// What one action does to its attribute, computed from the item before the write.
+enum Effect {
+    /// Nothing (a plain value SET to what the attribute already holds: a string SET again
+    /// on every write, the parameter hash, is then not copied).
+    Keep,
+    /// Write this value.
+    Put(Value),
+    /// Remove the attribute.
+    Remove,
+}
+
+/// Plan `action` against `old` (the item before the write; `current`, the attribute's value
+/// in the item being written, decides whether a plain SET changes anything).
+fn plan_action(action: &Action, old: &Item, current: Option<&Value>) -> Result<Effect, StoreError> {
+    Ok(match action {
+        Action::Set(_, SetValue::Value(v)) if current == Some(v) => Effect::Keep,
+        Action::Set(_, v) => Effect::Put(eval_set(old, v)?),
+        Action::Remove(_) => Effect::Remove,
+        Action::Add(n, v) => Effect::Put(match (old.get(n.as_str()), v) {
+            (None, Value::N(d)) => Value::N(*d),
+            (Some(Value::N(a)), Value::N(d)) => Value::N(
+                a.checked_add(*d)
+                    .ok_or_else(|| StoreError::Validation("number overflow".into()))?,
+            ),
+            (None, Value::Ss(s)) => Value::Ss(s.clone()),
+            (Some(Value::Ss(a)), Value::Ss(s)) => Value::Ss(a.union(s).cloned().collect()),
+            (Some(o), v) => {
+                return Err(StoreError::Validation(format!(
+                    "an operand in the update expression has an incorrect data type: ADD {} to {}",
+                    v.type_name(),
+                    o.type_name()
+                )))
+            }
+            (None, v) => {
+                return Err(StoreError::Validation(format!(
+                    "ADD takes a number or a set, not {}",
+                    v.type_name()
+                )))
+            }
+        }),
+    })
+}
+
+/// Carry out a planned action on `new`.
+fn carry_out(new: &mut Item, action: &Action, effect: Effect) {
+    match effect {
+        Effect::Keep => {}
+        Effect::Put(v) => put_attr(new, action.target(), v),
+        Effect::Remove => {
+            new.remove(action.target());
+        }
+    }
+}
+
 /// Apply a validated update's actions to `new`, every right-hand side reading `old` (the
 /// item before the write; `new` starts as a copy of it, or as the key attributes when it
 /// is absent). On an error `new` is partly written: the caller discards it or restores it.
 /// An attribute that already exists is overwritten in place (no new name allocated).
 pub fn apply_actions(new: &mut Item, old: &Item, update: &Update) -> Result<(), StoreError> {
     for a in &update.actions {
-        match a {
-            // A plain value equal to the one the item holds leaves it as it is (a string
-            // SET again on every write, the parameter hash, is then not copied).
-            Action::Set(n, SetValue::Value(v)) if new.get(n.as_str()) == Some(v) => {}
-            Action::Set(n, v) => {
-                let v = eval_set(old, v)?;
-                put_attr(new, n, v);
-            }
-            Action::Remove(n) => {
-                new.remove(n.as_str());
-            }
-            Action::Add(n, v) => {
-                let merged = match (old.get(n.as_str()), v) {
-                    (None, Value::N(d)) => Value::N(*d),
-                    (Some(Value::N(a)), Value::N(d)) => Value::N(
-                        a.checked_add(*d)
-                            .ok_or_else(|| StoreError::Validation("number overflow".into()))?,
-                    ),
-                    (None, Value::Ss(s)) => Value::Ss(s.clone()),
-                    (Some(Value::Ss(a)), Value::Ss(s)) => {
-                        Value::Ss(a.union(s).cloned().collect())
-                    }
-                    (Some(o), v) => {
-                        return Err(StoreError::Validation(format!(
-                            "an operand in the update expression has an incorrect data type: ADD {} to {}",
-                            v.type_name(),
-                            o.type_name()
-                        )))
-                    }
-                    (None, v) => {
-                        return Err(StoreError::Validation(format!(
-                            "ADD takes a number or a set, not {}",
-                            v.type_name()
-                        )))
-                    }
-                };
-                put_attr(new, n, merged);
-            }
-        }
+        let planned = plan_action(a, old, new.get(a.target()))?;
+        carry_out(new, a, planned);
+    }
+    Ok(())
+}
+
+/// Apply a validated update to `item` itself, without a copy of it: every action is
+/// planned first, reading the item as it is before the write (what [`apply_actions`] reads
+/// from its copy), then carried out. On an error nothing is written.
+pub fn apply_in_place(item: &mut Item, update: &Update) -> Result<(), StoreError> {
+    let mut planned: SmallVec<[Effect; 32]> = SmallVec::with_capacity(update.actions.len());
+    for a in &update.actions {
+        planned.push(plan_action(a, item, item.get(a.target()))?);
+    }
+    for (a, p) in update.actions.iter().zip(planned) {
+        carry_out(item, a, p);
     }
     Ok(())
 }

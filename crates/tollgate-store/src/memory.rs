@@ -10,8 +10,8 @@ use tollgate_core::value::{Item, Key, Value};
 
 use crate::error::{CancelReason, StoreError};
 use crate::eval::{
-    apply_actions, apply_update_stored, eval_condition, key_item, plan_transact_op, update_changed,
-    validate_item, validate_update,
+    apply_actions, apply_in_place, apply_update_stored, eval_condition, key_item, plan_transact_op,
+    update_changed, validate_item, validate_update,
 };
 use crate::feed::{Change, ChangeFeed, FeedBatch, FeedCursor, FeedPosition};
 use crate::{
@@ -378,6 +378,24 @@ impl MemoryStore {
                 if !eval_condition(Some(cur), c) {
                     return Err(StoreError::ConditionFailed {
                         old: Some(Box::new(Item::clone(cur))),
+                    });
+                }
+            }
+            // Nothing will read the version before this write — no feed logs it, reads are
+            // not stale, the caller does not ask for it — and nothing else holds the current
+            // one: the update is applied to it directly, with no copy at all.
+            let keep_old = feed_on
+                || self.stale_reads.load(Ordering::SeqCst)
+                || matches!(req.returns, ReturnValues::AllOld);
+            if !keep_old {
+                if let Some(item) = Arc::get_mut(cur) {
+                    apply_in_place(item, &req.update)?;
+                    // The previous version is no longer the one before this write.
+                    *prev = None;
+                    return Ok(match req.returns {
+                        ReturnValues::None | ReturnValues::AllOld => None,
+                        ReturnValues::AllNew => Some(Arc::clone(cur)),
+                        ReturnValues::UpdatedNew => updated_new(cur, &req.update).map(Arc::new),
                     });
                 }
             }

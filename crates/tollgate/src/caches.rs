@@ -7,21 +7,26 @@ use std::sync::{Arc, Mutex};
 
 use tollgate_core::bucket::BucketImage;
 
+/// The caches' hash map: foldhash, seeded per process, instead of SipHash — every acquire
+/// makes several lookups by entity and resource name, and hashing them was a visible part
+/// of its cost.
+pub(crate) type Map<K, V> = HashMap<K, V, foldhash::fast::RandomState>;
+
 /// Values by entity, then resource: nested so a lookup by `&str` allocates nothing (a flat
 /// map keyed by `(String, String)` would build both strings on every lookup).
-type ByBucket<V> = HashMap<String, HashMap<String, V>>;
+type ByBucket<V> = Map<String, Map<String, V>>;
 
 /// Values by (entity, resource, shard), with the number held.
 #[derive(Debug)]
 struct ByShard<V> {
-    map: ByBucket<HashMap<u32, V>>,
+    map: ByBucket<Map<u32, V>>,
     len: usize,
 }
 
 impl<V> Default for ByShard<V> {
     fn default() -> Self {
         ByShard {
-            map: HashMap::new(),
+            map: Map::default(),
             len: 0,
         }
     }

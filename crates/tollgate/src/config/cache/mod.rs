@@ -3,7 +3,7 @@
 
 mod resolve;
 
-use std::collections::HashMap;
+use crate::caches::Map;
 use std::sync::{Arc, Mutex};
 
 use tollgate_core::bypass::Enforcement;
@@ -79,7 +79,7 @@ struct Whole {
 
 /// Whole resolutions by entity, then resource: nested so a lookup by `&str` allocates
 /// nothing.
-type Wholes = HashMap<String, HashMap<String, Whole>>;
+type Wholes = Map<String, Map<String, Whole>>;
 
 /// Most entities the whole-resolution cache keeps before it is emptied.
 const WHOLE_CAP: usize = 100_000;
@@ -89,7 +89,7 @@ const WHOLE_CAP: usize = 100_000;
 pub struct ConfigCache {
     ttl_ms: i64,
     stale_max_ms: i64,
-    entries: Mutex<HashMap<Key, Entry>>,
+    entries: Mutex<Map<Key, Entry>>,
     /// The hit path: a resolution whose levels are all fresh, served without building a
     /// key or copying an entry. Emptied whenever an entry is evicted.
     wholes: Mutex<Wholes>,
@@ -114,8 +114,8 @@ impl ConfigCache {
         ConfigCache {
             ttl_ms,
             stale_max_ms: 0,
-            entries: Mutex::new(HashMap::new()),
-            wholes: Mutex::new(HashMap::new()),
+            entries: Mutex::new(Map::default()),
+            wholes: Mutex::new(Map::default()),
             last_policy: Mutex::new(None),
             registered: false,
         }
@@ -139,7 +139,7 @@ impl ConfigCache {
         })
     }
 
-    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<Key, Entry>> {
+    fn lock(&self) -> std::sync::MutexGuard<'_, Map<Key, Entry>> {
         self.entries.lock().unwrap_or_else(|e| e.into_inner())
     }
 
