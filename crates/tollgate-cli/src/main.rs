@@ -31,6 +31,7 @@ use crate::fail::Failure;
 use crate::spec::human_ms;
 use crate::store::{Access, StoreSpec};
 use tollgate_server::scope_name;
+use tracing_subscriber::fmt::writer::BoxMakeWriter;
 
 const LIMIT_SYNTAX: &str = "\
 LIMIT SYNTAX
@@ -450,13 +451,31 @@ fn parse_kv(s: &str) -> Result<(String, String), String> {
         .ok_or_else(|| format!("{s:?}: expected KEY=VALUE"))
 }
 
-fn init_tracing(default: &str, json: bool) {
+/// Log to standard error. `serve` logs a line per request (the access log): its lines are
+/// handed to a writer thread that writes them in batches (a buffered write once the lines
+/// at hand are written, instead of a write system call per line on the thread that served
+/// the request). No line is dropped: a writer that cannot keep up makes the loggers wait, as
+/// a direct write would. The guard flushes what is left when `main` returns.
+fn init_tracing(
+    default: &str,
+    json: bool,
+    batched: bool,
+) -> Option<tracing_appender::non_blocking::WorkerGuard> {
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default));
     let ansi = std::io::stderr().is_terminal();
+    let (writer, guard) = if batched {
+        let (w, g) = tracing_appender::non_blocking::NonBlockingBuilder::default()
+            .lossy(false)
+            .thread_name("tollgate-log")
+            .finish(std::io::BufWriter::new(std::io::stderr()));
+        (BoxMakeWriter::new(w), Some(g))
+    } else {
+        (BoxMakeWriter::new(std::io::stderr), None)
+    };
     let b = tracing_subscriber::fmt()
         .with_env_filter(filter)
-        .with_writer(std::io::stderr)
+        .with_writer(writer)
         .with_ansi(ansi);
     let _ = if json {
         b.json()
@@ -466,6 +485,7 @@ fn init_tracing(default: &str, json: bool) {
     } else {
         b.try_init()
     };
+    guard
 }
 
 /// Whether `--json` is among the raw arguments (for usage errors, before parsing).
@@ -511,13 +531,14 @@ fn main() -> ExitCode {
     // The AWS SDK warns on every failed credential source; our message says it once. The
     // commands print their own warning line for each repair of a corrupt item; `serve` logs
     // them.
-    init_tracing(
+    let _log_guard = init_tracing(
         if is_serve {
             "info,aws_config=error"
         } else {
             "warn,aws_config=error,tollgate::repair=error"
         },
         cli.log_format == "json",
+        is_serve,
     );
     let rt = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()
