@@ -213,15 +213,18 @@ pub fn overdraw_of(consumed: i64, new_tk: i64, debited: bool) -> i64 {
 /// limit's `tk` nor `rf`. Every write that debits moves one of them: the fast path ADDs to
 /// `tk`, the slow path SETs `rf`.
 pub fn debited(old: Option<&Item>, new: &Item, limit: &str) -> bool {
+    debited_at(old, new, &battr(limit, field::TK))
+}
+
+/// [`debited`], given the limit's balance attribute `tk`.
+fn debited_at(old: Option<&Item>, new: &Item, tk: &str) -> bool {
     if new.get(bucket_attr::BYPASS).is_some() {
         return false;
     }
     let Some(old) = old else {
         return true;
     };
-    let tk = battr(limit, field::TK);
-    old.get(tk.as_str()) != new.get(tk.as_str())
-        || old.get(bucket_attr::RF) != new.get(bucket_attr::RF)
+    old.get(tk) != new.get(tk) || old.get(bucket_attr::RF) != new.get(bucket_attr::RF)
 }
 
 /// The namespace of a bucket key (`{ns}/BUCKET#…`, `#STATE`), or `None` for other items.
@@ -263,11 +266,13 @@ pub fn usage_of(
         if d != 0 {
             milli.insert(limit.to_string(), d);
         }
-        let od = overdraw_of(
-            d,
-            num(Some(new), &battr(limit, field::TK)),
-            debited(old, new, limit),
-        );
+        // Only consumption can overdraw: the balance attribute is named for it alone.
+        let od = if d > 0 {
+            let tk = battr(limit, field::TK);
+            overdraw_of(d, num(Some(new), &tk), debited_at(old, new, &tk))
+        } else {
+            0
+        };
         if od != 0 {
             overdraw.insert(limit.to_string(), od);
         }
