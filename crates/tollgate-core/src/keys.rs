@@ -15,44 +15,43 @@ pub const DEFAULT_RESOURCE: &str = "_default_";
 
 /// The bucket item of (entity, resource, shard).
 pub fn bucket(ns: &str, entity: &str, resource: &str, shard: u32) -> Key {
-    // Built by appending on the stack (this runs on every acquire), then shared in one
-    // allocation: the same text as `format!("{ns}/BUCKET#{entity}#{resource}#{shard}")`.
-    let mut pk: SmallVec<[u8; 128]> = SmallVec::new();
-    pk.extend_from_slice(ns.as_bytes());
-    pk.extend_from_slice(b"/BUCKET#");
-    pk.extend_from_slice(entity.as_bytes());
-    pk.push(b'#');
-    pk.extend_from_slice(resource.as_bytes());
-    pk.push(b'#');
-    push_decimal(&mut pk, shard);
-    let pk: Arc<str> = match std::str::from_utf8(&pk) {
-        Ok(s) => Arc::from(s),
-        // Unreachable: every part is text and the digits are ASCII.
-        Err(_) => Arc::from(format!("{ns}/BUCKET#{entity}#{resource}#{shard}")),
-    };
-    Key { pk, sk: state_sk() }
+    // This runs on every acquire: the text is formatted on the stack and shared in one
+    // allocation.
+    Key {
+        pk: shared_text(format_args!("{ns}/BUCKET#{entity}#{resource}#{shard}")),
+        sk: state_sk(),
+    }
+}
+
+/// `args` formatted as shared text in one allocation: formatted on the stack first (up to
+/// 128 bytes; longer text is formatted on the heap, then shared), where `Arc::from` a
+/// `format!`ed string allocates twice.
+pub fn shared_text(args: std::fmt::Arguments<'_>) -> Arc<str> {
+    /// Bytes formatted on the stack.
+    struct Stack(SmallVec<[u8; 128]>);
+    impl std::fmt::Write for Stack {
+        fn write_str(&mut self, s: &str) -> std::fmt::Result {
+            self.0.extend_from_slice(s.as_bytes());
+            Ok(())
+        }
+    }
+    if let Some(s) = args.as_str() {
+        return Arc::from(s);
+    }
+    let mut out = Stack(SmallVec::new());
+    if std::fmt::write(&mut out, args).is_ok() {
+        // Only `str`s were written: the bytes are text.
+        if let Ok(s) = std::str::from_utf8(&out.0) {
+            return Arc::from(s);
+        }
+    }
+    Arc::from(std::fmt::format(args))
 }
 
 /// [`STATE`], shared: every bucket key's sort key is one allocation made once.
 pub fn state_sk() -> Arc<str> {
     static SK: LazyLock<Arc<str>> = LazyLock::new(|| Arc::from(STATE));
     Arc::clone(&SK)
-}
-
-/// Append `n` in decimal.
-fn push_decimal(out: &mut SmallVec<[u8; 128]>, n: u32) {
-    let mut digits = [0u8; 10];
-    let mut i = digits.len();
-    let mut n = n;
-    loop {
-        i -= 1;
-        digits[i] = b'0' + (n % 10) as u8;
-        n /= 10;
-        if n == 0 {
-            break;
-        }
-    }
-    out.extend_from_slice(&digits[i..]);
 }
 
 /// The META item of an entity.
@@ -190,5 +189,16 @@ mod tests {
         for s in [0, 7, 10, 99, 1234, u32::MAX] {
             assert_eq!(*bucket("n", "e", "r", s).pk, format!("n/BUCKET#e#r#{s}"));
         }
+    }
+
+    /// Shared text is the formatted text, on the stack or past it.
+    #[test]
+    fn shared_text_is_the_formatted_text() {
+        let long = "x".repeat(300);
+        for part in ["", "é-ü", "user-1", long.as_str()] {
+            let got = shared_text(format_args!("ns/{part}#{}", 42));
+            assert_eq!(*got, format!("ns/{part}#42"));
+        }
+        assert_eq!(&*shared_text(format_args!("plain")), "plain");
     }
 }

@@ -304,10 +304,12 @@ pub fn snapshot_sk(resource: &str, window: Window, start_ms: i64) -> String {
 
 /// The key of the snapshot of (entity, resource, window, start).
 pub fn snapshot_key(ns: &str, entity: &str, resource: &str, window: Window, start_ms: i64) -> Key {
-    Key::new(
-        snapshot_pk(ns, entity),
-        snapshot_sk(resource, window, start_ms),
-    )
+    // `snapshot_pk` and `snapshot_sk`, formatted on the stack (the aggregator makes one per
+    // window for every change it sums).
+    Key {
+        pk: crate::keys::shared_text(format_args!("{ns}/USAGE#{entity}")),
+        sk: crate::keys::shared_text(format_args!("{resource}#{}#{start_ms:015}", window.name())),
+    }
 }
 
 /// The snapshot attribute of limit `limit`'s consumption (millitokens).
@@ -655,9 +657,10 @@ mod tests {
         assert_eq!(s.overdraw, [("tpm".into(), 500)].into());
         assert_eq!(s.requests, 1);
         assert_eq!(s.window, Window::Hourly);
-        assert_eq!(
-            &*snapshot_key("ns", "e1", "gpt", Window::Hourly, 3_600_000).pk,
-            "ns/USAGE#e1"
-        );
+        let k = snapshot_key("ns", "e1", "gpt", Window::Hourly, 3_600_000);
+        assert_eq!(&*k.pk, "ns/USAGE#e1");
+        assert_eq!(*k.pk, snapshot_pk("ns", "e1"));
+        assert_eq!(&*k.sk, "gpt#hourly#000000003600000");
+        assert_eq!(*k.sk, snapshot_sk("gpt", Window::Hourly, 3_600_000));
     }
 }
