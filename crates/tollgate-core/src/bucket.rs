@@ -269,21 +269,7 @@ impl BucketImage {
     /// Decode a stored bucket item. A wrong type or a missing half of a pair is an error
     /// naming the attribute.
     pub fn decode(item: &Item) -> Result<Self, RuleError> {
-        let key = match (
-            item.get(crate::value::PK).and_then(Value::as_s),
-            item.get(crate::value::SK).and_then(Value::as_s),
-        ) {
-            (Some(pk), Some(sk)) => Key {
-                pk: pk.into(),
-                sk: if sk == crate::keys::STATE {
-                    crate::keys::state_sk()
-                } else {
-                    sk.into()
-                },
-            },
-            _ => Key::new("", ""),
-        };
-        Self::decode_keyed(item, key)
+        Self::decode_keyed(item, Key::of(item).unwrap_or_else(|| Key::new("", "")))
     }
 
     /// [`BucketImage::decode`] of the item stored under `key`: the image shares the key

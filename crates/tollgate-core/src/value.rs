@@ -119,9 +119,16 @@ impl Key {
         }
     }
 
-    /// The key of a stored item, if it carries string `PK` and `SK`.
+    /// The key of a stored item, if it carries string `PK` and `SK` (a bucket's `#STATE`
+    /// sort key shared, not copied).
     pub fn of(item: &Item) -> Option<Key> {
-        Some(Key::new(item.get(PK)?.as_s()?, item.get(SK)?.as_s()?))
+        let (pk, sk) = (item.get(PK)?.as_s()?, item.get(SK)?.as_s()?);
+        let sk = if sk == crate::keys::STATE {
+            crate::keys::state_sk()
+        } else {
+            Arc::from(sk)
+        };
+        Some(Key { pk: pk.into(), sk })
     }
 
     /// Write the key attributes into an item.
