@@ -37,6 +37,7 @@ use std::time::{Duration, Instant};
 use rusqlite::{Connection, TransactionBehavior};
 use tollgate_store::StoreError;
 
+use crate::checkpoint::Pacer;
 use crate::error::{from_commit, from_sqlite};
 use crate::ops::{self, BatchBroken, Outcome};
 use crate::queue::{Job, Queue, Reply, Request};
@@ -51,13 +52,22 @@ pub struct Bounds {
     pub busy_timeout: Duration,
 }
 
+/// Where the writer's results go besides its callers.
+pub struct Sinks {
+    /// The committed images, for the feed reader.
+    pub recent: Arc<Recent>,
+    /// The checkpointer of a file store (`checkpoint.rs`), told what each batch committed;
+    /// `None` when the writer checkpoints itself (an in-memory database).
+    pub pacer: Option<Arc<Pacer>>,
+}
+
 /// The writer's loop, until the queue closes.
-pub fn run(mut conn: Connection, queue: Arc<Queue>, bounds: Bounds, recent: Arc<Recent>) {
+pub fn run(mut conn: Connection, queue: Arc<Queue>, bounds: Bounds, sinks: Sinks) {
     let mut memo = ops::Memo::default();
     let mut batch = Vec::with_capacity(bounds.max_batch_items.min(256));
     while queue.take(bounds.max_batch_items, &mut batch) {
         let ran = catch_unwind(AssertUnwindSafe(|| {
-            run_batch(&mut conn, &queue, &mut batch, bounds, &recent, &mut memo)
+            run_batch(&mut conn, &queue, &mut batch, bounds, &sinks, &mut memo)
         }));
         if ran.is_err() {
             // The callers whose replies were dropped get "writer stopped" (Unavailable); a
@@ -85,7 +95,7 @@ fn run_batch(
     queue: &Queue,
     batch: &mut Vec<Request>,
     bounds: Bounds,
-    recent: &Recent,
+    sinks: &Sinks,
     memo: &mut ops::Memo,
 ) {
     // Nothing of a batch that did not commit is published.
@@ -153,7 +163,10 @@ fn run_batch(
             debug_assert_eq!(results.len(), replies.len());
             // Committed: the feed reader may take these images (never before the commit:
             // a rolled-back batch's sequence numbers are given again).
-            recent.publish(std::mem::take(&mut memo.published));
+            sinks.recent.publish(std::mem::take(&mut memo.published));
+            if let Some(pacer) = &sinks.pacer {
+                pacer.committed(items as u64);
+            }
             for (reply, result) in replies.into_iter().zip(results) {
                 reply.send(result);
             }

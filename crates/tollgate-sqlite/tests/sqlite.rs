@@ -667,3 +667,48 @@ fn works_without_a_tokio_runtime() {
         std::task::Poll::Pending => panic!("the store's future did not complete inline"),
     }
 }
+
+/// A file store's checkpoints run on their own thread (`src/checkpoint.rs`): a few hundred
+/// WAL frames, far below the 1,000 at which the writer's own commit would checkpoint, still
+/// reach the main database file within about a second of the last write. (With the
+/// checkpointer gone the main file stays at its first size until the WAL's 1,000th frame.)
+#[tokio::test]
+async fn the_checkpointer_moves_committed_pages_into_the_main_file() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("t.db");
+    let s = SqliteStore::open(&path).unwrap();
+    let first = std::fs::metadata(&path).unwrap().len();
+    let text = "x".repeat(4_000);
+    for i in 0..60 {
+        s.put(PutRequest {
+            key: Key::new(format!("e{i}"), "#STATE"),
+            item: item(&[("blob", Value::S(text.clone()))]),
+            condition: None,
+        })
+        .await
+        .unwrap();
+    }
+    let wal = dir.path().join("t.db-wal");
+    let wal_frames = std::fs::metadata(&wal).unwrap().len() / 4_096;
+    assert!(
+        wal_frames < 1_000,
+        "the writer checkpointed itself ({wal_frames} frames)"
+    );
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    let grown = loop {
+        let now = std::fs::metadata(&path).unwrap().len();
+        if now >= first + 60 * 4_000 || std::time::Instant::now() > deadline {
+            break now;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    assert!(
+        grown >= first + 60 * 4_000,
+        "the main file did not receive the rows: {first} -> {grown} bytes"
+    );
+    let last = s.get(&Key::new("e59", "#STATE"), true).await.unwrap();
+    assert_eq!(
+        last.and_then(|i| i.get("blob").cloned()),
+        Some(Value::S(text))
+    );
+}
