@@ -12,6 +12,7 @@ mod demo;
 mod doctor;
 mod fail;
 mod limits_file;
+mod logbuf;
 mod namespace;
 mod progress;
 mod serve;
@@ -452,26 +453,27 @@ fn parse_kv(s: &str) -> Result<(String, String), String> {
 }
 
 /// Log to standard error. `serve` logs a line per request (the access log): its lines are
-/// handed to a writer thread that writes them in batches (a buffered write once the lines
-/// at hand are written, instead of a write system call per line on the thread that served
-/// the request). No line is dropped: a writer that cannot keep up makes the loggers wait, as
-/// a direct write would. The guard flushes what is left when `main` returns.
-fn init_tracing(
-    default: &str,
-    json: bool,
-    batched: bool,
-) -> Option<tracing_appender::non_blocking::WorkerGuard> {
+/// gathered in memory and written out together by a thread of their own (`logbuf.rs`: at
+/// most one write and one wake-up every 10 ms under load, instead of one per line). No line
+/// is dropped: a sink that cannot keep up makes the loggers wait, as a direct write would.
+/// The guard writes what is left when `main` returns.
+fn init_tracing(default: &str, json: bool, batched: bool) -> Option<logbuf::Flush> {
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default));
     let ansi = std::io::stderr().is_terminal();
-    let (writer, guard) = if batched {
-        let (w, g) = tracing_appender::non_blocking::NonBlockingBuilder::default()
-            .lossy(false)
-            .thread_name("tollgate-log")
-            .finish(std::io::BufWriter::new(std::io::stderr()));
-        (BoxMakeWriter::new(w), Some(g))
-    } else {
-        (BoxMakeWriter::new(std::io::stderr), None)
+    let started = batched
+        .then(|| logbuf::batched(std::io::stderr(), logbuf::Pacing::default(), "tollgate-log"))
+        .and_then(|r| match r {
+            Ok(pair) => Some(pair),
+            Err(e) => {
+                // No thread for the writer: log directly, one write per line.
+                eprintln!("tollgate: cannot start the log writer thread ({e}); writing directly");
+                None
+            }
+        });
+    let (writer, guard) = match started {
+        Some((w, g)) => (BoxMakeWriter::new(w), Some(g)),
+        None => (BoxMakeWriter::new(std::io::stderr), None),
     };
     let b = tracing_subscriber::fmt()
         .with_env_filter(filter)
