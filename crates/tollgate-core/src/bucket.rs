@@ -218,6 +218,153 @@ pub const FIELDS: [&str; 19] = [
 /// One limit's stored fields while decoding: (attribute name, value) by index in `FIELDS`.
 type LimitFields<'a> = [Option<(&'a str, &'a Value)>; FIELDS.len()];
 
+/// A name of at most 7 bytes as one integer (its bytes, then its length in the top byte):
+/// equal names, equal integers, and no two names of 7 bytes or fewer share one. Decoding
+/// compares a field name against every entry of [`FIELDS`]; as integers that is 19 compares
+/// of a word instead of a `memcmp` call each (the largest cost of decoding an image).
+const fn packed(name: &[u8]) -> Option<u64> {
+    if name.len() > 7 {
+        return None;
+    }
+    let mut x = (name.len() as u64) << 56;
+    let mut i = 0;
+    while i < name.len() {
+        x |= (name[i] as u64) << (8 * i);
+        i += 1;
+    }
+    Some(x)
+}
+
+/// [`FIELDS`], packed.
+const PACKED_FIELDS: [u64; FIELDS.len()] = {
+    let mut out = [0; FIELDS.len()];
+    let mut i = 0;
+    while i < FIELDS.len() {
+        out[i] = match packed(FIELDS[i].as_bytes()) {
+            Some(x) => x,
+            None => panic!("a field name is longer than 7 bytes"),
+        };
+        i += 1;
+    }
+    out
+};
+
+/// The index in [`FIELDS`] of a field name.
+fn field_index(name: &str) -> Option<usize> {
+    let p = packed(name.as_bytes())?;
+    PACKED_FIELDS.iter().position(|x| *x == p)
+}
+
+/// The index in [`FIELDS`] of a field name, at compile time.
+const fn index_of(name: &str) -> usize {
+    let p = match packed(name.as_bytes()) {
+        Some(p) => p,
+        None => panic!("not a field"),
+    };
+    let mut i = 0;
+    while i < FIELDS.len() {
+        if PACKED_FIELDS[i] == p {
+            return i;
+        }
+        i += 1;
+    }
+    panic!("not a field")
+}
+
+/// Each field's index in [`FIELDS`], computed at compile time.
+mod at {
+    use super::{field, index_of};
+    pub const TK: usize = index_of(field::TK);
+    pub const CP: usize = index_of(field::CP);
+    pub const RA: usize = index_of(field::RA);
+    pub const RP: usize = index_of(field::RP);
+    pub const TC: usize = index_of(field::TC);
+    pub const RC: usize = index_of(field::RC);
+    pub const WS: usize = index_of(field::WS);
+    pub const RSA: usize = index_of(field::RSA);
+    pub const WA: usize = index_of(field::WA);
+    pub const WTC: usize = index_of(field::WTC);
+    pub const GC: usize = index_of(field::GC);
+    pub const RSCHED: usize = index_of(field::RSCHED);
+    pub const TZ: usize = index_of(field::TZ);
+    pub const PE: usize = index_of(field::PE);
+    pub const SCHED: usize = index_of(field::SCHED);
+    pub const BCP: usize = index_of(field::BCP);
+    pub const BRA: usize = index_of(field::BRA);
+    pub const FU: usize = index_of(field::FU);
+    pub const TU: usize = index_of(field::TU);
+}
+
+/// The top-level attributes [`BucketImage::decode_keyed`] reads, taken in its one pass over
+/// the item instead of a map look-up each.
+#[derive(Default)]
+struct TopLevel<'a> {
+    rf: Option<&'a Value>,
+    shard_count: Option<&'a Value>,
+    vu: Option<&'a Value>,
+    ttl: Option<&'a Value>,
+    ph: Option<&'a Value>,
+    op: Option<&'a Value>,
+    cascade: Option<&'a Value>,
+    disabled: bool,
+    bypass: bool,
+}
+
+impl<'a> TopLevel<'a> {
+    /// Take `value` if `name` is one of the attributes decoding reads.
+    fn take(&mut self, name: &str, value: &'a Value) {
+        let slot = match name {
+            attr::RF => &mut self.rf,
+            attr::SHARD_COUNT => &mut self.shard_count,
+            attr::VU => &mut self.vu,
+            attr::TTL => &mut self.ttl,
+            attr::PH => &mut self.ph,
+            attr::OP => &mut self.op,
+            attr::CASCADE => &mut self.cascade,
+            attr::DISABLED => {
+                self.disabled = true;
+                return;
+            }
+            attr::BYPASS => {
+                self.bypass = true;
+                return;
+            }
+            _ => return,
+        };
+        *slot = Some(value);
+    }
+}
+
+/// A number attribute's value, `None` when absent; another type is corrupt.
+fn num_of(v: Option<&Value>, key: &Key, name: &str) -> Result<Option<i64>, RuleError> {
+    match v {
+        None => Ok(None),
+        Some(Value::N(n)) => Ok(Some(*n)),
+        Some(v) => Err(corrupt(
+            key,
+            name,
+            format!("expected a number, found {}", v.type_name()),
+        )),
+    }
+}
+
+/// A string attribute's value, `None` when absent; another type is corrupt.
+fn string_of<'a>(
+    v: Option<&'a Value>,
+    key: &Key,
+    name: &str,
+) -> Result<Option<&'a str>, RuleError> {
+    match v {
+        None => Ok(None),
+        Some(Value::S(s)) => Ok(Some(s.as_str())),
+        Some(v) => Err(corrupt(
+            key,
+            name,
+            format!("expected a string, found {}", v.type_name()),
+        )),
+    }
+}
+
 /// `key` as errors name it: its display form, empty for an item without key attributes.
 fn key_text(key: &Key) -> String {
     if key.pk.is_empty() && key.sk.is_empty() {
@@ -232,30 +379,6 @@ fn corrupt(key: &Key, attribute: &str, reason: impl Into<String>) -> RuleError {
         key: key_text(key),
         attribute: attribute.into(),
         reason: reason.into(),
-    }
-}
-
-fn num(item: &Item, key: &Key, name: &str) -> Result<Option<i64>, RuleError> {
-    match item.get(name) {
-        None => Ok(None),
-        Some(Value::N(n)) => Ok(Some(*n)),
-        Some(v) => Err(corrupt(
-            key,
-            name,
-            format!("expected a number, found {}", v.type_name()),
-        )),
-    }
-}
-
-fn string<'a>(item: &'a Item, key: &Key, name: &str) -> Result<Option<&'a str>, RuleError> {
-    match item.get(name) {
-        None => Ok(None),
-        Some(Value::S(s)) => Ok(Some(s.as_str())),
-        Some(v) => Err(corrupt(
-            key,
-            name,
-            format!("expected a string, found {}", v.type_name()),
-        )),
     }
 }
 
@@ -281,8 +404,40 @@ impl BucketImage {
             "the item is the one stored under the key"
         );
         let k = &key;
-        let rf = num(item, k, attr::RF)?.ok_or_else(|| corrupt(k, attr::RF, "missing"))?;
-        let shard_count = num(item, k, attr::SHARD_COUNT)?.unwrap_or(1);
+        // One pass over the attributes: the top-level ones decoding reads, and
+        // `b_{limit}_{field}` grouped by limit.
+        // Each limit's fields by their index in `FIELDS` (an attribute name determines its
+        // limit and field, so a slot is filled at most once), limits in name order.
+        // Held on the stack for the usual few limits (a user limit or three and `wcu`).
+        let mut top = TopLevel::default();
+        let mut fields: SmallVec<[(&str, LimitFields<'_>); 4]> = SmallVec::new();
+        for (a, v) in item {
+            let Some(rest) = a.strip_prefix("b_") else {
+                top.take(a, v);
+                continue;
+            };
+            let Some((n, f)) = rest.rsplit_once('_') else {
+                continue;
+            };
+            let Some(fi) = field_index(f) else {
+                continue;
+            };
+            // A limit's attributes are mostly adjacent in name order: try the last one first.
+            let at = match fields.last() {
+                Some((x, _)) if *x == n => fields.len() - 1,
+                _ => match fields.iter().position(|(x, _)| *x == n) {
+                    Some(at) => at,
+                    None => {
+                        fields.push((n, [None; FIELDS.len()]));
+                        fields.len() - 1
+                    }
+                },
+            };
+            debug_assert!(fields[at].1[fi].is_none(), "one attribute per field");
+            fields[at].1[fi] = Some((a.as_str(), v));
+        }
+        let rf = num_of(top.rf, k, attr::RF)?.ok_or_else(|| corrupt(k, attr::RF, "missing"))?;
+        let shard_count = num_of(top.shard_count, k, attr::SHARD_COUNT)?.unwrap_or(1);
         if !(1..=MAX_SHARD_COUNT).contains(&shard_count) {
             return Err(corrupt(
                 k,
@@ -290,35 +445,12 @@ impl BucketImage {
                 format!("out of range: {shard_count}"),
             ));
         }
-        // One pass over the attributes: group `b_{limit}_{field}` by limit.
-        // Each limit's fields by their index in `FIELDS` (an attribute name determines its
-        // limit and field, so a slot is filled at most once), limits in name order.
-        // Held on the stack for the usual few limits (a user limit or three and `wcu`).
-        let mut fields: SmallVec<[(&str, LimitFields<'_>); 4]> = SmallVec::new();
-        for (a, v) in item {
-            if let Some(rest) = a.strip_prefix("b_") {
-                if let Some((n, f)) = rest.rsplit_once('_') {
-                    if let Some(fi) = FIELDS.iter().position(|x| *x == f) {
-                        let at = match fields.iter().position(|(x, _)| *x == n) {
-                            Some(at) => at,
-                            None => {
-                                fields.push((n, [None; FIELDS.len()]));
-                                fields.len() - 1
-                            }
-                        };
-                        debug_assert!(fields[at].1[fi].is_none(), "one attribute per field");
-                        fields[at].1[fi] = Some((a.as_str(), v));
-                    }
-                }
-            }
-        }
         fields.sort_unstable_by(|a, b| a.0.cmp(b.0));
         let mut limits = BTreeMap::new();
         let mut wcu = None;
         for (n, fs) in fields {
-            let get = |f: &str| FIELDS.iter().position(|x| *x == f).and_then(|fi| fs[fi]);
-            let g = |f: &str| -> Result<Option<i64>, RuleError> {
-                match get(f) {
+            let g = |i: usize| -> Result<Option<i64>, RuleError> {
+                match fs[i] {
                     None => Ok(None),
                     Some((_, Value::N(x))) => Ok(Some(*x)),
                     Some((a, v)) => Err(corrupt(
@@ -328,8 +460,8 @@ impl BucketImage {
                     )),
                 }
             };
-            let gs = |f: &str| -> Result<Option<String>, RuleError> {
-                match get(f) {
+            let gs = |i: usize| -> Result<Option<String>, RuleError> {
+                match fs[i] {
                     None => Ok(None),
                     Some((_, Value::S(x))) => Ok(Some(x.clone())),
                     Some((a, v)) => Err(corrupt(
@@ -339,7 +471,7 @@ impl BucketImage {
                     )),
                 }
             };
-            let (tk, cp) = match (g(field::TK)?, g(field::CP)?) {
+            let (tk, cp) = match (g(at::TK)?, g(at::CP)?) {
                 (Some(tk), Some(cp)) => (tk, cp),
                 (None, None) => continue,
                 (Some(_), None) => {
@@ -349,34 +481,34 @@ impl BucketImage {
                     return Err(corrupt(k, &battr(n, field::TK), "missing (cp present)"))
                 }
             };
-            let ws = g(field::WS)?;
-            let rsa = g(field::RSA)?;
+            let ws = g(at::WS)?;
+            let rsa = g(at::RSA)?;
             if ws.is_some() && rsa.is_none() {
                 return Err(corrupt(k, &battr(n, field::RSA), "missing (ws present)"));
             }
-            let rsched = match (gs(field::RSCHED)?, gs(field::TZ)?) {
+            let rsched = match (gs(at::RSCHED)?, gs(at::TZ)?) {
                 (Some(c), tz) => Some((c, tz.unwrap_or_else(|| "UTC".into()))),
                 (None, _) => None,
             };
             let st = LimitState {
                 balance: tk,
                 capacity: cp,
-                refill_amount: g(field::RA)?.unwrap_or(0),
-                refill_period_ms: g(field::RP)?.unwrap_or(0),
-                consumed: g(field::TC)?.unwrap_or(0),
-                refill_carry: g(field::RC)?.unwrap_or(0),
+                refill_amount: g(at::RA)?.unwrap_or(0),
+                refill_period_ms: g(at::RP)?.unwrap_or(0),
+                consumed: g(at::TC)?.unwrap_or(0),
+                refill_carry: g(at::RC)?.unwrap_or(0),
                 window_start_ms: ws,
                 window_s: rsa,
-                window_applied_ms: g(field::WA)?,
-                window_consumed: g(field::WTC)?,
-                grant_count: g(field::GC)?,
+                window_applied_ms: g(at::WA)?,
+                window_consumed: g(at::WTC)?,
+                grant_count: g(at::GC)?,
                 calendar: rsched,
-                period_applied_ms: g(field::PE)?,
-                schedule: gs(field::SCHED)?.filter(|x| x != SCHED_NONE),
-                base_capacity: g(field::BCP)?,
-                base_refill_amount: g(field::BRA)?,
-                full_at_ms: g(field::FU)?,
-                topped_up: g(field::TU)?,
+                period_applied_ms: g(at::PE)?,
+                schedule: gs(at::SCHED)?.filter(|x| x != SCHED_NONE),
+                base_capacity: g(at::BCP)?,
+                base_refill_amount: g(at::BRA)?,
+                full_at_ms: g(at::FU)?,
+                topped_up: g(at::TU)?,
             };
             if n == WCU {
                 wcu = Some(st);
@@ -384,13 +516,13 @@ impl BucketImage {
                 limits.insert(AttrName::from(n), st);
             }
         }
-        let vu = num(item, k, attr::VU)?;
-        let ttl = num(item, k, attr::TTL)?;
-        let ph = string(item, k, attr::PH)?.map(AttrName::from);
-        let disabled = item.contains_key(attr::DISABLED);
-        let bypass = item.contains_key(attr::BYPASS);
-        let op = string(item, k, attr::OP)?.map(str::to_string);
-        let cascade = match item.get(attr::CASCADE) {
+        let vu = num_of(top.vu, k, attr::VU)?;
+        let ttl = num_of(top.ttl, k, attr::TTL)?;
+        let ph = string_of(top.ph, k, attr::PH)?.map(AttrName::from);
+        let disabled = top.disabled;
+        let bypass = top.bypass;
+        let op = string_of(top.op, k, attr::OP)?.map(str::to_string);
+        let cascade = match top.cascade {
             None => None,
             Some(Value::Bool(b)) => Some(*b),
             Some(v) => {
@@ -446,6 +578,59 @@ mod tests {
             .collect();
         Key::new("ns/BUCKET#e#r#0", "#STATE").stamp(&mut i);
         i
+    }
+
+    #[test]
+    fn every_field_name_finds_its_index_and_nothing_else_does() {
+        for (i, f) in FIELDS.iter().enumerate() {
+            assert_eq!(field_index(f), Some(i), "{f}");
+        }
+        assert_eq!(at::TK, 0);
+        assert_eq!(at::TU, FIELDS.len() - 1);
+        for other in [
+            "",
+            "t",
+            "tkk",
+            "tk\0",
+            "\0tk",
+            "TK",
+            "rschedx",
+            "rsched\0\0",
+            "bx",
+        ] {
+            assert_eq!(field_index(other), None, "{other:?}");
+        }
+    }
+
+    #[test]
+    fn top_level_attributes_of_the_wrong_type_are_corrupt() {
+        for (name, v) in [
+            (attr::RF, Value::S("x".into())),
+            (attr::SHARD_COUNT, Value::S("x".into())),
+            (attr::VU, Value::Bool(true)),
+            (attr::PH, Value::N(1)),
+            (attr::CASCADE, Value::N(1)),
+        ] {
+            let mut i = item(&[
+                ("rf", Value::N(5)),
+                ("b_rpm_tk", Value::N(1)),
+                ("b_rpm_cp", Value::N(2)),
+            ]);
+            i.insert(name.into(), v);
+            match BucketImage::decode(&i) {
+                Err(RuleError::Corrupt { attribute, .. }) => assert_eq!(attribute, name),
+                other => panic!("{name}: {other:?}"),
+            }
+        }
+        let mut i = item(&[
+            ("rf", Value::N(5)),
+            ("disabled", Value::Bool(true)),
+            ("op", Value::S("o".into())),
+        ]);
+        i.insert(attr::BYPASS.into(), Value::N(1));
+        let b = BucketImage::decode(&i).unwrap();
+        assert!(b.disabled && b.bypass);
+        assert_eq!(b.op.as_deref(), Some("o"));
     }
 
     #[test]
