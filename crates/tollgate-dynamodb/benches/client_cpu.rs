@@ -17,7 +17,8 @@
 //! * `acquire`: a whole `Limiter::acquire` (warm caches), for comparison.
 //!
 //! Each task works on its own entity, so no call fails its condition. `TOLLGATE_BENCH_CALLS`
-//! (default 4000) calls per row after 200 warm-up calls. Without `TOLLGATE_DYNAMODB_ENDPOINT`
+//! (default 4000) calls per row after 200 warm-up calls; `TOLLGATE_BENCH_TASKS` (default
+//! `1,64`) the task counts. Without `TOLLGATE_DYNAMODB_ENDPOINT`
 //! it prints a note and exits 0.
 
 use std::sync::Arc;
@@ -151,12 +152,24 @@ async fn bench(store: Arc<DynamoDbStore>, calls: usize) -> Result<(), Box<dyn st
         "{:>8} {:>5} {:>8} {:>9} {:>10} {:>10} {:>10}",
         "op", "tasks", "calls", "calls/s", "cpu µs", "user µs", "sys µs"
     );
+    // TOLLGATE_BENCH_TASKS=1 picks task counts (for profiling under an instruction counter,
+    // which runs threads one at a time); default: 1 and 64.
+    let task_counts: Vec<usize> = std::env::var("TOLLGATE_BENCH_TASKS")
+        .ok()
+        .map(|s| {
+            s.split(',')
+                .filter_map(|t| t.trim().parse().ok())
+                .filter(|&t| t > 0 && t <= targets.len())
+                .collect()
+        })
+        .filter(|v: &Vec<usize>| !v.is_empty())
+        .unwrap_or_else(|| vec![1, 64]);
     for op in [Op::Acquire, Op::Update, Op::Get] {
         let name = format!("{op:?}").to_lowercase();
         if !wanted(&name) {
             continue;
         }
-        for tasks in [1usize, 64] {
+        for &tasks in &task_counts {
             if !matches!(op, Op::Acquire) {
                 top_up(&store, &targets).await?;
             }

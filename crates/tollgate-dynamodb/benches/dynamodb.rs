@@ -12,7 +12,9 @@
 //! limit that never refuses (10 000 000/s). Reports p50/p99/max latency, throughput and the
 //! store requests per acquire (a `Counting` wrapper around the store), this process's CPU
 //! per acquire (`getrusage`: the client's own cost, DynamoDB Local being another process),
-//! and separately the
+//! which path admitted each row's acquires (the limiter's fast and slow admits; every write
+//! beyond one per admitted acquire failed its condition and was planned again), and
+//! separately the
 //! requests of a cold first acquire (empty caches, no bucket yet) and of a first acquire of
 //! a new entity by a limiter whose config cache is warm. Without `TOLLGATE_DYNAMODB_ENDPOINT`
 //! it prints a note and exits 0.
@@ -42,6 +44,8 @@ struct Row {
     shard_count: i64,
     /// This process's CPU time over the row (user + system, every thread).
     cpu: Duration,
+    /// What the row's limiter did (fast and slow admits).
+    paths: tollgate::StatsSnapshot,
 }
 
 fn main() {
@@ -171,6 +175,23 @@ async fn bench(store: Arc<Counting<DynamoDbStore>>, dur: Duration) -> Result<(),
         );
     }
     println!();
+    println!("limiter paths per row (a write that did not admit failed its condition):");
+    println!(
+        "{:>5} {:>11} {:>11} {:>17}",
+        "tasks", "fast admits", "slow admits", "failed writes/acq"
+    );
+    for r in &rows {
+        let n = r.acquires.max(1) as f64;
+        let admits = r.paths.fast_admits + r.paths.slow_admits;
+        println!(
+            "{:>5} {:>11} {:>11} {:>17.3}",
+            r.tasks,
+            r.paths.fast_admits,
+            r.paths.slow_admits,
+            r.requests.writes().saturating_sub(admits) as f64 / n
+        );
+    }
+    println!();
     println!("store requests of single acquires:");
     for (what, s) in [
         ("cold (new limiter, new entity)", cold_first),
@@ -201,6 +222,7 @@ async fn load(
     dur: Duration,
 ) -> Row {
     let before = store.stats();
+    let paths_before = lim.stats();
     let cpu_before = rusage::cpu_total();
     let start = Instant::now();
     let deadline = start + dur;
@@ -236,6 +258,12 @@ async fn load(
     let secs = start.elapsed().as_secs_f64();
     let cpu = rusage::cpu_total().saturating_sub(cpu_before);
     let requests = store.stats().since(&before);
+    let paths_after = lim.stats();
+    let paths = tollgate::StatsSnapshot {
+        fast_admits: paths_after.fast_admits - paths_before.fast_admits,
+        slow_admits: paths_after.slow_admits - paths_before.slow_admits,
+        ..Default::default()
+    };
     lat.sort_unstable();
     let pct = |p: f64| -> Duration {
         if lat.is_empty() {
@@ -256,6 +284,7 @@ async fn load(
         requests,
         shard_count,
         cpu,
+        paths,
     }
 }
 

@@ -68,17 +68,45 @@ impl Aliases {
             self.names
                 .into_iter()
                 .enumerate()
-                .map(|(i, n)| (format!("#n{i}"), n))
+                .map(|(i, n)| (alias_key(&NAME_ALIASES, "#n", i), n))
                 .collect()
         });
         let values = (!self.values.is_empty()).then(|| {
             self.values
                 .into_iter()
                 .enumerate()
-                .map(|(i, v)| (format!(":v{i}"), v))
+                .map(|(i, v)| (alias_key(&VALUE_ALIASES, ":v", i), v))
                 .collect()
         });
         (names, values)
+    }
+}
+
+/// The first name aliases, spelled out: a request's map keys are copied from here instead
+/// of formatted (an acquire's write names about a dozen attributes).
+const NAME_ALIASES: [&str; 32] = [
+    "#n0", "#n1", "#n2", "#n3", "#n4", "#n5", "#n6", "#n7", "#n8", "#n9", "#n10", "#n11", "#n12",
+    "#n13", "#n14", "#n15", "#n16", "#n17", "#n18", "#n19", "#n20", "#n21", "#n22", "#n23", "#n24",
+    "#n25", "#n26", "#n27", "#n28", "#n29", "#n30", "#n31",
+];
+
+/// The first value placeholders, spelled out (see [`NAME_ALIASES`]).
+const VALUE_ALIASES: [&str; 32] = [
+    ":v0", ":v1", ":v2", ":v3", ":v4", ":v5", ":v6", ":v7", ":v8", ":v9", ":v10", ":v11", ":v12",
+    ":v13", ":v14", ":v15", ":v16", ":v17", ":v18", ":v19", ":v20", ":v21", ":v22", ":v23", ":v24",
+    ":v25", ":v26", ":v27", ":v28", ":v29", ":v30", ":v31",
+];
+
+/// The map key of alias `i`: copied from `table` when it is there, else `prefix` and the
+/// decimal `i` (the same text either way).
+fn alias_key(table: &[&str], prefix: &str, i: usize) -> String {
+    match table.get(i) {
+        Some(a) => (*a).to_owned(),
+        None => {
+            let mut s = String::with_capacity(prefix.len() + 4);
+            push_alias(&mut s, prefix, i);
+            s
+        }
     }
 }
 
@@ -395,6 +423,17 @@ mod tests {
         let (names, values) = a.into_maps();
         assert_eq!(names, p.names_opt());
         assert_eq!(values, p.values_opt());
+    }
+
+    #[test]
+    fn spelled_out_alias_keys_match_the_rendered_ones() {
+        for i in 0..40 {
+            let (mut n, mut v) = (String::new(), String::new());
+            push_alias(&mut n, "#n", i);
+            push_alias(&mut v, ":v", i);
+            assert_eq!(alias_key(&NAME_ALIASES, "#n", i), n);
+            assert_eq!(alias_key(&VALUE_ALIASES, ":v", i), v);
+        }
     }
 
     #[test]
