@@ -19,6 +19,11 @@
 //! a new entity by a limiter whose config cache is warm. Without `TOLLGATE_DYNAMODB_ENDPOINT`
 //! it prints a note and exits 0.
 
+// The `tollgate` binary (`serve --store dynamodb`) runs on mimalloc: measure the client as
+// it runs there (the system allocator costs about a sixth more instructions per acquire).
+#[global_allocator]
+static ALLOC: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
