@@ -65,6 +65,7 @@
 //! adjustments are debt, which the limiter allows by design; they are not counted.
 
 use std::collections::BTreeMap;
+use std::sync::Arc;
 
 use tollgate_core::value::{Item, Key, Value};
 use tollgate_core::{Limit, Refill};
@@ -210,13 +211,13 @@ pub struct TcEvent {
     /// The operation whose write it was.
     pub op: Option<usize>,
     /// Entity.
-    pub entity: String,
+    pub entity: Name,
     /// Resource.
-    pub resource: String,
+    pub resource: Name,
     /// Shard.
     pub shard: u32,
     /// Limit.
-    pub limit: String,
+    pub limit: Name,
     /// Change of `tc` (milli).
     pub delta: i64,
     /// The limit's window start on the item after the write.
@@ -240,7 +241,13 @@ pub struct TcEvent {
 /// that set the stamp because the configured mode says bypass (shaped for bypass) — or a
 /// refund that left the balance where it was on a stamped item (a bypassed lease's; an
 /// enforced lease's refund credits its balance and counts).
-fn recorded_only(before: Option<&Item>, after: &Item, limit: &str, delta: i64) -> bool {
+fn recorded_only(
+    before: Option<&Item>,
+    after: &Item,
+    limit: &str,
+    delta: i64,
+    attr: &mut AttrBuf,
+) -> bool {
     let stamped = |i: &Item| i.contains_key("bypass");
     if !stamped(after) {
         return false;
@@ -248,17 +255,17 @@ fn recorded_only(before: Option<&Item>, after: &Item, limit: &str, delta: i64) -
     if delta > 0 {
         return true;
     }
-    let tk = |i: &Item| n(i, &format!("b_{limit}_tk"));
-    before.is_some_and(|b| tk(b) == tk(after))
+    let tk = attr.of(limit, "tk");
+    before.is_some_and(|b| n(b, tk) == n(after, tk))
 }
 
 /// A bucket item came into being.
 #[derive(Debug, Clone)]
 pub struct Creation {
     /// Entity.
-    pub entity: String,
+    pub entity: Name,
     /// Resource.
-    pub resource: String,
+    pub resource: Name,
     /// Shard.
     pub shard: u32,
     /// The shard count stamped at creation.
@@ -275,9 +282,9 @@ pub struct Creation {
 #[derive(Debug, Clone)]
 pub struct OldRf {
     /// Entity.
-    pub entity: String,
+    pub entity: Name,
     /// Resource.
-    pub resource: String,
+    pub resource: Name,
     /// Shard.
     pub shard: u32,
     /// `rf` before.
@@ -297,9 +304,9 @@ pub struct FailedWrite {
     /// The operation.
     pub op: usize,
     /// Entity of the bucket written.
-    pub entity: String,
+    pub entity: Name,
     /// Resource of the bucket written.
-    pub resource: String,
+    pub resource: Name,
     /// Shard of the bucket written.
     pub shard: u32,
     /// Scheduler step.
@@ -334,22 +341,62 @@ pub struct Ledger {
     pub residuals: Vec<String>,
     /// Per bucket write (entity, resource, step): how long it waited between being issued
     /// and being applied (ms) — the staleness of the clock reading it carries.
-    pub latencies: Vec<(String, String, u64, i64)>,
+    pub latencies: Vec<(Name, Name, u64, i64)>,
     /// Limits soft at some time of the run (ADR-151): see the module docs.
     pub soft: std::collections::BTreeSet<String>,
     /// Overdraw per (`entity/resource`, limit), milli: of every applied write's
     /// consumption, the part that took the shard's balance below zero, from the write's own
     /// images (`tollgate_core::usage::overdraw_of`) — what the usage snapshots must count.
     pub overdraw: BTreeMap<(String, String), i64>,
+    /// Every entity, resource and limit name the records carry, each allocated once.
+    names: Names,
 }
 
-/// `(entity, resource, shard)` of a bucket key `{ns}/BUCKET#{entity}#{resource}#{shard}`.
-pub fn parse_bucket(k: &Key) -> Option<(String, String, u32)> {
+/// An entity, resource or limit name in the ledger's records: shared, so that recording a
+/// write copies no text (compared and ordered by its text, as a `String` is).
+pub type Name = Arc<str>;
+
+/// The names a run's records share (a run has a handful, so a linear search finds them).
+#[derive(Debug, Default)]
+struct Names(Vec<Name>);
+
+impl Names {
+    /// The shared copy of `s` (made on first sight).
+    fn get(&mut self, s: &str) -> Name {
+        if let Some(n) = self.0.iter().find(|n| ***n == *s) {
+            return n.clone();
+        }
+        let n: Name = Arc::from(s);
+        self.0.push(n.clone());
+        n
+    }
+}
+
+/// A bucket attribute name `b_{limit}_{field}`, built in one reused buffer instead of a
+/// `format!` per lookup.
+#[derive(Debug, Default)]
+struct AttrBuf(String);
+
+impl AttrBuf {
+    /// `b_{limit}_{field}`.
+    fn of(&mut self, limit: &str, field: &str) -> &str {
+        self.0.clear();
+        self.0.push_str("b_");
+        self.0.push_str(limit);
+        self.0.push('_');
+        self.0.push_str(field);
+        &self.0
+    }
+}
+
+/// `(entity, resource, shard)` of a bucket key `{ns}/BUCKET#{entity}#{resource}#{shard}`
+/// (borrowed from the key).
+pub fn parse_bucket(k: &Key) -> Option<(&str, &str, u32)> {
     let rest = k.pk.split_once("/BUCKET#")?.1;
     let mut parts = rest.rsplitn(3, '#');
     let shard = parts.next()?.parse().ok()?;
-    let resource = parts.next()?.to_string();
-    let entity = parts.next()?.to_string();
+    let resource = parts.next()?;
+    let entity = parts.next()?;
     Some((entity, resource, shard))
 }
 
@@ -359,20 +406,23 @@ fn n(item: &Item, a: &str) -> Option<i64> {
 
 /// Limit names carried on a bucket item (`b_{name}_tc`), the write-capacity guard excluded.
 pub fn limits_on(item: &Item) -> Vec<String> {
+    limit_names(item).map(str::to_string).collect()
+}
+
+/// [`limits_on`] without copying the names (borrowed from the item, in its order).
+pub fn limit_names(item: &Item) -> impl Iterator<Item = &str> {
     item.keys()
         .filter_map(|k| k.strip_prefix("b_")?.strip_suffix("_tc"))
         .filter(|n| *n != "wcu")
-        .map(str::to_string)
-        .collect()
 }
 
-type Slot = (String, String, String);
+type Slot = (Name, Name, Name);
 
 /// Where an acquire's debit landed: (shard, ws, rf).
 type Landed = (u32, Option<i64>, i64);
 
 /// `tc` moved per (entity, limit).
-type Moves = BTreeMap<(String, String), i64>;
+type Moves<'a> = BTreeMap<(&'a str, &'a str), i64>;
 
 impl Ledger {
     /// Start an operation; returns its id.
@@ -402,6 +452,7 @@ impl Ledger {
     /// A bucket write issued `latency` ms before it was applied (at `step`).
     pub fn record_latency(&mut self, key: &Key, step: u64, latency: i64) {
         if let Some((e, r, _)) = parse_bucket(key) {
+            let (e, r) = (self.names.get(e), self.names.get(r));
             self.latencies.push((e, r, step, latency.max(0)));
         }
     }
@@ -446,6 +497,7 @@ impl Ledger {
             }
         }
         let Some(a) = after else { return };
+        let (entity, resource) = (self.names.get(entity), self.names.get(resource));
         if before.is_none() {
             self.creations.push(Creation {
                 entity: entity.clone(),
@@ -458,39 +510,47 @@ impl Ledger {
             });
         }
         let rf = n(a, "rf").unwrap_or(0);
-        for l in limits_on(a) {
-            self.check_roll_charge(client, &entity, &resource, shard, &l, before, a, step);
+        let mut attr = AttrBuf::default();
+        for l in limit_names(a) {
+            self.check_roll_charge(
+                client, &entity, &resource, shard, l, before, a, step, &mut attr,
+            );
         }
-        for l in limits_on(a) {
-            let tc_a = n(a, &format!("b_{l}_tc")).unwrap_or(0);
-            let tc_b = before.and_then(|b| n(b, &format!("b_{l}_tc"))).unwrap_or(0);
+        for l in limit_names(a) {
+            let tc = attr.of(l, "tc");
+            let tc_a = n(a, tc).unwrap_or(0);
+            let tc_b = before.and_then(|b| n(b, tc)).unwrap_or(0);
             if tc_a != tc_b {
                 let od = tollgate_core::usage::overdraw_of(
                     tc_a - tc_b,
-                    n(a, &format!("b_{l}_tk")).unwrap_or(0),
-                    tollgate_core::usage::debited(before, a, &l),
+                    n(a, attr.of(l, "tk")).unwrap_or(0),
+                    tollgate_core::usage::debited(before, a, l),
                 );
                 if od != 0 {
                     *self
                         .overdraw
-                        .entry((format!("{entity}/{resource}"), l.clone()))
+                        .entry((format!("{entity}/{resource}"), l.to_string()))
                         .or_default() += od;
                 }
+                let window_start_ms = n(a, attr.of(l, "ws"));
+                // A calendar quota's balance belongs to the period of the edge it
+                // reflects (`pe`); `rf` stands in on unmarked items.
+                let refilled_at_ms = n(a, attr.of(l, "pe")).unwrap_or(rf);
+                let bypassed = recorded_only(before, a, l, tc_a - tc_b, &mut attr);
+                let limit = self.names.get(l);
                 self.consumed.push(TcEvent {
                     op,
                     entity: entity.clone(),
                     resource: resource.clone(),
                     shard,
-                    limit: l.clone(),
+                    limit,
                     delta: tc_a - tc_b,
-                    window_start_ms: n(a, &format!("b_{l}_ws")),
-                    // A calendar quota's balance belongs to the period of the edge it
-                    // reflects (`pe`); `rf` stands in on unmarked items.
-                    refilled_at_ms: n(a, &format!("b_{l}_pe")).unwrap_or(rf),
+                    window_start_ms,
+                    refilled_at_ms,
                     t,
                     step,
                     lost,
-                    bypassed: recorded_only(before, a, &l, tc_a - tc_b),
+                    bypassed,
                 });
             }
         }
@@ -512,9 +572,10 @@ impl Ledger {
         before: Option<&Item>,
         a: &Item,
         step: u64,
+        attr: &mut AttrBuf,
     ) {
         let Some(b) = before else { return };
-        let g = |i: &Item, f: &str| n(i, &format!("b_{l}_{f}"));
+        let mut g = |i: &Item, f: &str| n(i, attr.of(l, f));
         let (Some(ws_b), Some(ws_a), Some(wa_a), Some(wtc)) =
             (g(b, "ws"), g(a, "ws"), g(a, "wa"), g(a, "wtc"))
         else {
@@ -554,6 +615,7 @@ impl Ledger {
         let (Some(op), Some((entity, resource, shard))) = (op, parse_bucket(key)) else {
             return;
         };
+        let (entity, resource) = (self.names.get(entity), self.names.get(resource));
         self.failed_writes.push(FailedWrite {
             op,
             entity,
@@ -582,7 +644,7 @@ impl Ledger {
 
     /// The entities an operation's writes land on: the acquire's entity, then its cascade
     /// parent (for a commit or rollback, those of the acquire that granted the lease).
-    fn sides(&self, kind: &OpKind) -> Vec<String> {
+    fn sides<'a>(&'a self, kind: &'a OpKind) -> Vec<&'a str> {
         let acq = match kind {
             OpKind::Commit { lease_of, .. } | OpKind::Rollback { lease_of, .. } => {
                 self.ops.get(*lease_of).map(|o| &o.kind)
@@ -590,8 +652,8 @@ impl Ledger {
             k => Some(k),
         };
         match acq {
-            Some(OpKind::Acquire { entity, parent, .. }) => std::iter::once(entity.clone())
-                .chain(parent.clone())
+            Some(OpKind::Acquire { entity, parent, .. }) => std::iter::once(entity.as_str())
+                .chain(parent.as_deref())
                 .collect(),
             _ => Vec::new(),
         }
@@ -603,22 +665,25 @@ impl Ledger {
         &self,
         id: usize,
         op: &OpRec,
-        moved: &Moves,
-        full: &Moves,
+        moved: &Moves<'_>,
+        full: &Moves<'_>,
     ) -> Option<String> {
         let sides = self.sides(&op.kind);
-        let [child, parent] = sides.as_slice() else {
+        let &[child, parent] = sides.as_slice() else {
             return None;
         };
-        let of = |m: &Moves, e: &str| -> BTreeMap<String, i64> {
+        let of = |m: &Moves<'_>, e: &str| -> BTreeMap<String, i64> {
             m.iter()
-                .filter(|((en, _), _)| en == e)
-                .map(|((_, l), v)| (l.clone(), *v))
+                .filter(|((en, _), _)| *en == e)
+                .map(|((_, l), v)| (l.to_string(), *v))
                 .collect()
         };
         let failed_on = |e: &str, shard: Option<u32>, after: u64| {
             self.failed_writes.iter().any(|f| {
-                f.op == id && f.entity == e && shard.is_none_or(|s| s == f.shard) && f.step > after
+                f.op == id
+                    && *f.entity == *e
+                    && shard.is_none_or(|s| s == f.shard)
+                    && f.step > after
             })
         };
         let (mc, mp) = (of(moved, child), of(moved, parent));
@@ -630,7 +695,7 @@ impl Ledger {
             let (debit, shard) = self
                 .consumed
                 .iter()
-                .filter(|e| e.op == Some(id) && e.entity == *child && e.delta > 0)
+                .filter(|e| e.op == Some(id) && *e.entity == *child && e.delta > 0)
                 .map(|e| (e.step, e.shard))
                 .max()?;
             let undo_failed = failed_on(child, Some(shard), debit);
@@ -661,6 +726,7 @@ impl Ledger {
             return;
         };
         if let (Some(b), Some(a)) = (n(before, "rf"), n(after, "rf")) {
+            let (entity, resource) = (self.names.get(entity), self.names.get(resource));
             self.old_rf.push(OldRf {
                 entity,
                 resource,
@@ -777,14 +843,11 @@ impl Ledger {
     }
 
     fn check_consumed_once(&mut self, limits: &BTreeMap<String, Vec<Limit>>) {
-        let mut by_op: BTreeMap<usize, (Moves, bool)> = BTreeMap::new();
+        let mut by_op: BTreeMap<usize, (Moves<'_>, bool)> = BTreeMap::new();
         for e in &self.consumed {
             if let Some(op) = e.op {
                 let slot = by_op.entry(op).or_default();
-                *slot
-                    .0
-                    .entry((e.entity.clone(), e.limit.clone()))
-                    .or_default() += e.delta;
+                *slot.0.entry((&*e.entity, &*e.limit)).or_default() += e.delta;
                 slot.1 |= e.lost;
             } else {
                 let d = format!(
@@ -800,21 +863,33 @@ impl Ledger {
         let mut found = Vec::new();
         let mut residuals = Vec::new();
         for (id, op) in self.ops.iter().enumerate() {
-            let (moved, lost) = by_op.get(&id).cloned().unwrap_or_default();
-            let moved: Moves = moved.into_iter().filter(|(_, v)| *v != 0).collect();
+            let (moved, lost): (Moves<'_>, bool) = match by_op.get(&id) {
+                Some((m, lost)) => (
+                    m.iter()
+                        .filter(|(_, v)| **v != 0)
+                        .map(|(k, v)| (*k, *v))
+                        .collect(),
+                    *lost,
+                ),
+                None => (Moves::new(), false),
+            };
             // What the operation moves when it succeeds, on every side (child, then parent).
-            let per_side: Vec<(String, i64)> = match &op.kind {
-                OpKind::Acquire { amounts, .. } => amounts.clone(),
-                OpKind::Commit { deltas, .. } => deltas.clone(),
+            let per_side: Vec<(&str, i64)> = match &op.kind {
+                OpKind::Acquire { amounts, .. } => {
+                    amounts.iter().map(|(k, v)| (k.as_str(), *v)).collect()
+                }
+                OpKind::Commit { deltas, .. } => {
+                    deltas.iter().map(|(k, v)| (k.as_str(), *v)).collect()
+                }
                 OpKind::Rollback { debits, .. } => {
-                    debits.iter().map(|(k, v)| (k.clone(), -v)).collect()
+                    debits.iter().map(|(k, v)| (k.as_str(), -v)).collect()
                 }
                 OpKind::Check | OpKind::TopUp { .. } | OpKind::Reset { .. } => Vec::new(),
             };
             let mut full = Moves::new();
             for e in self.sides(&op.kind) {
                 for (l, v) in &per_side {
-                    *full.entry((e.clone(), l.clone())).or_default() += v;
+                    *full.entry((e, *l)).or_default() += v;
                 }
             }
             full.retain(|_, v| *v != 0);
@@ -826,7 +901,7 @@ impl Ledger {
             if moved == expected {
                 continue;
             }
-            let show = |m: &Moves| -> BTreeMap<String, i64> {
+            let show = |m: &Moves<'_>| -> BTreeMap<String, i64> {
                 m.iter()
                     .map(|((e, l), v)| (format!("{e}:{l}"), *v))
                     .collect()
@@ -901,13 +976,16 @@ impl Ledger {
                 .or_default() += e.delta;
         }
         let mut stored: BTreeMap<Slot, i64> = BTreeMap::new();
+        let mut attr = AttrBuf::default();
         for i in items {
             let Some(k) = Key::of(i) else { continue };
             let Some((e, r, _)) = parse_bucket(&k) else {
                 continue;
             };
-            for l in limits_on(i) {
-                let tc = n(i, &format!("b_{l}_tc")).unwrap_or(0);
+            let (e, r) = (self.names.get(e), self.names.get(r));
+            for l in limit_names(i) {
+                let tc = n(i, attr.of(l, "tc")).unwrap_or(0);
+                let l = self.names.get(l);
                 *stored.entry((e.clone(), r.clone(), l)).or_default() += tc;
             }
         }
@@ -936,7 +1014,7 @@ impl Ledger {
         // Where each acquire's debit landed, per entity (a cascade acquire debits the
         // child and the parent) and limit.
         // (An acquire may debit several shards: one landing per shard.)
-        let mut landed: BTreeMap<(usize, String, String, u32), Landed> = BTreeMap::new();
+        let mut landed: BTreeMap<(usize, Name, Name, u32), Landed> = BTreeMap::new();
         for e in &self.consumed {
             let Some(op) = e.op else { continue };
             let Some(rec) = self.ops.get(op) else {
@@ -1000,13 +1078,13 @@ impl Ledger {
 
     fn check_window(&mut self, res: &str, l: &Limit, len: i64, adm: &[Admission]) {
         let cap = l.capacity_milli();
-        let mut per: BTreeMap<(String, i64), i64> = BTreeMap::new();
-        let mut entities: BTreeMap<String, Vec<&Admission>> = BTreeMap::new();
+        let mut per: BTreeMap<(&str, i64), i64> = BTreeMap::new();
+        let mut entities: BTreeMap<&str, Vec<&Admission>> = BTreeMap::new();
         for a in adm
             .iter()
-            .filter(|a| a.slot.1 == res && a.slot.2 == l.name())
+            .filter(|a| *a.slot.1 == *res && *a.slot.2 == *l.name())
         {
-            entities.entry(a.slot.0.clone()).or_default().push(a);
+            entities.entry(&*a.slot.0).or_default().push(a);
         }
         let mut out = Vec::new();
         for (ent, list) in entities {
@@ -1036,7 +1114,7 @@ impl Ledger {
                     None => a.window_start_ms,
                 };
                 if let Some(p) = ws.and_then(phase_of) {
-                    *per.entry((ent.clone(), p)).or_default() += a.amount;
+                    *per.entry((ent, p)).or_default() += a.amount;
                 } else if a.refund_of.is_none() {
                     out.push(format!(
                         "step {}: {ent}/{res} {} admitted {} on shard {} with no window start",
@@ -1073,9 +1151,9 @@ impl Ledger {
         l: &Limit,
         skew: i64,
         period: &dyn Fn(i64) -> i64,
-    ) -> BTreeMap<(String, i64), i64> {
-        let mut seen: std::collections::BTreeSet<String> = Default::default();
-        let mut out: BTreeMap<(String, i64), i64> = BTreeMap::new();
+    ) -> BTreeMap<(&str, i64), i64> {
+        let mut seen: std::collections::BTreeSet<&str> = Default::default();
+        let mut out: BTreeMap<(&str, i64), i64> = BTreeMap::new();
         for o in &self.ops {
             let (ent, credit, op) = match &o.kind {
                 OpKind::TopUp {
@@ -1099,7 +1177,7 @@ impl Ledger {
                 } if resource == res => (entity, l.capacity_milli(), op),
                 _ => continue,
             };
-            if !seen.insert(op.clone()) {
+            if !seen.insert(op.as_str()) {
                 continue;
             }
             let mut periods = vec![period(o.t - skew)];
@@ -1108,7 +1186,7 @@ impl Ledger {
                 periods.push(last);
             }
             for p in periods {
-                *out.entry((ent.clone(), p)).or_default() += credit;
+                *out.entry((ent.as_str(), p)).or_default() += credit;
             }
         }
         out
@@ -1119,10 +1197,10 @@ impl Ledger {
         let cap = l.capacity_milli();
         let period = |rf: i64| cal.prev_edge(rf).unwrap_or(i64::MIN);
         let credits = self.operator_credits(res, l, skew, &period);
-        let mut per: BTreeMap<(String, i64), i64> = BTreeMap::new();
+        let mut per: BTreeMap<(&str, i64), i64> = BTreeMap::new();
         for a in adm
             .iter()
-            .filter(|a| a.slot.1 == res && a.slot.2 == l.name())
+            .filter(|a| *a.slot.1 == *res && *a.slot.2 == *l.name())
         {
             let p = match a.refund_of {
                 Some((_, rf_acq)) if period(rf_acq) == period(a.refilled_at_ms) => {
@@ -1131,11 +1209,11 @@ impl Ledger {
                 Some(_) => continue,
                 None => period(a.refilled_at_ms),
             };
-            *per.entry((a.slot.0.clone(), p)).or_default() += a.amount;
+            *per.entry((&*a.slot.0, p)).or_default() += a.amount;
         }
         let mut out = Vec::new();
         for ((ent, p), total) in per {
-            let credit = credits.get(&(ent.clone(), p)).copied().unwrap_or(0);
+            let credit = credits.get(&(ent, p)).copied().unwrap_or(0);
             if total > cap + credit {
                 out.push(format!(
                     "{ent}/{res} {}: the period starting at {p} admitted {} > capacity {} + operator credit {} (tokens)",
@@ -1154,7 +1232,7 @@ impl Ledger {
     /// `lease-net`: per lease (the acquire that granted it) and limit, the acquire's debit plus
     /// every adjustment and rollback the store applied for it never sums below zero.
     fn check_lease_net(&mut self) {
-        let mut net: BTreeMap<(usize, String, String), i64> = BTreeMap::new();
+        let mut net: BTreeMap<(usize, &str, &str), i64> = BTreeMap::new();
         for e in &self.consumed {
             let Some(op) = e.op else { continue };
             let lease = match self.ops.get(op).map(|o| &o.kind) {
@@ -1164,8 +1242,7 @@ impl Ledger {
                 }
                 _ => continue,
             };
-            *net.entry((lease, e.entity.clone(), e.limit.clone()))
-                .or_default() += e.delta;
+            *net.entry((lease, &*e.entity, &*e.limit)).or_default() += e.delta;
         }
         let mut out = Vec::new();
         for ((lease, ent, limit), v) in net {
@@ -1248,9 +1325,9 @@ impl Ledger {
         for e in self
             .consumed
             .iter()
-            .filter(|e| e.resource == res && e.limit == l.name() && !e.bypassed)
+            .filter(|e| *e.resource == *res && *e.limit == *l.name() && !e.bypassed)
         {
-            by_entity.entry(e.entity.as_str()).or_default().push(e);
+            by_entity.entry(&*e.entity).or_default().push(e);
         }
         let mut out = Vec::new();
         for (ent, mut evs) in by_entity {
@@ -1259,13 +1336,13 @@ impl Ledger {
             let lat: Vec<(u64, i64)> = self
                 .latencies
                 .iter()
-                .filter(|(e, r, _, _)| e == ent && r == res)
+                .filter(|(e, r, _, _)| **e == *ent && **r == *res)
                 .map(|(_, _, s, l)| (*s, *l))
                 .collect();
             let s_max = self
                 .creations
                 .iter()
-                .filter(|c| c.entity == ent && c.resource == res)
+                .filter(|c| *c.entity == *ent && *c.resource == *res)
                 .map(|c| c.shard_count)
                 .max()
                 .unwrap_or(1)
@@ -1276,7 +1353,7 @@ impl Ledger {
             let stamps: Vec<(u64, i64, i64)> = self
                 .old_rf
                 .iter()
-                .filter(|o| o.entity == ent && o.resource == res && o.after < o.before)
+                .filter(|o| *o.entity == *ent && *o.resource == *res && o.after < o.before)
                 .map(|o| (o.step, o.t, o.before - o.after))
                 .collect();
             let is_admission = |e: &TcEvent| {
@@ -1344,16 +1421,16 @@ impl Ledger {
         let mut entities: BTreeMap<&str, Vec<&Admission>> = BTreeMap::new();
         for a in adm
             .iter()
-            .filter(|a| a.slot.1 == res && a.slot.2 == l.name())
+            .filter(|a| *a.slot.1 == *res && *a.slot.2 == *l.name())
         {
-            entities.entry(a.slot.0.as_str()).or_default().push(a);
+            entities.entry(&*a.slot.0).or_default().push(a);
         }
         for (ent, mut list) in entities {
             list.sort_by_key(|a| a.step);
             let creations: Vec<&Creation> = self
                 .creations
                 .iter()
-                .filter(|c| c.entity == ent && c.resource == res)
+                .filter(|c| *c.entity == *ent && *c.resource == *res)
                 .collect();
             let mut net = 0i64;
             for a in list {
@@ -1375,7 +1452,10 @@ impl Ledger {
                         i128::from(cap / s) + i128::from(rate) * elapsed / i128::from(rp) + 1000;
                 }
                 for o in self.old_rf.iter().filter(|o| {
-                    o.entity == ent && o.resource == res && o.step <= a.step && o.after < o.before
+                    *o.entity == *ent
+                        && *o.resource == *res
+                        && o.step <= a.step
+                        && o.after < o.before
                 }) {
                     let s = s_at.get(&o.shard).copied().unwrap_or(1);
                     let rate = (ra / s).max(1);

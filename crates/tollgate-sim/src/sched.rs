@@ -206,18 +206,17 @@ impl Shared {
             let step = st.rng.gen_range(1..=st.knobs.max_step_ms.max(1));
             self.now.fetch_add(step, Ordering::SeqCst);
         }
-        let ready: Vec<u64> = st
+        // The pool: the requests not delayed, else every pending one (in id order); one is
+        // drawn by its index in the pool, without collecting the pool.
+        let ready = st.pending.values().filter(|p| p.delay == 0).count();
+        let pool_len = if ready == 0 { st.pending.len() } else { ready };
+        let k = st.rng.gen_range(0..pool_len);
+        let id = st
             .pending
             .iter()
-            .filter(|(_, p)| p.delay == 0)
-            .map(|(id, _)| *id)
-            .collect();
-        let pool: Vec<u64> = if ready.is_empty() {
-            st.pending.keys().copied().collect()
-        } else {
-            ready
-        };
-        let id = pool[st.rng.gen_range(0..pool.len())];
+            .filter(|(_, p)| ready == 0 || p.delay == 0)
+            .nth(k)
+            .map(|(id, _)| *id)?;
         for p in st.pending.values_mut() {
             p.delay = p.delay.saturating_sub(1);
         }
@@ -291,6 +290,16 @@ impl Shared {
             }
         }
         for (k, (b, a)) in keys.iter().zip(before.into_iter().zip(after)) {
+            // The store keeps an item it did not write as the same allocation: the images
+            // are equal, which the ledger skips (it compares them in full otherwise).
+            let untouched = match (&b, &a) {
+                (Some(b), Some(a)) => Arc::ptr_eq(b, a),
+                (None, None) => true,
+                _ => false,
+            };
+            if untouched {
+                continue;
+            }
             st.ledger
                 .record_write(client, op, k, b.as_deref(), a.as_deref(), now, step, lost);
         }
@@ -553,11 +562,11 @@ pub struct Turn {
 
 impl Future for Turn {
     type Output = ();
-    fn poll(mut self: Pin<&mut Self>, _cx: &mut Context<'_>) -> Poll<()> {
-        let sh = self.sh.clone();
-        let mut g = sh.lock();
+    fn poll(self: Pin<&mut Self>, _cx: &mut Context<'_>) -> Poll<()> {
+        let this = self.get_mut();
+        let mut g = this.sh.lock();
         let st = &mut *g;
-        match self.id {
+        match this.id {
             None => {
                 let id = st.next_id;
                 st.next_id += 1;
@@ -570,11 +579,11 @@ impl Future for Turn {
                 st.pending.insert(
                     id,
                     Pending {
-                        client: self.client,
+                        client: this.client,
                         delay,
                     },
                 );
-                self.id = Some(id);
+                this.id = Some(id);
                 Poll::Pending
             }
             Some(id) if st.granted == Some(id) => {
