@@ -352,6 +352,17 @@ pub struct Ledger {
     names: Names,
 }
 
+/// A bucket item's place: `(entity, resource, shard)` of its key (see [`parse_bucket`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Bucket {
+    /// Entity.
+    pub entity: Name,
+    /// Resource.
+    pub resource: Name,
+    /// Shard.
+    pub shard: u32,
+}
+
 /// An entity, resource or limit name in the ledger's records: shared, so that recording a
 /// write copies no text (compared and ordered by its text, as a `String` is).
 pub type Name = Arc<str>;
@@ -449,12 +460,28 @@ impl Ledger {
         }
     }
 
+    /// The bucket `key` addresses, its names shared with the ledger's records (`None` for
+    /// an item that is no bucket): parse a key once for the `*_at` recorders.
+    pub fn bucket_of(&mut self, key: &Key) -> Option<Bucket> {
+        let (e, r, shard) = parse_bucket(key)?;
+        Some(Bucket {
+            entity: self.names.get(e),
+            resource: self.names.get(r),
+            shard,
+        })
+    }
+
     /// A bucket write issued `latency` ms before it was applied (at `step`).
     pub fn record_latency(&mut self, key: &Key, step: u64, latency: i64) {
-        if let Some((e, r, _)) = parse_bucket(key) {
-            let (e, r) = (self.names.get(e), self.names.get(r));
-            self.latencies.push((e, r, step, latency.max(0)));
+        if let Some(b) = self.bucket_of(key) {
+            self.record_latency_at(&b, step, latency);
         }
+    }
+
+    /// [`Ledger::record_latency`] on a parsed bucket key.
+    pub fn record_latency_at(&mut self, b: &Bucket, step: u64, latency: i64) {
+        self.latencies
+            .push((b.entity.clone(), b.resource.clone(), step, latency.max(0)));
     }
 
     /// Record what an acquire's answer reported.
@@ -477,9 +504,30 @@ impl Ledger {
         step: u64,
         lost: bool,
     ) {
-        let Some((entity, resource, shard)) = parse_bucket(key) else {
-            return;
-        };
+        if let Some(b) = self.bucket_of(key) {
+            self.record_write_at(client, op, &b, before, after, t, step, lost);
+        }
+    }
+
+    /// [`Ledger::record_write`] on a parsed bucket key.
+    #[allow(clippy::too_many_arguments)]
+    pub fn record_write_at(
+        &mut self,
+        client: usize,
+        op: Option<usize>,
+        bucket: &Bucket,
+        before: Option<&Item>,
+        after: Option<&Item>,
+        t: i64,
+        step: u64,
+        lost: bool,
+    ) {
+        let Bucket {
+            entity,
+            resource,
+            shard,
+        } = bucket;
+        let shard = *shard;
         if before == after {
             return;
         }
@@ -497,7 +545,6 @@ impl Ledger {
             }
         }
         let Some(a) = after else { return };
-        let (entity, resource) = (self.names.get(entity), self.names.get(resource));
         if before.is_none() {
             self.creations.push(Creation {
                 entity: entity.clone(),
@@ -513,7 +560,7 @@ impl Ledger {
         let mut attr = AttrBuf::default();
         for l in limit_names(a) {
             self.check_roll_charge(
-                client, &entity, &resource, shard, l, before, a, step, &mut attr,
+                client, entity, resource, shard, l, before, a, step, &mut attr,
             );
         }
         for l in limit_names(a) {
@@ -612,15 +659,22 @@ impl Ledger {
 
     /// A bucket write of operation `op` that returned an error (applied or not).
     pub fn record_failed_write(&mut self, op: Option<usize>, key: &Key, step: u64) {
-        let (Some(op), Some((entity, resource, shard))) = (op, parse_bucket(key)) else {
+        if op.is_none() {
             return;
-        };
-        let (entity, resource) = (self.names.get(entity), self.names.get(resource));
+        }
+        if let Some(b) = self.bucket_of(key) {
+            self.record_failed_write_at(op, &b, step);
+        }
+    }
+
+    /// [`Ledger::record_failed_write`] on a parsed bucket key.
+    pub fn record_failed_write_at(&mut self, op: Option<usize>, b: &Bucket, step: u64) {
+        let Some(op) = op else { return };
         self.failed_writes.push(FailedWrite {
             op,
-            entity,
-            resource,
-            shard,
+            entity: b.entity.clone(),
+            resource: b.resource.clone(),
+            shard: b.shard,
             step,
         });
     }
@@ -1371,6 +1425,12 @@ impl Ledger {
                 let mut sum: i128 = 0;
                 let mut stale: i64 = 0;
                 let mut li = lat.partition_point(|(s, _)| *s <= evs[j].step);
+                // The backward stamps up to this admission: (true time, ms re-credited).
+                let stamps_j: Vec<(i64, i64)> = stamps
+                    .iter()
+                    .filter(|(st, _, _)| *st <= evs[j].step)
+                    .map(|(_, t, d)| (*t, *d))
+                    .collect();
                 for i in (0..=j).rev() {
                     // A request carries the clock reading it was built with: one applied
                     // late decides as of then (its trust check, its refill clamp).
@@ -1382,18 +1442,21 @@ impl Ledger {
                     let ti = evs[i].t;
                     // A backward stamp re-credits refill at the next materialisation, which
                     // may come up to one full refill later.
-                    let credit: i128 = stamps
-                        .iter()
-                        .filter(|(st, t, _)| {
-                            *st <= evs[j].step && i128::from(*t) + full_ms >= i128::from(ti)
-                        })
-                        .map(|(_, _, d)| i128::from(*d))
-                        .sum::<i128>()
-                        * rate
-                        / i128::from(rp);
+                    let credit: i128 = if stamps_j.is_empty() {
+                        0
+                    } else {
+                        stamps_j
+                            .iter()
+                            .filter(|(t, _)| i128::from(*t) + full_ms >= i128::from(ti))
+                            .map(|(_, d)| i128::from(*d))
+                            .sum::<i128>()
+                            * rate
+                            / i128::from(rp)
+                    };
                     let span = i128::from(tj - ti + 2 * (skew + stale));
-                    let allow = cap + rate * span / i128::from(rp) + 1000 + credit;
-                    if sum > allow {
+                    let refill = rate * span;
+                    if over_envelope(sum, cap + 1000 + credit, refill, i128::from(rp)) {
+                        let allow = cap + refill / i128::from(rp) + 1000 + credit;
                         out.push(format!(
                             "step {}: {ent}/{res} {}: consumed {} in [{ti}, {tj}] ({} ms) > capacity {} + refill over it {} (rate {}/{} ms, up to {s_max} shards)",
                             evs[j].step,
@@ -1482,6 +1545,17 @@ impl Ledger {
     }
 }
 
+/// `sum > base + refill / rp` (the `rate-envelope` test, `/` rounding toward zero), without
+/// an i128 division when `refill / rp` rounds down (`refill ≥ 0`, `rp > 0`): then, for
+/// integers, `x > ⌊refill / rp⌋ ⟺ x · rp > refill` with `x = sum − base`.
+fn over_envelope(sum: i128, base: i128, refill: i128, rp: i128) -> bool {
+    if refill >= 0 && rp > 0 {
+        (sum - base) * rp > refill
+    } else {
+        sum > base + refill / rp
+    }
+}
+
 /// One admission (or credited refund) of one limit.
 #[derive(Debug, Clone)]
 struct Admission {
@@ -1525,5 +1599,36 @@ mod tests {
         let k = tollgate_core::keys::bucket("sim", "e0", "res", 7);
         assert_eq!(parse_bucket(&k), Some(("e0".into(), "res".into(), 7)));
         assert_eq!(parse_bucket(&Key::new("sim/SYSTEM#", "#CONFIG")), None);
+        let mut l = Ledger::default();
+        let b = l.bucket_of(&k).expect("a bucket key");
+        assert_eq!((&*b.entity, &*b.resource, b.shard), ("e0", "res", 7));
+        // One shared copy per name.
+        let b2 = l.bucket_of(&k).expect("a bucket key");
+        assert!(Arc::ptr_eq(&b.entity, &b2.entity));
+        assert_eq!(l.bucket_of(&Key::new("sim/SYSTEM#", "#CONFIG")), None);
+    }
+
+    #[test]
+    fn envelope_test_matches_the_division() {
+        for sum in -40..40 {
+            for base in -10..10 {
+                for refill in -50..50 {
+                    for rp in [1, 2, 3, 7, 10, 60_000] {
+                        assert_eq!(
+                            over_envelope(sum, base, refill, rp),
+                            sum > base + refill / rp,
+                            "sum {sum} base {base} refill {refill} rp {rp}"
+                        );
+                    }
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn attribute_names() {
+        let mut a = AttrBuf::default();
+        assert_eq!(a.of("rps", "tc"), "b_rps_tc");
+        assert_eq!(a.of("session", "wtc"), "b_session_wtc");
     }
 }

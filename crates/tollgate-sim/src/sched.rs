@@ -279,17 +279,18 @@ impl Shared {
         }
         let now = self.now();
         let step = st.step;
-        for k in keys {
-            st.ledger.record_latency(k, step, now - t_call);
-        }
         let op = st.current_op.get(client).copied().flatten();
         let lost = matches!(err, Some(StoreError::Ambiguous(_)));
-        if err.is_some() {
-            for k in keys {
-                st.ledger.record_failed_write(op, k, step);
-            }
-        }
+        // One pass per key (its key parsed once): latencies, failed writes and `tc` changes
+        // are kept in lists of their own, so each still lists the keys in order.
         for (k, (b, a)) in keys.iter().zip(before.into_iter().zip(after)) {
+            let Some(bucket) = st.ledger.bucket_of(k) else {
+                continue;
+            };
+            st.ledger.record_latency_at(&bucket, step, now - t_call);
+            if err.is_some() {
+                st.ledger.record_failed_write_at(op, &bucket, step);
+            }
             // The store keeps an item it did not write as the same allocation: the images
             // are equal, which the ledger skips (it compares them in full otherwise).
             let untouched = match (&b, &a) {
@@ -300,8 +301,16 @@ impl Shared {
             if untouched {
                 continue;
             }
-            st.ledger
-                .record_write(client, op, k, b.as_deref(), a.as_deref(), now, step, lost);
+            st.ledger.record_write_at(
+                client,
+                op,
+                &bucket,
+                b.as_deref(),
+                a.as_deref(),
+                now,
+                step,
+                lost,
+            );
         }
     }
 
