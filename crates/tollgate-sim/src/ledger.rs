@@ -241,13 +241,8 @@ pub struct TcEvent {
 /// that set the stamp because the configured mode says bypass (shaped for bypass) — or a
 /// refund that left the balance where it was on a stamped item (a bypassed lease's; an
 /// enforced lease's refund credits its balance and counts).
-fn recorded_only(
-    before: Option<&Item>,
-    after: &Item,
-    limit: &str,
-    delta: i64,
-    attr: &mut AttrBuf,
-) -> bool {
+/// (`after`'s fields of the limit in `fa`, the image before's in `fb`.)
+fn recorded_only(after: &Item, fa: &LimitFields, fb: Option<&LimitFields>, delta: i64) -> bool {
     let stamped = |i: &Item| i.contains_key("bypass");
     if !stamped(after) {
         return false;
@@ -255,8 +250,7 @@ fn recorded_only(
     if delta > 0 {
         return true;
     }
-    let tk = attr.of(limit, "tk");
-    before.is_some_and(|b| n(b, tk) == n(after, tk))
+    fb.is_some_and(|b| b.tk == fa.tk)
 }
 
 /// A bucket item came into being.
@@ -388,6 +382,51 @@ impl Names {
 #[derive(Debug, Default)]
 struct AttrBuf(String);
 
+/// The numeric fields of one limit on a bucket item (`b_{limit}_{field}`; `None` when absent
+/// or not a number, as [`n`] reads them) that the ledger's write checks use.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+struct LimitFields {
+    tc: Option<i64>,
+    tk: Option<i64>,
+    ws: Option<i64>,
+    wa: Option<i64>,
+    wtc: Option<i64>,
+    pe: Option<i64>,
+    cp: Option<i64>,
+    gc: Option<i64>,
+}
+
+impl LimitFields {
+    /// Read `limit`'s fields from `item` in one pass: an item's attributes are sorted, so
+    /// every `b_{limit}_…` name sits in one run from the first name at or after the prefix.
+    /// A field is matched by its whole remaining name (`b_a_b_tc`, limit `a_b`'s `tc`, is
+    /// no field of limit `a`: no field name holds a `_`), so each field is exactly what
+    /// `n(item, "b_{limit}_{field}")` reads.
+    fn of(item: &Item, limit: &str, attr: &mut AttrBuf) -> Self {
+        use std::ops::Bound;
+        let prefix = attr.of(limit, "");
+        let mut f = Self::default();
+        for (k, v) in item.range::<str, _>((Bound::Included(prefix), Bound::Unbounded)) {
+            let Some(field) = k.strip_prefix(prefix) else {
+                break;
+            };
+            let slot = match field {
+                "tc" => &mut f.tc,
+                "tk" => &mut f.tk,
+                "ws" => &mut f.ws,
+                "wa" => &mut f.wa,
+                "wtc" => &mut f.wtc,
+                "pe" => &mut f.pe,
+                "cp" => &mut f.cp,
+                "gc" => &mut f.gc,
+                _ => continue,
+            };
+            *slot = v.as_n();
+        }
+        f
+    }
+}
+
 impl AttrBuf {
     /// `b_{limit}_{field}`.
     fn of(&mut self, limit: &str, field: &str) -> &str {
@@ -403,7 +442,14 @@ impl AttrBuf {
 /// `(entity, resource, shard)` of a bucket key `{ns}/BUCKET#{entity}#{resource}#{shard}`
 /// (borrowed from the key).
 pub fn parse_bucket(k: &Key) -> Option<(&str, &str, u32)> {
-    let rest = k.pk.split_once("/BUCKET#")?.1;
+    const MARK: &str = "/BUCKET#";
+    let pk: &str = &k.pk;
+    // The first `/BUCKET#` (the one `split_once` finds), looked for only where a `/` is.
+    let at = pk
+        .match_indices('/')
+        .map(|(i, _)| i)
+        .find(|i| pk[*i..].starts_with(MARK))?;
+    let rest = &pk[at + MARK.len()..];
     let mut parts = rest.rsplitn(3, '#');
     let shard = parts.next()?.parse().ok()?;
     let resource = parts.next()?;
@@ -558,19 +604,18 @@ impl Ledger {
         }
         let rf = n(a, "rf").unwrap_or(0);
         let mut attr = AttrBuf::default();
+        // One pass per limit: the roll-charge check (it reports to `violations`) and the `tc`
+        // change (to `consumed` and `overdraw`), each limit's fields read once per image.
         for l in limit_names(a) {
-            self.check_roll_charge(
-                client, entity, resource, shard, l, before, a, step, &mut attr,
-            );
-        }
-        for l in limit_names(a) {
-            let tc = attr.of(l, "tc");
-            let tc_a = n(a, tc).unwrap_or(0);
-            let tc_b = before.and_then(|b| n(b, tc)).unwrap_or(0);
+            let fa = LimitFields::of(a, l, &mut attr);
+            let fb = before.map(|b| LimitFields::of(b, l, &mut attr));
+            self.check_roll_charge(client, entity, resource, shard, l, before, a, &fa, fb, step);
+            let tc_a = fa.tc.unwrap_or(0);
+            let tc_b = fb.and_then(|f| f.tc).unwrap_or(0);
             if tc_a != tc_b {
                 let od = tollgate_core::usage::overdraw_of(
                     tc_a - tc_b,
-                    n(a, attr.of(l, "tk")).unwrap_or(0),
+                    fa.tk.unwrap_or(0),
                     tollgate_core::usage::debited(before, a, l),
                 );
                 if od != 0 {
@@ -579,11 +624,11 @@ impl Ledger {
                         .entry((format!("{entity}/{resource}"), l.to_string()))
                         .or_default() += od;
                 }
-                let window_start_ms = n(a, attr.of(l, "ws"));
+                let window_start_ms = fa.ws;
                 // A calendar quota's balance belongs to the period of the edge it
                 // reflects (`pe`); `rf` stands in on unmarked items.
-                let refilled_at_ms = n(a, attr.of(l, "pe")).unwrap_or(rf);
-                let bypassed = recorded_only(before, a, l, tc_a - tc_b, &mut attr);
+                let refilled_at_ms = fa.pe.unwrap_or(rf);
+                let bypassed = recorded_only(a, &fa, fb.as_ref(), tc_a - tc_b);
                 let limit = self.names.get(l);
                 self.consumed.push(TcEvent {
                     op,
@@ -618,27 +663,28 @@ impl Ledger {
         l: &str,
         before: Option<&Item>,
         a: &Item,
+        fa: &LimitFields,
+        fb: Option<LimitFields>,
         step: u64,
-        attr: &mut AttrBuf,
     ) {
-        let Some(b) = before else { return };
-        let mut g = |i: &Item, f: &str| n(i, attr.of(l, f));
-        let (Some(ws_b), Some(ws_a), Some(wa_a), Some(wtc)) =
-            (g(b, "ws"), g(a, "ws"), g(a, "wa"), g(a, "wtc"))
-        else {
+        let (Some(b), Some(fb)) = (before, fb) else {
             return;
         };
-        let pending = match g(b, "wa") {
+        let (Some(ws_b), Some(ws_a), Some(wa_a), Some(wtc)) = (fb.ws, fa.ws, fa.wa, fa.wtc) else {
+            return;
+        };
+        let pending = match fb.wa {
             Some(wa_b) => ws_b > wa_b,
             None => n(b, "rf").is_some_and(|rf| ws_b > rf),
         };
         if !(pending && ws_a == ws_b && wa_a == ws_a) {
             return;
         }
-        let (Some(tk), Some(tc), Some(cp)) = (g(a, "tk"), g(a, "tc"), g(a, "cp")) else {
+        let (Some(tk), Some(tc), Some(cp)) = (fa.tk, fa.tc, fa.cp) else {
             return;
         };
-        let gc = g(a, "gc")
+        let gc = fa
+            .gc
             .filter(|x| *x >= 1)
             .or(n(a, "shard_count"))
             .unwrap_or(1)
@@ -1599,6 +1645,19 @@ mod tests {
         let k = tollgate_core::keys::bucket("sim", "e0", "res", 7);
         assert_eq!(parse_bucket(&k), Some(("e0".into(), "res".into(), 7)));
         assert_eq!(parse_bucket(&Key::new("sim/SYSTEM#", "#CONFIG")), None);
+        // The first `/BUCKET#` counts, wherever other slashes are.
+        let k2 = Key::new("a/b/BUCKET#x/BUCKET#y#r#3", "#STATE");
+        assert_eq!(parse_bucket(&k2), Some(("x/BUCKET#y", "r", 3)));
+        assert_eq!(
+            parse_bucket(&k2),
+            k2.pk.split_once("/BUCKET#").and_then(|(_, rest)| {
+                let mut p = rest.rsplitn(3, '#');
+                let shard = p.next()?.parse().ok()?;
+                let r = p.next()?;
+                Some((p.next()?, r, shard))
+            })
+        );
+        assert_eq!(parse_bucket(&Key::new("sim/BUCKET", "#STATE")), None);
         let mut l = Ledger::default();
         let b = l.bucket_of(&k).expect("a bucket key");
         assert_eq!((&*b.entity, &*b.resource, b.shard), ("e0", "res", 7));
@@ -1623,6 +1682,41 @@ mod tests {
                 }
             }
         }
+    }
+
+    #[test]
+    fn limit_fields_read_what_n_reads() {
+        let mut i = Item::new();
+        for (k, v) in [
+            ("b_a_tc", 1),
+            ("b_a_tk", 2),
+            ("b_a_b_tc", 3),
+            ("b_a_b_ws", 4),
+            ("b_a_wtc", 5),
+            ("b_ab_tc", 6),
+            ("b_a_cp", 7),
+            ("rf", 8),
+        ] {
+            i.insert(k.into(), Value::N(v));
+        }
+        i.insert("b_a_ws".into(), Value::S("not a number".into()));
+        let mut attr = AttrBuf::default();
+        for l in ["a", "a_b", "ab", "none"] {
+            let f = LimitFields::of(&i, l, &mut attr);
+            let want = LimitFields {
+                tc: n(&i, &format!("b_{l}_tc")),
+                tk: n(&i, &format!("b_{l}_tk")),
+                ws: n(&i, &format!("b_{l}_ws")),
+                wa: n(&i, &format!("b_{l}_wa")),
+                wtc: n(&i, &format!("b_{l}_wtc")),
+                pe: n(&i, &format!("b_{l}_pe")),
+                cp: n(&i, &format!("b_{l}_cp")),
+                gc: n(&i, &format!("b_{l}_gc")),
+            };
+            assert_eq!(f, want, "limit {l}");
+        }
+        assert_eq!(LimitFields::of(&i, "a", &mut attr).tc, Some(1));
+        assert_eq!(LimitFields::of(&i, "a_b", &mut attr).ws, Some(4));
     }
 
     #[test]

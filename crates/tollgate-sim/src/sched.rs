@@ -130,6 +130,13 @@ pub fn fnv(h: u64, bytes: &[u8]) -> u64 {
     h
 }
 
+/// [`fnv`] of one 8-byte word (`fnv(h, &w.to_le_bytes())`), without the slice walk.
+#[inline]
+pub fn fnv_word(h: u64, w: u64) -> u64 {
+    let h = (h ^ 8).wrapping_mul(0x0000_0100_0000_01b3);
+    (h ^ w).wrapping_mul(0x0000_0100_0000_01b3)
+}
+
 /// FNV-1a offset basis.
 pub const FNV0: u64 = 0xcbf2_9ce4_8422_2325;
 
@@ -486,7 +493,7 @@ pub fn hash_item(mut h: u64, item: Option<&Item>) -> u64 {
     for (k, v) in i {
         h = fnv(h, k.as_bytes());
         h = match v {
-            Value::N(n) => fnv(h, &n.to_le_bytes()),
+            Value::N(n) => fnv_word(h, u64::from_le_bytes(n.to_le_bytes())),
             Value::S(s) => fnv(h, s.as_bytes()),
             Value::Bool(b) => fnv(h, &[u8::from(*b)]),
             _ => fnv(h, b"?"),
@@ -868,5 +875,23 @@ impl tollgate_store::ChangeFeed for SimStore {
         self.sh
             .after_read(self.client, "read_feed", &[], r.as_ref().err());
         r
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn fnv_word_is_fnv_of_the_bytes() {
+        for (h, w) in [
+            (FNV0, 0u64),
+            (FNV0, 1),
+            (7, u64::MAX),
+            (0, 0x0123_4567_89ab_cdef),
+            (FNV0, (-5i64) as u64),
+        ] {
+            assert_eq!(fnv_word(h, w), fnv(h, &w.to_le_bytes()));
+        }
     }
 }
