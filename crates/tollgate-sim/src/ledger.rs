@@ -1643,7 +1643,7 @@ mod tests {
     #[test]
     fn bucket_keys_parse() {
         let k = tollgate_core::keys::bucket("sim", "e0", "res", 7);
-        assert_eq!(parse_bucket(&k), Some(("e0".into(), "res".into(), 7)));
+        assert_eq!(parse_bucket(&k), Some(("e0", "res", 7)));
         assert_eq!(parse_bucket(&Key::new("sim/SYSTEM#", "#CONFIG")), None);
         // The first `/BUCKET#` counts, wherever other slashes are.
         let k2 = Key::new("a/b/BUCKET#x/BUCKET#y#r#3", "#STATE");
