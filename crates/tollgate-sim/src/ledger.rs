@@ -65,6 +65,7 @@
 //! adjustments are debt, which the limiter allows by design; they are not counted.
 
 use std::collections::BTreeMap;
+use std::sync::Arc;
 
 use tollgate_core::value::{Item, Key, Value};
 use tollgate_core::{Limit, Refill};
@@ -210,13 +211,13 @@ pub struct TcEvent {
     /// The operation whose write it was.
     pub op: Option<usize>,
     /// Entity.
-    pub entity: String,
+    pub entity: Name,
     /// Resource.
-    pub resource: String,
+    pub resource: Name,
     /// Shard.
     pub shard: u32,
     /// Limit.
-    pub limit: String,
+    pub limit: Name,
     /// Change of `tc` (milli).
     pub delta: i64,
     /// The limit's window start on the item after the write.
@@ -240,7 +241,8 @@ pub struct TcEvent {
 /// that set the stamp because the configured mode says bypass (shaped for bypass) — or a
 /// refund that left the balance where it was on a stamped item (a bypassed lease's; an
 /// enforced lease's refund credits its balance and counts).
-fn recorded_only(before: Option<&Item>, after: &Item, limit: &str, delta: i64) -> bool {
+/// (`after`'s fields of the limit in `fa`, the image before's in `fb`.)
+fn recorded_only(after: &Item, fa: &LimitFields, fb: Option<&LimitFields>, delta: i64) -> bool {
     let stamped = |i: &Item| i.contains_key("bypass");
     if !stamped(after) {
         return false;
@@ -248,17 +250,16 @@ fn recorded_only(before: Option<&Item>, after: &Item, limit: &str, delta: i64) -
     if delta > 0 {
         return true;
     }
-    let tk = |i: &Item| n(i, &format!("b_{limit}_tk"));
-    before.is_some_and(|b| tk(b) == tk(after))
+    fb.is_some_and(|b| b.tk == fa.tk)
 }
 
 /// A bucket item came into being.
 #[derive(Debug, Clone)]
 pub struct Creation {
     /// Entity.
-    pub entity: String,
+    pub entity: Name,
     /// Resource.
-    pub resource: String,
+    pub resource: Name,
     /// Shard.
     pub shard: u32,
     /// The shard count stamped at creation.
@@ -275,9 +276,9 @@ pub struct Creation {
 #[derive(Debug, Clone)]
 pub struct OldRf {
     /// Entity.
-    pub entity: String,
+    pub entity: Name,
     /// Resource.
-    pub resource: String,
+    pub resource: Name,
     /// Shard.
     pub shard: u32,
     /// `rf` before.
@@ -297,9 +298,9 @@ pub struct FailedWrite {
     /// The operation.
     pub op: usize,
     /// Entity of the bucket written.
-    pub entity: String,
+    pub entity: Name,
     /// Resource of the bucket written.
-    pub resource: String,
+    pub resource: Name,
     /// Shard of the bucket written.
     pub shard: u32,
     /// Scheduler step.
@@ -334,22 +335,125 @@ pub struct Ledger {
     pub residuals: Vec<String>,
     /// Per bucket write (entity, resource, step): how long it waited between being issued
     /// and being applied (ms) — the staleness of the clock reading it carries.
-    pub latencies: Vec<(String, String, u64, i64)>,
+    pub latencies: Vec<(Name, Name, u64, i64)>,
     /// Limits soft at some time of the run (ADR-151): see the module docs.
     pub soft: std::collections::BTreeSet<String>,
     /// Overdraw per (`entity/resource`, limit), milli: of every applied write's
     /// consumption, the part that took the shard's balance below zero, from the write's own
     /// images (`tollgate_core::usage::overdraw_of`) — what the usage snapshots must count.
     pub overdraw: BTreeMap<(String, String), i64>,
+    /// Every entity, resource and limit name the records carry, each allocated once.
+    names: Names,
 }
 
-/// `(entity, resource, shard)` of a bucket key `{ns}/BUCKET#{entity}#{resource}#{shard}`.
-pub fn parse_bucket(k: &Key) -> Option<(String, String, u32)> {
-    let rest = k.pk.split_once("/BUCKET#")?.1;
+/// A bucket item's place: `(entity, resource, shard)` of its key (see [`parse_bucket`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Bucket {
+    /// Entity.
+    pub entity: Name,
+    /// Resource.
+    pub resource: Name,
+    /// Shard.
+    pub shard: u32,
+}
+
+/// An entity, resource or limit name in the ledger's records: shared, so that recording a
+/// write copies no text (compared and ordered by its text, as a `String` is).
+pub type Name = Arc<str>;
+
+/// The names a run's records share (a run has a handful, so a linear search finds them).
+#[derive(Debug, Default)]
+struct Names(Vec<Name>);
+
+impl Names {
+    /// The shared copy of `s` (made on first sight).
+    fn get(&mut self, s: &str) -> Name {
+        if let Some(n) = self.0.iter().find(|n| ***n == *s) {
+            return n.clone();
+        }
+        let n: Name = Arc::from(s);
+        self.0.push(n.clone());
+        n
+    }
+}
+
+/// A bucket attribute name `b_{limit}_{field}`, built in one reused buffer instead of a
+/// `format!` per lookup.
+#[derive(Debug, Default)]
+struct AttrBuf(String);
+
+/// The numeric fields of one limit on a bucket item (`b_{limit}_{field}`; `None` when absent
+/// or not a number, as [`n`] reads them) that the ledger's write checks use.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+struct LimitFields {
+    tc: Option<i64>,
+    tk: Option<i64>,
+    ws: Option<i64>,
+    wa: Option<i64>,
+    wtc: Option<i64>,
+    pe: Option<i64>,
+    cp: Option<i64>,
+    gc: Option<i64>,
+}
+
+impl LimitFields {
+    /// Read `limit`'s fields from `item` in one pass: an item's attributes are sorted, so
+    /// every `b_{limit}_…` name sits in one run from the first name at or after the prefix.
+    /// A field is matched by its whole remaining name (`b_a_b_tc`, limit `a_b`'s `tc`, is
+    /// no field of limit `a`: no field name holds a `_`), so each field is exactly what
+    /// `n(item, "b_{limit}_{field}")` reads.
+    fn of(item: &Item, limit: &str, attr: &mut AttrBuf) -> Self {
+        use std::ops::Bound;
+        let prefix = attr.of(limit, "");
+        let mut f = Self::default();
+        for (k, v) in item.range::<str, _>((Bound::Included(prefix), Bound::Unbounded)) {
+            let Some(field) = k.strip_prefix(prefix) else {
+                break;
+            };
+            let slot = match field {
+                "tc" => &mut f.tc,
+                "tk" => &mut f.tk,
+                "ws" => &mut f.ws,
+                "wa" => &mut f.wa,
+                "wtc" => &mut f.wtc,
+                "pe" => &mut f.pe,
+                "cp" => &mut f.cp,
+                "gc" => &mut f.gc,
+                _ => continue,
+            };
+            *slot = v.as_n();
+        }
+        f
+    }
+}
+
+impl AttrBuf {
+    /// `b_{limit}_{field}`.
+    fn of(&mut self, limit: &str, field: &str) -> &str {
+        self.0.clear();
+        self.0.push_str("b_");
+        self.0.push_str(limit);
+        self.0.push('_');
+        self.0.push_str(field);
+        &self.0
+    }
+}
+
+/// `(entity, resource, shard)` of a bucket key `{ns}/BUCKET#{entity}#{resource}#{shard}`
+/// (borrowed from the key).
+pub fn parse_bucket(k: &Key) -> Option<(&str, &str, u32)> {
+    const MARK: &str = "/BUCKET#";
+    let pk: &str = &k.pk;
+    // The first `/BUCKET#` (the one `split_once` finds), looked for only where a `/` is.
+    let at = pk
+        .match_indices('/')
+        .map(|(i, _)| i)
+        .find(|i| pk[*i..].starts_with(MARK))?;
+    let rest = &pk[at + MARK.len()..];
     let mut parts = rest.rsplitn(3, '#');
     let shard = parts.next()?.parse().ok()?;
-    let resource = parts.next()?.to_string();
-    let entity = parts.next()?.to_string();
+    let resource = parts.next()?;
+    let entity = parts.next()?;
     Some((entity, resource, shard))
 }
 
@@ -359,20 +463,23 @@ fn n(item: &Item, a: &str) -> Option<i64> {
 
 /// Limit names carried on a bucket item (`b_{name}_tc`), the write-capacity guard excluded.
 pub fn limits_on(item: &Item) -> Vec<String> {
+    limit_names(item).map(str::to_string).collect()
+}
+
+/// [`limits_on`] without copying the names (borrowed from the item, in its order).
+pub fn limit_names(item: &Item) -> impl Iterator<Item = &str> {
     item.keys()
         .filter_map(|k| k.strip_prefix("b_")?.strip_suffix("_tc"))
         .filter(|n| *n != "wcu")
-        .map(str::to_string)
-        .collect()
 }
 
-type Slot = (String, String, String);
+type Slot = (Name, Name, Name);
 
 /// Where an acquire's debit landed: (shard, ws, rf).
 type Landed = (u32, Option<i64>, i64);
 
 /// `tc` moved per (entity, limit).
-type Moves = BTreeMap<(String, String), i64>;
+type Moves<'a> = BTreeMap<(&'a str, &'a str), i64>;
 
 impl Ledger {
     /// Start an operation; returns its id.
@@ -399,11 +506,28 @@ impl Ledger {
         }
     }
 
+    /// The bucket `key` addresses, its names shared with the ledger's records (`None` for
+    /// an item that is no bucket): parse a key once for the `*_at` recorders.
+    pub fn bucket_of(&mut self, key: &Key) -> Option<Bucket> {
+        let (e, r, shard) = parse_bucket(key)?;
+        Some(Bucket {
+            entity: self.names.get(e),
+            resource: self.names.get(r),
+            shard,
+        })
+    }
+
     /// A bucket write issued `latency` ms before it was applied (at `step`).
     pub fn record_latency(&mut self, key: &Key, step: u64, latency: i64) {
-        if let Some((e, r, _)) = parse_bucket(key) {
-            self.latencies.push((e, r, step, latency.max(0)));
+        if let Some(b) = self.bucket_of(key) {
+            self.record_latency_at(&b, step, latency);
         }
+    }
+
+    /// [`Ledger::record_latency`] on a parsed bucket key.
+    pub fn record_latency_at(&mut self, b: &Bucket, step: u64, latency: i64) {
+        self.latencies
+            .push((b.entity.clone(), b.resource.clone(), step, latency.max(0)));
     }
 
     /// Record what an acquire's answer reported.
@@ -426,9 +550,30 @@ impl Ledger {
         step: u64,
         lost: bool,
     ) {
-        let Some((entity, resource, shard)) = parse_bucket(key) else {
-            return;
-        };
+        if let Some(b) = self.bucket_of(key) {
+            self.record_write_at(client, op, &b, before, after, t, step, lost);
+        }
+    }
+
+    /// [`Ledger::record_write`] on a parsed bucket key.
+    #[allow(clippy::too_many_arguments)]
+    pub fn record_write_at(
+        &mut self,
+        client: usize,
+        op: Option<usize>,
+        bucket: &Bucket,
+        before: Option<&Item>,
+        after: Option<&Item>,
+        t: i64,
+        step: u64,
+        lost: bool,
+    ) {
+        let Bucket {
+            entity,
+            resource,
+            shard,
+        } = bucket;
+        let shard = *shard;
         if before == after {
             return;
         }
@@ -458,39 +603,46 @@ impl Ledger {
             });
         }
         let rf = n(a, "rf").unwrap_or(0);
-        for l in limits_on(a) {
-            self.check_roll_charge(client, &entity, &resource, shard, &l, before, a, step);
-        }
-        for l in limits_on(a) {
-            let tc_a = n(a, &format!("b_{l}_tc")).unwrap_or(0);
-            let tc_b = before.and_then(|b| n(b, &format!("b_{l}_tc"))).unwrap_or(0);
+        let mut attr = AttrBuf::default();
+        // One pass per limit: the roll-charge check (it reports to `violations`) and the `tc`
+        // change (to `consumed` and `overdraw`), each limit's fields read once per image.
+        for l in limit_names(a) {
+            let fa = LimitFields::of(a, l, &mut attr);
+            let fb = before.map(|b| LimitFields::of(b, l, &mut attr));
+            self.check_roll_charge(client, entity, resource, shard, l, before, a, &fa, fb, step);
+            let tc_a = fa.tc.unwrap_or(0);
+            let tc_b = fb.and_then(|f| f.tc).unwrap_or(0);
             if tc_a != tc_b {
                 let od = tollgate_core::usage::overdraw_of(
                     tc_a - tc_b,
-                    n(a, &format!("b_{l}_tk")).unwrap_or(0),
-                    tollgate_core::usage::debited(before, a, &l),
+                    fa.tk.unwrap_or(0),
+                    tollgate_core::usage::debited(before, a, l),
                 );
                 if od != 0 {
                     *self
                         .overdraw
-                        .entry((format!("{entity}/{resource}"), l.clone()))
+                        .entry((format!("{entity}/{resource}"), l.to_string()))
                         .or_default() += od;
                 }
+                let window_start_ms = fa.ws;
+                // A calendar quota's balance belongs to the period of the edge it
+                // reflects (`pe`); `rf` stands in on unmarked items.
+                let refilled_at_ms = fa.pe.unwrap_or(rf);
+                let bypassed = recorded_only(a, &fa, fb.as_ref(), tc_a - tc_b);
+                let limit = self.names.get(l);
                 self.consumed.push(TcEvent {
                     op,
                     entity: entity.clone(),
                     resource: resource.clone(),
                     shard,
-                    limit: l.clone(),
+                    limit,
                     delta: tc_a - tc_b,
-                    window_start_ms: n(a, &format!("b_{l}_ws")),
-                    // A calendar quota's balance belongs to the period of the edge it
-                    // reflects (`pe`); `rf` stands in on unmarked items.
-                    refilled_at_ms: n(a, &format!("b_{l}_pe")).unwrap_or(rf),
+                    window_start_ms,
+                    refilled_at_ms,
                     t,
                     step,
                     lost,
-                    bypassed: recorded_only(before, a, &l, tc_a - tc_b),
+                    bypassed,
                 });
             }
         }
@@ -511,26 +663,28 @@ impl Ledger {
         l: &str,
         before: Option<&Item>,
         a: &Item,
+        fa: &LimitFields,
+        fb: Option<LimitFields>,
         step: u64,
     ) {
-        let Some(b) = before else { return };
-        let g = |i: &Item, f: &str| n(i, &format!("b_{l}_{f}"));
-        let (Some(ws_b), Some(ws_a), Some(wa_a), Some(wtc)) =
-            (g(b, "ws"), g(a, "ws"), g(a, "wa"), g(a, "wtc"))
-        else {
+        let (Some(b), Some(fb)) = (before, fb) else {
             return;
         };
-        let pending = match g(b, "wa") {
+        let (Some(ws_b), Some(ws_a), Some(wa_a), Some(wtc)) = (fb.ws, fa.ws, fa.wa, fa.wtc) else {
+            return;
+        };
+        let pending = match fb.wa {
             Some(wa_b) => ws_b > wa_b,
             None => n(b, "rf").is_some_and(|rf| ws_b > rf),
         };
         if !(pending && ws_a == ws_b && wa_a == ws_a) {
             return;
         }
-        let (Some(tk), Some(tc), Some(cp)) = (g(a, "tk"), g(a, "tc"), g(a, "cp")) else {
+        let (Some(tk), Some(tc), Some(cp)) = (fa.tk, fa.tc, fa.cp) else {
             return;
         };
-        let gc = g(a, "gc")
+        let gc = fa
+            .gc
             .filter(|x| *x >= 1)
             .or(n(a, "shard_count"))
             .unwrap_or(1)
@@ -551,14 +705,22 @@ impl Ledger {
 
     /// A bucket write of operation `op` that returned an error (applied or not).
     pub fn record_failed_write(&mut self, op: Option<usize>, key: &Key, step: u64) {
-        let (Some(op), Some((entity, resource, shard))) = (op, parse_bucket(key)) else {
+        if op.is_none() {
             return;
-        };
+        }
+        if let Some(b) = self.bucket_of(key) {
+            self.record_failed_write_at(op, &b, step);
+        }
+    }
+
+    /// [`Ledger::record_failed_write`] on a parsed bucket key.
+    pub fn record_failed_write_at(&mut self, op: Option<usize>, b: &Bucket, step: u64) {
+        let Some(op) = op else { return };
         self.failed_writes.push(FailedWrite {
             op,
-            entity,
-            resource,
-            shard,
+            entity: b.entity.clone(),
+            resource: b.resource.clone(),
+            shard: b.shard,
             step,
         });
     }
@@ -582,7 +744,7 @@ impl Ledger {
 
     /// The entities an operation's writes land on: the acquire's entity, then its cascade
     /// parent (for a commit or rollback, those of the acquire that granted the lease).
-    fn sides(&self, kind: &OpKind) -> Vec<String> {
+    fn sides<'a>(&'a self, kind: &'a OpKind) -> Vec<&'a str> {
         let acq = match kind {
             OpKind::Commit { lease_of, .. } | OpKind::Rollback { lease_of, .. } => {
                 self.ops.get(*lease_of).map(|o| &o.kind)
@@ -590,8 +752,8 @@ impl Ledger {
             k => Some(k),
         };
         match acq {
-            Some(OpKind::Acquire { entity, parent, .. }) => std::iter::once(entity.clone())
-                .chain(parent.clone())
+            Some(OpKind::Acquire { entity, parent, .. }) => std::iter::once(entity.as_str())
+                .chain(parent.as_deref())
                 .collect(),
             _ => Vec::new(),
         }
@@ -603,22 +765,25 @@ impl Ledger {
         &self,
         id: usize,
         op: &OpRec,
-        moved: &Moves,
-        full: &Moves,
+        moved: &Moves<'_>,
+        full: &Moves<'_>,
     ) -> Option<String> {
         let sides = self.sides(&op.kind);
-        let [child, parent] = sides.as_slice() else {
+        let &[child, parent] = sides.as_slice() else {
             return None;
         };
-        let of = |m: &Moves, e: &str| -> BTreeMap<String, i64> {
+        let of = |m: &Moves<'_>, e: &str| -> BTreeMap<String, i64> {
             m.iter()
-                .filter(|((en, _), _)| en == e)
-                .map(|((_, l), v)| (l.clone(), *v))
+                .filter(|((en, _), _)| *en == e)
+                .map(|((_, l), v)| (l.to_string(), *v))
                 .collect()
         };
         let failed_on = |e: &str, shard: Option<u32>, after: u64| {
             self.failed_writes.iter().any(|f| {
-                f.op == id && f.entity == e && shard.is_none_or(|s| s == f.shard) && f.step > after
+                f.op == id
+                    && *f.entity == *e
+                    && shard.is_none_or(|s| s == f.shard)
+                    && f.step > after
             })
         };
         let (mc, mp) = (of(moved, child), of(moved, parent));
@@ -630,7 +795,7 @@ impl Ledger {
             let (debit, shard) = self
                 .consumed
                 .iter()
-                .filter(|e| e.op == Some(id) && e.entity == *child && e.delta > 0)
+                .filter(|e| e.op == Some(id) && *e.entity == *child && e.delta > 0)
                 .map(|e| (e.step, e.shard))
                 .max()?;
             let undo_failed = failed_on(child, Some(shard), debit);
@@ -661,6 +826,7 @@ impl Ledger {
             return;
         };
         if let (Some(b), Some(a)) = (n(before, "rf"), n(after, "rf")) {
+            let (entity, resource) = (self.names.get(entity), self.names.get(resource));
             self.old_rf.push(OldRf {
                 entity,
                 resource,
@@ -777,14 +943,11 @@ impl Ledger {
     }
 
     fn check_consumed_once(&mut self, limits: &BTreeMap<String, Vec<Limit>>) {
-        let mut by_op: BTreeMap<usize, (Moves, bool)> = BTreeMap::new();
+        let mut by_op: BTreeMap<usize, (Moves<'_>, bool)> = BTreeMap::new();
         for e in &self.consumed {
             if let Some(op) = e.op {
                 let slot = by_op.entry(op).or_default();
-                *slot
-                    .0
-                    .entry((e.entity.clone(), e.limit.clone()))
-                    .or_default() += e.delta;
+                *slot.0.entry((&*e.entity, &*e.limit)).or_default() += e.delta;
                 slot.1 |= e.lost;
             } else {
                 let d = format!(
@@ -800,21 +963,33 @@ impl Ledger {
         let mut found = Vec::new();
         let mut residuals = Vec::new();
         for (id, op) in self.ops.iter().enumerate() {
-            let (moved, lost) = by_op.get(&id).cloned().unwrap_or_default();
-            let moved: Moves = moved.into_iter().filter(|(_, v)| *v != 0).collect();
+            let (moved, lost): (Moves<'_>, bool) = match by_op.get(&id) {
+                Some((m, lost)) => (
+                    m.iter()
+                        .filter(|(_, v)| **v != 0)
+                        .map(|(k, v)| (*k, *v))
+                        .collect(),
+                    *lost,
+                ),
+                None => (Moves::new(), false),
+            };
             // What the operation moves when it succeeds, on every side (child, then parent).
-            let per_side: Vec<(String, i64)> = match &op.kind {
-                OpKind::Acquire { amounts, .. } => amounts.clone(),
-                OpKind::Commit { deltas, .. } => deltas.clone(),
+            let per_side: Vec<(&str, i64)> = match &op.kind {
+                OpKind::Acquire { amounts, .. } => {
+                    amounts.iter().map(|(k, v)| (k.as_str(), *v)).collect()
+                }
+                OpKind::Commit { deltas, .. } => {
+                    deltas.iter().map(|(k, v)| (k.as_str(), *v)).collect()
+                }
                 OpKind::Rollback { debits, .. } => {
-                    debits.iter().map(|(k, v)| (k.clone(), -v)).collect()
+                    debits.iter().map(|(k, v)| (k.as_str(), -v)).collect()
                 }
                 OpKind::Check | OpKind::TopUp { .. } | OpKind::Reset { .. } => Vec::new(),
             };
             let mut full = Moves::new();
             for e in self.sides(&op.kind) {
                 for (l, v) in &per_side {
-                    *full.entry((e.clone(), l.clone())).or_default() += v;
+                    *full.entry((e, *l)).or_default() += v;
                 }
             }
             full.retain(|_, v| *v != 0);
@@ -826,7 +1001,7 @@ impl Ledger {
             if moved == expected {
                 continue;
             }
-            let show = |m: &Moves| -> BTreeMap<String, i64> {
+            let show = |m: &Moves<'_>| -> BTreeMap<String, i64> {
                 m.iter()
                     .map(|((e, l), v)| (format!("{e}:{l}"), *v))
                     .collect()
@@ -901,13 +1076,16 @@ impl Ledger {
                 .or_default() += e.delta;
         }
         let mut stored: BTreeMap<Slot, i64> = BTreeMap::new();
+        let mut attr = AttrBuf::default();
         for i in items {
             let Some(k) = Key::of(i) else { continue };
             let Some((e, r, _)) = parse_bucket(&k) else {
                 continue;
             };
-            for l in limits_on(i) {
-                let tc = n(i, &format!("b_{l}_tc")).unwrap_or(0);
+            let (e, r) = (self.names.get(e), self.names.get(r));
+            for l in limit_names(i) {
+                let tc = n(i, attr.of(l, "tc")).unwrap_or(0);
+                let l = self.names.get(l);
                 *stored.entry((e.clone(), r.clone(), l)).or_default() += tc;
             }
         }
@@ -936,7 +1114,7 @@ impl Ledger {
         // Where each acquire's debit landed, per entity (a cascade acquire debits the
         // child and the parent) and limit.
         // (An acquire may debit several shards: one landing per shard.)
-        let mut landed: BTreeMap<(usize, String, String, u32), Landed> = BTreeMap::new();
+        let mut landed: BTreeMap<(usize, Name, Name, u32), Landed> = BTreeMap::new();
         for e in &self.consumed {
             let Some(op) = e.op else { continue };
             let Some(rec) = self.ops.get(op) else {
@@ -1000,13 +1178,13 @@ impl Ledger {
 
     fn check_window(&mut self, res: &str, l: &Limit, len: i64, adm: &[Admission]) {
         let cap = l.capacity_milli();
-        let mut per: BTreeMap<(String, i64), i64> = BTreeMap::new();
-        let mut entities: BTreeMap<String, Vec<&Admission>> = BTreeMap::new();
+        let mut per: BTreeMap<(&str, i64), i64> = BTreeMap::new();
+        let mut entities: BTreeMap<&str, Vec<&Admission>> = BTreeMap::new();
         for a in adm
             .iter()
-            .filter(|a| a.slot.1 == res && a.slot.2 == l.name())
+            .filter(|a| *a.slot.1 == *res && *a.slot.2 == *l.name())
         {
-            entities.entry(a.slot.0.clone()).or_default().push(a);
+            entities.entry(&*a.slot.0).or_default().push(a);
         }
         let mut out = Vec::new();
         for (ent, list) in entities {
@@ -1036,7 +1214,7 @@ impl Ledger {
                     None => a.window_start_ms,
                 };
                 if let Some(p) = ws.and_then(phase_of) {
-                    *per.entry((ent.clone(), p)).or_default() += a.amount;
+                    *per.entry((ent, p)).or_default() += a.amount;
                 } else if a.refund_of.is_none() {
                     out.push(format!(
                         "step {}: {ent}/{res} {} admitted {} on shard {} with no window start",
@@ -1073,9 +1251,9 @@ impl Ledger {
         l: &Limit,
         skew: i64,
         period: &dyn Fn(i64) -> i64,
-    ) -> BTreeMap<(String, i64), i64> {
-        let mut seen: std::collections::BTreeSet<String> = Default::default();
-        let mut out: BTreeMap<(String, i64), i64> = BTreeMap::new();
+    ) -> BTreeMap<(&str, i64), i64> {
+        let mut seen: std::collections::BTreeSet<&str> = Default::default();
+        let mut out: BTreeMap<(&str, i64), i64> = BTreeMap::new();
         for o in &self.ops {
             let (ent, credit, op) = match &o.kind {
                 OpKind::TopUp {
@@ -1099,7 +1277,7 @@ impl Ledger {
                 } if resource == res => (entity, l.capacity_milli(), op),
                 _ => continue,
             };
-            if !seen.insert(op.clone()) {
+            if !seen.insert(op.as_str()) {
                 continue;
             }
             let mut periods = vec![period(o.t - skew)];
@@ -1108,7 +1286,7 @@ impl Ledger {
                 periods.push(last);
             }
             for p in periods {
-                *out.entry((ent.clone(), p)).or_default() += credit;
+                *out.entry((ent.as_str(), p)).or_default() += credit;
             }
         }
         out
@@ -1119,10 +1297,10 @@ impl Ledger {
         let cap = l.capacity_milli();
         let period = |rf: i64| cal.prev_edge(rf).unwrap_or(i64::MIN);
         let credits = self.operator_credits(res, l, skew, &period);
-        let mut per: BTreeMap<(String, i64), i64> = BTreeMap::new();
+        let mut per: BTreeMap<(&str, i64), i64> = BTreeMap::new();
         for a in adm
             .iter()
-            .filter(|a| a.slot.1 == res && a.slot.2 == l.name())
+            .filter(|a| *a.slot.1 == *res && *a.slot.2 == *l.name())
         {
             let p = match a.refund_of {
                 Some((_, rf_acq)) if period(rf_acq) == period(a.refilled_at_ms) => {
@@ -1131,11 +1309,11 @@ impl Ledger {
                 Some(_) => continue,
                 None => period(a.refilled_at_ms),
             };
-            *per.entry((a.slot.0.clone(), p)).or_default() += a.amount;
+            *per.entry((&*a.slot.0, p)).or_default() += a.amount;
         }
         let mut out = Vec::new();
         for ((ent, p), total) in per {
-            let credit = credits.get(&(ent.clone(), p)).copied().unwrap_or(0);
+            let credit = credits.get(&(ent, p)).copied().unwrap_or(0);
             if total > cap + credit {
                 out.push(format!(
                     "{ent}/{res} {}: the period starting at {p} admitted {} > capacity {} + operator credit {} (tokens)",
@@ -1154,7 +1332,7 @@ impl Ledger {
     /// `lease-net`: per lease (the acquire that granted it) and limit, the acquire's debit plus
     /// every adjustment and rollback the store applied for it never sums below zero.
     fn check_lease_net(&mut self) {
-        let mut net: BTreeMap<(usize, String, String), i64> = BTreeMap::new();
+        let mut net: BTreeMap<(usize, &str, &str), i64> = BTreeMap::new();
         for e in &self.consumed {
             let Some(op) = e.op else { continue };
             let lease = match self.ops.get(op).map(|o| &o.kind) {
@@ -1164,8 +1342,7 @@ impl Ledger {
                 }
                 _ => continue,
             };
-            *net.entry((lease, e.entity.clone(), e.limit.clone()))
-                .or_default() += e.delta;
+            *net.entry((lease, &*e.entity, &*e.limit)).or_default() += e.delta;
         }
         let mut out = Vec::new();
         for ((lease, ent, limit), v) in net {
@@ -1248,9 +1425,9 @@ impl Ledger {
         for e in self
             .consumed
             .iter()
-            .filter(|e| e.resource == res && e.limit == l.name() && !e.bypassed)
+            .filter(|e| *e.resource == *res && *e.limit == *l.name() && !e.bypassed)
         {
-            by_entity.entry(e.entity.as_str()).or_default().push(e);
+            by_entity.entry(&*e.entity).or_default().push(e);
         }
         let mut out = Vec::new();
         for (ent, mut evs) in by_entity {
@@ -1259,13 +1436,13 @@ impl Ledger {
             let lat: Vec<(u64, i64)> = self
                 .latencies
                 .iter()
-                .filter(|(e, r, _, _)| e == ent && r == res)
+                .filter(|(e, r, _, _)| **e == *ent && **r == *res)
                 .map(|(_, _, s, l)| (*s, *l))
                 .collect();
             let s_max = self
                 .creations
                 .iter()
-                .filter(|c| c.entity == ent && c.resource == res)
+                .filter(|c| *c.entity == *ent && *c.resource == *res)
                 .map(|c| c.shard_count)
                 .max()
                 .unwrap_or(1)
@@ -1276,7 +1453,7 @@ impl Ledger {
             let stamps: Vec<(u64, i64, i64)> = self
                 .old_rf
                 .iter()
-                .filter(|o| o.entity == ent && o.resource == res && o.after < o.before)
+                .filter(|o| *o.entity == *ent && *o.resource == *res && o.after < o.before)
                 .map(|o| (o.step, o.t, o.before - o.after))
                 .collect();
             let is_admission = |e: &TcEvent| {
@@ -1294,6 +1471,12 @@ impl Ledger {
                 let mut sum: i128 = 0;
                 let mut stale: i64 = 0;
                 let mut li = lat.partition_point(|(s, _)| *s <= evs[j].step);
+                // The backward stamps up to this admission: (true time, ms re-credited).
+                let stamps_j: Vec<(i64, i64)> = stamps
+                    .iter()
+                    .filter(|(st, _, _)| *st <= evs[j].step)
+                    .map(|(_, t, d)| (*t, *d))
+                    .collect();
                 for i in (0..=j).rev() {
                     // A request carries the clock reading it was built with: one applied
                     // late decides as of then (its trust check, its refill clamp).
@@ -1305,18 +1488,21 @@ impl Ledger {
                     let ti = evs[i].t;
                     // A backward stamp re-credits refill at the next materialisation, which
                     // may come up to one full refill later.
-                    let credit: i128 = stamps
-                        .iter()
-                        .filter(|(st, t, _)| {
-                            *st <= evs[j].step && i128::from(*t) + full_ms >= i128::from(ti)
-                        })
-                        .map(|(_, _, d)| i128::from(*d))
-                        .sum::<i128>()
-                        * rate
-                        / i128::from(rp);
+                    let credit: i128 = if stamps_j.is_empty() {
+                        0
+                    } else {
+                        stamps_j
+                            .iter()
+                            .filter(|(t, _)| i128::from(*t) + full_ms >= i128::from(ti))
+                            .map(|(_, d)| i128::from(*d))
+                            .sum::<i128>()
+                            * rate
+                            / i128::from(rp)
+                    };
                     let span = i128::from(tj - ti + 2 * (skew + stale));
-                    let allow = cap + rate * span / i128::from(rp) + 1000 + credit;
-                    if sum > allow {
+                    let refill = rate * span;
+                    if over_envelope(sum, cap + 1000 + credit, refill, i128::from(rp)) {
+                        let allow = cap + refill / i128::from(rp) + 1000 + credit;
                         out.push(format!(
                             "step {}: {ent}/{res} {}: consumed {} in [{ti}, {tj}] ({} ms) > capacity {} + refill over it {} (rate {}/{} ms, up to {s_max} shards)",
                             evs[j].step,
@@ -1344,16 +1530,16 @@ impl Ledger {
         let mut entities: BTreeMap<&str, Vec<&Admission>> = BTreeMap::new();
         for a in adm
             .iter()
-            .filter(|a| a.slot.1 == res && a.slot.2 == l.name())
+            .filter(|a| *a.slot.1 == *res && *a.slot.2 == *l.name())
         {
-            entities.entry(a.slot.0.as_str()).or_default().push(a);
+            entities.entry(&*a.slot.0).or_default().push(a);
         }
         for (ent, mut list) in entities {
             list.sort_by_key(|a| a.step);
             let creations: Vec<&Creation> = self
                 .creations
                 .iter()
-                .filter(|c| c.entity == ent && c.resource == res)
+                .filter(|c| *c.entity == *ent && *c.resource == *res)
                 .collect();
             let mut net = 0i64;
             for a in list {
@@ -1375,7 +1561,10 @@ impl Ledger {
                         i128::from(cap / s) + i128::from(rate) * elapsed / i128::from(rp) + 1000;
                 }
                 for o in self.old_rf.iter().filter(|o| {
-                    o.entity == ent && o.resource == res && o.step <= a.step && o.after < o.before
+                    *o.entity == *ent
+                        && *o.resource == *res
+                        && o.step <= a.step
+                        && o.after < o.before
                 }) {
                     let s = s_at.get(&o.shard).copied().unwrap_or(1);
                     let rate = (ra / s).max(1);
@@ -1399,6 +1588,17 @@ impl Ledger {
         for d in out {
             self.violate("rate-allowance", d);
         }
+    }
+}
+
+/// `sum > base + refill / rp` (the `rate-envelope` test, `/` rounding toward zero), without
+/// an i128 division when `refill / rp` rounds down (`refill ≥ 0`, `rp > 0`): then, for
+/// integers, `x > ⌊refill / rp⌋ ⟺ x · rp > refill` with `x = sum − base`.
+fn over_envelope(sum: i128, base: i128, refill: i128, rp: i128) -> bool {
+    if refill >= 0 && rp > 0 {
+        (sum - base) * rp > refill
+    } else {
+        sum > base + refill / rp
     }
 }
 
@@ -1443,7 +1643,86 @@ mod tests {
     #[test]
     fn bucket_keys_parse() {
         let k = tollgate_core::keys::bucket("sim", "e0", "res", 7);
-        assert_eq!(parse_bucket(&k), Some(("e0".into(), "res".into(), 7)));
+        assert_eq!(parse_bucket(&k), Some(("e0", "res", 7)));
         assert_eq!(parse_bucket(&Key::new("sim/SYSTEM#", "#CONFIG")), None);
+        // The first `/BUCKET#` counts, wherever other slashes are.
+        let k2 = Key::new("a/b/BUCKET#x/BUCKET#y#r#3", "#STATE");
+        assert_eq!(parse_bucket(&k2), Some(("x/BUCKET#y", "r", 3)));
+        assert_eq!(
+            parse_bucket(&k2),
+            k2.pk.split_once("/BUCKET#").and_then(|(_, rest)| {
+                let mut p = rest.rsplitn(3, '#');
+                let shard = p.next()?.parse().ok()?;
+                let r = p.next()?;
+                Some((p.next()?, r, shard))
+            })
+        );
+        assert_eq!(parse_bucket(&Key::new("sim/BUCKET", "#STATE")), None);
+        let mut l = Ledger::default();
+        let b = l.bucket_of(&k).expect("a bucket key");
+        assert_eq!((&*b.entity, &*b.resource, b.shard), ("e0", "res", 7));
+        // One shared copy per name.
+        let b2 = l.bucket_of(&k).expect("a bucket key");
+        assert!(Arc::ptr_eq(&b.entity, &b2.entity));
+        assert_eq!(l.bucket_of(&Key::new("sim/SYSTEM#", "#CONFIG")), None);
+    }
+
+    #[test]
+    fn envelope_test_matches_the_division() {
+        for sum in -40..40 {
+            for base in -10..10 {
+                for refill in -50..50 {
+                    for rp in [1, 2, 3, 7, 10, 60_000] {
+                        assert_eq!(
+                            over_envelope(sum, base, refill, rp),
+                            sum > base + refill / rp,
+                            "sum {sum} base {base} refill {refill} rp {rp}"
+                        );
+                    }
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn limit_fields_read_what_n_reads() {
+        let mut i = Item::new();
+        for (k, v) in [
+            ("b_a_tc", 1),
+            ("b_a_tk", 2),
+            ("b_a_b_tc", 3),
+            ("b_a_b_ws", 4),
+            ("b_a_wtc", 5),
+            ("b_ab_tc", 6),
+            ("b_a_cp", 7),
+            ("rf", 8),
+        ] {
+            i.insert(k.into(), Value::N(v));
+        }
+        i.insert("b_a_ws".into(), Value::S("not a number".into()));
+        let mut attr = AttrBuf::default();
+        for l in ["a", "a_b", "ab", "none"] {
+            let f = LimitFields::of(&i, l, &mut attr);
+            let want = LimitFields {
+                tc: n(&i, &format!("b_{l}_tc")),
+                tk: n(&i, &format!("b_{l}_tk")),
+                ws: n(&i, &format!("b_{l}_ws")),
+                wa: n(&i, &format!("b_{l}_wa")),
+                wtc: n(&i, &format!("b_{l}_wtc")),
+                pe: n(&i, &format!("b_{l}_pe")),
+                cp: n(&i, &format!("b_{l}_cp")),
+                gc: n(&i, &format!("b_{l}_gc")),
+            };
+            assert_eq!(f, want, "limit {l}");
+        }
+        assert_eq!(LimitFields::of(&i, "a", &mut attr).tc, Some(1));
+        assert_eq!(LimitFields::of(&i, "a_b", &mut attr).ws, Some(4));
+    }
+
+    #[test]
+    fn attribute_names() {
+        let mut a = AttrBuf::default();
+        assert_eq!(a.of("rps", "tc"), "b_rps_tc");
+        assert_eq!(a.of("session", "wtc"), "b_session_wtc");
     }
 }
