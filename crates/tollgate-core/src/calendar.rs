@@ -59,9 +59,40 @@ impl PartialEq for CalendarReset {
 }
 impl Eq for CalendarReset {}
 
+/// Schedules parsed and checked so far, by (expression, zone): parsing a cron expression,
+/// finding its zone and checking that it ever fires cost about 280,000 instructions, paid
+/// again for every limit a configuration decodes (each cache miss of the limiter's config
+/// cache, every simulated seed). A schedule is a pure function of the two strings, so a
+/// parsed one is handed out again as a clone (its period memo starts empty). Bounded: past
+/// [`PARSED_CAP`] entries it starts over.
+static PARSED: std::sync::LazyLock<
+    std::sync::Mutex<std::collections::HashMap<(String, String), CalendarReset>>,
+> = std::sync::LazyLock::new(Default::default);
+
+/// Most schedules [`PARSED`] keeps.
+const PARSED_CAP: usize = 256;
+
 impl CalendarReset {
     /// Parse a cron expression (5 fields, or 6 with seconds) and an IANA zone name.
     pub fn new(expr: &str, tz: &str) -> Result<Self, RuleError> {
+        let parsed = || PARSED.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(c) = parsed().get(&(expr.to_string(), tz.to_string())) {
+            return Ok(CalendarReset {
+                memo: Memo::default(),
+                ..c.clone()
+            });
+        }
+        let c = Self::parse(expr, tz)?;
+        let mut cache = parsed();
+        if cache.len() >= PARSED_CAP {
+            cache.clear();
+        }
+        cache.insert((expr.to_string(), tz.to_string()), c.clone());
+        Ok(c)
+    }
+
+    /// [`CalendarReset::new`] without the cache.
+    fn parse(expr: &str, tz: &str) -> Result<Self, RuleError> {
         let bad = |reason: String| RuleError::InvalidLimit {
             name: String::new(),
             reason,
@@ -193,6 +224,33 @@ mod tests {
 
     fn ms(s: &str) -> i64 {
         s.parse::<Timestamp>().unwrap().as_millisecond()
+    }
+
+    /// A schedule handed out again from the parse cache answers exactly as a fresh parse
+    /// does; a bad expression or zone is refused every time.
+    #[test]
+    fn a_cached_schedule_is_the_parsed_one() {
+        let now = ms("2026-03-29T00:30:00Z");
+        for (expr, tz) in [
+            ("0 0 * * *", "Europe/Berlin"),
+            ("0 9 * * MON", "America/New_York"),
+        ] {
+            let fresh = CalendarReset::parse(expr, tz).unwrap();
+            for _ in 0..3 {
+                let c = CalendarReset::new(expr, tz).unwrap();
+                assert_eq!((c.expr(), c.tz()), (expr, tz));
+                assert_eq!(c.next_edge(now), fresh.next_edge(now));
+                assert_eq!(c.prev_edge(now), fresh.prev_edge(now));
+            }
+        }
+        for _ in 0..2 {
+            assert!(CalendarReset::new("not a cron", "UTC").is_err());
+            assert!(CalendarReset::new("0 0 * * *", "Nowhere/Else").is_err());
+            assert!(
+                CalendarReset::new("0 0 30 2 *", "UTC").is_err(),
+                "never fires"
+            );
+        }
     }
 
     #[test]
