@@ -211,32 +211,49 @@ async fn check_addr(a: &ServeArgs, flag: &str, listen: &str, authed: bool) -> Re
     )))
 }
 
-pub(crate) async fn shutdown_signal() {
-    let ctrl_c = async {
+/// SIGINT or SIGTERM, whichever comes first. The handlers are installed when this is
+/// called, not when the future is first polled: call it before the server announces itself,
+/// so a signal sent as soon as the address is printed never meets the default action (which
+/// ends the process without the graceful shutdown). Outside unix only Ctrl-C is heard.
+pub(crate) fn shutdown_signal() -> impl std::future::Future<Output = ()> {
+    #[cfg(unix)]
+    let (int, term) = {
+        use tokio::signal::unix::{signal, SignalKind};
+        let listen = |kind: SignalKind, name: &str| match signal(kind) {
+            Ok(s) => Some(s),
+            Err(e) => {
+                tracing::warn!(error = %e, "cannot listen for {name}");
+                None
+            }
+        };
+        (
+            listen(SignalKind::interrupt(), "SIGINT"),
+            listen(SignalKind::terminate(), "SIGTERM"),
+        )
+    };
+    async move {
+        #[cfg(unix)]
+        {
+            let wait = |s: Option<tokio::signal::unix::Signal>| async move {
+                match s {
+                    Some(mut s) => {
+                        s.recv().await;
+                    }
+                    None => std::future::pending::<()>().await,
+                }
+            };
+            tokio::select! {
+                _ = wait(int) => {},
+                _ = wait(term) => {},
+            }
+        }
+        #[cfg(not(unix))]
         if let Err(e) = tokio::signal::ctrl_c().await {
             tracing::warn!(error = %e, "cannot listen for Ctrl-C");
             std::future::pending::<()>().await;
         }
-    };
-    #[cfg(unix)]
-    let term = async {
-        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
-            Ok(mut s) => {
-                s.recv().await;
-            }
-            Err(e) => {
-                tracing::warn!(error = %e, "cannot listen for SIGTERM");
-                std::future::pending::<()>().await;
-            }
-        }
-    };
-    #[cfg(not(unix))]
-    let term = std::future::pending::<()>();
-    tokio::select! {
-        _ = ctrl_c => {},
-        _ = term => {},
+        tracing::info!("shutting down");
     }
-    tracing::info!("shutting down");
 }
 
 /// SIGHUP re-reads the auth file. Installed before the server announces itself, so a
@@ -382,6 +399,8 @@ pub async fn run(a: ServeArgs, json_out: bool) -> Result<(), Failure> {
     }
     let server = builder.build();
     reload_on_hangup(auth.clone(), follower.clone())?;
+    // Installed now, before the address is announced (see `shutdown_signal`).
+    let signals = shutdown_signal();
     if let Some(f) = &follower {
         crate::limits_file::watch(f.clone(), a.limits_poll);
     }
@@ -427,7 +446,7 @@ pub async fn run(a: ServeArgs, json_out: bool) -> Result<(), Failure> {
     // One shutdown for both servers.
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
     tokio::spawn(async move {
-        shutdown_signal().await;
+        signals.await;
         let _ = stop_tx.send(true);
     });
     let stopped = |mut rx: tokio::sync::watch::Receiver<bool>| async move {
