@@ -507,7 +507,7 @@ impl Ledger {
     }
 
     /// The bucket `key` addresses, its names shared with the ledger's records (`None` for
-    /// an item that is no bucket): parse a key once for the `*_at` recorders.
+    /// an item that is no bucket): parse a key once for the recorders.
     pub fn bucket_of(&mut self, key: &Key) -> Option<Bucket> {
         let (e, r, shard) = parse_bucket(key)?;
         Some(Bucket {
@@ -517,15 +517,8 @@ impl Ledger {
         })
     }
 
-    /// A bucket write issued `latency` ms before it was applied (at `step`).
-    pub fn record_latency(&mut self, key: &Key, step: u64, latency: i64) {
-        if let Some(b) = self.bucket_of(key) {
-            self.record_latency_at(&b, step, latency);
-        }
-    }
-
-    /// [`Ledger::record_latency`] on a parsed bucket key.
-    pub fn record_latency_at(&mut self, b: &Bucket, step: u64, latency: i64) {
+    /// A write to bucket `b` issued `latency` ms before it was applied (at `step`).
+    pub fn record_latency(&mut self, b: &Bucket, step: u64, latency: i64) {
         self.latencies
             .push((b.entity.clone(), b.resource.clone(), step, latency.max(0)));
     }
@@ -537,27 +530,10 @@ impl Ledger {
         }
     }
 
-    /// A write by a current limiter: check `rf`, note creations and `tc` changes.
+    /// A write to `bucket` by a current limiter: check `rf`, note creations and `tc`
+    /// changes.
     #[allow(clippy::too_many_arguments)]
     pub fn record_write(
-        &mut self,
-        client: usize,
-        op: Option<usize>,
-        key: &Key,
-        before: Option<&Item>,
-        after: Option<&Item>,
-        t: i64,
-        step: u64,
-        lost: bool,
-    ) {
-        if let Some(b) = self.bucket_of(key) {
-            self.record_write_at(client, op, &b, before, after, t, step, lost);
-        }
-    }
-
-    /// [`Ledger::record_write`] on a parsed bucket key.
-    #[allow(clippy::too_many_arguments)]
-    pub fn record_write_at(
         &mut self,
         client: usize,
         op: Option<usize>,

@@ -294,7 +294,7 @@ impl Shared {
             let Some(bucket) = st.ledger.bucket_of(k) else {
                 continue;
             };
-            st.ledger.record_latency_at(&bucket, step, now - t_call);
+            st.ledger.record_latency(&bucket, step, now - t_call);
             if err.is_some() {
                 st.ledger.record_failed_write_at(op, &bucket, step);
             }
@@ -308,7 +308,7 @@ impl Shared {
             if untouched {
                 continue;
             }
-            st.ledger.record_write_at(
+            st.ledger.record_write(
                 client,
                 op,
                 &bucket,
