@@ -449,27 +449,14 @@ impl BucketImage {
         let mut limits = BTreeMap::new();
         let mut wcu = None;
         for (n, fs) in fields {
-            let g = |i: usize| -> Result<Option<i64>, RuleError> {
-                match fs[i] {
-                    None => Ok(None),
-                    Some((_, Value::N(x))) => Ok(Some(*x)),
-                    Some((a, v)) => Err(corrupt(
-                        k,
-                        a,
-                        format!("expected a number, found {}", v.type_name()),
-                    )),
-                }
+            // A field's value, read as `num_of` / `string_of` read a top-level attribute.
+            let g = |i: usize| match fs[i] {
+                None => Ok(None),
+                Some((a, v)) => num_of(Some(v), k, a),
             };
-            let gs = |i: usize| -> Result<Option<String>, RuleError> {
-                match fs[i] {
-                    None => Ok(None),
-                    Some((_, Value::S(x))) => Ok(Some(x.clone())),
-                    Some((a, v)) => Err(corrupt(
-                        k,
-                        a,
-                        format!("expected a string, found {}", v.type_name()),
-                    )),
-                }
+            let gs = |i: usize| match fs[i] {
+                None => Ok(None),
+                Some((a, v)) => string_of(Some(v), k, a).map(|x| x.map(str::to_string)),
             };
             let (tk, cp) = match (g(at::TK)?, g(at::CP)?) {
                 (Some(tk), Some(cp)) => (tk, cp),

@@ -57,7 +57,7 @@ pub struct Sinks {
     /// The committed images, for the feed reader.
     pub recent: Arc<Recent>,
     /// The checkpointer of a file store (`checkpoint.rs`), told what each batch committed;
-    /// `None` when the writer checkpoints itself (an in-memory database).
+    /// `None` for a private database (it has no second connection to checkpoint from).
     pub pacer: Option<Arc<Pacer>>,
 }
 
