@@ -18,7 +18,8 @@ use crate::bucket::field;
 use crate::expr::Update;
 use crate::ids::WCU;
 use crate::keys::{battr, STATE};
-use crate::value::{Item, Key, Value};
+use crate::value::{AttrName, Item, Key, Value};
+use smallvec::SmallVec;
 
 /// Item attributes of usage accounting on a bucket item.
 pub mod attr {
@@ -242,45 +243,113 @@ pub fn bucket_ns(key: &Key) -> Option<&str> {
 /// acquires (one per acquire, not per limit), dated by the new image's `wt` (the writer's
 /// clock at this write; `at_ms`, the store's time of the write, for a writer that does not
 /// stamp it). Each limit's overdraw is [`overdraw_of`] its consumption. `None` for an item
-/// that is not a bucket or a write that carries no usage.
+/// that is not a bucket or a write that carries no usage. Owned; the aggregator sums
+/// [`usage_view`], the same usage borrowed from the images.
 pub fn usage_of(
     key: &Key,
     old: Option<&Item>,
     new: Option<&Item>,
     at_ms: i64,
 ) -> Option<UsageDelta> {
+    usage_view(key, old, new, at_ms).map(|v| v.to_delta())
+}
+
+/// The usage of one write as [`usage_of`] computes it, borrowed from the key and the new
+/// image: no name is copied, so summing a pass's changes allocates only per snapshot.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct UsageView<'a> {
+    /// The namespace of the item.
+    pub ns: &'a str,
+    /// Entity.
+    pub entity: &'a str,
+    /// Resource.
+    pub resource: &'a str,
+    /// When (ms): the write's own `wt`, else the store's time of the write.
+    pub at_ms: i64,
+    /// Net consumption per limit, millitokens, in the image's attribute order (zero deltas
+    /// left out; never `wcu`).
+    pub milli: SmallVec<[(&'a str, i64); 2]>,
+    /// Overdraw per limit, millitokens (zeros left out), in the same order.
+    pub overdraw: SmallVec<[(&'a str, i64); 2]>,
+    /// Admitted acquires.
+    pub requests: i64,
+}
+
+impl UsageView<'_> {
+    /// Whether the write consumed (some limit's consumption is positive): the pairs the
+    /// background pass looks at.
+    pub fn consumed(&self) -> bool {
+        self.milli.iter().any(|(_, m)| *m > 0)
+    }
+
+    /// The owned [`UsageDelta`].
+    pub fn to_delta(&self) -> UsageDelta {
+        let by_limit = |v: &[(&str, i64)]| -> BTreeMap<String, i64> {
+            v.iter().map(|(l, m)| (l.to_string(), *m)).collect()
+        };
+        UsageDelta {
+            ns: self.ns.to_string(),
+            entity: self.entity.to_string(),
+            resource: self.resource.to_string(),
+            at_ms: self.at_ms,
+            milli: by_limit(&self.milli),
+            overdraw: by_limit(&self.overdraw),
+            requests: self.requests,
+        }
+    }
+}
+
+/// [`usage_of`], borrowed ([`UsageView`]).
+pub fn usage_view<'a>(
+    key: &'a Key,
+    old: Option<&Item>,
+    new: Option<&'a Item>,
+    at_ms: i64,
+) -> Option<UsageView<'a>> {
     let ns = bucket_ns(key)?;
     let new = new?;
-    let text = |a: &str| new.get(a).and_then(Value::as_s).map(str::to_string);
+    let text = |a: &str| new.get(a).and_then(Value::as_s);
     let (entity, resource) = (text(bucket_attr::ENTITY)?, text(bucket_attr::RESOURCE)?);
-    let mut milli = BTreeMap::new();
-    let mut overdraw = BTreeMap::new();
-    for name in new.keys() {
+    let mut milli = SmallVec::new();
+    let mut overdraw = SmallVec::new();
+    // A limit's attributes are `b_{limit}_{field}`: adjacent in the item's name order, after
+    // `b_` and before `b``, the next prefix (`` ` `` follows `_`).
+    let limit_attrs = (
+        std::ops::Bound::Included("b_"),
+        std::ops::Bound::Excluded("b`"),
+    );
+    for (name, v) in new.range::<str, _>(limit_attrs) {
+        debug_assert!(
+            name.starts_with("b_"),
+            "the range holds the limits' attributes"
+        );
         let Some(limit) = name.strip_prefix("b_").and_then(|r| r.strip_suffix("_tc")) else {
             continue;
         };
         if limit == WCU || limit.is_empty() {
             continue;
         }
-        let d = num(Some(new), name) - num(old, name);
+        let d = v.as_n().unwrap_or(0) - num(old, name);
         if d != 0 {
-            milli.insert(limit.to_string(), d);
+            milli.push((limit, d));
         }
         // Only consumption can overdraw: the balance attribute is named for it alone.
         let od = if d > 0 {
-            let tk = battr(limit, field::TK);
+            // `b_{limit}_tk`, beside `b_{limit}_tc`: built inline (names are short).
+            let mut tk = AttrName::from(&name[..name.len() - 2]);
+            tk.push_str(field::TK);
             overdraw_of(d, num(Some(new), &tk), debited_at(old, new, &tk))
         } else {
             0
         };
         if od != 0 {
-            overdraw.insert(limit.to_string(), od);
+            overdraw.push((limit, od));
         }
     }
     let requests = num(Some(new), attr::RQ) - num(old, attr::RQ);
     let at_ms = new.get(attr::WT).and_then(Value::as_n).unwrap_or(at_ms);
-    let d = UsageDelta {
-        ns: ns.to_string(),
+    let v = UsageView {
+        ns,
         entity,
         resource,
         at_ms,
@@ -288,7 +357,7 @@ pub fn usage_of(
         overdraw,
         requests,
     };
-    (!d.is_empty()).then_some(d)
+    (v.requests != 0 || !v.milli.is_empty()).then_some(v)
 }
 
 /// The partition of an entity's usage snapshots.
@@ -466,6 +535,27 @@ mod tests {
             d.at_ms, 5_000,
             "dated by the write's wt, not the store time"
         );
+    }
+
+    /// Only `b_{limit}_tc` attributes are consumption: names that sort just before or after
+    /// the limits' `b_` block (`b`, `ba…`, `b``…`, `c…`) are not read as limits, and the
+    /// borrowed view says what the owned delta says.
+    #[test]
+    fn only_limit_attributes_count_and_the_view_matches_the_delta() {
+        let mut new = bucket(&[("a", 5), ("zz", 7)], 2, Some(10));
+        for n in [
+            "b", "b_tc", "ba_x_tc", "b`x_tc", "bz_tc", "c_y_tc", "a_q_tc",
+        ] {
+            new.insert(n.into(), Value::N(1_000));
+        }
+        let k = key();
+        let v = usage_view(&k, None, Some(&new), 0).expect("usage");
+        assert_eq!(&v.milli[..], &[("a", 5), ("zz", 7)]);
+        assert!(v.consumed());
+        let d = usage_of(&key(), None, Some(&new), 0).expect("usage");
+        assert_eq!(d, v.to_delta());
+        assert_eq!(d.milli, [("a".into(), 5), ("zz".into(), 7)].into());
+        assert_eq!((d.requests, d.at_ms), (2, 10));
     }
 
     /// A fast-path write leaves `rf` alone; its usage is dated by its `wt`, and `wcu` is not

@@ -34,7 +34,7 @@ use tollgate_store::{
 };
 
 use super::feed::{checkpoint_key, FeedAggregator};
-use super::pending::{pass_attr, usage, Pending};
+use super::pending::{pass_attr, usage, Pending, Summing};
 use super::PassReport;
 use crate::error::Result;
 
@@ -206,7 +206,7 @@ impl FeedAggregator {
         claim: &Claim,
         rep: &mut PassReport,
     ) -> Result<()> {
-        let mut p = Pending::default();
+        let mut p = Summing::default();
         let mut at = cp.cursor.clone();
         let mut empty = 0;
         while !covers(&at, &claim.to) {
@@ -230,13 +230,13 @@ impl FeedAggregator {
                     continue;
                 }
                 if let Some(d) = usage(self.ns(), c) {
-                    p.add(&self.opts.windows, d);
+                    p.add(&self.opts.windows, &d);
                 }
             }
         }
         rep.claims_finished += 1;
         tracing::debug!(pass = claim.pass, "aggregator: finishing a claimed pass");
-        self.apply(&p, cp, claim, rep).await
+        self.apply(&p.finish(), cp, claim, rep).await
     }
 
     /// Apply `p` for `claim` in transactions of at most `commit_items` snapshot updates, each

@@ -2,14 +2,14 @@
 //! the whole pass, committed exactly once with the checkpoint (`commit`) — and the
 //! background work after it.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::Arc;
 
 use tollgate_core::ids::validate_entity_id;
 use tollgate_core::value::{Item, Key, Value};
 use tollgate_store::{ChangeFeed, FeedCursor};
 
-use super::pending::{usage, Pending};
+use super::pending::{pair_name, usage, Summing};
 use super::{PassReport, UsageOptions};
 use crate::aggregator::Aggregator;
 use crate::error::{Error, Result};
@@ -42,9 +42,9 @@ impl std::fmt::Debug for FeedAggregator {
     }
 }
 
-/// The newest image the feed showed of each consumed shard, per (entity, resource): what
-/// the background pass plans from (`Aggregator::background_from_feed`).
-type Seen = BTreeMap<(String, String), BTreeMap<u32, Arc<Item>>>;
+/// The newest image the feed showed of each consumed shard, per (entity, resource) by its
+/// [`pair_name`]: what the background pass plans from (`Aggregator::background_from_feed`).
+type Seen = HashMap<Box<str>, BTreeMap<u32, Arc<Item>>>;
 
 impl FeedAggregator {
     /// An aggregator over `feed` — the same store `limiter` uses — with `opts`.
@@ -116,7 +116,8 @@ impl FeedAggregator {
     pub async fn pass(&self) -> Result<PassReport> {
         let mut rep = PassReport::default();
         let mut touched = BTreeSet::new();
-        let mut seen: Seen = BTreeMap::new();
+        let mut seen: Seen = HashMap::new();
+        let mut name = String::new();
         let mut first = true;
         let mut batches = 0usize;
         let mut claims = 0usize;
@@ -134,7 +135,7 @@ impl FeedAggregator {
             let mut cursor = self.resume(&cp.text, cp.cursor.clone());
             // The cursor after each batch, to trim the feed by after the commit.
             let mut marks = Vec::new();
-            let mut p = Pending::default();
+            let mut p = Summing::default();
             let mut read = 0usize;
             let mut caught_up = false;
             let mut out_of_batches = false;
@@ -169,20 +170,24 @@ impl FeedAggregator {
                         continue;
                     };
                     rep.usage_changes += 1;
-                    if let (true, Some(new)) = (d.milli.values().any(|m| *m > 0), &c.new) {
+                    if let (true, Some(new)) = (d.consumed(), &c.new) {
                         if let Some(shard) = new
                             .get(tollgate_core::bucket::attr::SHARD)
                             .and_then(Value::as_n)
                             .and_then(|n| u32::try_from(n).ok())
                         {
-                            seen.entry((d.entity.clone(), d.resource.clone()))
-                                .or_default()
-                                .insert(shard, Arc::clone(new));
+                            let pair = pair_name(&mut name, d.entity, d.resource);
+                            let shards = match seen.get_mut(pair) {
+                                Some(s) => s,
+                                None => seen.entry(pair.into()).or_default(),
+                            };
+                            shards.insert(shard, Arc::clone(new));
                         }
                     }
-                    p.add(&self.opts.windows, d);
+                    p.add(&self.opts.windows, &d);
                 }
             }
+            let p = p.finish();
             if p.snaps.is_empty() {
                 // Nothing to count: the read position moves without a write.
                 self.remember(&cp.text, &cursor);
@@ -214,7 +219,7 @@ impl FeedAggregator {
                 // Planned from the feed's newest image of each shard it showed consumed
                 // (no read); a pair whose images did not survive a lost race is read.
                 let images: Vec<(u32, Arc<Item>)> = seen
-                    .get(&(e.clone(), r.clone()))
+                    .get(pair_name(&mut name, e, r))
                     .map(|m| m.iter().map(|(s, i)| (*s, Arc::clone(i))).collect())
                     .unwrap_or_default();
                 let done = if images.is_empty() {

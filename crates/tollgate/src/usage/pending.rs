@@ -1,10 +1,11 @@
 //! The usage a pass has summed but not yet committed: per snapshot item, every change's
 //! consumption, overdraw and requests, and the store operations that add it.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 
+use smallvec::SmallVec;
 use tollgate_core::expr::{Condition, ReturnValues};
-use tollgate_core::usage::{snapshot_key, snapshot_update, usage_of, UsageDelta, Window};
+use tollgate_core::usage::{snapshot_key, snapshot_update, usage_view, UsageView, Window};
 use tollgate_core::value::Key;
 use tollgate_store::{Change, TransactOp, UpdateRequest};
 
@@ -19,7 +20,8 @@ pub(super) struct Sum {
     requests: i64,
 }
 
-/// Usage summed per snapshot item, and the (entity, resource) pairs that consumed.
+/// Usage summed per snapshot item, and the (entity, resource) pairs that consumed: what a
+/// pass commits ([`Summing::finish`]).
 #[derive(Default)]
 pub(super) struct Pending {
     /// Per snapshot item, in key order (the order its transactions are cut in).
@@ -28,10 +30,11 @@ pub(super) struct Pending {
     pub touched: BTreeSet<(String, String)>,
 }
 
-/// The usage of change `c` in namespace `ns`: `None` for a change that is not a bucket
-/// write of `ns` (the aggregator's own snapshot and checkpoint writes among them).
-pub(super) fn usage(ns: &str, c: &Change) -> Option<UsageDelta> {
-    usage_of(&c.key, c.old.as_deref(), c.new.as_deref(), c.at_ms).filter(|d| d.ns == ns)
+/// The usage of change `c` in namespace `ns`, borrowed from it: `None` for a change that
+/// is not a bucket write of `ns` (the aggregator's own snapshot and checkpoint writes
+/// among them).
+pub(super) fn usage<'c>(ns: &str, c: &'c Change) -> Option<UsageView<'c>> {
+    usage_view(&c.key, c.old.as_deref(), c.new.as_deref(), c.at_ms).filter(|d| d.ns == ns)
 }
 
 /// The attribute on a snapshot item naming the last claimed pass of consumer `consumer`
@@ -40,34 +43,120 @@ pub(super) fn pass_attr(consumer: &str) -> String {
     format!("pass_{consumer}")
 }
 
-impl Pending {
+/// The name an (entity, resource) pair is found by while a pass sums, written into `buf`:
+/// the entity's length, `:`, the entity, the resource (so no two pairs share one).
+pub(super) fn pair_name<'b>(buf: &'b mut String, entity: &str, resource: &str) -> &'b str {
+    use std::fmt::Write as _;
+    buf.clear();
+    // Writing to a String cannot fail.
+    let _ = write!(buf, "{}:", entity.len());
+    buf.push_str(entity);
+    buf.push_str(resource);
+    buf
+}
+
+/// One (entity, resource) pair of a pass: the snapshot items its changes are summed into.
+struct Pair {
+    entity: String,
+    resource: String,
+    /// (window, window start, index into `Summing::sums`): one per window in force.
+    slots: SmallVec<[(Window, i64, usize); 2]>,
+    consumed: bool,
+}
+
+/// Usage being summed over a pass's changes. Every change is found its sums by its pair's
+/// name ([`pair_name`], one hash look-up) and its window starts: no snapshot key is
+/// formatted and no name copied except the first time a pair or a snapshot item appears.
+#[derive(Default)]
+pub(super) struct Summing {
+    sums: Vec<(Key, Sum)>,
+    pairs: Vec<Pair>,
+    by_name: HashMap<Box<str>, usize>,
+    name: String,
+}
+
+/// Add `m` to `limit`'s entry (a name is copied only for a limit new to the sum).
+fn add_to(sums: &mut BTreeMap<String, i64>, limit: &str, m: i64) {
+    match sums.get_mut(limit) {
+        Some(v) => *v += m,
+        None => {
+            sums.insert(limit.to_string(), m);
+        }
+    }
+}
+
+impl Summing {
     /// Add one change's usage to every window's snapshot.
-    pub fn add(&mut self, windows: &[Window], d: UsageDelta) {
+    pub fn add(&mut self, windows: &[Window], d: &UsageView<'_>) {
+        let name = pair_name(&mut self.name, d.entity, d.resource);
+        let pair = match self.by_name.get(name) {
+            Some(&i) => i,
+            None => {
+                self.by_name.insert(name.into(), self.pairs.len());
+                self.pairs.push(Pair {
+                    entity: d.entity.to_string(),
+                    resource: d.resource.to_string(),
+                    slots: SmallVec::new(),
+                    consumed: false,
+                });
+                self.pairs.len() - 1
+            }
+        };
         for w in windows {
             let start = w.start_ms(d.at_ms);
-            let k = snapshot_key(&d.ns, &d.entity, &d.resource, *w, start);
-            let e = self.snaps.entry(k).or_insert_with(|| Sum {
-                entity: d.entity.clone(),
-                resource: d.resource.clone(),
-                window: *w,
-                start_ms: start,
-                milli: BTreeMap::new(),
-                overdraw: BTreeMap::new(),
-                requests: 0,
-            });
+            let p = &mut self.pairs[pair];
+            let slot = match p.slots.iter().find(|s| s.0 == *w && s.1 == start) {
+                Some(s) => s.2,
+                None => {
+                    let k = snapshot_key(d.ns, &p.entity, &p.resource, *w, start);
+                    self.sums.push((
+                        k,
+                        Sum {
+                            entity: p.entity.clone(),
+                            resource: p.resource.clone(),
+                            window: *w,
+                            start_ms: start,
+                            milli: BTreeMap::new(),
+                            overdraw: BTreeMap::new(),
+                            requests: 0,
+                        },
+                    ));
+                    p.slots.push((*w, start, self.sums.len() - 1));
+                    self.sums.len() - 1
+                }
+            };
+            let e = &mut self.sums[slot].1;
             for (l, m) in &d.milli {
-                *e.milli.entry(l.clone()).or_default() += m;
+                add_to(&mut e.milli, l, *m);
             }
             for (l, m) in &d.overdraw {
-                *e.overdraw.entry(l.clone()).or_default() += m;
+                add_to(&mut e.overdraw, l, *m);
             }
             e.requests += d.requests;
         }
-        if d.milli.values().any(|m| *m > 0) {
-            self.touched.insert((d.entity, d.resource));
+        if d.consumed() {
+            self.pairs[pair].consumed = true;
         }
     }
 
+    /// What was summed, by snapshot key, with the pairs that consumed.
+    pub fn finish(self) -> Pending {
+        let n = self.sums.len();
+        let snaps: BTreeMap<Key, Sum> = self.sums.into_iter().collect();
+        debug_assert_eq!(snaps.len(), n, "each snapshot item is summed in one slot");
+        Pending {
+            snaps,
+            touched: self
+                .pairs
+                .into_iter()
+                .filter(|p| p.consumed)
+                .map(|p| (p.entity, p.resource))
+                .collect(),
+        }
+    }
+}
+
+impl Pending {
     /// The update adding item `k`'s sum. With `once = Some((attr, pass))` it applies at most
     /// once for that pass: conditioned on `attr` being absent or below `pass`, and setting
     /// it to `pass` (the `UsageCheckpoint` mutant drops the condition).
