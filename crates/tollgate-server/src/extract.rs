@@ -5,6 +5,9 @@ use axum::extract::{FromRequest, FromRequestParts, Path, Request};
 use axum::http::request::Parts;
 use axum::http::StatusCode;
 use serde::de::DeserializeOwned;
+use smallvec::SmallVec;
+use std::borrow::Cow;
+use std::collections::HashSet;
 
 use crate::error::ApiError;
 
@@ -38,6 +41,9 @@ pub fn parse_json<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, ApiError> {
 
 /// A JSON document walked only to check that no object repeats a key (at any depth).
 struct UniqueKeys;
+
+/// Keys of one object compared by scanning before they go into a hash set.
+const FEW_KEYS: usize = 16;
 
 impl<'de> serde::Deserialize<'de> for UniqueKeys {
     fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
@@ -79,9 +85,24 @@ impl<'de> serde::de::Visitor<'de> for UniqueKeysVisitor {
     }
 
     fn visit_map<A: serde::de::MapAccess<'de>>(self, mut map: A) -> Result<UniqueKeys, A::Error> {
-        let mut seen = std::collections::HashSet::new();
-        while let Some(k) = map.next_key::<std::borrow::Cow<'de, str>>()? {
-            if !seen.insert(k.clone()) {
+        // A request's objects hold a handful of keys: compared on the stack; a larger one
+        // moves to a hash set.
+        let mut few: SmallVec<[Cow<'de, str>; FEW_KEYS]> = SmallVec::new();
+        let mut many: Option<HashSet<Cow<'de, str>>> = None;
+        while let Some(k) = map.next_key::<Cow<'de, str>>()? {
+            let repeated = match &mut many {
+                Some(set) => !set.insert(k.clone()),
+                None if few.contains(&k) => true,
+                None if few.len() < FEW_KEYS => {
+                    few.push(k.clone());
+                    false
+                }
+                None => {
+                    many = Some(few.drain(..).chain([k.clone()]).collect());
+                    false
+                }
+            };
+            if repeated {
                 return Err(serde::de::Error::custom(format!("duplicate key {k:?}")));
             }
             map.next_value::<UniqueKeys>()?;
@@ -166,5 +187,33 @@ impl<S: Send + Sync> FromRequestParts<S> for QueryPairs {
         serde_urlencoded::from_str::<Vec<(String, String)>>(q)
             .map(QueryPairs)
             .map_err(|e| ApiError::invalid_request(format!("bad query string: {e}")))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn unique(doc: &str) -> bool {
+        serde_json::from_str::<UniqueKeys>(doc).is_ok()
+    }
+
+    /// A repeated key is found in a small object, in a nested one, and in an object past
+    /// the keys compared on the stack (where a hash set takes over), whichever key repeats.
+    #[test]
+    fn repeated_keys_are_found_in_objects_of_any_size() {
+        assert!(unique(r#"{"a":1,"b":{"c":[{"d":1},{"d":2}]}}"#));
+        assert!(!unique(r#"{"a":1,"b":2,"a":3}"#));
+        assert!(!unique(r#"{"a":1,"b":{"c":1,"c":2}}"#));
+        assert!(!unique(r#"{"a":"x","\u0061":"y"}"#), "an escaped spelling is the same key");
+        for n in [FEW_KEYS - 1, FEW_KEYS, FEW_KEYS + 1, 3 * FEW_KEYS] {
+            let keys: Vec<String> = (0..n).map(|i| format!("\"k{i}\":{i}")).collect();
+            let doc = format!("{{{}}}", keys.join(","));
+            assert!(unique(&doc), "{n} distinct keys");
+            for repeat in [0, n / 2, n - 1] {
+                let doc = format!("{{{},\"k{repeat}\":0}}", keys.join(","));
+                assert!(!unique(&doc), "{n} keys, k{repeat} repeated last");
+            }
+        }
     }
 }

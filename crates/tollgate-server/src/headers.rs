@@ -76,30 +76,36 @@ pub fn add_ratelimit_headers(
     if statuses.is_empty() {
         return;
     }
-    let mut policy = Vec::with_capacity(statuses.len());
-    let mut state = Vec::with_capacity(statuses.len());
-    for s in statuses {
+    use std::fmt::Write as _;
+    // Both values written straight into one buffer each (writing to a String cannot fail).
+    let mut policy = String::with_capacity(32 * statuses.len());
+    let mut state = String::with_capacity(32 * statuses.len());
+    for (i, s) in statuses.iter().enumerate() {
+        if i > 0 {
+            policy.push_str(", ");
+            state.push_str(", ");
+        }
         // Limit names are letters, digits and `_ . -`: safe inside an sf-string.
-        let mut p = format!("\"{}\";q={}", s.limit, s.capacity.max(0));
+        let _ = write!(policy, "\"{}\";q={}", s.limit, s.capacity.max(0));
         if let Some(w) = limits
             .iter()
             .find(|l| l.name() == s.limit)
             .and_then(|l| window_secs(l, now_ms))
         {
-            p.push_str(&format!(";w={w}"));
+            let _ = write!(policy, ";w={w}");
         }
-        policy.push(p);
-        state.push(format!(
+        let _ = write!(
+            state,
             "\"{}\";r={};t={}",
             s.limit,
             s.available.max(0),
             reset_secs(s, now_ms)
-        ));
+        );
     }
-    if let Ok(v) = HeaderValue::from_str(&policy.join(", ")) {
+    if let Ok(v) = HeaderValue::from_str(&policy) {
         headers.insert(RATELIMIT_POLICY.clone(), v);
     }
-    if let Ok(v) = HeaderValue::from_str(&state.join(", ")) {
+    if let Ok(v) = HeaderValue::from_str(&state) {
         headers.insert(RATELIMIT.clone(), v);
     }
 }
