@@ -5,8 +5,11 @@
 //!
 //! `cargo bench -p tollgate-sqlite --bench group_commit` (set `BENCH_SECS` for longer points,
 //! `BENCH_TASKS=1,16,64` for other concurrency levels, `BENCH_MAX_BATCH=1` to turn group
-//! commit off). Prints throughput, p50 / p99 latency, and how the batches formed (mean and
-//! largest batch in requests, and the share of batches of one request).
+//! commit off, `BENCH_MODES=update` or `BENCH_MODES=get+update` for one mode only,
+//! `BENCH_ITEM=wide` for items of 15 attributes, about 800 bytes of JSON, the size of a
+//! limiter bucket, instead of one attribute). Prints throughput, p50 / p99 latency, and how
+//! the batches formed (mean and largest batch in requests, and the share of batches of one
+//! request).
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -45,10 +48,37 @@ fn percentile(sorted: &[u64], p: f64) -> u64 {
     sorted[i.min(sorted.len() - 1)]
 }
 
-async fn run_point(store: Arc<SqliteStore>, tasks: usize, mode: Mode, secs: f64) -> Point {
+/// The stocked item: `n` alone, or (`wide`) `n` and 14 more attributes, about 800 bytes of
+/// JSON as stored.
+fn stock_item(wide: bool) -> Item {
+    let mut item = Item::new();
+    item.insert("n".into(), Value::N(i64::MAX / 2));
+    if wide {
+        for i in 0..7 {
+            item.insert(
+                format!("count_{i}").into(),
+                Value::N(1_000_000_007 * (i + 1)),
+            );
+            item.insert(
+                format!("label_{i}").into(),
+                Value::S(format!(
+                    "tenant-{i}/resource-gpt-4o-mini-2024-07-18/window-60s/shard-00"
+                )),
+            );
+        }
+    }
+    item
+}
+
+async fn run_point(
+    store: Arc<SqliteStore>,
+    tasks: usize,
+    mode: Mode,
+    secs: f64,
+    wide: bool,
+) -> Point {
     for t in 0..tasks {
-        let mut item = Item::new();
-        item.insert("n".into(), Value::N(i64::MAX / 2));
+        let item = stock_item(wide);
         store
             .put(PutRequest {
                 key: Key::new(format!("bench/{t}"), "#STATE"),
@@ -118,28 +148,38 @@ fn main() {
         .and_then(|s| s.parse().ok())
         .unwrap_or(tollgate_sqlite::DEFAULT_MAX_BATCH_OPS);
     let config = SqliteConfig::default().with_max_batch_ops(max_batch);
+    let modes: Vec<Mode> = match std::env::var("BENCH_MODES") {
+        Ok(s) => [Mode::Update, Mode::ReadThenUpdate]
+            .into_iter()
+            .filter(|m| s.split(',').any(|x| x.trim() == m.name()))
+            .collect(),
+        Err(_) => vec![Mode::Update, Mode::ReadThenUpdate],
+    };
+    let wide = std::env::var("BENCH_ITEM").is_ok_and(|s| s == "wide");
     let dir = tempfile::tempdir().expect("temp dir");
     println!(
         "durable SQLite (WAL, synchronous=FULL), {secs} s per point, 2 worker threads, \
-         batches of at most {max_batch} ops"
+         batches of at most {max_batch} ops, items of {} attributes ({} bytes of JSON)",
+        stock_item(wide).len(),
+        serde_json::to_string(&stock_item(wide)).map_or(0, |j| j.len())
     );
     println!(
-        "{:<11} {:>5} {:>10} {:>9} {:>9} {:>8} {:>6} {:>7}",
-        "mode", "tasks", "ops/s", "p50 µs", "p99 µs", "batch", "max", "single"
+        "{:<11} {:>5} {:>10} {:>9} {:>9} {:>8} {:>6} {:>7} {:>9}",
+        "mode", "tasks", "ops/s", "p50 µs", "p99 µs", "batch", "max", "single", "ops"
     );
-    for mode in [Mode::Update, Mode::ReadThenUpdate] {
+    for &mode in &modes {
         for &tasks in &levels {
             let path = dir
                 .path()
                 .join(format!("{}-{tasks}.db", mode.name().replace('+', "-")));
             let store = Arc::new(SqliteStore::open_with(&path, &config).expect("open"));
             let before = store.group_commit_stats();
-            let p = rt.block_on(run_point(Arc::clone(&store), tasks, mode, secs));
+            let p = rt.block_on(run_point(Arc::clone(&store), tasks, mode, secs, wide));
             let after = store.group_commit_stats();
             let batches = after.batches - before.batches;
             let singles = after.batches_by_size[0] - before.batches_by_size[0];
             println!(
-                "{:<11} {:>5} {:>10.0} {:>9} {:>9} {:>8.1} {:>6} {:>6.0}%",
+                "{:<11} {:>5} {:>10.0} {:>9} {:>9} {:>8.1} {:>6} {:>6.0}% {:>9}",
                 mode.name(),
                 tasks,
                 p.ops as f64 / p.elapsed.as_secs_f64(),
@@ -148,6 +188,7 @@ fn main() {
                 (after.requests - before.requests) as f64 / batches.max(1) as f64,
                 after.max_batch_requests,
                 100.0 * singles as f64 / batches.max(1) as f64,
+                p.ops,
             );
         }
     }

@@ -52,7 +52,9 @@
 //! write, in the write's transaction: see `feed.rs`); the schema version in
 //! `PRAGMA user_version` (2; a version-1 file is upgraded on open).
 //!
-//! A write reads its row once; an existing row whose index columns stay the same is
+//! A write reads its row once, or not at all when the writer remembers it and may trust
+//! that memory (no other connection has committed since, nothing was rolled back: see
+//! `ops::Memo::begin_batch`); an existing row whose index columns stay the same is
 //! rewritten in place (`UPDATE` of the item text, no index touched). The feed reader of a
 //! process takes the new image of each change that process's writer committed from the
 //! writer, already decoded (`recent.rs`), and shares each old image with the previous

@@ -6,6 +6,10 @@
 //!
 //! A failed condition writes nothing, so it fails its operation alone; a transaction writes
 //! under a SAVEPOINT, so a failure midway takes back its own writes and nobody else's.
+//!
+//! The current row is usually not read at all: the writer remembers the rows it wrote
+//! ([`Memo`]), and while no other connection has committed and nothing was rolled back the
+//! memo is the row, byte for byte ([`Memo::begin_batch`] says when).
 
 use std::borrow::Cow;
 use std::collections::HashMap;
@@ -113,15 +117,55 @@ fn read_raw(conn: &Connection, key: &Key) -> Result<Option<String>, StoreError> 
 struct Stored {
     raw: String,
     item: Arc<Item>,
+    /// Taken from the [`Memo`] (trusted, or its text found stored): a write that ends up
+    /// writing nothing gives it back ([`Memo::give_back`]).
+    remembered: bool,
+}
+
+/// One row the writer remembers.
+#[derive(Debug)]
+struct Held {
+    /// The row's stored text, byte for byte.
+    text: String,
+    /// The item decoded from it (or encoded into it).
+    item: Arc<Item>,
+    /// [`Memo::epoch`] when the row was last known to hold `text`: written, or read and
+    /// compared, inside a batch transaction.
+    epoch: u64,
+}
+
+impl From<Held> for Stored {
+    fn from(h: Held) -> Self {
+        Stored {
+            raw: h.text,
+            item: h.item,
+            remembered: true,
+        }
+    }
 }
 
 /// What the writer keeps from one operation to the next: the text and decoded item of the
-/// rows it last wrote (a memo of the decoding: a row is decoded again only when its stored
-/// text is not the one remembered — another process wrote it, or the batch that wrote the
-/// remembered text was rolled back), and the changes committed updates publish.
+/// rows it last wrote, and the changes committed updates publish.
+///
+/// A remembered row is used in one of two ways. While it is *trusted* (see
+/// [`Memo::begin_batch`], the rule's one home) the memo is exact for it: a write takes its
+/// old text and item from the memo without reading the row at all. Otherwise (another
+/// connection committed since, or a batch or a transaction's SAVEPOINT was rolled back) the
+/// write reads the row, and the memo spares only the decoding, when the row still holds the
+/// very text remembered. A write of a row takes its entry out of the memo and puts back what
+/// it stored, so an entry never outlives a write it does not know of.
 #[derive(Debug, Default)]
 pub struct Memo {
-    rows: HashMap<Key, (String, Arc<Item>)>,
+    rows: HashMap<Key, Held>,
+    /// The trust generation: an entry is trusted when its [`Held::epoch`] is this. Advanced
+    /// whenever the memo may no longer be exact ([`Memo::distrust`]).
+    epoch: u64,
+    /// `PRAGMA data_version` at the start of the current batch.
+    batch_version: Option<i64>,
+    /// `PRAGMA data_version` at the start of the last batch, if that batch committed (and so
+    /// did every batch since the memo was last distrusted); `None` after a batch that did
+    /// not commit (rolled back, failed, panicked) and before the first.
+    committed_version: Option<i64>,
     /// The changes the updates of the current batch recorded, decoded, with their
     /// sequence numbers: for [`crate::recent::Recent`] once the batch has committed.
     pub published: Vec<(i64, Published)>,
@@ -131,25 +175,109 @@ pub struct Memo {
 /// of one limit): past it, it starts over.
 const MEMO_ROWS: usize = 4_096;
 
+/// `PRAGMA data_version` of the connection: it changes between two reads on the same
+/// connection exactly when another connection committed in between (never for the
+/// connection's own commits).
+pub fn data_version(conn: &Connection) -> Result<i64, StoreError> {
+    conn.prepare_cached("PRAGMA data_version")
+        .and_then(|mut s| s.query_row([], |r| r.get::<_, i64>(0)))
+        .map_err(|e| from_sqlite("read data_version", e))
+}
+
 impl Memo {
-    fn remember(&mut self, key: &Key, text: String, item: &Arc<Item>) {
+    /// Start a batch, inside its `BEGIN IMMEDIATE` (the write lock held), given the
+    /// connection's `PRAGMA data_version` (`None`: it could not be read).
+    ///
+    /// **The writer trusts its memo only while no other connection has committed** — and
+    /// only while everything it remembered was committed: the memo stays trusted into this
+    /// batch exactly when `data_version` is the value read at the start of the previous
+    /// batch and that batch committed ([`Memo::committed`]). SQLite changes `data_version`
+    /// when another connection (of this process or another) commits, not for this
+    /// connection's own commits, so then every row still holds what this writer last
+    /// wrote or read of it. Otherwise (another connection committed, the first batch, the
+    /// previous batch rolled back, failed to commit or panicked) the memo is distrusted:
+    /// every remembered row is read again before it is used. A SAVEPOINT rolled back
+    /// within the batch distrusts it too ([`Memo::distrust`]).
+    pub fn begin_batch(&mut self, data_version: Option<i64>) {
+        let unchanged = data_version.is_some() && data_version == self.committed_version;
+        if !unchanged {
+            self.distrust();
+        }
+        self.batch_version = data_version;
+        // Until this batch commits, what it remembers may be rolled back.
+        self.committed_version = None;
+    }
+
+    /// The batch begun by [`Memo::begin_batch`] committed: what it remembered is stored.
+    pub fn committed(&mut self) {
+        self.committed_version = self.batch_version.take();
+    }
+
+    /// From now on no remembered row is used before it is read again and found to hold the
+    /// text remembered (a rollback took back writes the memo remembers).
+    pub fn distrust(&mut self) {
+        self.epoch += 1;
+    }
+
+    /// Remember what a write stored at `key`, trusted for the rest of the batch (the
+    /// writer holds the write lock) and beyond it under [`Memo::begin_batch`]'s rule.
+    fn remember(&mut self, key: &Key, text: String, item: Arc<Item>) {
         if self.rows.len() >= MEMO_ROWS && !self.rows.contains_key(key) {
             self.rows.clear();
         }
-        self.rows.insert(key.clone(), (text, Arc::clone(item)));
+        let epoch = self.epoch;
+        self.rows.insert(key.clone(), Held { text, item, epoch });
+    }
+
+    /// Put back a row [`Memo::take_trusted`] or [`read_stored`] took out of the memo, when
+    /// the write that took it wrote nothing (the row still holds it); its item.
+    fn give_back(&mut self, key: &Key, stored: Stored) -> Arc<Item> {
+        let item = Arc::clone(&stored.item);
+        if stored.remembered {
+            self.remember(key, stored.raw, stored.item);
+        }
+        item
+    }
+
+    /// Take the row at `key` out of the memo for a write of it: `Some` when the memo is
+    /// trusted for it (the row is not read), `None` when it is not held or not trusted (the
+    /// entry is dropped: the write reads the row).
+    fn take_trusted(&mut self, conn: &Connection, key: &Key) -> Option<Stored> {
+        let held = self.rows.remove(key)?;
+        (held.epoch == self.epoch).then(|| trusted(conn, key, held))
     }
 }
 
-/// Read one item with its stored text, in one statement (a write needs both); decoded only
-/// when `memo` does not hold that very text.
-fn read_stored(conn: &Connection, key: &Key, memo: &Memo) -> Result<Option<Stored>, StoreError> {
+/// A trusted entry, as the row it stands for. Trust holds only inside the writer's batch
+/// transaction; debug builds check it against the row on every use.
+fn trusted(conn: &Connection, key: &Key, held: Held) -> Stored {
+    debug_assert!(
+        !conn.is_autocommit(),
+        "the memo is trusted only inside the batch transaction"
+    );
+    debug_assert!(
+        read_raw(conn, key).map_or(true, |t| t.as_deref() == Some(held.text.as_str())),
+        "the memo is trusted for {key}, but the row no longer holds the text remembered"
+    );
+    Stored::from(held)
+}
+
+/// Read one item with its stored text, in one statement (a write needs both), taking its
+/// entry out of `memo`: not read at all when the memo is trusted for it, decoded only when
+/// the memo does not hold that very text.
+fn read_stored(
+    conn: &Connection,
+    key: &Key,
+    memo: &mut Memo,
+) -> Result<Option<Stored>, StoreError> {
+    let held = match memo.rows.remove(key) {
+        Some(h) if h.epoch == memo.epoch => return Ok(Some(trusted(conn, key, h))),
+        other => other,
+    };
     with_row(conn, key, |stored| {
-        if let (ValueRef::Text(b), Some((text, item))) = (stored, memo.rows.get(key)) {
-            if b == text.as_bytes() {
-                return Ok(Stored {
-                    raw: text.clone(),
-                    item: Arc::clone(item),
-                });
+        if let (ValueRef::Text(b), Some(h)) = (stored, held) {
+            if b == h.text.as_bytes() {
+                return Ok(Stored::from(h));
             }
         }
         let item = decode(key, stored)?;
@@ -161,6 +289,7 @@ fn read_stored(conn: &Connection, key: &Key, memo: &Memo) -> Result<Option<Store
         Ok(Stored {
             raw,
             item: Arc::new(item),
+            remembered: false,
         })
     })
 }
@@ -417,10 +546,10 @@ pub fn write(
         "writes run inside the batch transaction"
     );
     Ok(match w {
-        Write::Put(req) => put(tx, req).map(|()| Outcome::Done),
+        Write::Put(req) => put(tx, req, memo).map(|()| Outcome::Done),
         Write::Update(req) => update(tx, req, memo).map(Outcome::Shared),
         Write::Delete(req) => delete(tx, req, memo).map(Outcome::Item),
-        Write::Purge(key) => write_item(tx, &key, None, Prior::Unread).map(|_| Outcome::Done),
+        Write::Purge(key) => purge(tx, &key, memo).map(|()| Outcome::Done),
         Write::TrimFeed(cursor, before) => {
             crate::feed::trim(tx, &cursor, before).map(|_| Outcome::Done)
         }
@@ -428,7 +557,7 @@ pub fn write(
             ops,
             token,
             fingerprint,
-        } => transact_write(tx, &ops, token.as_deref(), fingerprint.as_deref())?
+        } => transact_write(tx, &ops, token.as_deref(), fingerprint.as_deref(), memo)?
             .map(|()| Outcome::Done),
     })
 }
@@ -471,17 +600,47 @@ fn condition_failed(old: Option<Item>) -> StoreError {
 }
 
 /// `put` (the item was checked by the caller). Without a condition the old item is not
-/// read: the put replaces it whatever it holds, also an item that cannot be decoded.
-fn put(conn: &Connection, req: PutRequest) -> Result<(), StoreError> {
+/// read: the put replaces it whatever it holds, also an item that cannot be decoded. A row
+/// the memo is trusted for is not read at all.
+fn put(conn: &Connection, req: PutRequest, memo: &mut Memo) -> Result<(), StoreError> {
+    let held = memo.take_trusted(conn, &req.key);
     if let Some(c) = &req.condition {
-        let cur = read_item(conn, &req.key)?;
-        if !eval_condition(cur.as_ref(), c) {
-            return Err(condition_failed(cur));
+        match held {
+            Some(h) if !eval_condition(Some(&h.item), c) => {
+                let old = memo.give_back(&req.key, h);
+                return Err(condition_failed(Some(Arc::unwrap_or_clone(old))));
+            }
+            Some(_) => {}
+            None => {
+                let cur = read_item(conn, &req.key)?;
+                if !eval_condition(cur.as_ref(), c) {
+                    return Err(condition_failed(cur));
+                }
+            }
         }
     }
     let mut item = req.item;
     req.key.stamp(&mut item);
-    write_item(conn, &req.key, Some(&item), Prior::Unread).map(|_| ())
+    let prior = match &held {
+        Some(h) => Prior::Read(Some(h)),
+        None => Prior::Unread,
+    };
+    let w = write_item(conn, &req.key, Some(&item), prior)?;
+    if let Some(text) = w.text {
+        memo.remember(&req.key, text, Arc::new(item));
+    }
+    Ok(())
+}
+
+/// `purge`: delete without reading (or decoding) the old item, unless the memo is trusted
+/// for it.
+fn purge(conn: &Connection, key: &Key, memo: &mut Memo) -> Result<(), StoreError> {
+    let held = memo.take_trusted(conn, key);
+    let prior = match &held {
+        Some(h) => Prior::Read(Some(h)),
+        None => Prior::Unread,
+    };
+    write_item(conn, key, None, prior).map(|_| ())
 }
 
 /// `update`. Static checks failed the request before it was queued; a remove-only update of
@@ -495,12 +654,22 @@ fn update(
     let cur = prior.as_ref().map(|s| &*s.item);
     if let Some(c) = &req.condition {
         if !eval_condition(cur, c) {
-            return Err(condition_failed(
-                prior.map(|s| Arc::unwrap_or_clone(s.item)),
-            ));
+            // Nothing written: what was taken out of the memo is still the row.
+            let old = prior.map(|p| Arc::unwrap_or_clone(memo.give_back(&req.key, p)));
+            return Err(condition_failed(old));
         }
     }
-    let new = apply_update_stored(cur, &key_item(&req.key), &req.update)?.map(Arc::new);
+    let new = match apply_update_stored(cur, &key_item(&req.key), &req.update) {
+        Ok(new) => new.map(Arc::new),
+        Err(e) => {
+            if let Some(p) = prior {
+                memo.give_back(&req.key, p);
+            }
+            return Err(e);
+        }
+    };
+    // An update of an item that exists always writes it.
+    debug_assert!(prior.is_none() || new.is_some());
     if let Some(new) = &new {
         let w = write_item(conn, &req.key, Some(new), Prior::Read(prior.as_ref()))?;
         if let Some(seq) = w.seq {
@@ -515,7 +684,7 @@ fn update(
             ));
         }
         if let Some(text) = w.text {
-            memo.remember(&req.key, text, new);
+            memo.remember(&req.key, text, Arc::clone(new));
         }
     }
     // Absent before and after: nothing written.
@@ -539,13 +708,17 @@ fn update(
 }
 
 /// `delete`.
-fn delete(conn: &Connection, req: DeleteRequest, memo: &Memo) -> Result<Option<Item>, StoreError> {
+fn delete(
+    conn: &Connection,
+    req: DeleteRequest,
+    memo: &mut Memo,
+) -> Result<Option<Item>, StoreError> {
+    // The entry is taken out: once deleted, the row is not remembered.
     let prior = read_stored(conn, &req.key, memo)?;
     if let Some(c) = &req.condition {
         if !eval_condition(prior.as_ref().map(|s| &*s.item), c) {
-            return Err(condition_failed(
-                prior.map(|s| Arc::unwrap_or_clone(s.item)),
-            ));
+            let old = prior.map(|p| Arc::unwrap_or_clone(memo.give_back(&req.key, p)));
+            return Err(condition_failed(old));
         }
     }
     if prior.is_some() {
@@ -605,25 +778,28 @@ fn now_ms() -> i64 {
 /// `transact_write`, under a SAVEPOINT of the batch transaction: check the token, plan every
 /// operation against the state before it, and either write all of them (and the token) or
 /// nothing. A failure midway rolls back to the savepoint, undoing this transaction's writes
-/// only; if even that fails the error says the batch cannot go on (see `writer.rs`).
+/// only; if even that fails the error says the batch cannot go on (see `writer.rs`). A
+/// rollback to the savepoint distrusts the memo (it may remember rows written under it).
 fn transact_write(
     tx: &mut Transaction<'_>,
     ops: &[TransactOp],
     token: Option<&str>,
     fingerprint: Option<&str>,
+    memo: &mut Memo,
 ) -> Result<Result<(), StoreError>, BatchBroken> {
     debug_assert_eq!(token.is_some(), fingerprint.is_some());
     let mut sp = match tx.savepoint() {
         Ok(sp) => sp,
         Err(e) => return Ok(Err(from_sqlite("begin savepoint", e))),
     };
-    match transact_body(&sp, ops, token, fingerprint) {
+    match transact_body(&sp, ops, token, fingerprint, memo) {
         Ok(()) => sp
             .commit()
             .map(Ok)
             .map_err(|e| BatchBroken(from_sqlite("release savepoint", e))),
         Err(e) => {
             // Take back whatever this transaction wrote, then drop the savepoint.
+            memo.distrust();
             sp.rollback().and_then(|()| sp.commit()).map_err(|re| {
                 BatchBroken(StoreError::Unavailable(format!(
                     "sqlite rollback to savepoint failed ({re}) after: {e}"
@@ -634,11 +810,28 @@ fn transact_write(
     }
 }
 
+/// What a transaction's operation found of its row: the memo's entry (trusted), or the item
+/// read.
+enum Found {
+    Held(Stored),
+    Read(Option<Item>),
+}
+
+impl Found {
+    fn item(&self) -> Option<&Item> {
+        match self {
+            Found::Held(s) => Some(&s.item),
+            Found::Read(i) => i.as_ref(),
+        }
+    }
+}
+
 fn transact_body(
     conn: &Connection,
     ops: &[TransactOp],
     token: Option<&str>,
     fingerprint: Option<&str>,
+    memo: &mut Memo,
 ) -> Result<(), StoreError> {
     if let (Some(t), Some(fp)) = (token, fingerprint) {
         let seen: Option<String> = conn
@@ -658,16 +851,20 @@ fn transact_body(
         }
     }
     // Read everything first: the keys are distinct (validated), so this is the state before
-    // the transaction for every operation.
-    let olds = ops
+    // the transaction for every operation. Each key's entry is taken out of the memo (the
+    // ones trusted stand for their rows); on any failure the caller distrusts the memo.
+    let found = ops
         .iter()
-        .map(|op| read_item(conn, op.key()))
+        .map(|op| match memo.take_trusted(conn, op.key()) {
+            Some(s) => Ok(Found::Held(s)),
+            None => read_item(conn, op.key()).map(Found::Read),
+        })
         .collect::<Result<Vec<_>, _>>()?;
     let mut planned = Vec::with_capacity(ops.len());
     let mut reasons = Vec::with_capacity(ops.len());
     let mut failed = false;
-    for (op, old) in ops.iter().zip(&olds) {
-        match plan_transact_op(op, old.as_ref()) {
+    for (op, old) in ops.iter().zip(&found) {
+        match plan_transact_op(op, old.item()) {
             Ok(p) => {
                 planned.push(p);
                 reasons.push(CancelReason::None);
@@ -683,9 +880,22 @@ fn transact_body(
         // Nothing was written yet.
         return Err(StoreError::TransactionCanceled { reasons });
     }
-    for (op, p) in ops.iter().zip(&planned) {
-        if let Some(new) = p {
-            write_item(conn, op.key(), new.as_ref(), Prior::Unread)?;
+    for ((op, p), old) in ops.iter().zip(planned).zip(found) {
+        let key = op.key();
+        let Some(new) = p else {
+            // Nothing to write (a check): the entry taken is still the row.
+            if let Found::Held(s) = old {
+                memo.give_back(key, s);
+            }
+            continue;
+        };
+        let prior = match &old {
+            Found::Held(s) => Prior::Read(Some(s)),
+            Found::Read(_) => Prior::Unread,
+        };
+        let w = write_item(conn, key, new.as_ref(), prior)?;
+        if let (Some(text), Some(new)) = (w.text, new) {
+            memo.remember(key, text, Arc::new(new));
         }
     }
     if let (Some(t), Some(fp)) = (token, fingerprint) {

@@ -131,6 +131,13 @@ fn run_batch(
         Ok(tx) => tx,
         Err(e) => return answer_all(replies, &from_sqlite("begin immediate", e)),
     };
+    // With the write lock held: whether another connection committed since the last batch
+    // (the memo's trust, see `ops::Memo::begin_batch`). Unreadable, the memo is distrusted
+    // and every write reads its row, as it would anyway.
+    let version = ops::data_version(&tx)
+        .inspect_err(|e| tracing::warn!(error = %e, "sqlite writer: data_version unreadable"))
+        .ok();
+    memo.begin_batch(version);
     let mut results: Vec<Result<Outcome, StoreError>> = Vec::with_capacity(jobs.len());
     for job in jobs {
         let result = match job {
@@ -161,6 +168,9 @@ fn run_batch(
     match tx.commit() {
         Ok(()) => {
             debug_assert_eq!(results.len(), replies.len());
+            // Every path that does not reach here (a rollback, a failed commit, a panic)
+            // leaves the memo distrusted for the next batch.
+            memo.committed();
             // Committed: the feed reader may take these images (never before the commit:
             // a rolled-back batch's sequence numbers are given again).
             sinks.recent.publish(std::mem::take(&mut memo.published));

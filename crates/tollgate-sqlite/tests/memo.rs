@@ -1,0 +1,338 @@
+//! The writer's memo of the rows it wrote (`ops::Memo`): a write of a remembered row skips
+//! reading it only while no other connection has committed and nothing the memo remembers
+//! was rolled back. Each test makes the memo wrong in one way (another connection's write, a
+//! transaction rolled back to its savepoint, a whole batch rolled back) and checks that the
+//! next write sees the row as stored: its condition, its result and its change row.
+//!
+//! Faults are injected with triggers on the `changes` table, created from a raw connection.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use rusqlite::{params, Connection, OptionalExtension};
+use tollgate_core::expr::{Condition, ReturnValues, Update};
+use tollgate_core::value::{Item, Key, Value};
+use tollgate_sqlite::{SqliteConfig, SqliteStore};
+use tollgate_store::{DeleteRequest, PutRequest, Store, StoreError, TransactOp, UpdateRequest};
+
+/// `ADD n` under `condition`, answering the new item.
+fn add(k: &Key, n: i64, condition: Option<Condition>) -> UpdateRequest {
+    UpdateRequest {
+        key: k.clone(),
+        update: Update::new().add("n", n),
+        condition,
+        returns: ReturnValues::AllNew,
+    }
+}
+
+fn n_of(i: Option<&Item>) -> Option<i64> {
+    i.and_then(|i| i.get("n")).and_then(Value::as_n)
+}
+
+/// An item as another program would store it: valid, but not byte for byte the text this
+/// store writes (spaces), so a stale memo cannot pass for it.
+fn foreign_text(k: &Key, n: i64) -> String {
+    format!(
+        r#"{{ "PK": {{"s": "{}"}}, "SK": {{"s": "{}"}}, "n": {{"n": {n}}} }}"#,
+        k.pk, k.sk
+    )
+}
+
+fn write_foreign(raw: &Connection, k: &Key, n: i64) -> String {
+    let text = foreign_text(k, n);
+    raw.execute(
+        "INSERT OR REPLACE INTO items (pk, sk, item) VALUES (?1, ?2, ?3)",
+        params![k.pk, k.sk, text],
+    )
+    .expect("foreign write");
+    text
+}
+
+fn stored_text(raw: &Connection, k: &Key) -> Option<String> {
+    raw.query_row(
+        "SELECT item FROM items WHERE pk = ?1 AND sk = ?2",
+        params![k.pk, k.sk],
+        |r| r.get(0),
+    )
+    .optional()
+    .expect("read the row")
+}
+
+/// The old and new texts of the newest change row.
+fn last_change(raw: &Connection) -> (Option<String>, Option<String>) {
+    raw.query_row(
+        "SELECT old, new FROM changes ORDER BY seq DESC LIMIT 1",
+        [],
+        |r| Ok((r.get(0)?, r.get(1)?)),
+    )
+    .expect("read the feed")
+}
+
+/// Two writes of `k` by the store, so the second ran with the memo trusted (an unchanged
+/// file since the previous batch) and the memo holds `k`.
+async fn remembered(s: &SqliteStore, k: &Key) -> i64 {
+    s.update(add(k, 1, None)).await.expect("update");
+    let n = n_of(s.update(add(k, 1, None)).await.expect("update").as_ref());
+    n.expect("n")
+}
+
+/// Every kind of write of a row the memo holds, after another connection wrote that row:
+/// each sees the other's value (its condition, its answer) and records the other's text,
+/// byte for byte, as the change's old image.
+#[tokio::test]
+async fn a_row_another_connection_wrote_between_two_of_our_writes_is_read() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("memo.db");
+    let s = SqliteStore::open(&path).unwrap();
+    let raw = Connection::open(&path).unwrap();
+    let k = Key::new("memo", "k");
+
+    // update: the condition holds only on the other's value.
+    assert_eq!(remembered(&s, &k).await, 2);
+    let theirs = write_foreign(&raw, &k, 50);
+    let new = s.update(add(&k, -10, Some(Condition::ge("n", 40)))).await;
+    assert_eq!(n_of(new.unwrap().as_ref()), Some(40));
+    assert_eq!(last_change(&raw), (Some(theirs), stored_text(&raw, &k)));
+
+    // update: the condition fails on the other's value, and writes nothing.
+    let theirs = write_foreign(&raw, &k, 0);
+    match s.update(add(&k, -1, Some(Condition::ge("n", 1)))).await {
+        Err(StoreError::ConditionFailed { old }) => assert_eq!(n_of(old.as_deref()), Some(0)),
+        other => panic!("the debit must fail on the other's n = 0, got {other:?}"),
+    }
+    assert_eq!(stored_text(&raw, &k), Some(theirs));
+
+    // update after the other deleted the row: it is absent.
+    assert_eq!(remembered(&s, &k).await, 2);
+    raw.execute("DELETE FROM items WHERE pk = 'memo' AND sk = 'k'", [])
+        .unwrap();
+    let new = s.update(add(&k, 7, Some(Condition::not_exists("n")))).await;
+    assert_eq!(n_of(new.unwrap().as_ref()), Some(7));
+    assert_eq!(last_change(&raw).0, None);
+
+    // conditional put.
+    assert_eq!(remembered(&s, &k).await, 9);
+    let theirs = write_foreign(&raw, &k, 60);
+    let item: Item = [("n".into(), Value::N(1))].into_iter().collect();
+    s.put(PutRequest {
+        key: k.clone(),
+        item,
+        condition: Some(Condition::eq("n", 60)),
+    })
+    .await
+    .expect("the put's condition holds on the other's value");
+    assert_eq!(last_change(&raw), (Some(theirs), stored_text(&raw, &k)));
+
+    // unconditional put: the old image is still the other's text.
+    remembered(&s, &k).await;
+    let theirs = write_foreign(&raw, &k, 61);
+    let item: Item = [("n".into(), Value::N(2))].into_iter().collect();
+    s.put(PutRequest {
+        key: k.clone(),
+        item,
+        condition: None,
+    })
+    .await
+    .unwrap();
+    assert_eq!(last_change(&raw).0, Some(theirs));
+
+    // delete: answers the other's item.
+    assert_eq!(remembered(&s, &k).await, 4);
+    let theirs = write_foreign(&raw, &k, 70);
+    let old = s
+        .delete(DeleteRequest {
+            key: k.clone(),
+            condition: Some(Condition::eq("n", 70)),
+        })
+        .await
+        .unwrap();
+    assert_eq!(n_of(old.as_ref()), Some(70));
+    assert_eq!(last_change(&raw), (Some(theirs), None));
+
+    // purge.
+    assert_eq!(remembered(&s, &k).await, 2);
+    let theirs = write_foreign(&raw, &k, 80);
+    s.purge(&k).await.unwrap();
+    assert_eq!(last_change(&raw), (Some(theirs), None));
+    assert_eq!(stored_text(&raw, &k), None);
+
+    // transact_write.
+    assert_eq!(remembered(&s, &k).await, 2);
+    let theirs = write_foreign(&raw, &k, 90);
+    s.transact_write(
+        vec![TransactOp::Update(add(&k, 1, Some(Condition::eq("n", 90))))],
+        None,
+    )
+    .await
+    .expect("the transaction's condition holds on the other's value");
+    assert_eq!(last_change(&raw), (Some(theirs), stored_text(&raw, &k)));
+
+    // And a second store on the file (another process, as far as the first can tell).
+    assert_eq!(remembered(&s, &k).await, 93);
+    let b = SqliteStore::open(&path).unwrap();
+    let theirs = n_of(b.update(add(&k, 1000, None)).await.unwrap().as_ref());
+    let ours = n_of(s.update(add(&k, 1, None)).await.unwrap().as_ref());
+    assert_eq!(ours, theirs.map(|n| n + 1));
+}
+
+/// The store's own deletes (`delete`, `purge`, a transaction's delete) of a row the memo
+/// holds, with the memo trusted: the next write finds the row absent.
+#[tokio::test]
+async fn our_own_deletes_leave_nothing_remembered() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("deletes.db");
+    let s = SqliteStore::open(&path).unwrap();
+    let k = Key::new("memo", "k");
+    let absent = || add(&k, 1, Some(Condition::not_exists("n")));
+    assert_eq!(remembered(&s, &k).await, 2);
+    s.purge(&k).await.unwrap();
+    assert_eq!(n_of(s.update(absent()).await.unwrap().as_ref()), Some(1));
+    assert_eq!(remembered(&s, &k).await, 3);
+    let gone = DeleteRequest {
+        key: k.clone(),
+        condition: None,
+    };
+    s.delete(gone.clone()).await.unwrap();
+    assert_eq!(n_of(s.update(absent()).await.unwrap().as_ref()), Some(1));
+    assert_eq!(remembered(&s, &k).await, 3);
+    s.transact_write(vec![TransactOp::Delete(gone)], None)
+        .await
+        .unwrap();
+    assert_eq!(n_of(s.update(absent()).await.unwrap().as_ref()), Some(1));
+}
+
+/// A transaction rolled back to its savepoint after it wrote a row the memo holds (a later
+/// operation of it failed): the next write of that row sees the value from before the
+/// transaction.
+#[tokio::test]
+async fn a_write_after_a_rolled_back_transaction_sees_the_value_before_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("savepoint.db");
+    let s = SqliteStore::open(&path).unwrap();
+    let raw = Connection::open(&path).unwrap();
+    raw.execute_batch(
+        "CREATE TRIGGER boom BEFORE INSERT ON changes WHEN NEW.pk = 'boom'
+         BEGIN SELECT RAISE(ABORT, 'injected fault'); END;",
+    )
+    .unwrap();
+    let k = Key::new("memo", "k");
+    assert_eq!(remembered(&s, &k).await, 2);
+    let before = stored_text(&raw, &k);
+    let boom: Item = [("n".into(), Value::N(1))].into_iter().collect();
+    let r = s
+        .transact_write(
+            vec![
+                // Written (and remembered) first, then taken back when the put fails.
+                TransactOp::Update(add(&k, 10, None)),
+                TransactOp::Put(PutRequest {
+                    key: Key::new("boom", "x"),
+                    item: boom,
+                    condition: None,
+                }),
+            ],
+            None,
+        )
+        .await;
+    assert!(
+        matches!(&r, Err(StoreError::Unavailable(m)) if m.contains("injected fault")),
+        "{r:?}"
+    );
+    assert_eq!(
+        stored_text(&raw, &k),
+        before,
+        "the savepoint took the write back"
+    );
+    let new = s.update(add(&k, 1, Some(Condition::eq("n", 2)))).await;
+    assert_eq!(n_of(new.unwrap().as_ref()), Some(3));
+    assert_eq!(last_change(&raw).0, before);
+}
+
+/// A batch rolled back whole (SQLite ended its transaction midway) after one of its writes
+/// was remembered: the next write of that row sees the value from before the batch.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_write_after_a_rolled_back_batch_sees_the_value_before_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("batch.db");
+    let config = SqliteConfig::default().with_deadline(Duration::from_secs(30));
+    let s = Arc::new(SqliteStore::open_with(&path, &config).unwrap());
+    let raw = Connection::open(&path).unwrap();
+    raw.execute_batch(
+        "CREATE TRIGGER boom BEFORE INSERT ON changes WHEN NEW.pk = 'boom'
+         BEGIN SELECT RAISE(ROLLBACK, 'injected fault'); END;",
+    )
+    .unwrap();
+    let k = Key::new("memo", "k");
+    assert_eq!(remembered(&s, &k).await, 2);
+    let before = stored_text(&raw, &k);
+
+    // Park the writer on a first request behind a held write lock, queue the two writes
+    // behind it, then let go: they run as one batch, which the second one's change row
+    // rolls back whole.
+    raw.execute_batch("BEGIN IMMEDIATE").unwrap();
+    let submitted = |s: &SqliteStore| s.group_commit_stats().submitted;
+    let batches = s.group_commit_stats().batches;
+    let first = tokio::spawn({
+        let s = Arc::clone(&s);
+        async move { s.update(add(&Key::new("warm", "w"), 1, None)).await }
+    });
+    wait_until(|| s.group_commit_stats().batches > batches).await;
+    let queued = submitted(&s);
+    let ours = tokio::spawn({
+        let (s, k) = (Arc::clone(&s), k.clone());
+        async move { s.update(add(&k, 100, None)).await }
+    });
+    wait_until(|| submitted(&s) > queued).await;
+    let boom = tokio::spawn({
+        let s = Arc::clone(&s);
+        async move { s.update(add(&Key::new("boom", "x"), 1, None)).await }
+    });
+    wait_until(|| submitted(&s) > queued + 1).await;
+    raw.execute_batch("ROLLBACK").unwrap();
+    first.await.unwrap().expect("the first batch commits");
+    let (ours, boom) = (ours.await.unwrap(), boom.await.unwrap());
+    assert!(
+        matches!(&ours, Err(StoreError::Unavailable(m)) if m.contains("rolled back")),
+        "{ours:?}"
+    );
+    assert!(boom.is_err(), "{boom:?}");
+    assert_eq!(stored_text(&raw, &k), before, "the batch was rolled back");
+
+    let new = s.update(add(&k, 1, Some(Condition::eq("n", 2)))).await;
+    assert_eq!(n_of(new.unwrap().as_ref()), Some(3));
+    assert_eq!(last_change(&raw).0, before);
+}
+
+/// The same operations on an in-memory database (one connection: the memo is always
+/// trusted after the first batch, and reads run inside the writer's transaction).
+#[tokio::test]
+async fn an_in_memory_store_reads_what_its_memo_holds() {
+    let s = SqliteStore::open_in_memory().unwrap();
+    let k = Key::new("memo", "k");
+    assert_eq!(remembered(&s, &k).await, 2);
+    let got = s.get(&k, true).await.unwrap();
+    assert_eq!(n_of(got.as_ref()), Some(2));
+    match s.update(add(&k, -5, Some(Condition::ge("n", 5)))).await {
+        Err(StoreError::ConditionFailed { old }) => assert_eq!(n_of(old.as_deref()), Some(2)),
+        other => panic!("expected ConditionFailed, got {other:?}"),
+    }
+    let old = s
+        .delete(DeleteRequest {
+            key: k.clone(),
+            condition: None,
+        })
+        .await
+        .unwrap();
+    assert_eq!(n_of(old.as_ref()), Some(2));
+    assert_eq!(s.get(&k, true).await.unwrap(), None);
+    let new = s.update(add(&k, 1, Some(Condition::not_exists("n")))).await;
+    assert_eq!(n_of(new.unwrap().as_ref()), Some(1));
+}
+
+/// Poll until `cond` holds; fail after 10 s (a bound for a broken build).
+async fn wait_until(cond: impl Fn() -> bool) {
+    let start = Instant::now();
+    while !cond() {
+        assert!(start.elapsed() < Duration::from_secs(10), "timed out");
+        tokio::time::sleep(Duration::from_millis(1)).await;
+    }
+}
