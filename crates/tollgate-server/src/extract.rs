@@ -205,7 +205,10 @@ mod tests {
         assert!(unique(r#"{"a":1,"b":{"c":[{"d":1},{"d":2}]}}"#));
         assert!(!unique(r#"{"a":1,"b":2,"a":3}"#));
         assert!(!unique(r#"{"a":1,"b":{"c":1,"c":2}}"#));
-        assert!(!unique(r#"{"a":"x","\u0061":"y"}"#), "an escaped spelling is the same key");
+        assert!(
+            !unique(r#"{"a":"x","\u0061":"y"}"#),
+            "an escaped spelling is the same key"
+        );
         for n in [FEW_KEYS - 1, FEW_KEYS, FEW_KEYS + 1, 3 * FEW_KEYS] {
             let keys: Vec<String> = (0..n).map(|i| format!("\"k{i}\":{i}")).collect();
             let doc = format!("{{{}}}", keys.join(","));
