@@ -7,7 +7,7 @@
 //! write that admits an acquire also ADDs 1 to the item's request counter `rq` (one per
 //! acquire, whatever the number of limits it charges), and every write that moves `tc` or
 //! `rq` SETs `wt`, the writer's clock: consumption is dated by the write itself, never by a
-//! stale `rf` (rule "usage is dated by its write", [`usage_of`]).
+//! stale `rf` (rule "usage is dated by its write", [`usage_view`]).
 //!
 //! Window starts are UTC calendar hours, days and months ([`Window::start_ms`]).
 
@@ -236,15 +236,8 @@ pub fn bucket_ns(key: &Key) -> Option<&str> {
     key.pk.split_once("/BUCKET#").map(|(ns, _)| ns)
 }
 
-/// Rule "usage is dated by its write" (fixes the original's three snapshot defects): the
-/// usage one applied write of a bucket item carries is, per limit other than `wcu`,
-/// `new tc − old tc` — an absent old item or limit counts as 0, so a bucket's creation
-/// counts its first consumption; a delete counts nothing — plus `new rq − old rq` admitted
-/// acquires (one per acquire, not per limit), dated by the new image's `wt` (the writer's
-/// clock at this write; `at_ms`, the store's time of the write, for a writer that does not
-/// stamp it). Each limit's overdraw is [`overdraw_of`] its consumption. `None` for an item
-/// that is not a bucket or a write that carries no usage. Owned; the aggregator sums
-/// [`usage_view`], the same usage borrowed from the images.
+/// [`usage_view`] (rule "usage is dated by its write"), owned: the names copied out of the
+/// images.
 pub fn usage_of(
     key: &Key,
     old: Option<&Item>,
@@ -254,8 +247,8 @@ pub fn usage_of(
     usage_view(key, old, new, at_ms).map(|v| v.to_delta())
 }
 
-/// The usage of one write as [`usage_of`] computes it, borrowed from the key and the new
-/// image: no name is copied, so summing a pass's changes allocates only per snapshot.
+/// The usage of one write ([`usage_view`]), borrowed from the key and the new image: no
+/// name is copied, so summing a pass's changes allocates only per snapshot.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct UsageView<'a> {
     /// The namespace of the item.
@@ -299,7 +292,15 @@ impl UsageView<'_> {
     }
 }
 
-/// [`usage_of`], borrowed ([`UsageView`]).
+/// Rule "usage is dated by its write" (fixes the original's three snapshot defects): the
+/// usage one applied write of a bucket item carries is, per limit other than `wcu`,
+/// `new tc − old tc` — an absent old item or limit counts as 0, so a bucket's creation
+/// counts its first consumption; a delete counts nothing — plus `new rq − old rq` admitted
+/// acquires (one per acquire, not per limit), dated by the new image's `wt` (the writer's
+/// clock at this write; `at_ms`, the store's time of the write, for a writer that does not
+/// stamp it). Each limit's overdraw is [`overdraw_of`] its consumption. `None` for an item
+/// that is not a bucket or a write that carries no usage. Borrowed from the key and the new
+/// image ([`UsageView`]); [`usage_of`] is the owned form.
 pub fn usage_view<'a>(
     key: &'a Key,
     old: Option<&Item>,

@@ -1,7 +1,7 @@
 //! The running aggregator over the change feed, and the usage snapshots it keeps.
 //!
 //! [`FeedAggregator::pass`] reads the store's [`ChangeFeed`] from the consumer's checkpoint,
-//! turns each bucket write into usage ([`tollgate_core::usage::usage_of`]: `tc` and `rq`
+//! turns each bucket write into usage ([`tollgate_core::usage::usage_view`]: `tc` and `rq`
 //! deltas dated by the write's `wt`, and each limit's overdraw, ADR-151), sums it per
 //! snapshot item of every configured window over the whole pass (up to
 //! [`UsageOptions::max_pass_changes`] changes), and commits the sums exactly once with the
