@@ -201,6 +201,16 @@ async fn our_own_deletes_leave_nothing_remembered() {
     assert_eq!(n_of(s.update(absent()).await.unwrap().as_ref()), Some(1));
 }
 
+/// Make every change row of an item in partition `boom` fail with `RAISE(action, ...)`
+/// (`ABORT`: the statement and the transaction's savepoint; `ROLLBACK`: the whole batch).
+fn fail_changes_of_boom(raw: &Connection, action: &str) {
+    raw.execute_batch(&format!(
+        "CREATE TRIGGER boom BEFORE INSERT ON changes WHEN NEW.pk = 'boom'
+         BEGIN SELECT RAISE({action}, 'injected fault'); END;"
+    ))
+    .unwrap();
+}
+
 /// A transaction rolled back to its savepoint after it wrote a row the memo holds (a later
 /// operation of it failed): the next write of that row sees the value from before the
 /// transaction.
@@ -210,11 +220,7 @@ async fn a_write_after_a_rolled_back_transaction_sees_the_value_before_it() {
     let path = dir.path().join("savepoint.db");
     let s = SqliteStore::open(&path).unwrap();
     let raw = Connection::open(&path).unwrap();
-    raw.execute_batch(
-        "CREATE TRIGGER boom BEFORE INSERT ON changes WHEN NEW.pk = 'boom'
-         BEGIN SELECT RAISE(ABORT, 'injected fault'); END;",
-    )
-    .unwrap();
+    fail_changes_of_boom(&raw, "ABORT");
     let k = Key::new("memo", "k");
     assert_eq!(remembered(&s, &k).await, 2);
     let before = stored_text(&raw, &k);
@@ -256,11 +262,7 @@ async fn a_write_after_a_rolled_back_batch_sees_the_value_before_it() {
     let config = SqliteConfig::default().with_deadline(Duration::from_secs(30));
     let s = Arc::new(SqliteStore::open_with(&path, &config).unwrap());
     let raw = Connection::open(&path).unwrap();
-    raw.execute_batch(
-        "CREATE TRIGGER boom BEFORE INSERT ON changes WHEN NEW.pk = 'boom'
-         BEGIN SELECT RAISE(ROLLBACK, 'injected fault'); END;",
-    )
-    .unwrap();
+    fail_changes_of_boom(&raw, "ROLLBACK");
     let k = Key::new("memo", "k");
     assert_eq!(remembered(&s, &k).await, 2);
     let before = stored_text(&raw, &k);
