@@ -18,7 +18,7 @@ use crate::bucket::field;
 use crate::expr::Update;
 use crate::ids::WCU;
 use crate::keys::{battr, STATE};
-use crate::value::{AttrName, Item, Key, Value};
+use crate::value::{Item, Key, Value};
 use smallvec::SmallVec;
 
 /// Item attributes of usage accounting on a bucket item.
@@ -141,12 +141,33 @@ pub fn iso_utc(t_ms: i64) -> String {
     let days = t_ms.div_euclid(DAY_MS);
     let (y, m, d) = civil_from_days(days);
     let s = t_ms.rem_euclid(DAY_MS) / 1000;
-    format!(
-        "{y:04}-{m:02}-{d:02}T{:02}:{:02}:{:02}Z",
-        s / 3600,
-        s / 60 % 60,
-        s % 60
-    )
+    if !(0..=9999).contains(&y) {
+        // Outside four-digit years (never a usage window): the general formatting.
+        return format!(
+            "{y:04}-{m:02}-{d:02}T{:02}:{:02}:{:02}Z",
+            s / 3600,
+            s / 60 % 60,
+            s % 60
+        );
+    }
+    // `YYYY-MM-DDTHH:MM:SSZ`, digit by digit (a pass formats one per snapshot it writes).
+    let mut out = String::with_capacity(20);
+    for (n, after) in [
+        (y / 100, ""),
+        (y % 100, "-"),
+        (m, "-"),
+        (d, "T"),
+        (s / 3600, ":"),
+        (s / 60 % 60, ":"),
+        (s % 60, "Z"),
+    ] {
+        // Each part is two digits (0..=99).
+        out.push(char::from(b'0' + (n / 10) as u8));
+        out.push(char::from(b'0' + (n % 10) as u8));
+        out.push_str(after);
+    }
+    debug_assert_eq!(out.len(), 20, "an ISO instant is 20 characters");
+    out
 }
 
 /// An instant given as epoch milliseconds or an RFC 3339 timestamp
@@ -187,6 +208,7 @@ impl UsageDelta {
     }
 }
 
+#[cfg(test)]
 fn num(i: Option<&Item>, name: &str) -> i64 {
     i.and_then(|i| i.get(name))
         .and_then(Value::as_n)
@@ -308,38 +330,30 @@ pub fn usage_view<'a>(
     at_ms: i64,
 ) -> Option<UsageView<'a>> {
     let ns = bucket_ns(key)?;
-    let new = new?;
-    let text = |a: &str| new.get(a).and_then(Value::as_s);
-    let (entity, resource) = (text(bucket_attr::ENTITY)?, text(bucket_attr::RESOURCE)?);
+    let n = Read::of(new?);
+    let (entity, resource) = (n.entity?, n.resource?);
+    let o = old.map(Read::of);
     let mut milli = SmallVec::new();
     let mut overdraw = SmallVec::new();
-    // A limit's attributes are `b_{limit}_{field}`: adjacent in the item's name order, after
-    // `b_` and before `b``, the next prefix (`` ` `` follows `_`).
-    let limit_attrs = (
-        std::ops::Bound::Included("b_"),
-        std::ops::Bound::Excluded("b`"),
-    );
-    for (name, v) in new.range::<str, _>(limit_attrs) {
-        debug_assert!(
-            name.starts_with("b_"),
-            "the range holds the limits' attributes"
-        );
-        let Some(limit) = name.strip_prefix("b_").and_then(|r| r.strip_suffix("_tc")) else {
+    for &(limit, tc, tk) in &n.limits {
+        // Only a limit with a `tc` counts; `wcu` is the write guard, not usage.
+        let Some(tc) = tc else {
             continue;
         };
         if limit == WCU || limit.is_empty() {
             continue;
         }
-        let d = v.as_n().unwrap_or(0) - num(old, name);
+        let was = o.as_ref().and_then(|o| o.limit(limit));
+        let d = tc.as_n().unwrap_or(0) - was.and_then(|w| w.1).and_then(Value::as_n).unwrap_or(0);
         if d != 0 {
             milli.push((limit, d));
         }
-        // Only consumption can overdraw: the balance attribute is named for it alone.
+        // Only consumption can overdraw (`debited_at`, read from the two walks).
         let od = if d > 0 {
-            // `b_{limit}_tk`, beside `b_{limit}_tc`: built inline (names are short).
-            let mut tk = AttrName::from(&name[..name.len() - 2]);
-            tk.push_str(field::TK);
-            overdraw_of(d, num(Some(new), &tk), debited_at(old, new, &tk))
+            let debited = !n.bypass
+                && o.as_ref()
+                    .is_none_or(|o| was.and_then(|w| w.2) != tk || o.rf != n.rf);
+            overdraw_of(d, tk.and_then(Value::as_n).unwrap_or(0), debited)
         } else {
             0
         };
@@ -347,8 +361,9 @@ pub fn usage_view<'a>(
             overdraw.push((limit, od));
         }
     }
-    let requests = num(Some(new), attr::RQ) - num(old, attr::RQ);
-    let at_ms = new.get(attr::WT).and_then(Value::as_n).unwrap_or(at_ms);
+    let count = |r: Option<&Read<'_>>| r.and_then(|r| r.rq).and_then(Value::as_n).unwrap_or(0);
+    let requests = count(Some(&n)) - count(o.as_ref());
+    let at_ms = n.wt.and_then(Value::as_n).unwrap_or(at_ms);
     let v = UsageView {
         ns,
         entity,
@@ -359,6 +374,78 @@ pub fn usage_view<'a>(
         requests,
     };
     (v.requests != 0 || !v.milli.is_empty()).then_some(v)
+}
+
+/// One limit's counters in an image: `(limit, b_{limit}_tc, b_{limit}_tk)`.
+type LimitCounters<'a> = (&'a str, Option<&'a Value>, Option<&'a Value>);
+
+/// What the usage rule reads of one image, gathered in one walk over its attributes (one
+/// look-up in an item costs about as much as visiting all of its few dozen attributes).
+struct Read<'a> {
+    entity: Option<&'a str>,
+    resource: Option<&'a str>,
+    rq: Option<&'a Value>,
+    wt: Option<&'a Value>,
+    rf: Option<&'a Value>,
+    bypass: bool,
+    /// `(limit, b_{limit}_tc, b_{limit}_tk)` for every limit with either, in the order of
+    /// the item's attribute names (a limit's `tc` sorts before its `tk`).
+    limits: SmallVec<[LimitCounters<'a>; 4]>,
+}
+
+impl<'a> Read<'a> {
+    fn of(item: &'a Item) -> Self {
+        let mut r = Read {
+            entity: None,
+            resource: None,
+            rq: None,
+            wt: None,
+            rf: None,
+            bypass: false,
+            limits: SmallVec::new(),
+        };
+        for (name, v) in item {
+            let Some(rest) = name.strip_prefix("b_") else {
+                match name.as_str() {
+                    bucket_attr::ENTITY => r.entity = v.as_s(),
+                    bucket_attr::RESOURCE => r.resource = v.as_s(),
+                    attr::RQ => r.rq = Some(v),
+                    attr::WT => r.wt = Some(v),
+                    bucket_attr::RF => r.rf = Some(v),
+                    bucket_attr::BYPASS => r.bypass = true,
+                    _ => {}
+                }
+                continue;
+            };
+            let (limit, is_tc) = match (rest.strip_suffix("_tc"), rest.strip_suffix("_tk")) {
+                (Some(l), _) => (l, true),
+                (None, Some(l)) => (l, false),
+                (None, None) => continue,
+            };
+            // A limit's attributes are adjacent in name order: the last entry, usually.
+            let at = match r.limits.last() {
+                Some((l, ..)) if *l == limit => r.limits.len() - 1,
+                _ => match r.limits.iter().position(|(l, ..)| *l == limit) {
+                    Some(at) => at,
+                    None => {
+                        r.limits.push((limit, None, None));
+                        r.limits.len() - 1
+                    }
+                },
+            };
+            if is_tc {
+                r.limits[at].1 = Some(v);
+            } else {
+                r.limits[at].2 = Some(v);
+            }
+        }
+        r
+    }
+
+    /// The `(limit, tc, tk)` entry of `limit`.
+    fn limit(&self, limit: &str) -> Option<&LimitCounters<'a>> {
+        self.limits.iter().find(|(l, ..)| *l == limit)
+    }
 }
 
 /// The partition of an entity's usage snapshots.
@@ -420,20 +507,22 @@ pub fn snapshot_update(
     requests: i64,
     retention_s: i64,
 ) -> Update {
-    let mut u = Update::new()
+    // Every string is built once, in the String the update keeps (no copy of a formatted
+    // text): a pass writes one of these per snapshot item it touches.
+    let mut u = Update::with_capacity(9 + milli.len() + overdraw.len())
         .set(bucket_attr::ENTITY, entity)
         .set(bucket_attr::RESOURCE, resource)
         .set(snap::WINDOW, window.name())
         .set(snap::START, start_ms)
-        .set(snap::START_ISO, iso_utc(start_ms).as_str())
+        .set(snap::START_ISO, iso_utc(start_ms))
         .set(
             bucket_attr::TTL,
             window.end_ms(start_ms) / 1000 + retention_s,
         )
-        .set("GSI2PK", crate::keys::gsi2_resource(ns, resource).as_str())
+        .set("GSI2PK", crate::keys::gsi2_resource(ns, resource))
         .set(
             "GSI2SK",
-            format!("USAGE#{}#{start_ms:015}#{entity}", window.name()).as_str(),
+            format!("USAGE#{}#{start_ms:015}#{entity}", window.name()),
         );
     for (l, d) in milli {
         u = u.add(snapshot_attr(l), *d);
@@ -492,6 +581,169 @@ impl Snapshot {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The usage rule as it reads by look-ups of each attribute (the form `usage_view`
+    /// replaced with one walk per image): the oracle of
+    /// `one_walk_reads_what_the_lookups_read`.
+    fn usage_by_lookups<'a>(
+        key: &'a Key,
+        old: Option<&Item>,
+        new: Option<&'a Item>,
+        at_ms: i64,
+    ) -> Option<UsageView<'a>> {
+        let ns = bucket_ns(key)?;
+        let new = new?;
+        let text = |a: &str| new.get(a).and_then(Value::as_s);
+        let (entity, resource) = (text(bucket_attr::ENTITY)?, text(bucket_attr::RESOURCE)?);
+        let mut milli = SmallVec::new();
+        let mut overdraw = SmallVec::new();
+        let limit_attrs = (
+            std::ops::Bound::Included("b_"),
+            std::ops::Bound::Excluded("b`"),
+        );
+        for (name, v) in new.range::<str, _>(limit_attrs) {
+            let Some(limit) = name.strip_prefix("b_").and_then(|r| r.strip_suffix("_tc")) else {
+                continue;
+            };
+            if limit == WCU || limit.is_empty() {
+                continue;
+            }
+            let d = v.as_n().unwrap_or(0) - num(old, name);
+            if d != 0 {
+                milli.push((limit, d));
+            }
+            let od = if d > 0 {
+                let tk = format!("{}{}", &name[..name.len() - 2], field::TK);
+                overdraw_of(d, num(Some(new), &tk), debited_at(old, new, &tk))
+            } else {
+                0
+            };
+            if od != 0 {
+                overdraw.push((limit, od));
+            }
+        }
+        let requests = num(Some(new), attr::RQ) - num(old, attr::RQ);
+        let at_ms = new.get(attr::WT).and_then(Value::as_n).unwrap_or(at_ms);
+        let v = UsageView {
+            ns,
+            entity,
+            resource,
+            at_ms,
+            milli,
+            overdraw,
+            requests,
+        };
+        (v.requests != 0 || !v.milli.is_empty()).then_some(v)
+    }
+
+    /// `iso_utc` writes its digits itself; it spells every instant as `format!` does
+    /// (before 1970, leap days, the ends of years and of the four-digit range).
+    #[test]
+    fn iso_digits_are_the_formatted_ones() {
+        let by_format = |t_ms: i64| {
+            let (y, m, d) = civil_from_days(t_ms.div_euclid(DAY_MS));
+            let s = t_ms.rem_euclid(DAY_MS) / 1000;
+            format!(
+                "{y:04}-{m:02}-{d:02}T{:02}:{:02}:{:02}Z",
+                s / 3600,
+                s / 60 % 60,
+                s % 60
+            )
+        };
+        let mut t = -62_167_219_200_000; // 0000-01-01T00:00:00Z
+        while t < 253_402_300_800_000 {
+            // 10000-01-01: outside, formatted the general way
+            for probe in [t, t + 999, t - 1, t + 86_399_999] {
+                assert_eq!(iso_utc(probe), by_format(probe), "{probe}");
+            }
+            t += 7_777_777_777;
+        }
+        assert_eq!(iso_utc(-1), "1969-12-31T23:59:59Z");
+        assert_eq!(iso_utc(253_402_300_800_000), "10000-01-01T00:00:00Z");
+    }
+
+    /// `usage_view` reads each image in one walk; on items drawn from names that are limit
+    /// attributes, look like them or sit beside them, with values of every type, it answers
+    /// exactly what reading each attribute by look-up answers.
+    #[test]
+    fn one_walk_reads_what_the_lookups_read() {
+        const NAMES: &[&str] = &[
+            "entity_id",
+            "resource",
+            "rq",
+            "wt",
+            "rf",
+            "bypass",
+            "b",
+            "b_",
+            "b_tc",
+            "b__tc",
+            "b_tk",
+            "b_rpm_tc",
+            "b_rpm_tk",
+            "b_rpm_cp",
+            "b_rpm_tu",
+            "b_tpm_tc",
+            "b_tpm_tk",
+            "b_x_tc",
+            "b_x_tk",
+            "b_x_t_tc",
+            "b_x_tc_tc",
+            "b_x_tc_tk",
+            "b_wcu_tc",
+            "b_wcu_tk",
+            "ba_x_tc",
+            "b`x_tc",
+            "bz_tc",
+            "c_y_tc",
+            "a_q_tc",
+        ];
+        let mut x: u64 = 0x2545_F491_4F6C_DD1D;
+        let mut next = move || {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x
+        };
+        let k = key();
+        let mut draw = |always: &[&str]| -> Item {
+            let mut i = Item::new();
+            for n in NAMES {
+                let r = next();
+                let must = always.contains(n);
+                if !must && r % 3 == 0 {
+                    continue;
+                }
+                // Few distinct numbers, so that old and new often agree (an unmoved `tk`
+                // or `rf`) and balances are often below zero.
+                let v = match (r >> 8) % 8 {
+                    0 => Value::S("e1".into()),
+                    1 => Value::Bool(true),
+                    _ => Value::N(((r >> 16) % 5) as i64 * 1_000 - 2_000),
+                };
+                let v = match *n {
+                    "entity_id" | "resource" if must => Value::S("e1".into()),
+                    _ => v,
+                };
+                i.insert((*n).into(), v);
+            }
+            i
+        };
+        let mut counted = 0;
+        for case in 0..4_000 {
+            let new = draw(if case % 4 == 0 {
+                &[]
+            } else {
+                &["entity_id", "resource"]
+            });
+            let old = (case % 5 != 0).then(|| draw(&[]));
+            let walk = usage_view(&k, old.as_ref(), Some(&new), 9);
+            let lookups = usage_by_lookups(&k, old.as_ref(), Some(&new), 9);
+            assert_eq!(walk, lookups, "case {case}: old {old:?} new {new:?}");
+            counted += usize::from(walk.is_some_and(|v| !v.overdraw.is_empty()));
+        }
+        assert!(counted > 100, "the draw reaches overdraw: {counted}");
+    }
 
     fn item(pairs: &[(&str, Value)]) -> Item {
         pairs

@@ -50,7 +50,13 @@ struct Inner {
     trimmed_through: i64,
     /// Whether this store keeps a change feed ([`MemoryStore::with_change_feed`]).
     feed_on: bool,
+    /// Item versions the feed let go of (trimmed, unshared), kept to be written over by
+    /// the next copy instead of freed and allocated again ([`recycle`], [`copy_of`]).
+    spares: Vec<Arc<Item>>,
 }
+
+/// Most unshared item versions kept for reuse (a few megabytes of bucket items).
+const MAX_SPARES: usize = 16_384;
 
 /// Most changes the in-process feed keeps; older ones are dropped (a consumer that falls
 /// further behind gets a clear error, not a silent gap).
@@ -264,15 +270,48 @@ impl MemoryStore {
 }
 
 /// A copy of `src`, made in `spare`'s memory when nothing else holds it (see
-/// [`copy_into`]), else a fresh one.
-fn copy_of(spare: Option<Arc<Item>>, src: &Item) -> Arc<Item> {
+/// [`copy_into`]), else in a version the feed let go of (`spares`), else a fresh one.
+fn copy_of(spare: Option<Arc<Item>>, spares: &mut Vec<Arc<Item>>, src: &Item) -> Arc<Item> {
     if let Some(mut p) = spare {
         if let Some(buf) = Arc::get_mut(&mut p) {
             copy_into(buf, src);
             return p;
         }
     }
-    Arc::new(src.clone())
+    match spares.pop() {
+        Some(mut p) => {
+            // Kept only while unshared, and nothing has taken it since.
+            let buf = Arc::get_mut(&mut p);
+            debug_assert!(buf.is_some(), "a spare is unshared");
+            match buf {
+                Some(buf) => {
+                    copy_into(buf, src);
+                    p
+                }
+                None => Arc::new(src.clone()),
+            }
+        }
+        None => Arc::new(src.clone()),
+    }
+}
+
+/// Keep `v` for reuse by [`copy_of`] when this was its last holder (a trimmed change's
+/// image no slot and no other change shares); otherwise only let go of it.
+fn recycle(spares: &mut Vec<Arc<Item>>, mut v: Arc<Item>) {
+    if spares.len() < MAX_SPARES && Arc::get_mut(&mut v).is_some() {
+        spares.push(v);
+    }
+}
+
+/// Forget the oldest change of the feed, keeping its images for reuse when it held them
+/// last.
+fn pop_oldest(g: &mut Inner) {
+    if let Some(c) = g.log.pop_front() {
+        g.trimmed_through += 1;
+        for v in [c.old, c.new].into_iter().flatten() {
+            recycle(&mut g.spares, v);
+        }
+    }
 }
 
 /// Make `dst` equal to `src`. When both hold the same attribute names (an item updated
@@ -350,8 +389,7 @@ fn log_change(
         at_ms,
     });
     while g.log.len() > FEED_CAPACITY {
-        g.log.pop_front();
-        g.trimmed_through += 1;
+        pop_oldest(g);
     }
 }
 
@@ -369,10 +407,11 @@ impl MemoryStore {
         // reader) shares the current version, that version itself becomes the previous
         // one and the update writes a copy.
         let feed_on = g.feed_on;
+        let inner = &mut *g;
         if let Some(Slot {
             cur: Some(cur),
             prev,
-        }) = g.items.get_mut(&req.key)
+        }) = inner.items.get_mut(&req.key)
         {
             if let Some(c) = &req.condition {
                 if !eval_condition(Some(cur), c) {
@@ -405,10 +444,10 @@ impl MemoryStore {
             // on a copy.
             let spare = prev.take();
             let old = if Arc::get_mut(cur).is_some() {
-                copy_of(spare, cur)
+                copy_of(spare, &mut inner.spares, cur)
             } else {
                 let old = Arc::clone(cur);
-                *cur = copy_of(spare, &old);
+                *cur = copy_of(spare, &mut inner.spares, &old);
                 old
             };
             // Unshared now in both cases: no copy here.
@@ -687,8 +726,7 @@ impl ChangeFeed for MemoryStore {
         let through = cursor.single_seq()?;
         let mut g = self.lock();
         while g.trimmed_through < through && g.log.front().is_some_and(|c| c.at_ms < before_ms) {
-            g.log.pop_front();
-            g.trimmed_through += 1;
+            pop_oldest(&mut g);
         }
         Ok(())
     }

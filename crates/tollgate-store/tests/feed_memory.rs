@@ -135,3 +135,72 @@ async fn trimmed_changes_are_refused_not_skipped() {
     let err = s.read_feed(&FeedCursor::start(), 10).await;
     assert!(matches!(err, Err(StoreError::Validation(_))), "{err:?}");
 }
+
+/// The versions a trim lets go of are written over by later copies (`MemoryStore` keeps
+/// them for reuse): whatever shape the items have, every read, every returned image and
+/// every change the feed shows is the one a store that never trims shows, and nothing of
+/// another item or an older version shows through.
+#[tokio::test]
+async fn reused_versions_hold_only_their_own_item() {
+    use tollgate_core::expr::{ReturnValues, Update};
+    let trimmed = MemoryStore::with_change_feed();
+    let kept = MemoryStore::with_change_feed();
+    let mut cursor = FeedCursor::start();
+    let mut seen = FeedCursor::start();
+    for round in 0..40i64 {
+        for k in 0..5i64 {
+            let key = Key::new("t", format!("{k}"));
+            // Items of three shapes, and attributes that come and go.
+            let mut u = Update::new()
+                .add("n", round + k)
+                .set("s", format!("r{round}k{k}"));
+            if (round + k) % 3 == 0 {
+                u = u.set(format!("extra{k}"), round);
+            } else {
+                u = u.remove(format!("extra{k}"));
+            }
+            if k == 4 {
+                u = u.set(
+                    "long",
+                    "x".repeat(usize::try_from(round % 7 * 20).unwrap_or(0)),
+                );
+            }
+            let req = UpdateRequest {
+                key: key.clone(),
+                update: u,
+                condition: None,
+                returns: ReturnValues::AllNew,
+            };
+            let a = trimmed.update(req.clone()).await.expect("update");
+            let b = kept.update(req).await.expect("update");
+            assert_eq!(a, b, "round {round} key {k}: the returned image");
+        }
+        let batch = trimmed.read_feed(&cursor, 1_000).await.expect("read");
+        let reference = kept.read_feed(&seen, 1_000).await.expect("read");
+        let strip = |b: &FeedBatch| {
+            b.changes
+                .iter()
+                .map(|c| (c.key.clone(), c.old.clone(), c.new.clone()))
+                .collect::<Vec<_>>()
+        };
+        assert_eq!(
+            strip(&batch),
+            strip(&reference),
+            "round {round}: the changes"
+        );
+        cursor = batch.cursor;
+        seen = reference.cursor;
+        // Every other round keeps a change back, so some versions stay shared.
+        if round % 2 == 0 {
+            trimmed.trim_feed(&cursor, i64::MAX).await.expect("trim");
+        }
+    }
+    for k in 0..5 {
+        let key = Key::new("t", format!("{k}"));
+        assert_eq!(
+            trimmed.get(&key, true).await.expect("get"),
+            kept.get(&key, true).await.expect("get"),
+            "key {k}"
+        );
+    }
+}

@@ -25,7 +25,7 @@
 //! the same per-item conditions. Passes are numbered and a claim is never withdrawn, so an
 //! item marked with the claimed pass (or a later one) has that pass's usage.
 
-use tollgate_core::expr::{Condition, ReturnValues, Update};
+use tollgate_core::expr::{Condition, Name, ReturnValues, Update};
 use tollgate_core::mutants::{off, Mutant};
 use tollgate_core::value::Value;
 use tollgate_store::feed::{seq_cmp, STREAM_DONE};
@@ -250,7 +250,7 @@ impl FeedAggregator {
     ) -> Result<()> {
         let ns = self.ns();
         let retention_s = self.opts.retention_days * 86_400;
-        let attr = pass_attr(&self.opts.consumer);
+        let attr = Name::from(std::sync::Arc::<str>::from(pass_attr(&self.opts.consumer)));
         let keys: Vec<_> = p.snaps.keys().collect();
         let mut chunks: Vec<&[&tollgate_core::value::Key]> = keys.chunks(self.chunk()).collect();
         if chunks.is_empty() {

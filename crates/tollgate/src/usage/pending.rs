@@ -4,7 +4,7 @@
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 
 use smallvec::SmallVec;
-use tollgate_core::expr::{Condition, ReturnValues};
+use tollgate_core::expr::{Condition, Name, ReturnValues};
 use tollgate_core::usage::{snapshot_key, snapshot_update, usage_view, UsageView, Window};
 use tollgate_core::value::Key;
 use tollgate_store::{Change, TransactOp, UpdateRequest};
@@ -165,7 +165,7 @@ impl Pending {
         ns: &str,
         k: &Key,
         retention_s: i64,
-        once: Option<(&str, i64)>,
+        once: Option<(&Name, i64)>,
     ) -> Option<TransactOp> {
         let x = self.snaps.get(k)?;
         let mut update = snapshot_update(
@@ -181,12 +181,10 @@ impl Pending {
         );
         let mut condition = None;
         if let Some((attr, pass)) = once {
-            update = update.set(attr.to_string(), pass);
+            // The name is shared by every op of the pass: a clone copies no text.
+            update = update.set(attr, pass);
             if !tollgate_core::mutants::off(tollgate_core::mutants::Mutant::UsageCheckpoint) {
-                condition = Some(
-                    Condition::not_exists(attr.to_string())
-                        .or(Condition::lt(attr.to_string(), pass)),
-                );
+                condition = Some(Condition::not_exists(attr).or(Condition::lt(attr, pass)));
             }
         }
         Some(TransactOp::Update(UpdateRequest {
