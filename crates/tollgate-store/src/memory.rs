@@ -124,7 +124,8 @@ impl MemoryStore {
 
     /// An empty store that keeps a change feed ([`ChangeFeed`]): every applied write is
     /// logged in process, with copies of its old and new item, up to [`FEED_CAPACITY`]
-    /// changes not yet trimmed.
+    /// changes not yet trimmed. The memory of up to 16,384 trimmed versions is kept and
+    /// written over by later writes (a trim does not free it).
     pub fn with_change_feed() -> Self {
         let s = Self::default();
         s.lock().feed_on = true;
