@@ -13,24 +13,15 @@ use tollgate_store::MemoryStore;
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     let mut args = std::env::args().skip(1);
-    let entities: usize = args
-        .next()
-        .map(|s| s.parse())
-        .transpose()?
-        .unwrap_or(1_000)
-        .max(1);
-    let rounds: usize = args
-        .next()
-        .map(|s| s.parse())
-        .transpose()?
-        .unwrap_or(10)
-        .max(1);
-    let each: usize = args
-        .next()
-        .map(|s| s.parse())
-        .transpose()?
-        .unwrap_or(1)
-        .max(1);
+    let mut count = |default: usize| -> Result<usize, std::num::ParseIntError> {
+        Ok(args
+            .next()
+            .map(|s| s.parse())
+            .transpose()?
+            .unwrap_or(default)
+            .max(1))
+    };
+    let (entities, rounds, each) = (count(1_000)?, count(10)?, count(1)?);
     let ids: Vec<String> = (0..entities).map(|i| format!("user-{i}")).collect();
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
