@@ -208,13 +208,6 @@ impl UsageDelta {
     }
 }
 
-#[cfg(test)]
-fn num(i: Option<&Item>, name: &str) -> i64 {
-    i.and_then(|i| i.get(name))
-        .and_then(Value::as_n)
-        .unwrap_or(0)
-}
-
 /// Rule "overdraw is consumption below zero" (ADR-151's `{limit}#od`): of what one applied
 /// write consumed of a limit (`consumed`, its `tc` delta, milli), the part that took the
 /// shard's balance below zero — `clamp(−new tk, 0, consumed)`. A write debits after it
@@ -241,13 +234,34 @@ pub fn debited(old: Option<&Item>, new: &Item, limit: &str) -> bool {
 
 /// [`debited`], given the limit's balance attribute `tk`.
 fn debited_at(old: Option<&Item>, new: &Item, tk: &str) -> bool {
-    if new.get(bucket_attr::BYPASS).is_some() {
-        return false;
+    debited_from(
+        new.get(bucket_attr::BYPASS).is_some(),
+        old.map(|o| Balances::of(o, tk)),
+        Balances::of(new, tk),
+    )
+}
+
+/// A limit's balance and the item's refill time as one image holds them: what a debit
+/// moves ([`debited`]).
+#[derive(Clone, Copy, PartialEq)]
+struct Balances<'a> {
+    tk: Option<&'a Value>,
+    rf: Option<&'a Value>,
+}
+
+impl<'a> Balances<'a> {
+    fn of(item: &'a Item, tk: &str) -> Self {
+        Balances {
+            tk: item.get(tk),
+            rf: item.get(bucket_attr::RF),
+        }
     }
-    let Some(old) = old else {
-        return true;
-    };
-    old.get(tk) != new.get(tk) || old.get(bucket_attr::RF) != new.get(bucket_attr::RF)
+}
+
+/// [`debited`] from the values it compares: the new image's bypass stamp, and the
+/// balances before (`None`: the write created the item) and after.
+fn debited_from(bypass: bool, before: Option<Balances<'_>>, after: Balances<'_>) -> bool {
+    !bypass && before.is_none_or(|b| b != after)
 }
 
 /// The namespace of a bucket key (`{ns}/BUCKET#…`, `#STATE`), or `None` for other items.
@@ -335,25 +349,29 @@ pub fn usage_view<'a>(
     let o = old.map(Read::of);
     let mut milli = SmallVec::new();
     let mut overdraw = SmallVec::new();
-    for &(limit, tc, tk) in &n.limits {
+    for c in &n.limits {
+        let limit = c.limit;
         // Only a limit with a `tc` counts; `wcu` is the write guard, not usage.
-        let Some(tc) = tc else {
+        let Some(tc) = c.tc else {
             continue;
         };
         if limit == WCU || limit.is_empty() {
             continue;
         }
-        let was = o.as_ref().and_then(|o| o.limit(limit));
-        let d = tc.as_n().unwrap_or(0) - was.and_then(|w| w.1).and_then(Value::as_n).unwrap_or(0);
+        let was = o.as_ref().map(|o| (o, o.limit(limit)));
+        let was_tc = was.and_then(|(_, w)| w?.tc).and_then(Value::as_n);
+        let d = tc.as_n().unwrap_or(0) - was_tc.unwrap_or(0);
         if d != 0 {
             milli.push((limit, d));
         }
-        // Only consumption can overdraw (`debited_at`, read from the two walks).
+        // Only consumption can overdraw.
         let od = if d > 0 {
-            let debited = !n.bypass
-                && o.as_ref()
-                    .is_none_or(|o| was.and_then(|w| w.2) != tk || o.rf != n.rf);
-            overdraw_of(d, tk.and_then(Value::as_n).unwrap_or(0), debited)
+            let debited = debited_from(
+                n.bypass,
+                was.map(|(o, w)| o.balances(w)),
+                n.balances(Some(c)),
+            );
+            overdraw_of(d, c.tk.and_then(Value::as_n).unwrap_or(0), debited)
         } else {
             0
         };
@@ -376,8 +394,15 @@ pub fn usage_view<'a>(
     (v.requests != 0 || !v.milli.is_empty()).then_some(v)
 }
 
-/// One limit's counters in an image: `(limit, b_{limit}_tc, b_{limit}_tk)`.
-type LimitCounters<'a> = (&'a str, Option<&'a Value>, Option<&'a Value>);
+/// One limit's counters in an image.
+struct Counters<'a> {
+    /// The limit's name.
+    limit: &'a str,
+    /// `b_{limit}_tc`.
+    tc: Option<&'a Value>,
+    /// `b_{limit}_tk`.
+    tk: Option<&'a Value>,
+}
 
 /// What the usage rule reads of one image, gathered in one walk over its attributes (one
 /// look-up in an item costs about as much as visiting all of its few dozen attributes).
@@ -388,9 +413,9 @@ struct Read<'a> {
     wt: Option<&'a Value>,
     rf: Option<&'a Value>,
     bypass: bool,
-    /// `(limit, b_{limit}_tc, b_{limit}_tk)` for every limit with either, in the order of
-    /// the item's attribute names (a limit's `tc` sorts before its `tk`).
-    limits: SmallVec<[LimitCounters<'a>; 4]>,
+    /// Every limit with a `tc` or a `tk`, in the order of the item's attribute names (a
+    /// limit's `tc` sorts before its `tk`).
+    limits: SmallVec<[Counters<'a>; 4]>,
 }
 
 impl<'a> Read<'a> {
@@ -424,27 +449,40 @@ impl<'a> Read<'a> {
             };
             // A limit's attributes are adjacent in name order: the last entry, usually.
             let at = match r.limits.last() {
-                Some((l, ..)) if *l == limit => r.limits.len() - 1,
-                _ => match r.limits.iter().position(|(l, ..)| *l == limit) {
+                Some(c) if c.limit == limit => r.limits.len() - 1,
+                _ => match r.limits.iter().position(|c| c.limit == limit) {
                     Some(at) => at,
                     None => {
-                        r.limits.push((limit, None, None));
+                        r.limits.push(Counters {
+                            limit,
+                            tc: None,
+                            tk: None,
+                        });
                         r.limits.len() - 1
                     }
                 },
             };
+            let c = &mut r.limits[at];
             if is_tc {
-                r.limits[at].1 = Some(v);
+                c.tc = Some(v);
             } else {
-                r.limits[at].2 = Some(v);
+                c.tk = Some(v);
             }
         }
         r
     }
 
-    /// The `(limit, tc, tk)` entry of `limit`.
-    fn limit(&self, limit: &str) -> Option<&LimitCounters<'a>> {
-        self.limits.iter().find(|(l, ..)| *l == limit)
+    /// The balances a debit of the limit counted by `c` moves, in this image.
+    fn balances(&self, c: Option<&Counters<'a>>) -> Balances<'a> {
+        Balances {
+            tk: c.and_then(|c| c.tk),
+            rf: self.rf,
+        }
+    }
+
+    /// The counters of `limit`.
+    fn limit(&self, limit: &str) -> Option<&Counters<'a>> {
+        self.limits.iter().find(|c| c.limit == limit)
     }
 }
 
@@ -581,6 +619,12 @@ impl Snapshot {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn num(i: Option<&Item>, name: &str) -> i64 {
+        i.and_then(|i| i.get(name))
+            .and_then(Value::as_n)
+            .unwrap_or(0)
+    }
 
     /// The usage rule as it reads by look-ups of each attribute (the form `usage_view`
     /// replaced with one walk per image): the oracle of

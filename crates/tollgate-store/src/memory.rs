@@ -275,34 +275,30 @@ impl MemoryStore {
 /// A copy of `src`, made in `spare`'s memory when nothing else holds it (see
 /// [`copy_into`]), else in a version the feed let go of (`spares`), else a fresh one.
 fn copy_of(spare: Option<Arc<Item>>, spares: &mut Vec<Arc<Item>>, src: &Item) -> Arc<Item> {
-    if let Some(mut p) = spare {
-        if let Some(buf) = Arc::get_mut(&mut p) {
+    let Some(mut p) = spare.and_then(unshared).or_else(|| spares.pop()) else {
+        return Arc::new(src.clone());
+    };
+    // A spare is kept only unshared, and nothing takes it from the store's lock.
+    debug_assert_eq!(Arc::strong_count(&p), 1, "a reused version is unshared");
+    match Arc::get_mut(&mut p) {
+        Some(buf) => {
             copy_into(buf, src);
-            return p;
-        }
-    }
-    match spares.pop() {
-        Some(mut p) => {
-            // Kept only while unshared, and nothing has taken it since.
-            let buf = Arc::get_mut(&mut p);
-            debug_assert!(buf.is_some(), "a spare is unshared");
-            match buf {
-                Some(buf) => {
-                    copy_into(buf, src);
-                    p
-                }
-                None => Arc::new(src.clone()),
-            }
+            p
         }
         None => Arc::new(src.clone()),
     }
 }
 
+/// `v` when nothing else holds it.
+fn unshared(mut v: Arc<Item>) -> Option<Arc<Item>> {
+    Arc::get_mut(&mut v).is_some().then_some(v)
+}
+
 /// Keep `v` for reuse by [`copy_of`] when this was its last holder (a trimmed change's
 /// image no slot and no other change shares); otherwise only let go of it.
-fn recycle(spares: &mut Vec<Arc<Item>>, mut v: Arc<Item>) {
-    if spares.len() < MAX_SPARES && Arc::get_mut(&mut v).is_some() {
-        spares.push(v);
+fn recycle(spares: &mut Vec<Arc<Item>>, v: Arc<Item>) {
+    if spares.len() < MAX_SPARES {
+        spares.extend(unshared(v));
     }
 }
 
