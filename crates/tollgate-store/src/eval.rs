@@ -241,14 +241,12 @@ fn plan_action(action: &Action, old: &Item, current: Option<&Value>) -> Result<E
     })
 }
 
-/// Carry out a planned action on `new`.
-fn carry_out(new: &mut Item, action: &Action, effect: Effect) {
+/// Carry out a planned action on `new`; whether it changed the attribute.
+fn carry_out(new: &mut Item, action: &Action, effect: Effect) -> bool {
     match effect {
-        Effect::Keep => {}
+        Effect::Keep => false,
         Effect::Put(v) => put_attr(new, action.target(), v),
-        Effect::Remove => {
-            new.remove(action.target());
-        }
+        Effect::Remove => new.remove(action.target()).is_some(),
     }
 }
 
@@ -256,12 +254,19 @@ fn carry_out(new: &mut Item, action: &Action, effect: Effect) {
 /// item before the write; `new` starts as a copy of it, or as the key attributes when it
 /// is absent). On an error `new` is partly written: the caller discards it or restores it.
 /// An attribute that already exists is overwritten in place (no new name allocated).
-pub fn apply_actions(new: &mut Item, old: &Item, update: &Update) -> Result<(), StoreError> {
+///
+/// Answers whether the update changed the item, when `new` started as a copy of `old`: a
+/// validated update names each attribute once (no two paths overlap), so each action finds
+/// its attribute as `old` holds it, and the item changed exactly when one action wrote a
+/// value other than the one it found — decided as the values are written, without a
+/// second look-up per attribute.
+pub fn apply_actions(new: &mut Item, old: &Item, update: &Update) -> Result<bool, StoreError> {
+    let mut changed = false;
     for a in &update.actions {
         let planned = plan_action(a, old, new.get(a.target()))?;
-        carry_out(new, a, planned);
+        changed |= carry_out(new, a, planned);
     }
-    Ok(())
+    Ok(changed)
 }
 
 /// Apply a validated update to `item` itself, without a copy of it: every action is
@@ -278,24 +283,18 @@ pub fn apply_in_place(item: &mut Item, update: &Update) -> Result<(), StoreError
     Ok(())
 }
 
-/// Whether `new` — `old` with `update`'s actions applied by [`apply_actions`] — differs from
-/// `old`: only the attributes the actions name can, so only those are compared (an item
-/// compared whole costs every attribute, on every write).
-pub fn update_changed(update: &Update, new: &Item, old: &Item) -> bool {
-    let changed = update
-        .actions
-        .iter()
-        .any(|a| new.get(a.target()) != old.get(a.target()));
-    debug_assert_eq!(changed, new != old, "only the named attributes change");
-    changed
-}
-
-/// Write one attribute: in place when the name exists, else inserted under a new name.
-fn put_attr(item: &mut Item, name: &str, v: Value) {
+/// Write one attribute: in place when the name exists, else inserted under a new name;
+/// whether it holds another value now.
+fn put_attr(item: &mut Item, name: &str, v: Value) -> bool {
     match item.get_mut(name) {
-        Some(slot) => *slot = v,
+        Some(slot) if *slot == v => false,
+        Some(slot) => {
+            *slot = v;
+            true
+        }
         None => {
             item.insert(name.into(), v);
+            true
         }
     }
 }

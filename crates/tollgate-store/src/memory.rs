@@ -11,7 +11,7 @@ use tollgate_core::value::{Item, Key, Value};
 use crate::error::{CancelReason, StoreError};
 use crate::eval::{
     apply_actions, apply_in_place, apply_update_stored, eval_condition, key_item, plan_transact_op,
-    update_changed, validate_item, validate_update,
+    validate_item, validate_update,
 };
 use crate::feed::{Change, ChangeFeed, FeedBatch, FeedCursor, FeedPosition};
 use crate::{
@@ -347,18 +347,33 @@ fn updated_new(new: &Item, update: &tollgate_core::expr::Update) -> Option<Item>
 /// Apply one write and append it to the feed when the store keeps one (a write that
 /// changes nothing is not a change).
 fn write(g: &mut Inner, key: &Key, new: Option<Item>, at_ms: i64) {
-    let new = new.map(Arc::new);
-    let slot = g.items.entry(key.clone()).or_default();
+    install(g, key, new.map(Arc::new), |old, new| old != new, at_ms);
+}
+
+/// Make `new` the current version of `key`, the current one its previous version, and log
+/// the change when the store keeps a feed and `changed(old, new)` says it is one. The
+/// version this displaces as the previous one is kept for reuse when nothing else holds
+/// it ([`recycle`]).
+fn install(
+    g: &mut Inner,
+    key: &Key,
+    new: Option<Arc<Item>>,
+    changed: impl FnOnce(&Option<Arc<Item>>, &Option<Arc<Item>>) -> bool,
+    at_ms: i64,
+) {
+    let feed_on = g.feed_on;
+    let slot = match g.items.get_mut(key) {
+        Some(slot) => slot,
+        None => g.items.entry(key.clone()).or_default(),
+    };
     let old = slot.cur.take();
-    if !g.feed_on {
-        slot.prev = old;
-        slot.cur = new;
-        return;
+    let change = (feed_on && changed(&old, &new)).then(|| (old.clone(), new.clone()));
+    let displaced = std::mem::replace(&mut slot.prev, old);
+    slot.cur = new;
+    if let Some(d) = displaced {
+        recycle(&mut g.spares, d);
     }
-    let changed = old != new;
-    slot.prev = old.clone();
-    slot.cur = new.clone();
-    if changed {
+    if let Some((old, new)) = change {
         log_change(g, key, old, new, at_ms);
     }
 }
@@ -389,6 +404,53 @@ fn log_change(
     });
     while g.log.len() > FEED_CAPACITY {
         pop_oldest(g);
+    }
+}
+
+/// What one transaction operation will write, staged before any operation is applied.
+enum Staged {
+    /// Nothing (a check, or a remove-only update of an absent item).
+    Nothing,
+    /// This version (`None`: a delete), compared whole with the current one for the feed.
+    Write(Option<Item>),
+    /// An existing item updated: its new version, made in a reused version's memory, and
+    /// whether the update changed it (only the attributes it names can differ).
+    Updated(Arc<Item>, bool),
+}
+
+/// Stage `op` against `cur`: its condition evaluated, its new version computed. An update
+/// of an existing item is applied to a copy made in a spare version's memory ([`copy_of`])
+/// rather than a fresh clone: the transactions of an aggregator pass update the same
+/// snapshot items again and again. The update was validated with the transaction
+/// ([`validate_transaction`]), so only its evaluation can fail here.
+fn stage(
+    op: &TransactOp,
+    cur: Option<&Item>,
+    spares: &mut Vec<Arc<Item>>,
+) -> Result<Staged, CancelReason> {
+    let (TransactOp::Update(u), Some(cur)) = (op, cur) else {
+        return Ok(match plan_transact_op(op, cur)? {
+            None => Staged::Nothing,
+            Some(new) => Staged::Write(new),
+        });
+    };
+    if let Some(c) = &u.condition {
+        if !eval_condition(Some(cur), c) {
+            return Err(CancelReason::ConditionFailed {
+                old: Some(cur.clone()),
+            });
+        }
+    }
+    let mut new = copy_of(None, spares, cur);
+    match apply_actions(Arc::make_mut(&mut new), cur, &u.update) {
+        Ok(changed) => {
+            debug_assert_eq!(changed, *new != *cur, "a change is told as it is written");
+            Ok(Staged::Updated(new, changed))
+        }
+        Err(e) => {
+            recycle(spares, new);
+            Err(CancelReason::Validation(e.to_string()))
+        }
     }
 }
 
@@ -451,18 +513,21 @@ impl MemoryStore {
             };
             // Unshared now in both cases: no copy here.
             let target = Arc::make_mut(cur);
-            if let Err(e) = apply_actions(target, &old, &req.update) {
-                *cur = old;
-                return Err(e);
-            }
+            let changed = match apply_actions(target, &old, &req.update) {
+                Ok(changed) => changed,
+                Err(e) => {
+                    *cur = old;
+                    return Err(e);
+                }
+            };
+            debug_assert_eq!(changed, **cur != *old, "a change is told as it is written");
             let out = match req.returns {
                 ReturnValues::None => None,
                 ReturnValues::AllNew => Some(Arc::clone(cur)),
                 ReturnValues::AllOld => Some(Arc::clone(&old)),
                 ReturnValues::UpdatedNew => updated_new(cur, &req.update).map(Arc::new),
             };
-            let change = (feed_on && update_changed(&req.update, cur, &old))
-                .then(|| (Arc::clone(&old), Arc::clone(cur)));
+            let change = (feed_on && changed).then(|| (Arc::clone(&old), Arc::clone(cur)));
             *prev = Some(old);
             if let Some((old, new)) = change {
                 let at_ms = self.feed_now();
@@ -594,26 +659,37 @@ impl Store for MemoryStore {
         let mut planned = Vec::with_capacity(ops.len());
         let mut reasons = Vec::with_capacity(ops.len());
         let mut failed = false;
+        let inner = &mut *g;
         for op in &ops {
-            match plan_transact_op(op, g.items.get(op.key()).and_then(|s| s.cur.as_deref())) {
+            let cur = inner.items.get(op.key()).and_then(|s| s.cur.as_deref());
+            match stage(op, cur, &mut inner.spares) {
                 Ok(p) => {
                     planned.push(p);
                     reasons.push(CancelReason::None);
                 }
                 Err(r) => {
                     failed = true;
-                    planned.push(None);
+                    planned.push(Staged::Nothing);
                     reasons.push(r);
                 }
             }
         }
         if failed {
+            for p in planned {
+                if let Staged::Updated(new, _) = p {
+                    recycle(&mut g.spares, new);
+                }
+            }
             return Err(StoreError::TransactionCanceled { reasons });
         }
         let at = self.feed_now();
         for (op, p) in ops.iter().zip(planned) {
-            if let Some(new) = p {
-                write(&mut g, op.key(), new, at);
+            match p {
+                Staged::Nothing => {}
+                Staged::Write(new) => write(&mut g, op.key(), new, at),
+                Staged::Updated(new, changed) => {
+                    install(&mut g, op.key(), Some(new), |_, _| changed, at)
+                }
             }
         }
         if let Some(t) = token {

@@ -204,3 +204,93 @@ async fn reused_versions_hold_only_their_own_item() {
         );
     }
 }
+
+/// Transactions update existing items in reused versions' memory: through rounds of
+/// two-item transactions (shapes that change, writes that change nothing, transactions a
+/// failed check cancels), with the feed trimmed every other round so versions are reused,
+/// every item and every change is the one a model of the writes says — a cancelled
+/// transaction writes and logs nothing, an update that changes nothing is no change, and
+/// nothing of another item or an older version shows through.
+#[tokio::test]
+async fn transactions_in_reused_versions_hold_only_their_own_item() {
+    use std::collections::BTreeMap;
+    use tollgate_core::expr::{Condition, ReturnValues, Update};
+    use tollgate_core::value::Value;
+    let store = MemoryStore::with_change_feed();
+    let mut cursor = FeedCursor::start();
+    let mut model: BTreeMap<i64, Item> = BTreeMap::new();
+    for round in 0..40i64 {
+        let mut expected = Vec::new();
+        for pair in 0..3i64 {
+            let mut ops = Vec::new();
+            let mut after = Vec::new();
+            for k in [pair * 2, pair * 2 + 1] {
+                let key = Key::new("t", format!("{k}"));
+                // Every fourth round writes what the item already holds.
+                let n = if round % 4 == 3 { round - 1 } else { round };
+                let mut u = Update::new().set("n", n).set("s", format!("k{k}r{n}"));
+                let mut item = model.get(&k).cloned().unwrap_or_else(|| {
+                    let mut i = Item::new();
+                    key.stamp(&mut i);
+                    i
+                });
+                item.insert("n".into(), Value::N(n));
+                item.insert("s".into(), Value::S(format!("k{k}r{n}")));
+                if (n + k) % 3 == 0 {
+                    u = u.set(format!("extra{k}"), n);
+                    item.insert(format!("extra{k}").into(), Value::N(n));
+                } else {
+                    u = u.remove(format!("extra{k}"));
+                    item.remove(format!("extra{k}").as_str());
+                }
+                ops.push(TransactOp::Update(UpdateRequest {
+                    key: key.clone(),
+                    update: u,
+                    condition: None,
+                    returns: ReturnValues::None,
+                }));
+                after.push((k, key, item));
+            }
+            let cancel = (round + pair) % 5 == 4;
+            if cancel {
+                ops.push(TransactOp::Check {
+                    key: Key::new("t", "absent"),
+                    condition: Condition::exists("PK"),
+                });
+            }
+            let r = store.transact_write(ops, None).await;
+            assert_eq!(r.is_ok(), !cancel, "round {round} pair {pair}: {r:?}");
+            if cancel {
+                continue;
+            }
+            for (k, key, item) in after {
+                let old = model.insert(k, item.clone());
+                if old.as_ref() != Some(&item) {
+                    expected.push((key, old, Some(item)));
+                }
+            }
+        }
+        let batch = store.read_feed(&cursor, 1_000).await.expect("read");
+        let got: Vec<_> = batch
+            .changes
+            .iter()
+            .map(|c| {
+                (
+                    c.key.clone(),
+                    c.old.as_deref().cloned(),
+                    c.new.as_deref().cloned(),
+                )
+            })
+            .collect();
+        assert_eq!(got, expected, "round {round}: the changes");
+        cursor = batch.cursor;
+        if round % 2 == 0 {
+            store.trim_feed(&cursor, i64::MAX).await.expect("trim");
+        }
+        for (k, item) in &model {
+            let key = Key::new("t", format!("{k}"));
+            let stored = store.get(&key, true).await.expect("get");
+            assert_eq!(stored.as_ref(), Some(item), "round {round} key {k}");
+        }
+    }
+}
