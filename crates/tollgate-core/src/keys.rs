@@ -122,7 +122,18 @@ pub fn gsi3_entity(ns: &str, entity: &str) -> String {
 
 /// GSI2 partition of a resource's buckets.
 pub fn gsi2_resource(ns: &str, resource: &str) -> String {
-    format!("{ns}/RESOURCE#{resource}")
+    joined(&[ns, "/RESOURCE#", resource])
+}
+
+/// `parts` one after another, in one allocation of the exact size: what `format!` builds
+/// from plain texts, without its formatting machinery (the aggregator builds several of
+/// these for every snapshot item it writes).
+pub fn joined(parts: &[&str]) -> String {
+    let mut s = String::with_capacity(parts.iter().map(|p| p.len()).sum());
+    for p in parts {
+        s.push_str(p);
+    }
+    s
 }
 
 /// GSI1 partition of a parent's children.

@@ -509,13 +509,13 @@ pub fn snapshot_key(ns: &str, entity: &str, resource: &str, window: Window, star
 
 /// The snapshot attribute of limit `limit`'s consumption (millitokens).
 pub fn snapshot_attr(limit: &str) -> String {
-    format!("u_{limit}")
+    crate::keys::joined(&["u_", limit])
 }
 
 /// The snapshot attribute of limit `limit`'s overdraw (millitokens; upstream's
 /// `{limit}#od`, spelt without the `#`).
 pub fn overdraw_attr(limit: &str) -> String {
-    format!("od_{limit}")
+    crate::keys::joined(&["od_", limit])
 }
 
 /// Snapshot attribute names.
@@ -558,10 +558,7 @@ pub fn snapshot_update(
             window.end_ms(start_ms) / 1000 + retention_s,
         )
         .set("GSI2PK", crate::keys::gsi2_resource(ns, resource))
-        .set(
-            "GSI2SK",
-            format!("USAGE#{}#{start_ms:015}#{entity}", window.name()),
-        );
+        .set("GSI2SK", usage_sort_key(window, start_ms, entity));
     for (l, d) in milli {
         u = u.add(snapshot_attr(l), *d);
     }
@@ -572,6 +569,25 @@ pub fn snapshot_update(
         u = u.add(snap::REQUESTS, requests);
     }
     u
+}
+
+/// A snapshot's `GSI2SK`: `USAGE#{window}#{start_ms:015}#{entity}`, its digits written
+/// here rather than by `format!` (a pass builds one for every snapshot item it writes).
+fn usage_sort_key(window: Window, start_ms: i64, entity: &str) -> String {
+    const WIDTH: usize = 15;
+    if !(0..10i64.pow(WIDTH as u32)).contains(&start_ms) {
+        return format!("USAGE#{}#{start_ms:015}#{entity}", window.name());
+    }
+    let mut digits = [b'0'; WIDTH];
+    let mut v = start_ms;
+    for d in digits.iter_mut().rev() {
+        // In 0..10 by the range checked above.
+        *d = b'0' + (v % 10) as u8;
+        v /= 10;
+    }
+    debug_assert_eq!(v, 0, "the start fits in {WIDTH} digits");
+    let digits = std::str::from_utf8(&digits).unwrap_or_default();
+    crate::keys::joined(&["USAGE#", window.name(), "#", digits, "#", entity])
 }
 
 /// A usage snapshot as stored, decoded.
@@ -682,6 +698,41 @@ mod tests {
 
     /// `iso_utc` writes its digits itself; it spells every instant as `format!` does
     /// (before 1970, leap days, the ends of years and of the four-digit range).
+    #[test]
+    fn sort_key_digits_are_the_formatted_ones() {
+        let starts = [
+            i64::MIN,
+            -1_000,
+            -1,
+            0,
+            7,
+            3_600_000,
+            1_764_633_600_000,
+            999_999_999_999_999,
+            1_000_000_000_000_000,
+            i64::MAX,
+        ];
+        for w in [Window::Hourly, Window::Daily, Window::Monthly] {
+            for start in starts
+                .into_iter()
+                .chain((0..60).map(|i| 10i64.pow(i % 19) + i64::from(i)))
+            {
+                assert_eq!(
+                    usage_sort_key(w, start, "user-1"),
+                    format!("USAGE#{}#{start:015}#user-1", w.name()),
+                    "{start}"
+                );
+            }
+        }
+        assert_eq!(crate::keys::joined(&[]), "");
+        assert_eq!(snapshot_attr("tpm"), "u_tpm");
+        assert_eq!(overdraw_attr("tpm"), "od_tpm");
+        assert_eq!(
+            crate::keys::gsi2_resource("ns", "gpt-4"),
+            "ns/RESOURCE#gpt-4"
+        );
+    }
+
     #[test]
     fn iso_digits_are_the_formatted_ones() {
         let by_format = |t_ms: i64| {
