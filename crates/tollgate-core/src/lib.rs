@@ -14,6 +14,7 @@ pub mod error;
 pub mod expr;
 pub mod grant;
 pub mod ids;
+pub mod item;
 pub mod keys;
 pub mod lease;
 pub mod limit;

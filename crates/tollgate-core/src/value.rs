@@ -88,8 +88,7 @@ impl From<bool> for Value {
     }
 }
 
-/// An item: attribute name → value. Includes the key attributes `PK` and `SK`.
-pub type Item = BTreeMap<AttrName, Value>;
+pub use crate::item::Item;
 
 /// An attribute name: inline up to 24 bytes, so copying an item copies no name.
 pub type AttrName = compact_str::CompactString;

@@ -403,10 +403,9 @@ impl LimitFields {
     /// no field of limit `a`: no field name holds a `_`), so each field is exactly what
     /// `n(item, "b_{limit}_{field}")` reads.
     fn of(item: &Item, limit: &str, attr: &mut AttrBuf) -> Self {
-        use std::ops::Bound;
         let prefix = attr.of(limit, "");
         let mut f = Self::default();
-        for (k, v) in item.range::<str, _>((Bound::Included(prefix), Bound::Unbounded)) {
+        for (k, v) in item.range_from(prefix) {
             let Some(field) = k.strip_prefix(prefix) else {
                 break;
             };

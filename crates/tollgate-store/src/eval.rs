@@ -119,7 +119,9 @@ pub fn validate_update(update: &Update) -> Result<(), StoreError> {
         }
         let repeated = match seen.as_mut() {
             Some(seen) => !seen.insert(t),
-            None => update.actions[..i].iter().any(|b| b.target() == t),
+            None => update.actions[..i]
+                .iter()
+                .any(|b| tollgate_core::item::same_name(b.target(), t)),
         };
         if repeated {
             return Err(StoreError::Validation(format!(
@@ -209,14 +211,16 @@ enum Effect {
     Remove,
 }
 
-/// Plan `action` against `old` (the item before the write; `current`, the attribute's value
-/// in the item being written, decides whether a plain SET changes anything).
+/// Plan `action` against `old` (the item before the write). `current` is the action's own
+/// attribute as the item being written holds it — which is as `old` holds it: a validated
+/// update names each attribute once, so no earlier action changed it. It decides whether
+/// a plain SET changes anything and is what an ADD adds to.
 fn plan_action(action: &Action, old: &Item, current: Option<&Value>) -> Result<Effect, StoreError> {
     Ok(match action {
         Action::Set(_, SetValue::Value(v)) if current == Some(v) => Effect::Keep,
         Action::Set(_, v) => Effect::Put(eval_set(old, v)?),
         Action::Remove(_) => Effect::Remove,
-        Action::Add(n, v) => Effect::Put(match (old.get(n.as_str()), v) {
+        Action::Add(_, v) => Effect::Put(match (current, v) {
             (None, Value::N(d)) => Value::N(*d),
             (Some(Value::N(a)), Value::N(d)) => Value::N(
                 a.checked_add(*d)
@@ -241,12 +245,27 @@ fn plan_action(action: &Action, old: &Item, current: Option<&Value>) -> Result<E
     })
 }
 
-/// Carry out a planned action on `new`; whether it changed the attribute.
-fn carry_out(new: &mut Item, action: &Action, effect: Effect) -> bool {
-    match effect {
-        Effect::Keep => false,
-        Effect::Put(v) => put_attr(new, action.target(), v),
-        Effect::Remove => new.remove(action.target()).is_some(),
+/// Carry out a planned action on `new`, whose attribute `action.target()` is at `pos`
+/// (`Item::position`, taken on `new` as it is now); whether it changed the attribute. A
+/// value written over an existing attribute goes in place (no search, no shift).
+fn carry_out(new: &mut Item, pos: Result<usize, usize>, action: &Action, effect: Effect) -> bool {
+    match (effect, pos) {
+        (Effect::Keep, _) => false,
+        (Effect::Put(v), Ok(i)) => {
+            let slot = new.value_at_mut(i);
+            if *slot == v {
+                false
+            } else {
+                *slot = v;
+                true
+            }
+        }
+        (Effect::Put(v), Err(_)) => {
+            new.insert(action.target().into(), v);
+            true
+        }
+        (Effect::Remove, Ok(_)) => new.remove(action.target()).is_some(),
+        (Effect::Remove, Err(_)) => false,
     }
 }
 
@@ -263,40 +282,42 @@ fn carry_out(new: &mut Item, action: &Action, effect: Effect) -> bool {
 pub fn apply_actions(new: &mut Item, old: &Item, update: &Update) -> Result<bool, StoreError> {
     let mut changed = false;
     for a in &update.actions {
-        let planned = plan_action(a, old, new.get(a.target()))?;
-        changed |= carry_out(new, a, planned);
+        // Each action's attribute is found once, in the item being written as it is now
+        // (an insert or a remove before it moved the places after it).
+        let pos = new.position(a.target());
+        let current = pos.ok().map(|i| new.at(i).1);
+        let planned = plan_action(a, old, current)?;
+        changed |= carry_out(new, pos, a, planned);
     }
     Ok(changed)
 }
 
 /// Apply a validated update to `item` itself, without a copy of it: every action is
 /// planned first, reading the item as it is before the write (what [`apply_actions`] reads
-/// from its copy), then carried out. On an error nothing is written.
+/// from its copy), then carried out: values over existing attributes in place first (no
+/// place moves), then inserts and removes by name. On an error nothing is written.
 pub fn apply_in_place(item: &mut Item, update: &Update) -> Result<(), StoreError> {
-    let mut planned: SmallVec<[Effect; 32]> = SmallVec::with_capacity(update.actions.len());
+    let mut planned: SmallVec<[(Result<usize, usize>, Effect); 32]> =
+        SmallVec::with_capacity(update.actions.len());
     for a in &update.actions {
-        planned.push(plan_action(a, item, item.get(a.target()))?);
+        let pos = item.position(a.target());
+        let current = pos.ok().map(|i| item.at(i).1);
+        planned.push((pos, plan_action(a, item, current)?));
     }
-    for (a, p) in update.actions.iter().zip(planned) {
-        carry_out(item, a, p);
+    let mut moves: SmallVec<[(usize, Effect); 4]> = SmallVec::new();
+    for (i, (pos, effect)) in planned.into_iter().enumerate() {
+        match (pos, effect) {
+            (Ok(at), Effect::Put(v)) => *item.value_at_mut(at) = v,
+            (_, Effect::Keep) => {}
+            (_, effect) => moves.push((i, effect)),
+        }
+    }
+    for (i, effect) in moves {
+        let a = &update.actions[i];
+        let pos = item.position(a.target());
+        carry_out(item, pos, a, effect);
     }
     Ok(())
-}
-
-/// Write one attribute: in place when the name exists, else inserted under a new name;
-/// whether it holds another value now.
-fn put_attr(item: &mut Item, name: &str, v: Value) -> bool {
-    match item.get_mut(name) {
-        Some(slot) if *slot == v => false,
-        Some(slot) => {
-            *slot = v;
-            true
-        }
-        None => {
-            item.insert(name.into(), v);
-            true
-        }
-    }
 }
 
 /// What one transaction operation writes: `None` = nothing (a check, or a remove-only

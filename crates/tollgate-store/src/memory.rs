@@ -6,7 +6,7 @@ use std::sync::{Arc, Mutex};
 
 use async_trait::async_trait;
 use tollgate_core::expr::{project, ReturnValues};
-use tollgate_core::value::{Item, Key, Value};
+use tollgate_core::value::{Item, Key};
 
 use crate::error::{CancelReason, StoreError};
 use crate::eval::{
@@ -317,20 +317,7 @@ fn pop_oldest(g: &mut Inner) {
 /// again and again: its previous version and its current one), values are overwritten in
 /// place and nothing is allocated; otherwise `dst` becomes a fresh copy.
 fn copy_into(dst: &mut Item, src: &Item) {
-    let same_names = dst.len() == src.len() && dst.keys().zip(src.keys()).all(|(a, b)| a == b);
-    if !same_names {
-        *dst = src.clone();
-        return;
-    }
-    for (d, s) in dst.values_mut().zip(src.values()) {
-        match (d, s) {
-            (Value::N(d), Value::N(s)) => *d = *s,
-            (Value::S(d), Value::S(s)) => d.clone_from(s),
-            (Value::Bool(d), Value::Bool(s)) => *d = *s,
-            (d, s) => *d = s.clone(),
-        }
-    }
-    debug_assert!(dst == src, "a copy equals its source");
+    dst.clone_from_item(src);
 }
 
 /// `UPDATED_NEW`: the attributes the update wrote, as they are after it; `None` when none

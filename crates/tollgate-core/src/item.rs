@@ -1,0 +1,634 @@
+//! [`Item`]: one stored item, a map from attribute name to [`Value`] kept as a flat vector
+//! sorted by name.
+//!
+//! A bucket item holds about thirty attributes and every write reads and writes most of
+//! them: one contiguous vector is searched in a handful of comparisons, copied in one
+//! allocation and walked in order, where a `BTreeMap` chased nodes, compared names through
+//! `memcmp` on every level and allocated one node per eleven attributes on every copy. The
+//! API is `BTreeMap`'s (same names, same order of iteration, same serialised form), so an
+//! item reads, prints and stores exactly as it did.
+
+use std::cmp::Ordering;
+use std::fmt;
+
+use serde::de::{MapAccess, Visitor};
+use serde::ser::SerializeMap;
+use serde::{Deserialize, Deserializer, Serialize, Serializer};
+
+use crate::value::{AttrName, Value};
+
+/// An item: attribute name → value, in name order. Includes the key attributes `PK` and
+/// `SK`.
+#[derive(Clone, Default, PartialEq, Eq)]
+pub struct Item {
+    /// Sorted by name (byte order, as `str` orders), each name once.
+    attrs: Vec<Attr>,
+}
+
+/// One attribute, with the first eight bytes of its name as a number ([`prefix_of`]): a
+/// search compares that number first and reads the name only past it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+struct Attr {
+    prefix: u64,
+    name: AttrName,
+    value: Value,
+}
+
+impl Attr {
+    fn new(name: AttrName, value: Value) -> Self {
+        Attr {
+            prefix: prefix_of(name.as_bytes()),
+            name,
+            value,
+        }
+    }
+}
+
+/// The first eight bytes of a name as a big-endian number, zero-padded: names compare
+/// as their prefixes do, and when the prefixes are equal the rest decides ([`cmp_after`]).
+#[inline]
+fn prefix_of(s: &[u8]) -> u64 {
+    if s.len() >= 8 {
+        return u64::from_be_bytes(chunk8(s, 0));
+    }
+    let mut p = 0u64;
+    for (i, b) in s.iter().enumerate() {
+        p |= u64::from(*b) << (56 - 8 * i);
+    }
+    p
+}
+
+/// Order two names whose prefixes ([`prefix_of`]) are equal. When the shorter one has at
+/// most eight bytes it is a prefix of the other (what follows it in the other's padded
+/// prefix are zero bytes): the lengths decide. Otherwise the bytes after the eighth do.
+#[inline]
+fn cmp_after(a: &[u8], b: &[u8]) -> Ordering {
+    if a.len().min(b.len()) <= 8 {
+        a.len().cmp(&b.len())
+    } else {
+        cmp_names_bytes(&a[8..], &b[8..])
+    }
+}
+
+/// Compare two attribute names in byte order (`str`'s order). Names are short: their first
+/// eight bytes decide almost every comparison, read as one big-endian integer instead of a
+/// call to `memcmp`.
+#[inline]
+pub fn cmp_names(a: &str, b: &str) -> Ordering {
+    cmp_names_bytes(a.as_bytes(), b.as_bytes())
+}
+
+#[inline]
+fn cmp_names_bytes(a: &[u8], b: &[u8]) -> Ordering {
+    let n = a.len().min(b.len());
+    let mut i = 0;
+    while i + 8 <= n {
+        let x = u64::from_be_bytes(chunk8(a, i));
+        let y = u64::from_be_bytes(chunk8(b, i));
+        if x != y {
+            return x.cmp(&y);
+        }
+        i += 8;
+    }
+    while i < n {
+        if a[i] != b[i] {
+            return a[i].cmp(&b[i]);
+        }
+        i += 1;
+    }
+    a.len().cmp(&b.len())
+}
+
+/// Whether two attribute names are the same (lengths first, then eight bytes at a time).
+#[inline]
+pub fn same_name(a: &str, b: &str) -> bool {
+    a.len() == b.len() && cmp_names(a, b) == Ordering::Equal
+}
+
+#[inline]
+fn chunk8(s: &[u8], at: usize) -> [u8; 8] {
+    let mut c = [0u8; 8];
+    c.copy_from_slice(&s[at..at + 8]);
+    c
+}
+
+impl Item {
+    /// An empty item.
+    pub const fn new() -> Self {
+        Item { attrs: Vec::new() }
+    }
+
+    /// An empty item with room for `n` attributes.
+    pub fn with_capacity(n: usize) -> Self {
+        Item {
+            attrs: Vec::with_capacity(n),
+        }
+    }
+
+    /// Where `name` is (`Ok`), or where it would be inserted (`Err`).
+    #[inline]
+    pub fn position(&self, name: &str) -> Result<usize, usize> {
+        let name = name.as_bytes();
+        let p = prefix_of(name);
+        self.attrs.binary_search_by(|a| {
+            a.prefix
+                .cmp(&p)
+                .then_with(|| cmp_after(a.name.as_bytes(), name))
+        })
+    }
+
+    /// The value of `name`.
+    #[inline]
+    pub fn get<Q: AsRef<str> + ?Sized>(&self, name: &Q) -> Option<&Value> {
+        self.position(name.as_ref())
+            .ok()
+            .map(|i| &self.attrs[i].value)
+    }
+
+    /// The value of `name`, to change it in place.
+    #[inline]
+    pub fn get_mut<Q: AsRef<str> + ?Sized>(&mut self, name: &Q) -> Option<&mut Value> {
+        match self.position(name.as_ref()) {
+            Ok(i) => Some(&mut self.attrs[i].value),
+            Err(_) => None,
+        }
+    }
+
+    /// The name and value of `name`.
+    pub fn get_key_value<Q: AsRef<str> + ?Sized>(&self, name: &Q) -> Option<(&AttrName, &Value)> {
+        self.position(name.as_ref())
+            .ok()
+            .map(|i| (&self.attrs[i].name, &self.attrs[i].value))
+    }
+
+    /// Whether the item holds `name`.
+    #[inline]
+    pub fn contains_key<Q: AsRef<str> + ?Sized>(&self, name: &Q) -> bool {
+        self.position(name.as_ref()).is_ok()
+    }
+
+    /// Set `name` to `value`; the value it held before. An existing name keeps its place
+    /// (and its memory).
+    pub fn insert(&mut self, name: AttrName, value: Value) -> Option<Value> {
+        match self.position(&name) {
+            Ok(i) => Some(std::mem::replace(&mut self.attrs[i].value, value)),
+            Err(i) => {
+                self.attrs.insert(i, Attr::new(name, value));
+                None
+            }
+        }
+    }
+
+    /// Remove `name`; the value it held.
+    pub fn remove<Q: AsRef<str> + ?Sized>(&mut self, name: &Q) -> Option<Value> {
+        match self.position(name.as_ref()) {
+            Ok(i) => Some(self.attrs.remove(i).value),
+            Err(_) => None,
+        }
+    }
+
+    /// Remove `name`; its name and value.
+    pub fn remove_entry<Q: AsRef<str> + ?Sized>(&mut self, name: &Q) -> Option<(AttrName, Value)> {
+        match self.position(name.as_ref()) {
+            Ok(i) => {
+                let a = self.attrs.remove(i);
+                Some((a.name, a.value))
+            }
+            Err(_) => None,
+        }
+    }
+
+    /// How many attributes.
+    #[inline]
+    pub fn len(&self) -> usize {
+        self.attrs.len()
+    }
+
+    /// Whether there is none.
+    #[inline]
+    pub fn is_empty(&self) -> bool {
+        self.attrs.is_empty()
+    }
+
+    /// Remove every attribute (the memory is kept).
+    pub fn clear(&mut self) {
+        self.attrs.clear();
+    }
+
+    /// Keep only the attributes `keep` says yes to.
+    pub fn retain(&mut self, mut keep: impl FnMut(&AttrName, &mut Value) -> bool) {
+        self.attrs.retain_mut(|a| keep(&a.name, &mut a.value));
+    }
+
+    /// The attributes in name order.
+    pub fn iter(&self) -> Iter<'_> {
+        Iter {
+            inner: self.attrs.iter(),
+        }
+    }
+
+    /// The attributes in name order, values writable.
+    pub fn iter_mut(&mut self) -> IterMut<'_> {
+        IterMut {
+            inner: self.attrs.iter_mut(),
+        }
+    }
+
+    /// The attributes whose names are at or after `name`, in order (`BTreeMap::range` from
+    /// an included bound).
+    pub fn range_from(&self, name: &str) -> Iter<'_> {
+        let at = self.position(name).unwrap_or_else(|i| i);
+        Iter {
+            inner: self.attrs[at..].iter(),
+        }
+    }
+
+    /// The names in order.
+    pub fn keys(&self) -> impl DoubleEndedIterator<Item = &AttrName> + ExactSizeIterator + Clone {
+        self.attrs.iter().map(|a| &a.name)
+    }
+
+    /// The values in name order.
+    pub fn values(&self) -> impl DoubleEndedIterator<Item = &Value> + ExactSizeIterator + Clone {
+        self.attrs.iter().map(|a| &a.value)
+    }
+
+    /// The values in name order, writable.
+    pub fn values_mut(
+        &mut self,
+    ) -> impl DoubleEndedIterator<Item = &mut Value> + ExactSizeIterator {
+        self.attrs.iter_mut().map(|a| &mut a.value)
+    }
+
+    /// The attribute at `index` of the name order (see [`Item::position`]).
+    #[inline]
+    pub fn at(&self, index: usize) -> (&AttrName, &Value) {
+        let a = &self.attrs[index];
+        (&a.name, &a.value)
+    }
+
+    /// The value at `index` of the name order, writable.
+    #[inline]
+    pub fn value_at_mut(&mut self, index: usize) -> &mut Value {
+        &mut self.attrs[index].value
+    }
+
+    /// Become a copy of `src`, reusing this item's memory: where the attribute at the same
+    /// place has the same name, only the value is written (a string value into its own
+    /// buffer).
+    pub fn clone_from_item(&mut self, src: &Item) {
+        let same_shape = self.attrs.len() == src.attrs.len()
+            && self
+                .attrs
+                .iter()
+                .zip(&src.attrs)
+                .all(|(a, b)| a.prefix == b.prefix && same_name(&a.name, &b.name));
+        if !same_shape {
+            self.attrs.clone_from(&src.attrs);
+            return;
+        }
+        for (d, s) in self.attrs.iter_mut().zip(&src.attrs) {
+            match (&mut d.value, &s.value) {
+                (Value::N(d), Value::N(s)) => *d = *s,
+                (Value::S(d), Value::S(s)) => d.clone_from(s),
+                (Value::Bool(d), Value::Bool(s)) => *d = *s,
+                (d, s) => *d = s.clone(),
+            }
+        }
+        debug_assert!(self == src, "a copy equals its source");
+    }
+
+    fn debug_sorted(&self) -> bool {
+        self.attrs.windows(2).all(|w| {
+            cmp_names(&w[0].name, &w[1].name) == Ordering::Less
+                && w.iter().all(|a| a.prefix == prefix_of(a.name.as_bytes()))
+        })
+    }
+}
+
+/// The attributes of an item in name order.
+#[derive(Clone, Debug)]
+pub struct Iter<'a> {
+    inner: std::slice::Iter<'a, Attr>,
+}
+
+impl<'a> Iterator for Iter<'a> {
+    type Item = (&'a AttrName, &'a Value);
+    #[inline]
+    fn next(&mut self) -> Option<Self::Item> {
+        self.inner.next().map(|a| (&a.name, &a.value))
+    }
+    #[inline]
+    fn size_hint(&self) -> (usize, Option<usize>) {
+        self.inner.size_hint()
+    }
+}
+
+impl DoubleEndedIterator for Iter<'_> {
+    fn next_back(&mut self) -> Option<Self::Item> {
+        self.inner.next_back().map(|a| (&a.name, &a.value))
+    }
+}
+
+impl ExactSizeIterator for Iter<'_> {}
+
+/// The attributes of an item in name order, values writable.
+#[derive(Debug)]
+pub struct IterMut<'a> {
+    inner: std::slice::IterMut<'a, Attr>,
+}
+
+impl<'a> Iterator for IterMut<'a> {
+    type Item = (&'a AttrName, &'a mut Value);
+    #[inline]
+    fn next(&mut self) -> Option<Self::Item> {
+        self.inner.next().map(|a| (&a.name, &mut a.value))
+    }
+    #[inline]
+    fn size_hint(&self) -> (usize, Option<usize>) {
+        self.inner.size_hint()
+    }
+}
+
+impl ExactSizeIterator for IterMut<'_> {}
+
+/// The attributes of an item in name order, owned.
+#[derive(Debug)]
+pub struct IntoIter {
+    inner: std::vec::IntoIter<Attr>,
+}
+
+impl Iterator for IntoIter {
+    type Item = (AttrName, Value);
+    #[inline]
+    fn next(&mut self) -> Option<Self::Item> {
+        self.inner.next().map(|a| (a.name, a.value))
+    }
+    #[inline]
+    fn size_hint(&self) -> (usize, Option<usize>) {
+        self.inner.size_hint()
+    }
+}
+
+impl DoubleEndedIterator for IntoIter {
+    fn next_back(&mut self) -> Option<Self::Item> {
+        self.inner.next_back().map(|a| (a.name, a.value))
+    }
+}
+
+impl ExactSizeIterator for IntoIter {}
+
+impl IntoIterator for Item {
+    type Item = (AttrName, Value);
+    type IntoIter = IntoIter;
+    fn into_iter(self) -> IntoIter {
+        IntoIter {
+            inner: self.attrs.into_iter(),
+        }
+    }
+}
+
+impl<'a> IntoIterator for &'a Item {
+    type Item = (&'a AttrName, &'a Value);
+    type IntoIter = Iter<'a>;
+    fn into_iter(self) -> Iter<'a> {
+        self.iter()
+    }
+}
+
+impl<'a> IntoIterator for &'a mut Item {
+    type Item = (&'a AttrName, &'a mut Value);
+    type IntoIter = IterMut<'a>;
+    fn into_iter(self) -> IterMut<'a> {
+        self.iter_mut()
+    }
+}
+
+impl FromIterator<(AttrName, Value)> for Item {
+    /// As a `BTreeMap` collects: a name given twice keeps the last value.
+    fn from_iter<I: IntoIterator<Item = (AttrName, Value)>>(iter: I) -> Self {
+        let mut attrs: Vec<Attr> = iter.into_iter().map(|(n, v)| Attr::new(n, v)).collect();
+        // Stable: of equal names, the later stays later; keep it.
+        attrs.sort_by(|a, b| cmp_names(&a.name, &b.name));
+        let mut out: Vec<Attr> = Vec::with_capacity(attrs.len());
+        for a in attrs {
+            match out.last_mut() {
+                Some(last) if last.name == a.name => last.value = a.value,
+                _ => out.push(a),
+            }
+        }
+        let item = Item { attrs: out };
+        debug_assert!(
+            item.debug_sorted(),
+            "an item is sorted by name, each name once"
+        );
+        item
+    }
+}
+
+impl Extend<(AttrName, Value)> for Item {
+    fn extend<I: IntoIterator<Item = (AttrName, Value)>>(&mut self, iter: I) {
+        for (k, v) in iter {
+            self.insert(k, v);
+        }
+    }
+}
+
+impl<const N: usize> From<[(AttrName, Value); N]> for Item {
+    fn from(a: [(AttrName, Value); N]) -> Self {
+        a.into_iter().collect()
+    }
+}
+
+impl<Q: AsRef<str> + ?Sized> std::ops::Index<&Q> for Item {
+    type Output = Value;
+    /// The value of `name`; panics when the item does not hold it (as `BTreeMap`'s index
+    /// does: for tests and for names the caller just checked).
+    fn index(&self, name: &Q) -> &Value {
+        match self.get(name) {
+            Some(v) => v,
+            None => panic!("no attribute {} in the item", name.as_ref()),
+        }
+    }
+}
+
+impl fmt::Debug for Item {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_map().entries(self.iter()).finish()
+    }
+}
+
+impl Serialize for Item {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        let mut m = s.serialize_map(Some(self.attrs.len()))?;
+        for a in &self.attrs {
+            m.serialize_entry(a.name.as_str(), &a.value)?;
+        }
+        m.end()
+    }
+}
+
+impl<'de> Deserialize<'de> for Item {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct ItemVisitor;
+        impl<'de> Visitor<'de> for ItemVisitor {
+            type Value = Item;
+            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str("a map of attribute names to values")
+            }
+            fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Item, A::Error> {
+                let mut item = Item::with_capacity(map.size_hint().unwrap_or(0));
+                while let Some((n, v)) = map.next_entry::<AttrName, Value>()? {
+                    // Stored items come sorted: appending is the common case.
+                    match item.attrs.last() {
+                        Some(last) if cmp_names(&last.name, &n) == Ordering::Less => {
+                            item.attrs.push(Attr::new(n, v))
+                        }
+                        None => item.attrs.push(Attr::new(n, v)),
+                        Some(_) => {
+                            item.insert(n, v);
+                        }
+                    }
+                }
+                Ok(item)
+            }
+        }
+        d.deserialize_map(ItemVisitor)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::collections::BTreeMap;
+
+    /// A few thousand drawn operations on an `Item` and on a `BTreeMap` (the type it
+    /// replaced) give the same answers and the same contents.
+    #[test]
+    fn behaves_as_a_btreemap() {
+        let names = [
+            "",
+            "a",
+            "b",
+            "ab",
+            "b_rps_tk",
+            "b_rps_tc",
+            "b_rps_t",
+            "b_rps_tkk",
+            "PK",
+            "SK",
+            "GSI1PK",
+            "rf",
+            "b_tpm_long_limit_name_tk",
+            "b_tpm_long_limit_name_tc",
+            "é",
+            "z\u{0}",
+            "abcdefg",
+            "abcdefg\u{0}",
+            "abcdefgh",
+            "abcdefgh\u{0}",
+            "abcdefg\u{0}\u{0}x",
+            "abcdefghi",
+            "\u{0}",
+        ];
+        let mut x: u64 = 0x2545_F491_4F6C_DD1D;
+        let mut draw = |n: u64| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            (x % n) as usize
+        };
+        let mut item = Item::new();
+        let mut map: BTreeMap<AttrName, Value> = BTreeMap::new();
+        for step in 0..5_000 {
+            let name = names[draw(names.len() as u64)];
+            match draw(4) {
+                0 | 1 => {
+                    let v = Value::N(step);
+                    assert_eq!(
+                        item.insert(name.into(), v.clone()),
+                        map.insert(name.into(), v)
+                    );
+                }
+                2 => assert_eq!(item.remove(name), map.remove(name)),
+                _ => {
+                    if let (Some(a), Some(b)) = (item.get_mut(name), map.get_mut(name)) {
+                        *a = Value::S(format!("{step}"));
+                        *b = Value::S(format!("{step}"));
+                    }
+                }
+            }
+            assert_eq!(item.get(name), map.get(name));
+            assert_eq!(item.contains_key(name), map.contains_key(name));
+            assert_eq!(item.len(), map.len());
+            assert!(
+                item.iter().eq(map.iter()),
+                "same contents in the same order"
+            );
+        }
+        assert!(item.debug_sorted());
+        assert_eq!(format!("{item:?}"), format!("{map:?}"));
+        assert_eq!(
+            serde_json::to_string(&item).ok(),
+            serde_json::to_string(&map).ok()
+        );
+    }
+
+    #[test]
+    fn name_order_is_byte_order() {
+        let names = [
+            "",
+            "a",
+            "aa",
+            "ab",
+            "abcdefgh",
+            "abcdefghi",
+            "abcdefgi",
+            "abcdefgh\u{0}",
+            "B",
+            "b_x_tk",
+            "b_x_tc",
+            "é",
+            "\u{7f}",
+            "abcdefghijklmnopq",
+            "abcdefghijklmnopr",
+        ];
+        for a in names {
+            for b in names {
+                assert_eq!(cmp_names(a, b), a.cmp(b), "{a:?} vs {b:?}");
+            }
+        }
+    }
+
+    #[test]
+    fn collect_keeps_the_last_of_a_repeated_name_and_serde_round_trips() {
+        let item: Item = [("b", Value::N(1)), ("a", Value::N(2)), ("b", Value::N(3))]
+            .into_iter()
+            .map(|(n, v)| (n.into(), v))
+            .collect();
+        assert_eq!(item.len(), 2);
+        assert_eq!(item.get("b"), Some(&Value::N(3)));
+        let text = serde_json::to_string(&item).unwrap_or_default();
+        assert_eq!(text, r#"{"a":{"n":2},"b":{"n":3}}"#);
+        let back: Item = serde_json::from_str(r#"{"b":{"n":3},"a":{"n":2}}"#).unwrap_or_default();
+        assert_eq!(back, item);
+    }
+
+    #[test]
+    fn clone_from_item_reuses_a_same_shaped_copy() {
+        let of = |a: &[(&str, Value)]| -> Item {
+            a.iter().map(|(n, v)| ((*n).into(), v.clone())).collect()
+        };
+        let a = of(&[
+            ("x", Value::S("long enough to live on the heap".into())),
+            ("y", Value::N(1)),
+        ]);
+        let b = of(&[("x", Value::S("other".into())), ("y", Value::N(2))]);
+        let mut c = a.clone();
+        c.clone_from_item(&b);
+        assert_eq!(c, b);
+        let d = of(&[("z", Value::N(3))]);
+        c.clone_from_item(&d);
+        assert_eq!(c, d);
+    }
+}
