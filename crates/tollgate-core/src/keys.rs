@@ -15,12 +15,51 @@ pub const DEFAULT_RESOURCE: &str = "_default_";
 
 /// The bucket item of (entity, resource, shard).
 pub fn bucket(ns: &str, entity: &str, resource: &str, shard: u32) -> Key {
-    // This runs on every acquire: the text is formatted on the stack and shared in one
-    // allocation.
-    Key {
-        pk: shared_text(format_args!("{ns}/BUCKET#{entity}#{resource}#{shard}")),
-        sk: state_sk(),
+    // This runs on every acquire: the text is joined on the stack (no formatting
+    // machinery) and shared in one allocation.
+    let mut text: SmallVec<[u8; 128]> = SmallVec::new();
+    for part in [ns, "/BUCKET#", entity, "#", resource, "#"] {
+        text.extend_from_slice(part.as_bytes());
     }
+    let mut digits = [0u8; 10];
+    let mut at = digits.len();
+    let mut n = shard;
+    loop {
+        at -= 1;
+        digits[at] = b'0' + (n % 10) as u8;
+        n /= 10;
+        if n == 0 {
+            break;
+        }
+    }
+    text.extend_from_slice(&digits[at..]);
+    let pk = match std::str::from_utf8(&text) {
+        Ok(s) => Arc::from(s),
+        // Unreachable: only `str`s and ASCII digits were joined.
+        Err(_) => shared_text(format_args!("{ns}/BUCKET#{entity}#{resource}#{shard}")),
+    };
+    let key = Key { pk, sk: state_sk() };
+    debug_assert!(is_bucket(&key, ns, entity, resource, shard));
+    key
+}
+
+/// Whether `key` is the bucket item of (entity, resource, shard) in `ns` — what
+/// [`bucket`] builds — read without building it.
+pub fn is_bucket(key: &Key, ns: &str, entity: &str, resource: &str, shard: u32) -> bool {
+    let rest = key
+        .pk
+        .strip_prefix(ns)
+        .and_then(|r| r.strip_prefix("/BUCKET#"))
+        .and_then(|r| r.strip_prefix(entity))
+        .and_then(|r| r.strip_prefix('#'))
+        .and_then(|r| r.strip_prefix(resource))
+        .and_then(|r| r.strip_prefix('#'));
+    &*key.sk == STATE
+        && rest.is_some_and(|digits| {
+            digits.parse::<u32>().ok() == Some(shard)
+                && !digits.starts_with('+')
+                && (digits == "0" || !digits.starts_with('0'))
+        })
 }
 
 /// `args` formatted as shared text in one allocation: formatted on the stack first (up to
@@ -200,6 +239,25 @@ mod tests {
         for s in [0, 7, 10, 99, 1234, u32::MAX] {
             assert_eq!(*bucket("n", "e", "r", s).pk, format!("n/BUCKET#e#r#{s}"));
         }
+    }
+
+    /// A bucket key is the formatted text, and `is_bucket` recognises exactly it.
+    #[test]
+    fn bucket_keys_are_the_formatted_text() {
+        for (e, r, s) in [
+            ("user-1", "api", 0),
+            ("é#x", "r", 31),
+            ("", "", 4_000_000_000),
+        ] {
+            let k = bucket("ns", e, r, s);
+            assert_eq!(*k.pk, format!("ns/BUCKET#{e}#{r}#{s}"));
+            assert_eq!(&*k.sk, STATE);
+            assert!(is_bucket(&k, "ns", e, r, s));
+            assert!(!is_bucket(&k, "ns", e, r, s.wrapping_add(1)));
+            assert!(!is_bucket(&k, "nt", e, r, s));
+        }
+        let padded = Key::new("ns/BUCKET#e#r#01", STATE);
+        assert!(!is_bucket(&padded, "ns", "e", "r", 1));
     }
 
     /// Shared text is the formatted text, on the stack or past it.

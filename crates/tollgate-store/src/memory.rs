@@ -1,6 +1,6 @@
 //! `MemoryStore`: the reference semantics (DynamoDB's), in one process's memory.
 
-use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
+use std::collections::{BTreeSet, HashMap, VecDeque};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 
@@ -36,9 +36,53 @@ struct Bucket {
     at_ms: i64,
 }
 
+/// The items by key: found by hashing (every read and write), walked in key order from
+/// [`Items::order`] (queries, scans). A key once written keeps its slot (a delete leaves
+/// it empty), so the order only grows.
+#[derive(Debug, Default)]
+struct Items {
+    slots: HashMap<Key, Slot, foldhash::fast::RandomState>,
+    order: BTreeSet<Key>,
+}
+
+impl Items {
+    fn get(&self, key: &Key) -> Option<&Slot> {
+        self.slots.get(key)
+    }
+
+    fn get_mut(&mut self, key: &Key) -> Option<&mut Slot> {
+        self.slots.get_mut(key)
+    }
+
+    /// The slot of `key`, made (empty) when it has none.
+    fn slot(&mut self, key: &Key) -> &mut Slot {
+        if !self.slots.contains_key(key) {
+            self.order.insert(key.clone());
+        }
+        self.slots.entry(key.clone()).or_default()
+    }
+
+    /// Every key in key order.
+    fn keys(&self) -> impl Iterator<Item = &Key> {
+        self.order.iter()
+    }
+
+    /// The slots in key order from `from`.
+    fn range(&self, from: std::ops::Bound<&Key>) -> impl Iterator<Item = (&Key, &Slot)> {
+        self.order
+            .range::<Key, _>((from, std::ops::Bound::Unbounded))
+            .filter_map(|k| Some((k, self.slots.get(k)?)))
+    }
+
+    /// The slots in key order.
+    fn values(&self) -> impl Iterator<Item = &Slot> {
+        self.order.iter().filter_map(|k| self.slots.get(k))
+    }
+}
+
 #[derive(Debug, Default)]
 struct Inner {
-    items: BTreeMap<Key, Slot>,
+    items: Items,
     /// Idempotency tokens of applied transactions, with the operations they carried.
     tokens: HashMap<String, Vec<TransactOp>>,
     buckets: HashMap<Key, Bucket>,
@@ -235,7 +279,7 @@ impl MemoryStore {
     pub fn raw_put(&self, key: &Key, mut item: Item) {
         key.stamp(&mut item);
         let mut g = self.lock();
-        let slot = g.items.entry(key.clone()).or_default();
+        let slot = g.items.slot(key);
         slot.prev = slot.cur.take();
         slot.cur = Some(Arc::new(item));
     }
@@ -349,10 +393,7 @@ fn install(
     at_ms: i64,
 ) {
     let feed_on = g.feed_on;
-    let slot = match g.items.get_mut(key) {
-        Some(slot) => slot,
-        None => g.items.entry(key.clone()).or_default(),
-    };
+    let slot = g.items.slot(key);
     let old = slot.cur.take();
     let change = (feed_on && changed(&old, &new)).then(|| (old.clone(), new.clone()));
     let displaced = std::mem::replace(&mut slot.prev, old);
@@ -724,13 +765,18 @@ impl Store for MemoryStore {
         use std::ops::Bound;
         let limit = limit.max(1);
         let g = self.lock();
-        let from = match after {
-            Some(k) => Bound::Excluded(k),
-            None => Bound::Included(Key::new(pk_prefix, "")),
+        let start = match after {
+            Some(k) => (k, true),
+            None => (Key::new(pk_prefix, ""), false),
+        };
+        let from = if start.1 {
+            Bound::Excluded(&start.0)
+        } else {
+            Bound::Included(&start.0)
         };
         let mut live = g
             .items
-            .range((from, Bound::Unbounded))
+            .range(from)
             .take_while(|(k, _)| k.pk.starts_with(pk_prefix))
             .filter_map(|(k, slot)| Some((k, slot.cur.as_deref()?)));
         let items: Vec<_> = live

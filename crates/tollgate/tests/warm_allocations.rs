@@ -182,16 +182,20 @@ fn warm_acquire_allocation_count_is_bounded() {
     // amounts (2) and their copy in the lease's request (2), the bucket key (1), the plan's
     // evaluations (1), the write and its condition (2) and the hash's value (1), the
     // store's boxed future (1), the decoded image (its limits map and `Arc`, 2), and the
-    // lease (its statuses, held map and key, part: 4).
-    assert!(slow_1 <= 16, "1 limit, 1 ms apart: {slow_1} allocations");
-    assert!(slow_3 <= 22, "3 limits, 1 ms apart: {slow_3} allocations");
-    assert!(fast_1 <= 18, "1 limit, same instant: {fast_1} allocations");
-    assert!(fast_3 <= 24, "3 limits, same instant: {fast_3} allocations");
+    // lease (its statuses, held map and key, part: 4). Lowered by one when the bucket key
+    // came from the image the path plans from instead of being formatted again
+    // (16/22/18/24 before).
+    assert!(slow_1 <= 15, "1 limit, 1 ms apart: {slow_1} allocations");
+    assert!(slow_3 <= 21, "3 limits, 1 ms apart: {slow_3} allocations");
+    assert!(fast_1 <= 17, "1 limit, same instant: {fast_1} allocations");
+    assert!(fast_3 <= 23, "3 limits, same instant: {fast_3} allocations");
     // With the change feed on, the update copies the item (the feed holds its versions):
     // 96 while attribute names were `String`s, one allocation each per copy; 64 since they
-    // are `AttrName`s, inline up to 24 bytes; 34 since the path itself copies no text.
+    // are `AttrName`s, inline up to 24 bytes; 34 since the path itself copies no text; 29
+    // since an item is one flat vector (one allocation per copy, not one per B-tree node)
+    // and the bucket key is not formatted again.
     assert!(
-        feed_1 <= 34,
+        feed_1 <= 29,
         "1 limit, change feed on: {feed_1} allocations"
     );
 }

@@ -155,7 +155,15 @@ impl Inner {
         shard: u32,
         now: i64,
     ) -> Result<FastOnce> {
-        let key = self.bucket_key(req, shard);
+        // The image this process last saw there names the item: its key is shared.
+        let key = match self.images().get(&req.entity, &req.resource, shard) {
+            Some(img) => img.key.clone(),
+            None => self.bucket_key(req, shard),
+        };
+        debug_assert!(
+            keys::is_bucket(&key, self.ns(), &req.entity, &req.resource, shard),
+            "the image is the shard's"
+        );
         let (update, condition) = if req.bypass {
             tollgate_core::bypass::fast_write(&req.amounts, &req.params_hash, now)
         } else {

@@ -21,7 +21,15 @@ impl Inner {
         shard: u32,
         known: Option<Arc<BucketImage>>,
     ) -> Result<Lease> {
-        let key = self.bucket_key(req, shard);
+        // A known image names its item: its key is shared, not formatted again.
+        let key = match &known {
+            Some(img) => img.key.clone(),
+            None => self.bucket_key(req, shard),
+        };
+        debug_assert!(
+            keys::is_bucket(&key, self.ns(), &req.entity, &req.resource, shard),
+            "the image is the shard's"
+        );
         let r = self
             .slow_passes(req, shard, &key, known, Budget::default())
             .await;
