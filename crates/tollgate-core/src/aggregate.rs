@@ -384,6 +384,7 @@ mod tests {
             bypass: false,
             op: None,
             cascade: None,
+            layout: Default::default(),
         }
     }
 

@@ -2,6 +2,7 @@
 //! per-limit states `b_{n}_*` (spec-shards-windows-quotas.md §1.1–1.3).
 
 use std::collections::BTreeMap;
+use std::sync::Arc;
 
 use crate::error::RuleError;
 use crate::ids::WCU;
@@ -144,7 +145,14 @@ pub struct BucketImage {
     /// The cascade stamp (`cascade`, ADR-146): the policy the last stamping write
     /// resolved; `None` on an item no stamping write has touched.
     pub cascade: Option<bool>,
+    /// The shape of the item this image was decoded from, when the decoder recorded it
+    /// ([`BucketImage::decode_like`]): how the next version of the item is decoded. Not
+    /// part of the image's value (equal images may carry different layouts).
+    pub layout: LayoutRef,
 }
+
+mod layout;
+pub use layout::{Layout, LayoutRef};
 
 /// The per-limit attribute schema: limit `n`'s field `f` is stored as `b_{n}_{f}`
 /// ([`crate::keys::battr`]). Every encoder, decoder and condition names a field through
@@ -310,29 +318,115 @@ struct TopLevel<'a> {
     bypass: bool,
 }
 
+/// A top-level attribute decoding reads.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Top {
+    Rf,
+    ShardCount,
+    Vu,
+    Ttl,
+    Ph,
+    Op,
+    Cascade,
+    Disabled,
+    Bypass,
+}
+
+/// What decoding does with one attribute, by its name alone.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Class<'a> {
+    /// Nothing (an attribute decoding does not read).
+    Skip,
+    /// A top-level attribute.
+    Top(Top),
+    /// Field `FIELDS[.1]` of limit `.0` (`b_{limit}_{field}`).
+    Field(&'a str, usize),
+}
+
+/// The one rule for what an attribute name means to decoding.
+fn classify(name: &str) -> Class<'_> {
+    let Some(rest) = name.strip_prefix("b_") else {
+        return match name {
+            attr::RF => Class::Top(Top::Rf),
+            attr::SHARD_COUNT => Class::Top(Top::ShardCount),
+            attr::VU => Class::Top(Top::Vu),
+            attr::TTL => Class::Top(Top::Ttl),
+            attr::PH => Class::Top(Top::Ph),
+            attr::OP => Class::Top(Top::Op),
+            attr::CASCADE => Class::Top(Top::Cascade),
+            attr::DISABLED => Class::Top(Top::Disabled),
+            attr::BYPASS => Class::Top(Top::Bypass),
+            _ => Class::Skip,
+        };
+    };
+    let Some((n, f)) = rest.rsplit_once('_') else {
+        return Class::Skip;
+    };
+    match field_index(f) {
+        Some(fi) => Class::Field(n, fi),
+        None => Class::Skip,
+    }
+}
+
 impl<'a> TopLevel<'a> {
-    /// Take `value` if `name` is one of the attributes decoding reads.
-    fn take(&mut self, name: &str, value: &'a Value) {
-        let slot = match name {
-            attr::RF => &mut self.rf,
-            attr::SHARD_COUNT => &mut self.shard_count,
-            attr::VU => &mut self.vu,
-            attr::TTL => &mut self.ttl,
-            attr::PH => &mut self.ph,
-            attr::OP => &mut self.op,
-            attr::CASCADE => &mut self.cascade,
-            attr::DISABLED => {
+    /// Take `value` as top-level attribute `t`.
+    fn set(&mut self, t: Top, value: &'a Value) {
+        let slot = match t {
+            Top::Rf => &mut self.rf,
+            Top::ShardCount => &mut self.shard_count,
+            Top::Vu => &mut self.vu,
+            Top::Ttl => &mut self.ttl,
+            Top::Ph => &mut self.ph,
+            Top::Op => &mut self.op,
+            Top::Cascade => &mut self.cascade,
+            Top::Disabled => {
                 self.disabled = true;
                 return;
             }
-            attr::BYPASS => {
+            Top::Bypass => {
                 self.bypass = true;
                 return;
             }
-            _ => return,
         };
         *slot = Some(value);
     }
+}
+
+/// Each limit's fields, gathered from an item: limits in name order.
+type Gathered<'a> = SmallVec<[(&'a str, LimitFields<'a>); 4]>;
+
+/// One pass over the attributes: the top-level ones decoding reads, and `b_{limit}_{field}`
+/// grouped by limit. Each limit's fields by their index in `FIELDS` (an attribute name
+/// determines its limit and field, so a slot is filled at most once), limits sorted by name.
+/// Held on the stack for the usual few limits (a user limit or three and `wcu`).
+fn gather(item: &Item) -> (TopLevel<'_>, Gathered<'_>) {
+    let mut top = TopLevel::default();
+    let mut fields: Gathered<'_> = SmallVec::new();
+    for (a, v) in item {
+        let (n, fi) = match classify(a) {
+            Class::Skip => continue,
+            Class::Top(t) => {
+                top.set(t, v);
+                continue;
+            }
+            Class::Field(n, fi) => (n, fi),
+        };
+        // A limit's attributes are mostly adjacent in name order: try the last one first.
+        let at = match fields.last() {
+            Some((x, _)) if *x == n => fields.len() - 1,
+            _ => match fields.iter().position(|(x, _)| *x == n) {
+                Some(at) => at,
+                None => {
+                    fields.push((n, [None; FIELDS.len()]));
+                    fields.len() - 1
+                }
+            },
+        };
+        debug_assert!(fields[at].1[fi].is_none(), "one attribute per field");
+        fields[at].1[fi] = Some((a.as_str(), v));
+    }
+    fields.sort_unstable_by(|a, b| a.0.cmp(b.0));
+    (top, fields)
 }
 
 /// A number attribute's value, `None` when absent; another type is corrupt.
@@ -403,39 +497,39 @@ impl BucketImage {
                 .is_none_or(|pk| pk.as_s() == Some(&*key.pk)),
             "the item is the one stored under the key"
         );
-        let k = &key;
-        // One pass over the attributes: the top-level ones decoding reads, and
-        // `b_{limit}_{field}` grouped by limit.
-        // Each limit's fields by their index in `FIELDS` (an attribute name determines its
-        // limit and field, so a slot is filled at most once), limits in name order.
-        // Held on the stack for the usual few limits (a user limit or three and `wcu`).
-        let mut top = TopLevel::default();
-        let mut fields: SmallVec<[(&str, LimitFields<'_>); 4]> = SmallVec::new();
-        for (a, v) in item {
-            let Some(rest) = a.strip_prefix("b_") else {
-                top.take(a, v);
-                continue;
-            };
-            let Some((n, f)) = rest.rsplit_once('_') else {
-                continue;
-            };
-            let Some(fi) = field_index(f) else {
-                continue;
-            };
-            // A limit's attributes are mostly adjacent in name order: try the last one first.
-            let at = match fields.last() {
-                Some((x, _)) if *x == n => fields.len() - 1,
-                _ => match fields.iter().position(|(x, _)| *x == n) {
-                    Some(at) => at,
-                    None => {
-                        fields.push((n, [None; FIELDS.len()]));
-                        fields.len() - 1
-                    }
-                },
-            };
-            debug_assert!(fields[at].1[fi].is_none(), "one attribute per field");
-            fields[at].1[fi] = Some((a.as_str(), v));
+        let (top, fields) = gather(item);
+        Self::assemble(top, fields, key, LayoutRef::default())
+    }
+
+    /// [`BucketImage::decode_keyed`] of an item written over the one `like` was decoded
+    /// from (the same bucket's next version, as a write returns it): when the item has the
+    /// shape `like` recorded ([`Layout`]), every attribute is taken by its place, with no
+    /// name read; otherwise it is decoded in full and its shape recorded for the next
+    /// version. The image is the same either way.
+    pub fn decode_like(
+        item: &Item,
+        key: Key,
+        like: Option<&BucketImage>,
+    ) -> Result<Self, RuleError> {
+        if let Some(layout) = like.and_then(|l| l.layout.0.as_ref()) {
+            if let Some((top, fields)) = layout.gather(item) {
+                return Self::assemble(top, fields, key, LayoutRef(Some(Arc::clone(layout))));
+            }
         }
+        let shape = Layout::of(item).map(Arc::new);
+        let (top, fields) = gather(item);
+        Self::assemble(top, fields, key, LayoutRef(shape))
+    }
+
+    /// The image from what [`gather`] (or [`Layout::gather`]) took from the item: every
+    /// field read with its type checked, pairs checked complete.
+    fn assemble(
+        top: TopLevel<'_>,
+        fields: Gathered<'_>,
+        key: Key,
+        layout: LayoutRef,
+    ) -> Result<Self, RuleError> {
+        let k = &key;
         let rf = num_of(top.rf, k, attr::RF)?.ok_or_else(|| corrupt(k, attr::RF, "missing"))?;
         let shard_count = num_of(top.shard_count, k, attr::SHARD_COUNT)?.unwrap_or(1);
         if !(1..=MAX_SHARD_COUNT).contains(&shard_count) {
@@ -445,7 +539,6 @@ impl BucketImage {
                 format!("out of range: {shard_count}"),
             ));
         }
-        fields.sort_unstable_by(|a, b| a.0.cmp(b.0));
         let mut limits = BTreeMap::new();
         let mut wcu = None;
         for (n, fs) in fields {
@@ -533,6 +626,7 @@ impl BucketImage {
             bypass,
             op,
             cascade,
+            layout,
         })
     }
 }

@@ -336,6 +336,7 @@ mod tests {
             bypass: false,
             op: None,
             cascade: None,
+            layout: Default::default(),
         };
         assert_eq!(flip(&img, Some(Enforcement::Bypass)), Some(true));
         assert_eq!(flip(&img, Some(Enforcement::Enforce)), None);

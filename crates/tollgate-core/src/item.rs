@@ -306,6 +306,34 @@ impl Item {
     }
 }
 
+/// The names of an item, in order, kept to tell whether another item has the same ones
+/// ([`Item::has_names`]).
+#[derive(Clone, Debug)]
+pub struct Names(Box<[(u64, AttrName)]>);
+
+impl Item {
+    /// This item's names.
+    pub fn names(&self) -> Names {
+        Names(
+            self.attrs
+                .iter()
+                .map(|a| (a.prefix, a.name.clone()))
+                .collect(),
+        )
+    }
+
+    /// Whether this item has exactly `names`, in order. Each name is compared by its
+    /// prefix integer and its length, and past its eighth byte only when it is longer.
+    pub fn has_names(&self, names: &Names) -> bool {
+        self.attrs.len() == names.0.len()
+            && self.attrs.iter().zip(names.0.iter()).all(|(a, (p, n))| {
+                a.prefix == *p
+                    && a.name.len() == n.len()
+                    && (n.len() <= 8 || a.name.as_bytes()[8..] == n.as_bytes()[8..])
+            })
+    }
+}
+
 /// The attributes of an item in name order.
 #[derive(Clone, Debug)]
 pub struct Iter<'a> {

@@ -84,6 +84,7 @@ mod tests {
             bypass: false,
             op: None,
             cascade: None,
+            layout: Default::default(),
         };
         assert!(refund_left_above_ceiling(
             &img(12_000, None),

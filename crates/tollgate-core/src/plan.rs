@@ -421,6 +421,7 @@ mod tests {
             bypass: false,
             op: None,
             cascade: None,
+            layout: Default::default(),
         }
     }
 

@@ -441,6 +441,7 @@ mod tests {
             bypass: false,
             op: None,
             cascade: None,
+            layout: Default::default(),
         }
     }
 

@@ -914,6 +914,7 @@ mod route_tests {
             bypass: false,
             op: None,
             cascade: None,
+            layout: Default::default(),
         }
     }
 

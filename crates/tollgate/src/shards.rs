@@ -82,9 +82,9 @@ async fn read_siblings(
     let consistent = !mutants::off(Mutant::ConsistentSiblingRead);
     let items = inner.store().batch_get(&keys, consistent).await?;
     let mut out = Vec::new();
-    for (i, item) in ids.into_iter().zip(items) {
+    for ((i, item), key) in ids.into_iter().zip(items).zip(keys) {
         if let Some(item) = item {
-            out.push((i, BucketImage::decode(&item)?));
+            out.push((i, inner.decode_shard(req, i, &item, key)?));
         }
     }
     Ok(out)

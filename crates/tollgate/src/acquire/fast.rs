@@ -155,8 +155,10 @@ impl Inner {
         shard: u32,
         now: i64,
     ) -> Result<FastOnce> {
-        // The image this process last saw there names the item: its key is shared.
-        let key = match self.images().get(&req.entity, &req.resource, shard) {
+        // The image this process last saw there names the item (its key is shared) and has
+        // its shape (the returned item is decoded like it).
+        let last = self.images().get(&req.entity, &req.resource, shard);
+        let key = match &last {
             Some(img) => img.key.clone(),
             None => self.bucket_key(req, shard),
         };
@@ -180,7 +182,7 @@ impl Inner {
             .await;
         match r {
             Ok(new) => {
-                let img = Arc::new(returned_image(new.as_deref(), &key)?);
+                let img = Arc::new(returned_image(new.as_deref(), &key, last.as_deref())?);
                 self.shards()
                     .raise(&req.entity, &req.resource, img.shard_count);
                 self.images()
@@ -199,7 +201,10 @@ impl Inner {
                 )))
             }
             Err(StoreError::ConditionFailed { old }) => {
-                let img = old.as_deref().map(BucketImage::decode).transpose()?;
+                let img = old
+                    .as_deref()
+                    .map(|i| BucketImage::decode_like(i, key.clone(), last.as_deref()))
+                    .transpose()?;
                 match &img {
                     Some(i) => {
                         self.shards()

@@ -215,9 +215,14 @@ pub(crate) enum Open {
     Some(Vec<u32>),
 }
 
-/// The item a successful write returned (`ALL_NEW`), decoded.
-fn returned_image(new: Option<&tollgate_core::value::Item>, key: &Key) -> Result<BucketImage> {
-    new.map(|i| BucketImage::decode_keyed(i, key.clone()))
+/// The item a successful write returned (`ALL_NEW`), decoded (like `last`, the image the
+/// write was planned from, when there is one).
+fn returned_image(
+    new: Option<&tollgate_core::value::Item>,
+    key: &Key,
+    last: Option<&BucketImage>,
+) -> Result<BucketImage> {
+    new.map(|i| BucketImage::decode_like(i, key.clone(), last))
         .transpose()?
         .ok_or_else(|| Error::Corrupt(format!("{key}: no item returned")))
 }

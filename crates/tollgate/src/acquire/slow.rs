@@ -100,7 +100,7 @@ impl Inner {
                     let now = self.clock().now_ms();
                     return self.create(req, shard, key, now, moves, known).await;
                 }
-                Some(item) => Arc::new(BucketImage::decode_keyed(&item, key.clone())?),
+                Some(item) => Arc::new(self.decode_shard(req, shard, &item, key.clone())?),
             },
         };
         // The clock is read after the item: a write is only as fresh as the `now` it

@@ -90,7 +90,8 @@ impl Inner {
             .await;
         match r {
             Ok(new) => {
-                let img = Arc::new(returned_image(new.as_deref(), key)?);
+                let last = self.images().get(&req.entity, &req.resource, shard);
+                let img = Arc::new(returned_image(new.as_deref(), key, last.as_deref())?);
                 self.images()
                     .put(&req.entity, &req.resource, shard, Arc::clone(&img));
                 Stats::bump(&self.stats().slow_admits);

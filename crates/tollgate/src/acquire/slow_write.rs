@@ -41,6 +41,19 @@ impl Inner {
         }
     }
 
+    /// Decode an item of `shard` read or returned by a write, like the image this process
+    /// last saw there ([`BucketImage::decode_like`]: the same shape is decoded by place).
+    pub(crate) fn decode_shard(
+        &self,
+        req: &Request,
+        shard: u32,
+        item: &tollgate_core::value::Item,
+        key: Key,
+    ) -> Result<BucketImage> {
+        let like = self.images().get(&req.entity, &req.resource, shard);
+        Ok(BucketImage::decode_like(item, key, like.as_deref())?)
+    }
+
     /// Remember the image a write returned (`ALL_NEW`) for the next plan; `None` when the
     /// write returned nothing (a transaction): the shard's entry is dropped.
     pub(crate) fn remember(
@@ -52,7 +65,7 @@ impl Inner {
     ) -> Result<Option<Arc<BucketImage>>> {
         match new {
             Some(i) => {
-                let img = Arc::new(BucketImage::decode_keyed(i, key.clone())?);
+                let img = Arc::new(self.decode_shard(req, shard, i, key.clone())?);
                 self.images()
                     .put(&req.entity, &req.resource, shard, Arc::clone(&img));
                 Ok(Some(img))

@@ -61,7 +61,10 @@ impl Inner {
         let items = self.store().batch_get(&keys, true).await?;
         let mut out = Vec::with_capacity(keys.len());
         for (i, (key, item)) in keys.into_iter().zip(items).enumerate() {
-            let img = item.as_ref().map(BucketImage::decode).transpose()?;
+            let img = item
+                .as_ref()
+                .map(|it| self.decode_shard(req, i as u32, it, key.clone()))
+                .transpose()?;
             out.push(Seen {
                 shard: i as u32,
                 key,

@@ -226,6 +226,7 @@ impl From<&BucketImage> for ImageDoc {
             bypass,
             op: _,
             cascade: _,
+            layout: _,
         } = i;
         ImageDoc {
             rf: *rf,
@@ -263,6 +264,7 @@ impl ImageDoc {
             bypass: self.bp,
             op: None,
             cascade: None,
+            layout: Default::default(),
         }
     }
 }

@@ -319,6 +319,7 @@ pub async fn s64_fast_path_projection(_b: &Backend) {
         bypass: false,
         op: None,
         cascade: None,
+        layout: Default::default(),
     };
     let st = LimitState {
         balance: 0,
