@@ -223,8 +223,12 @@ pub const FIELDS: [&str; 19] = [
     field::TU,
 ];
 
-/// One limit's stored fields while decoding: (attribute name, value) by index in `FIELDS`.
-type LimitFields<'a> = [Option<(&'a str, &'a Value)>; FIELDS.len()];
+/// One limit's stored fields while decoding: by index in `FIELDS`, the place of the
+/// attribute in the item ([`Item::at`]), [`ABSENT`] when the item has none.
+type LimitFields = [u32; FIELDS.len()];
+
+/// A field the item does not hold.
+const ABSENT: u32 = u32::MAX;
 
 /// A name of at most 7 bytes as one integer (its bytes, then its length in the top byte):
 /// equal names, equal integers, and no two names of 7 bytes or fewer share one. Decoding
@@ -393,7 +397,7 @@ impl<'a> TopLevel<'a> {
 }
 
 /// Each limit's fields, gathered from an item: limits in name order.
-type Gathered<'a> = SmallVec<[(&'a str, LimitFields<'a>); 4]>;
+type Gathered<'a> = SmallVec<[(&'a str, LimitFields); 4]>;
 
 /// One pass over the attributes: the top-level ones decoding reads, and `b_{limit}_{field}`
 /// grouped by limit. Each limit's fields by their index in `FIELDS` (an attribute name
@@ -402,7 +406,7 @@ type Gathered<'a> = SmallVec<[(&'a str, LimitFields<'a>); 4]>;
 fn gather(item: &Item) -> (TopLevel<'_>, Gathered<'_>) {
     let mut top = TopLevel::default();
     let mut fields: Gathered<'_> = SmallVec::new();
-    for (a, v) in item {
+    for (i, (a, v)) in item.iter().enumerate() {
         let (n, fi) = match classify(a) {
             Class::Skip => continue,
             Class::Top(t) => {
@@ -417,13 +421,13 @@ fn gather(item: &Item) -> (TopLevel<'_>, Gathered<'_>) {
             _ => match fields.iter().position(|(x, _)| *x == n) {
                 Some(at) => at,
                 None => {
-                    fields.push((n, [None; FIELDS.len()]));
+                    fields.push((n, [ABSENT; FIELDS.len()]));
                     fields.len() - 1
                 }
             },
         };
-        debug_assert!(fields[at].1[fi].is_none(), "one attribute per field");
-        fields[at].1[fi] = Some((a.as_str(), v));
+        debug_assert_eq!(fields[at].1[fi], ABSENT, "one attribute per field");
+        fields[at].1[fi] = u32::try_from(i).unwrap_or(ABSENT);
     }
     fields.sort_unstable_by(|a, b| a.0.cmp(b.0));
     (top, fields)
@@ -498,7 +502,7 @@ impl BucketImage {
             "the item is the one stored under the key"
         );
         let (top, fields) = gather(item);
-        Self::assemble(top, fields, key, LayoutRef::default())
+        Self::assemble(item, top, fields, key, LayoutRef::default())
     }
 
     /// [`BucketImage::decode_keyed`] of an item written over the one `like` was decoded
@@ -513,17 +517,18 @@ impl BucketImage {
     ) -> Result<Self, RuleError> {
         if let Some(layout) = like.and_then(|l| l.layout.0.as_ref()) {
             if let Some((top, fields)) = layout.gather(item) {
-                return Self::assemble(top, fields, key, LayoutRef(Some(Arc::clone(layout))));
+                return Self::assemble(item, top, fields, key, LayoutRef(Some(Arc::clone(layout))));
             }
         }
         let shape = Layout::of(item).map(Arc::new);
         let (top, fields) = gather(item);
-        Self::assemble(top, fields, key, LayoutRef(shape))
+        Self::assemble(item, top, fields, key, LayoutRef(shape))
     }
 
     /// The image from what [`gather`] (or [`Layout::gather`]) took from the item: every
     /// field read with its type checked, pairs checked complete.
     fn assemble(
+        item: &Item,
         top: TopLevel<'_>,
         fields: Gathered<'_>,
         key: Key,
@@ -544,12 +549,18 @@ impl BucketImage {
         for (n, fs) in fields {
             // A field's value, read as `num_of` / `string_of` read a top-level attribute.
             let g = |i: usize| match fs[i] {
-                None => Ok(None),
-                Some((a, v)) => num_of(Some(v), k, a),
+                ABSENT => Ok(None),
+                at => {
+                    let (a, v) = item.at(at as usize);
+                    num_of(Some(v), k, a)
+                }
             };
             let gs = |i: usize| match fs[i] {
-                None => Ok(None),
-                Some((a, v)) => string_of(Some(v), k, a).map(|x| x.map(str::to_string)),
+                ABSENT => Ok(None),
+                at => {
+                    let (a, v) = item.at(at as usize);
+                    string_of(Some(v), k, a).map(|x| x.map(str::to_string))
+                }
             };
             let (tk, cp) = match (g(at::TK)?, g(at::CP)?) {
                 (Some(tk), Some(cp)) => (tk, cp),

@@ -13,7 +13,7 @@ use std::sync::Arc;
 
 use smallvec::SmallVec;
 
-use super::{classify, Class, Gathered, LimitFields, Top, TopLevel, FIELDS};
+use super::{classify, Class, Gathered, LimitFields, Top, TopLevel, ABSENT, FIELDS};
 use crate::item::Names;
 use crate::value::{AttrName, Item};
 
@@ -83,14 +83,15 @@ impl Layout {
         let mut fields: Gathered<'a> = self
             .limits
             .iter()
-            .map(|n| (n.as_str(), [None; FIELDS.len()] as LimitFields<'a>))
+            .map(|n| (n.as_str(), [ABSENT; FIELDS.len()] as LimitFields))
             .collect();
-        for ((a, v), slot) in item.iter().zip(self.slots.iter()) {
+        for (i, ((_, v), slot)) in item.iter().zip(self.slots.iter()).enumerate() {
             match *slot {
                 Slot::Skip => {}
                 Slot::Top(t) => top.set(t, v),
                 Slot::Field { limit, field } => {
-                    fields[usize::from(limit)].1[usize::from(field)] = Some((a.as_str(), v));
+                    fields[usize::from(limit)].1[usize::from(field)] =
+                        u32::try_from(i).unwrap_or(ABSENT);
                 }
             }
         }
