@@ -508,20 +508,25 @@ impl BucketImage {
     /// [`BucketImage::decode_keyed`] of an item written over the one `like` was decoded
     /// from (the same bucket's next version, as a write returns it): when the item has the
     /// shape `like` recorded ([`Layout`]), every attribute is taken by its place, with no
-    /// name read; otherwise it is decoded in full and its shape recorded for the next
+    /// name read; otherwise it is decoded in full, and — when there is a `like`: the bucket
+    /// was seen before and will likely be seen again — its shape is recorded for the next
     /// version. The image is the same either way.
     pub fn decode_like(
         item: &Item,
         key: Key,
         like: Option<&BucketImage>,
     ) -> Result<Self, RuleError> {
-        if let Some(layout) = like.and_then(|l| l.layout.0.as_ref()) {
+        let Some(like) = like else {
+            return Self::decode_keyed(item, key);
+        };
+        if let Some(layout) = &like.layout.0 {
             if let Some((top, fields)) = layout.gather(item) {
-                return Self::assemble(item, top, fields, key, LayoutRef(Some(Arc::clone(layout))));
+                let shared = LayoutRef(Some(Arc::clone(layout)));
+                return Self::assemble(item, top, fields, key, shared);
             }
         }
-        let shape = Layout::of(item).map(Arc::new);
         let (top, fields) = gather(item);
+        let shape = Layout::of_gathered(item, &fields).map(Arc::new);
         Self::assemble(item, top, fields, key, LayoutRef(shape))
     }
 

@@ -11,8 +11,6 @@
 
 use std::sync::Arc;
 
-use smallvec::SmallVec;
-
 use super::{classify, Class, Gathered, LimitFields, Top, TopLevel, ABSENT, FIELDS};
 use crate::item::Names;
 use crate::value::{AttrName, Item};
@@ -41,35 +39,38 @@ enum Slot {
 }
 
 impl Layout {
-    /// The layout of `item`'s shape; `None` for a shape with more limits than a slot can
-    /// name (decoded in full every time).
-    pub fn of(item: &Item) -> Option<Layout> {
-        let classes: Vec<Class<'_>> = item.keys().map(|n| classify(n)).collect();
-        let mut limits: SmallVec<[&str; 4]> = SmallVec::new();
-        for c in &classes {
-            if let Class::Field(n, _) = c {
-                if !limits.contains(n) {
-                    limits.push(n);
+    /// The layout of `item`'s shape, from what [`super::gather`] took from it (the fields'
+    /// places; the other attributes are classified again, which needs no field-name
+    /// parsing); `None` for a shape with more limits than a slot can name (decoded in full
+    /// every time).
+    pub(super) fn of_gathered(item: &Item, fields: &Gathered<'_>) -> Option<Layout> {
+        let mut slots = vec![Slot::Skip; item.len()];
+        for (l, (_, fs)) in fields.iter().enumerate() {
+            let limit = u16::try_from(l).ok()?;
+            for (f, at) in fs.iter().enumerate() {
+                if *at != ABSENT {
+                    let field = u8::try_from(f).ok()?;
+                    *slots.get_mut(*at as usize)? = Slot::Field { limit, field };
                 }
             }
         }
-        limits.sort_unstable();
-        let mut slots = Vec::with_capacity(classes.len());
-        for c in &classes {
-            slots.push(match *c {
-                Class::Skip => Slot::Skip,
-                Class::Top(t) => Slot::Top(t),
-                Class::Field(n, f) => Slot::Field {
-                    limit: u16::try_from(limits.iter().position(|x| *x == n)?).ok()?,
-                    field: u8::try_from(f).ok()?,
-                },
-            });
+        for (slot, name) in slots.iter_mut().zip(item.keys()) {
+            if *slot == Slot::Skip && !name.starts_with("b_") {
+                if let Class::Top(t) = classify(name) {
+                    *slot = Slot::Top(t);
+                }
+            }
         }
         Some(Layout {
             names: item.names(),
             slots: slots.into_boxed_slice(),
-            limits: limits.iter().map(|n| AttrName::from(*n)).collect(),
+            limits: fields.iter().map(|(n, _)| AttrName::from(*n)).collect(),
         })
+    }
+
+    /// The layout of `item`'s shape (see [`Layout::of_gathered`]).
+    pub fn of(item: &Item) -> Option<Layout> {
+        Self::of_gathered(item, &super::gather(item).1)
     }
 
     /// What [`super::gather`] takes from `item`, taken by place; `None` when `item` does
