@@ -67,10 +67,13 @@
 pub mod codec;
 pub mod error;
 mod feed;
+mod json;
 pub mod render;
 pub mod settings;
+mod sigv4;
 mod store;
 mod table;
+mod wire;
 
 pub use error::{DynamoDbError, CREDENTIALS_HINT};
 pub use settings::DEFAULT_DEADLINE;
