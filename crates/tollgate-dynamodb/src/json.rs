@@ -329,10 +329,11 @@ impl<'a> ErrorBody<'a> {
     }
 }
 
-/// The error code of a response without a readable body, from its `x-amzn-ErrorType`
-/// header (`Code:http://…`).
+/// The error code in an `x-amzn-ErrorType` header: `Code`, written `Code:http://…` or
+/// `namespace#Code` too.
 pub(crate) fn header_code(h: &str) -> &str {
-    h.split(':').next().unwrap_or(h)
+    let h = h.split(':').next().unwrap_or(h);
+    h.rsplit_once('#').map_or(h, |(_, c)| c)
 }
 
 #[cfg(test)]
@@ -490,6 +491,10 @@ mod tests {
         assert_eq!(
             header_code("ValidationException:http://internal"),
             "ValidationException"
+        );
+        assert_eq!(
+            header_code("aws.dynamodb#ThrottlingException"),
+            "ThrottlingException"
         );
     }
 

@@ -319,6 +319,14 @@ impl DynamoDbStore {
         self.deadline
     }
 
+    /// Whether single-item writes (`put`, `update`, `delete`) are sent as signed HTTP
+    /// requests by this crate (its `wire` module) rather than through the SDK's write
+    /// client: true unless the AWS configuration brings its own HTTP client or
+    /// requires account-ID endpoints.
+    pub fn direct_writes(&self) -> bool {
+        self.wire.is_some()
+    }
+
     /// The SDK client (retries within the deadline), for admin work such as
     /// [`crate::create_table`].
     pub fn client(&self) -> &Client {
@@ -734,7 +742,7 @@ impl Store for DynamoDbStore {
             push_item(&mut body, &req.key, &req.item)?;
             push_expressions(&mut body, None, c.as_deref(), a);
             body.extend_from_slice(ALL_OLD_ON_FAILURE);
-            return w.send(Op::PutItem, body, &self.table).await.map(drop);
+            return w.send(Op::Put, body, &self.table).await.map(drop);
         }
         let mut a = Aliases::new();
         let c = render_condition(&mut a, req.condition.as_ref(), false)?;
@@ -791,7 +799,7 @@ impl Store for DynamoDbStore {
                     ReturnValues::UpdatedNew => b",\"ReturnValues\":\"UPDATED_NEW\"",
                 });
                 body.extend_from_slice(ALL_OLD_ON_FAILURE);
-                w.send(Op::UpdateItem, body, &self.table).await
+                w.send(Op::Update, body, &self.table).await
             }
             None => self.update_sdk(&req, only_removes).await,
         };
@@ -825,7 +833,7 @@ impl Store for DynamoDbStore {
             body.extend_from_slice(b",\"ReturnValues\":\"ALL_OLD\"");
             body.extend_from_slice(ALL_OLD_ON_FAILURE);
             return Ok(w
-                .send(Op::DeleteItem, body, &self.table)
+                .send(Op::Delete, body, &self.table)
                 .await?
                 .filter(|i| !i.is_empty()));
         }

@@ -1,14 +1,16 @@
 //! The single-item writes of the hot path (`UpdateItem`, `PutItem`, `DeleteItem`) sent as
 //! signed HTTP requests of DynamoDB's JSON protocol, without the SDK's generic orchestrator.
 //!
-//! Profiled per acquire, the SDK's orchestrator (config layers, interceptors, the user-agent
-//! string, endpoint resolution, identity resolution, response classification) and its
-//! `AttributeValue` maps cost several times what the request itself needs. This module
-//! keeps the SDK's own parts where they are the work: the HTTP connector of
-//! `aws-smithy-http-client` (hyper, rustls, connection pool, connect timeout) built as the
-//! SDK builds its default one, `aws-sigv4` for signing, the configuration's credentials
-//! provider, and the SDK's endpoint resolver (asked once, at build). What it drops is the
-//! per-call machinery around them.
+//! Profiled per acquire, the SDK's orchestrator (config layers, interceptors, the
+//! user-agent string, endpoint resolution, identity resolution, signing-key derivation,
+//! response classification) and its `AttributeValue` maps cost more than the request itself
+//! needs. This module keeps the SDK's own parts where they are the work: the HTTP connector
+//! of `aws-smithy-http-client` (hyper, rustls, connection pool, connect timeout) built as
+//! the SDK builds its default one, `aws-sigv4`'s key derivation and signature (the key kept
+//! for the day, [`crate::sigv4`]), the configuration's credentials provider (its answer
+//! cached until shortly before it expires), and the SDK's endpoint resolver (asked once, at
+//! build). What it drops is the per-call machinery around them. Bodies and returned images
+//! are DynamoDB's JSON, written and read by [`crate::json`].
 //!
 //! Semantics are the write client's (see [`crate::settings`]): one attempt, the attempt and
 //! operation timeouts of [`Role::Write`](crate::settings) as one bound on the whole call,
@@ -62,20 +64,20 @@ const REFRESH_BUFFER: Duration = Duration::from_secs(10);
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Op {
     /// `UpdateItem`.
-    UpdateItem,
+    Update,
     /// `PutItem`.
-    PutItem,
+    Put,
     /// `DeleteItem`.
-    DeleteItem,
+    Delete,
 }
 
 impl Op {
     /// The `X-Amz-Target` header.
     fn target(self) -> &'static str {
         match self {
-            Op::UpdateItem => "DynamoDB_20120810.UpdateItem",
-            Op::PutItem => "DynamoDB_20120810.PutItem",
-            Op::DeleteItem => "DynamoDB_20120810.DeleteItem",
+            Op::Update => "DynamoDB_20120810.UpdateItem",
+            Op::Put => "DynamoDB_20120810.PutItem",
+            Op::Delete => "DynamoDB_20120810.DeleteItem",
         }
     }
 }
