@@ -122,13 +122,14 @@ impl Signer {
         h.update(b"\n\n");
         h.update(signed_headers.as_bytes());
         h.update(b"\n");
-        h.update(hex::encode(Sha256::digest(body)).as_bytes());
-        let creq_hash = hex::encode(h.finalize());
-        let mut sts = String::with_capacity(160);
-        for part in [ALGORITHM, "\n", &amz_date, "\n", &scope, "\n", &creq_hash] {
-            sts.push_str(part);
+        h.update(hex32(&Sha256::digest(body)));
+        let creq_hash = hex32(&h.finalize());
+        let mut sts = Vec::with_capacity(160);
+        for part in [ALGORITHM, "\n", &amz_date, "\n", &scope, "\n"] {
+            sts.extend_from_slice(part.as_bytes());
         }
-        let signature = v4::calculate_signature(&key, sts.as_bytes());
+        sts.extend_from_slice(&creq_hash);
+        let signature = v4::calculate_signature(&key, &sts);
         let mut authorization = String::with_capacity(220);
         for part in [
             ALGORITHM,
@@ -148,6 +149,17 @@ impl Signer {
             authorization,
         }
     }
+}
+
+/// Lowercase hex of a 32-byte digest.
+fn hex32(d: &[u8]) -> [u8; 64] {
+    const DIGITS: &[u8; 16] = b"0123456789abcdef";
+    let mut out = [0u8; 64];
+    for (pair, b) in out.chunks_exact_mut(2).zip(d) {
+        pair[0] = DIGITS[usize::from(b >> 4)];
+        pair[1] = DIGITS[usize::from(b & 15)];
+    }
+    out
 }
 
 /// `YYYYMMDDTHHMMSSZ` of `t` (UTC, whole seconds).
@@ -252,6 +264,12 @@ mod tests {
                 assert_eq!(got, reference(&creds, t, host, body), "{t:?}");
             }
         }
+    }
+
+    #[test]
+    fn hex_is_lowercase_and_complete() {
+        let d: Vec<u8> = (0u8..32).map(|i| i.wrapping_mul(37)).collect();
+        assert_eq!(&hex32(&d)[..], hex::encode(&d).as_bytes());
     }
 
     #[test]

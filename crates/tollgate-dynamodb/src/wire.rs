@@ -139,6 +139,8 @@ pub(crate) struct Wire {
     uri: http::Uri,
     /// The `Host` header: the endpoint's authority without a default port.
     host: String,
+    /// `host` as a header value.
+    host_value: http::HeaderValue,
     signer: Signer,
     credentials: CachedCredentials,
     /// The bound on a whole call: the least of the attempt and operation timeouts.
@@ -215,7 +217,9 @@ impl Wire {
             (Some(a), Some(o)) => Some(a.min(o)),
             (a, o) => a.or(o),
         };
+        let host_value = http::HeaderValue::from_str(&host).map_err(|e| e.to_string())?;
         Ok(Wire {
+            host_value,
             connector,
             uri,
             host,
@@ -346,20 +350,30 @@ impl Wire {
             target,
             &body,
         );
-        let mut b = http::Request::builder()
-            .method(http::Method::POST)
-            .uri(self.uri.clone())
-            .header(http::header::CONTENT_TYPE, CONTENT_TYPE)
-            .header(http::header::HOST, self.host.as_str())
-            .header("x-amz-target", target)
-            .header("x-amz-date", sig.amz_date)
-            .header(http::header::AUTHORIZATION, sig.authorization)
-            .header(http::header::CONTENT_LENGTH, body.len())
-            .header(http::header::USER_AGENT, USER_AGENT);
+        use http::header::{self, HeaderName, HeaderValue};
+        let value = |v: String| HeaderValue::try_from(v).map_err(|e| e.to_string());
+        let mut req = http::Request::new(SdkBody::empty());
+        *req.method_mut() = http::Method::POST;
+        *req.uri_mut() = self.uri.clone();
+        let h = req.headers_mut();
+        h.reserve(9);
+        h.insert(header::CONTENT_TYPE, HeaderValue::from_static(CONTENT_TYPE));
+        h.insert(header::HOST, self.host_value.clone());
+        h.insert(
+            HeaderName::from_static("x-amz-target"),
+            HeaderValue::from_static(target),
+        );
+        h.insert(HeaderName::from_static("x-amz-date"), value(sig.amz_date)?);
+        h.insert(header::AUTHORIZATION, value(sig.authorization)?);
+        h.insert(header::CONTENT_LENGTH, HeaderValue::from(body.len()));
+        h.insert(header::USER_AGENT, HeaderValue::from_static(USER_AGENT));
         if let Some(t) = creds.session_token() {
-            b = b.header("x-amz-security-token", t);
+            h.insert(
+                HeaderName::from_static("x-amz-security-token"),
+                HeaderValue::from_str(t).map_err(|e| e.to_string())?,
+            );
         }
-        let req = b.body(SdkBody::from(body)).map_err(|e| e.to_string())?;
+        *req.body_mut() = SdkBody::from(body);
         HttpRequest::try_from(req).map_err(|e| e.to_string())
     }
 }
