@@ -124,7 +124,10 @@ pub(crate) fn push_item(buf: &mut Vec<u8>, key: &Key, item: &Item) -> Result<(),
 /// `i` is `:v{i}` (the same numbering as [`crate::render::Aliases`]), values encoded at once.
 #[derive(Debug, Default)]
 pub(crate) struct JsonAliases {
-    names: Vec<String>,
+    /// The names, one after the other (one buffer rather than a string each).
+    text: String,
+    /// Where name `i` is in `text`.
+    names: Vec<std::ops::Range<usize>>,
     /// `":v0":{…},":v1":{…}` (no braces around).
     values: Vec<u8>,
     n_values: usize,
@@ -142,14 +145,14 @@ impl JsonAliases {
         if !self.names.is_empty() {
             buf.extend_from_slice(b",\"ExpressionAttributeNames\":{");
             let mut alias = String::with_capacity(6);
-            for (i, n) in self.names.iter().enumerate() {
+            for (i, r) in self.names.iter().enumerate() {
                 if i > 0 {
                     buf.push(b',');
                 }
                 alias.clear();
                 crate::render::push_alias(&mut alias, "#n", i);
                 push_field(buf, &alias);
-                push_str(buf, n);
+                push_str(buf, &self.text[r.clone()]);
             }
             buf.push(b'}');
         }
@@ -163,10 +166,12 @@ impl JsonAliases {
 
 impl AliasTable for JsonAliases {
     fn push_name(&mut self, out: &mut String, name: &str) {
-        let i = match self.names.iter().position(|n| n == name) {
+        let i = match self.names.iter().position(|r| &self.text[r.clone()] == name) {
             Some(i) => i,
             None => {
-                self.names.push(name.to_owned());
+                let start = self.text.len();
+                self.text.push_str(name);
+                self.names.push(start..self.text.len());
                 self.names.len() - 1
             }
         };
@@ -250,7 +255,8 @@ impl Image<'_> {
         let mut item = Item::new();
         for (k, v) in self.0 {
             let v = decode(&k, v)?;
-            item.insert(k.into_owned().into(), v);
+            // From the borrowed text: a short name is stored inline, without a heap copy.
+            item.insert(k.as_ref().into(), v);
         }
         Ok(item)
     }
