@@ -166,7 +166,11 @@ impl JsonAliases {
 
 impl AliasTable for JsonAliases {
     fn push_name(&mut self, out: &mut String, name: &str) {
-        let i = match self.names.iter().position(|r| &self.text[r.clone()] == name) {
+        let i = match self
+            .names
+            .iter()
+            .position(|r| &self.text[r.clone()] == name)
+        {
             Some(i) => i,
             None => {
                 let start = self.text.len();
