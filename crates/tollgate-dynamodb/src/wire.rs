@@ -35,8 +35,10 @@ use aws_credential_types::provider::{ProvideCredentials, SharedCredentialsProvid
 use aws_credential_types::Credentials;
 use aws_sdk_dynamodb::config::endpoint::{DefaultResolver, Params, ResolveEndpoint};
 use aws_sdk_dynamodb::config::timeout::TimeoutConfig;
+use aws_smithy_http_client::proxy::ProxyConfig;
 use aws_smithy_http_client::tls;
 use aws_smithy_http_client::Connector;
+use aws_smithy_runtime_api::client::behavior_version::BehaviorVersion;
 use aws_smithy_runtime_api::client::http::{HttpConnector, HttpConnectorSettings};
 use aws_smithy_runtime_api::client::orchestrator::HttpRequest;
 use aws_smithy_types::body::SdkBody;
@@ -207,12 +209,24 @@ impl Wire {
             .set_connect_timeout(t.connect_timeout())
             .set_read_timeout(t.read_timeout());
         let settings = settings.build();
-        let connector = Connector::builder()
-            .connector_settings(settings)
-            .tls_provider(tls::Provider::Rustls(
-                tls::rustls_provider::CryptoMode::AwsLc,
-            ))
-            .build();
+        // As the SDK builds its default HTTPS client: rustls on aws-lc, the configuration's
+        // sleep (for the connect timeout), and proxies from the environment (`HTTPS_PROXY`,
+        // `NO_PROXY` …) from behavior version 2025-08-07 on.
+        let mut builder = Connector::builder().tls_provider(tls::Provider::Rustls(
+            tls::rustls_provider::CryptoMode::AwsLc,
+        ));
+        builder.set_connector_settings(Some(settings));
+        builder.set_sleep_impl(sdk.sleep_impl());
+        #[allow(deprecated)]
+        let proxies_from_env = sdk
+            .behavior_version()
+            .is_none_or(|v| v.is_at_least(BehaviorVersion::v2025_08_07()));
+        builder.set_proxy_config(Some(if proxies_from_env {
+            ProxyConfig::from_env()
+        } else {
+            ProxyConfig::disabled()
+        }));
+        let connector = builder.build();
         let bound = match (t.operation_attempt_timeout(), t.operation_timeout()) {
             (Some(a), Some(o)) => Some(a.min(o)),
             (a, o) => a.or(o),
