@@ -134,7 +134,7 @@ fn find<'a, T: StdError + 'static>(e: &'a (dyn StdError + 'static)) -> Option<&'
 }
 
 /// Whether a dispatch failure happened while connecting (nothing was sent).
-fn failed_before_sending(e: &(dyn StdError + 'static)) -> bool {
+pub(crate) fn failed_before_sending(e: &(dyn StdError + 'static)) -> bool {
     let mut cur: Option<&(dyn StdError + 'static)> = Some(e);
     while let Some(c) = cur {
         if let Some(io) = c.downcast_ref::<std::io::Error>() {
@@ -160,7 +160,7 @@ fn failed_before_sending(e: &(dyn StdError + 'static)) -> bool {
 /// A credentials-provider failure found in an SDK error's chain: missing or misconfigured
 /// credentials are configuration (`Validation`); a provider that failed or timed out (STS or
 /// the instance metadata service unreachable) is an outage. Either way nothing was sent.
-fn credentials_error(e: &CredentialsError, msg: &str, table: &str) -> StoreError {
+pub(crate) fn credentials_error(e: &CredentialsError, msg: &str, table: &str) -> StoreError {
     match e {
         CredentialsError::CredentialsNotLoaded(_) | CredentialsError::InvalidConfiguration(_) => {
             StoreError::Validation(format!(
@@ -174,7 +174,7 @@ fn credentials_error(e: &CredentialsError, msg: &str, table: &str) -> StoreError
 }
 
 /// Map a service error code (the `__type` of the response) onto a store error.
-fn from_code(
+pub(crate) fn from_code(
     code: &str,
     msg: &str,
     status: Option<u16>,

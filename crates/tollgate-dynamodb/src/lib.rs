@@ -1,5 +1,7 @@
 //! tollgate's DynamoDB backend: [`DynamoDbStore`] implements [`tollgate_store::Store`] over
-//! one table, with the official `aws-sdk-dynamodb`.
+//! one table, with the official `aws-sdk-dynamodb`; the hot single-item writes are sent as
+//! signed HTTP requests over the SDK's HTTP connector, without its per-call orchestrator
+//! (see the crate README's "Client CPU").
 //!
 //! * Typed [`Condition`](tollgate_core::expr::Condition)s and
 //!   [`Update`](tollgate_core::expr::Update)s are rendered into expression strings
@@ -26,8 +28,10 @@
 //! mode resends a request whose response was lost or timed out. A debit whose first attempt
 //! was applied would then be charged twice, and a refund paid twice. So:
 //!
-//! * **Single-item writes (`put`, `update`, `delete`) go through a client with
-//!   `RetryConfig::disabled()`.** A timeout, a connection dropped after sending, a 5xx or an
+//! * **Single-item writes (`put`, `update`, `delete`) are sent once.** They go as signed
+//!   HTTP requests of this crate (`wire`: one attempt within the write deadline), or, when
+//!   the AWS configuration brings its own HTTP client, through an SDK client with
+//!   `RetryConfig::disabled()`. A timeout, a connection dropped after sending, a 5xx or an
 //!   unreadable response is reported as `StoreError::Ambiguous`: the limiter must decide
 //!   (for example by re-reading with `consistent = true`) instead of blindly resending.
 //!   A connection refused before anything was sent is `Unavailable`.
@@ -67,10 +71,13 @@
 pub mod codec;
 pub mod error;
 mod feed;
+mod json;
 pub mod render;
 pub mod settings;
+mod sigv4;
 mod store;
 mod table;
+mod wire;
 
 pub use error::{DynamoDbError, CREDENTIALS_HINT};
 pub use settings::DEFAULT_DEADLINE;

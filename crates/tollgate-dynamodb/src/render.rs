@@ -111,7 +111,7 @@ fn alias_key(table: &[&str], prefix: &str, i: usize) -> String {
 }
 
 /// Append `prefix` and the decimal `i`.
-fn push_alias(out: &mut String, prefix: &str, i: usize) {
+pub(crate) fn push_alias(out: &mut String, prefix: &str, i: usize) {
     out.push_str(prefix);
     if i < 10 {
         // The common case, without the formatting machinery.

@@ -30,9 +30,11 @@ use crate::codec::{
     key_to_av, AvMap,
 };
 use crate::error::{map_sdk, DynamoDbError, Effect};
+use crate::json::{push_item, push_key, push_str, JsonAliases};
 use crate::render::{write_condition, write_update, AliasTable, Aliases};
 use crate::settings::{self, Role, DEFAULT_DEADLINE};
 use crate::table::{self, TableCheck};
+use crate::wire::{Op, Wire};
 
 /// Most keys in one `BatchGetItem` request.
 pub const BATCH_GET_CHUNK: usize = 100;
@@ -58,6 +60,9 @@ pub struct DynamoDbStore {
     streams: aws_sdk_dynamodbstreams::Client,
     /// The table's latest stream ARN, once read.
     stream_arn: std::sync::Arc<std::sync::Mutex<Option<String>>>,
+    /// Single-item writes as signed HTTP requests (see [`crate::wire`]); `None` when the
+    /// configuration needs the SDK for them (`write_client` then sends them).
+    wire: Option<std::sync::Arc<Wire>>,
 }
 
 /// Builds a [`DynamoDbStore`] from the standard AWS configuration chain (environment,
@@ -286,7 +291,15 @@ impl DynamoDbStore {
     ) -> Self {
         let conf = settings::client_config(sdk, deadline, Role::Read, overrides);
         let write_conf = settings::client_config(sdk, deadline, Role::Write, overrides);
+        let wire = match Wire::new(sdk, &settings::timeouts(deadline, Role::Write, overrides)) {
+            Ok(w) => Some(std::sync::Arc::new(w)),
+            Err(why) => {
+                tracing::debug!(table = %table, %why, "single-item writes go through the AWS SDK");
+                None
+            }
+        };
         DynamoDbStore {
+            wire,
             table,
             deadline,
             client: Client::from_conf(conf),
@@ -304,6 +317,14 @@ impl DynamoDbStore {
     /// The deadline of every request.
     pub fn deadline(&self) -> Duration {
         self.deadline
+    }
+
+    /// Whether single-item writes (`put`, `update`, `delete`) are sent as signed HTTP
+    /// requests by this crate (its `wire` module) rather than through the SDK's write
+    /// client: true unless the AWS configuration brings its own HTTP client or
+    /// requires account-ID endpoints.
+    pub fn direct_writes(&self) -> bool {
+        self.wire.is_some()
     }
 
     /// The SDK client (retries within the deadline), for admin work such as
@@ -349,6 +370,62 @@ impl DynamoDbStore {
         Ok(arn)
     }
 
+    /// `UpdateItem` through the SDK's write client: the image returned (`None` when none),
+    /// a failed condition as `ConditionFailed` with the old item.
+    async fn update_sdk(
+        &self,
+        req: &UpdateRequest,
+        only_removes: bool,
+    ) -> Result<Option<Item>, StoreError> {
+        let mut a = Aliases::new();
+        let c = render_condition(&mut a, req.condition.as_ref(), only_removes)?;
+        let u = render_update(&mut a, &req.update)?;
+        let (names, values) = a.into_maps();
+        let rv = match req.returns {
+            ReturnValues::None => ReturnValue::None,
+            ReturnValues::AllNew => ReturnValue::AllNew,
+            ReturnValues::AllOld => ReturnValue::AllOld,
+            ReturnValues::UpdatedNew => ReturnValue::UpdatedNew,
+        };
+        let res = self
+            .write_client
+            .update_item()
+            .table_name(self.table.clone())
+            .set_key(Some(key_to_av(&req.key)))
+            .set_update_expression(u)
+            .set_condition_expression(c)
+            .set_expression_attribute_names(names)
+            .set_expression_attribute_values(values)
+            .return_values(rv)
+            .return_values_on_condition_check_failure(ReturnValuesOnConditionCheckFailure::AllOld)
+            .send()
+            .await;
+        match res {
+            Ok(o) => Ok(o.attributes.map(item_from_av_owned).transpose()?),
+            Err(SdkError::ServiceError(se))
+                if matches!(
+                    se.err(),
+                    UpdateItemError::ConditionalCheckFailedException(_)
+                ) =>
+            {
+                Err(condition_failed(match se.into_err() {
+                    UpdateItemError::ConditionalCheckFailedException(c) => c.item,
+                    _ => None,
+                }))
+            }
+            Err(e) => Err(map_sdk(e, Effect::Write, &self.table)),
+        }
+    }
+
+    /// A request body opened with `{"TableName":…,` and room for `capacity` bytes.
+    fn body_start(&self, capacity: usize) -> Vec<u8> {
+        let mut body = Vec::with_capacity(capacity);
+        body.extend_from_slice(b"{\"TableName\":");
+        push_str(&mut body, &self.table);
+        body.push(b',');
+        body
+    }
+
     /// Check, with one `DescribeTable`, that the table exists, is usable and has tollgate's
     /// layout (see [`crate::check_table`]). For a server's start: a missing table is
     /// [`DynamoDbError::TableMissing`], a different layout [`DynamoDbError::TableMismatch`],
@@ -372,13 +449,31 @@ fn condition_failed(old: Option<AvMap>) -> StoreError {
     }
 }
 
+/// Typical size of a single-item write's request body (an acquire's is about 1 KB).
+const BODY_CAPACITY: usize = 1024;
+/// The end of a conditional write's body: the old item comes back with a failed condition.
+const ALL_OLD_ON_FAILURE: &[u8] = b",\"ReturnValuesOnConditionCheckFailure\":\"ALL_OLD\"}";
+
+/// Append the update and condition expressions that are there, and the alias maps.
+fn push_expressions(body: &mut Vec<u8>, u: Option<&str>, c: Option<&str>, a: JsonAliases) {
+    if let Some(u) = u {
+        body.extend_from_slice(b",\"UpdateExpression\":");
+        push_str(body, u);
+    }
+    if let Some(c) = c {
+        body.extend_from_slice(b",\"ConditionExpression\":");
+        push_str(body, c);
+    }
+    a.finish(body);
+}
+
 fn build_err(e: impl std::fmt::Display) -> StoreError {
     StoreError::Validation(format!("request could not be built: {e}"))
 }
 
 /// Render an optional condition, with `attribute_exists(PK)` added when `require_item`.
-fn render_condition(
-    a: &mut Aliases,
+fn render_condition<A: AliasTable>(
+    a: &mut A,
     c: Option<&Condition>,
     require_item: bool,
 ) -> Result<Option<String>, StoreError> {
@@ -404,8 +499,8 @@ fn render_condition(
 }
 
 /// Render an update expression (`None` for an empty update).
-fn render_update(
-    a: &mut Aliases,
+fn render_update<A: AliasTable>(
+    a: &mut A,
     u: &tollgate_core::expr::Update,
 ) -> Result<Option<String>, StoreError> {
     let mut out = String::with_capacity(UPDATE_CAPACITY);
@@ -640,6 +735,15 @@ impl Store for DynamoDbStore {
     }
 
     async fn put(&self, req: PutRequest) -> Result<(), StoreError> {
+        if let Some(w) = &self.wire {
+            let mut a = JsonAliases::new();
+            let c = render_condition(&mut a, req.condition.as_ref(), false)?;
+            let mut body = self.body_start(BODY_CAPACITY);
+            push_item(&mut body, &req.key, &req.item)?;
+            push_expressions(&mut body, None, c.as_deref(), a);
+            body.extend_from_slice(ALL_OLD_ON_FAILURE);
+            return w.send(Op::Put, body, &self.table).await.map(drop);
+        }
         let mut a = Aliases::new();
         let c = render_condition(&mut a, req.condition.as_ref(), false)?;
         let (names, values) = a.into_maps();
@@ -680,57 +784,38 @@ impl Store for DynamoDbStore {
                 .actions
                 .iter()
                 .all(|a| matches!(a, Action::Remove(_)));
-        let mut a = Aliases::new();
-        let c = render_condition(&mut a, req.condition.as_ref(), only_removes)?;
-        let u = render_update(&mut a, &req.update)?;
-        let (names, values) = a.into_maps();
-        let rv = match req.returns {
-            ReturnValues::None => ReturnValue::None,
-            ReturnValues::AllNew => ReturnValue::AllNew,
-            ReturnValues::AllOld => ReturnValue::AllOld,
-            ReturnValues::UpdatedNew => ReturnValue::UpdatedNew,
-        };
-        let res = self
-            .write_client
-            .update_item()
-            .table_name(self.table.clone())
-            .set_key(Some(key_into_av(req.key)))
-            .set_update_expression(u)
-            .set_condition_expression(c)
-            .set_expression_attribute_names(names)
-            .set_expression_attribute_values(values)
-            .return_values(rv)
-            .return_values_on_condition_check_failure(ReturnValuesOnConditionCheckFailure::AllOld)
-            .send()
-            .await;
-        let out = match res {
-            Ok(o) => o,
-            Err(SdkError::ServiceError(se))
-                if matches!(
-                    se.err(),
-                    UpdateItemError::ConditionalCheckFailedException(_)
-                ) =>
-            {
-                let old = match se.into_err() {
-                    UpdateItemError::ConditionalCheckFailedException(c) => c.item,
-                    _ => None,
-                };
-                return match condition_failed(old) {
-                    StoreError::ConditionFailed { old: None }
-                        if only_removes
-                            && req
-                                .condition
-                                .as_ref()
-                                .is_none_or(|c| eval_condition(None, c)) =>
-                    {
-                        Ok(None)
-                    }
-                    other => Err(other),
-                };
+        let res = match &self.wire {
+            Some(w) => {
+                let mut a = JsonAliases::new();
+                let c = render_condition(&mut a, req.condition.as_ref(), only_removes)?;
+                let u = render_update(&mut a, &req.update)?;
+                let mut body = self.body_start(BODY_CAPACITY);
+                push_key(&mut body, &req.key);
+                push_expressions(&mut body, u.as_deref(), c.as_deref(), a);
+                body.extend_from_slice(match req.returns {
+                    ReturnValues::None => b",\"ReturnValues\":\"NONE\"",
+                    ReturnValues::AllNew => b",\"ReturnValues\":\"ALL_NEW\"",
+                    ReturnValues::AllOld => b",\"ReturnValues\":\"ALL_OLD\"",
+                    ReturnValues::UpdatedNew => b",\"ReturnValues\":\"UPDATED_NEW\"",
+                });
+                body.extend_from_slice(ALL_OLD_ON_FAILURE);
+                w.send(Op::Update, body, &self.table).await
             }
-            Err(e) => return Err(map_sdk(e, Effect::Write, &self.table)),
+            None => self.update_sdk(&req, only_removes).await,
         };
-        let attrs = out.attributes.map(item_from_av_owned).transpose()?;
+        let attrs = match res {
+            Ok(a) => a,
+            Err(StoreError::ConditionFailed { old: None })
+                if only_removes
+                    && req
+                        .condition
+                        .as_ref()
+                        .is_none_or(|c| eval_condition(None, c)) =>
+            {
+                return Ok(None)
+            }
+            Err(e) => return Err(e),
+        };
         Ok(match req.returns {
             ReturnValues::None => None,
             ReturnValues::AllOld | ReturnValues::UpdatedNew => attrs.filter(|i| !i.is_empty()),
@@ -739,6 +824,19 @@ impl Store for DynamoDbStore {
     }
 
     async fn delete(&self, req: DeleteRequest) -> Result<Option<Item>, StoreError> {
+        if let Some(w) = &self.wire {
+            let mut a = JsonAliases::new();
+            let c = render_condition(&mut a, req.condition.as_ref(), false)?;
+            let mut body = self.body_start(BODY_CAPACITY);
+            push_key(&mut body, &req.key);
+            push_expressions(&mut body, None, c.as_deref(), a);
+            body.extend_from_slice(b",\"ReturnValues\":\"ALL_OLD\"");
+            body.extend_from_slice(ALL_OLD_ON_FAILURE);
+            return Ok(w
+                .send(Op::Delete, body, &self.table)
+                .await?
+                .filter(|i| !i.is_empty()));
+        }
         let mut a = Aliases::new();
         let c = render_condition(&mut a, req.condition.as_ref(), false)?;
         let (names, values) = a.into_maps();
@@ -774,7 +872,6 @@ impl Store for DynamoDbStore {
             Err(e) => Err(map_sdk(e, Effect::Write, &self.table)),
         }
     }
-
     async fn transact_write(
         &self,
         ops: Vec<TransactOp>,

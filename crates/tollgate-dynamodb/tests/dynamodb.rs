@@ -696,3 +696,189 @@ async fn concurrent_conditional_debits_never_over_admit() {
     assert_eq!(left.get("b_rpm_tk"), Some(&Value::N(0)));
     drop_table(&s).await;
 }
+
+/// A store whose single-item writes go through the SDK: an AWS configuration with its own
+/// HTTP client (the SDK's default one, built explicitly) keeps them there.
+async fn sdk_path_store(endpoint: &str, table: &str) -> DynamoDbStore {
+    use aws_smithy_http_client::tls::{rustls_provider::CryptoMode, Provider};
+    let sdk = aws_config::defaults(aws_config::BehaviorVersion::latest())
+        .http_client(
+            aws_smithy_http_client::Builder::new()
+                .tls_provider(Provider::Rustls(CryptoMode::AwsLc))
+                .build_https(),
+        )
+        .region(aws_config::Region::new("us-east-1"))
+        .load()
+        .await;
+    let mut b = DynamoDbStore::builder(table)
+        .endpoint(endpoint)
+        .deadline(common::TEST_DEADLINE)
+        .sdk_config(sdk);
+    if std::env::var("AWS_ACCESS_KEY_ID").is_err() {
+        b = b.static_credentials("test", "test");
+    }
+    b.build().await.expect("store builds")
+}
+
+/// Every single-item write gives the same answer and leaves the same item whether this
+/// crate sends it (signed HTTP) or the SDK does: return values, failed conditions with the
+/// old item, REMOVE-only updates of an absent item, awkward names and strings, refusals.
+#[tokio::test]
+async fn direct_and_sdk_writes_agree() {
+    let ep = endpoint_or_skip!("direct_and_sdk_writes_agree");
+    let direct = common::fresh_store(&ep, "direct").await;
+    let sdk = sdk_path_store(&ep, &common::table_name("viasdk")).await;
+    sdk.create_table().await.expect("table created");
+    assert!(direct.direct_writes());
+    assert!(!sdk.direct_writes());
+    let k = Key::new("p\"1 é", "s/1\\x");
+    let awkward = "b_gpt-4.1_tk";
+    let full = item(&[
+        ("n", Value::N(3)),
+        (awkward, Value::N(-7)),
+        ("s", Value::S("quote \" backslash \\ tab \t é ☃".into())),
+        ("b", Value::Bool(false)),
+        (
+            "tags",
+            Value::Ss(BTreeSet::from(["a".to_string(), "b c".to_string()])),
+        ),
+        (
+            "m",
+            Value::M(std::collections::BTreeMap::from([
+                ("k.1".to_string(), Value::N(1)),
+                (
+                    "l".to_string(),
+                    Value::L(vec![Value::Null, Value::S("x".into())]),
+                ),
+            ])),
+        ),
+        ("z", Value::Null),
+    ]);
+    #[derive(Debug, PartialEq)]
+    enum Out {
+        Unit(Result<(), StoreError>),
+        Item(Result<Option<Item>, StoreError>),
+    }
+    // Validation messages name the table, which differs: compare their kind only.
+    fn norm(o: Out) -> Out {
+        let v = |e: StoreError| match e {
+            StoreError::Validation(_) => StoreError::Validation(String::new()),
+            e => e,
+        };
+        match o {
+            Out::Unit(r) => Out::Unit(r.map_err(v)),
+            Out::Item(r) => Out::Item(r.map_err(v)),
+        }
+    }
+    let mut answers: Vec<Vec<Out>> = Vec::new();
+    for s in [&direct, &sdk] {
+        let update = |update: Update, condition: Option<Condition>, returns: ReturnValues| {
+            s.update(UpdateRequest {
+                key: k.clone(),
+                update,
+                condition,
+                returns,
+            })
+        };
+        let outs = vec![
+            Out::Item(
+                update(
+                    Update::new().add("n", 1),
+                    Some(Condition::exists("PK")),
+                    ReturnValues::AllNew,
+                )
+                .await,
+            ),
+            Out::Item(update(Update::new().remove("gone"), None, ReturnValues::AllNew).await),
+            Out::Unit(
+                s.put(PutRequest {
+                    key: k.clone(),
+                    item: full.clone(),
+                    condition: Some(Condition::not_exists("PK")),
+                })
+                .await,
+            ),
+            Out::Unit(
+                s.put(PutRequest {
+                    key: k.clone(),
+                    item: full.clone(),
+                    condition: Some(Condition::not_exists("PK")),
+                })
+                .await,
+            ),
+            Out::Item(
+                update(
+                    Update::new().add(awkward, 2).set("s", "new \"s\""),
+                    Some(Condition::ge("n", 3)),
+                    ReturnValues::AllNew,
+                )
+                .await,
+            ),
+            Out::Item(
+                update(
+                    Update::new().add("n", -5),
+                    Some(Condition::ge("n", 5)),
+                    ReturnValues::AllNew,
+                )
+                .await,
+            ),
+            Out::Item(update(Update::new().set("n", 4), None, ReturnValues::UpdatedNew).await),
+            Out::Item(update(Update::new().remove("z"), None, ReturnValues::AllOld).await),
+            Out::Item(update(Update::new().add("n", 1), None, ReturnValues::None).await),
+            Out::Unit(
+                s.put(PutRequest {
+                    key: Key::new("p", "empty-set"),
+                    item: item(&[("e", Value::Ss(BTreeSet::new()))]),
+                    condition: None,
+                })
+                .await,
+            ),
+            Out::Item(
+                s.delete(DeleteRequest {
+                    key: k.clone(),
+                    condition: Some(Condition::cmp("n", CmpOp::Eq, 99)),
+                })
+                .await,
+            ),
+            Out::Item(s.get(&k, true).await),
+            Out::Item(
+                s.delete(DeleteRequest {
+                    key: k.clone(),
+                    condition: None,
+                })
+                .await,
+            ),
+            Out::Item(
+                s.delete(DeleteRequest {
+                    key: k.clone(),
+                    condition: None,
+                })
+                .await,
+            ),
+        ];
+        answers.push(outs.into_iter().map(norm).collect());
+    }
+    let [d, v] = [&answers[0], &answers[1]];
+    assert_eq!(d.len(), v.len());
+    for (i, (d, v)) in d.iter().zip(v).enumerate() {
+        assert_eq!(d, v, "step {i}: direct vs SDK");
+    }
+    let steps = &answers[0];
+    // The answers are the ones the contract asks for, not only equal.
+    assert!(matches!(
+        steps[0],
+        Out::Item(Err(StoreError::ConditionFailed { old: None }))
+    ));
+    assert_eq!(steps[1], Out::Item(Ok(None)));
+    assert!(
+        matches!(&steps[3], Out::Unit(Err(StoreError::ConditionFailed { old: Some(o) })) if o.get("s") == full.get("s"))
+    );
+    assert!(matches!(
+        &steps[9],
+        Out::Unit(Err(StoreError::Validation(_)))
+    ));
+    assert!(matches!(&steps[12], Out::Item(Ok(Some(o))) if o.get(awkward) == Some(&Value::N(-5))));
+    assert_eq!(steps[13], Out::Item(Ok(None)));
+    drop_table(&direct).await;
+    drop_table(&sdk).await;
+}

@@ -1,0 +1,393 @@
+//! The single-item writes of the hot path (`UpdateItem`, `PutItem`, `DeleteItem`) sent as
+//! signed HTTP requests of DynamoDB's JSON protocol, without the SDK's generic orchestrator.
+//!
+//! Profiled per acquire, the SDK's orchestrator (config layers, interceptors, the
+//! user-agent string, endpoint resolution, identity resolution, signing-key derivation,
+//! response classification) and its `AttributeValue` maps cost more than the request itself
+//! needs. This module keeps the SDK's own parts where they are the work: the HTTP connector
+//! of `aws-smithy-http-client` (hyper, rustls, connection pool, connect timeout) built as
+//! the SDK builds its default one, `aws-sigv4`'s key derivation and signature (the key kept
+//! for the day, [`crate::sigv4`]), the configuration's credentials provider (its answer
+//! cached until shortly before it expires), and the SDK's endpoint resolver (asked once, at
+//! build). What it drops is the per-call machinery around them. Bodies and returned images
+//! are DynamoDB's JSON, written and read by [`crate::json`].
+//!
+//! Semantics are the write client's (see [`crate::settings`]): one attempt, the attempt and
+//! operation timeouts of [`Role::Write`](crate::settings) as one bound on the whole call,
+//! and failures classified as [`crate::error`] classifies the SDK's:
+//!
+//! | failure | error |
+//! |---|---|
+//! | credentials missing or misconfigured | `Validation` |
+//! | credentials provider failed, or the bound passed while it ran | `Unavailable` (nothing sent) |
+//! | connection refused or not made in time (connector says so) | `Unavailable` (nothing sent) |
+//! | the bound passed after sending, I/O after connecting, unreadable response | `Ambiguous` |
+//! | a service error | by its code and status, as the SDK path maps it |
+//!
+//! The store uses this path when the AWS configuration has no HTTP client of its own (a
+//! custom client can only be driven by the SDK) and no account-ID endpoint is required;
+//! otherwise every call goes through the SDK.
+
+use std::future::Future;
+use std::time::{Duration, SystemTime};
+
+use aws_credential_types::provider::{ProvideCredentials, SharedCredentialsProvider};
+use aws_credential_types::Credentials;
+use aws_sdk_dynamodb::config::endpoint::{DefaultResolver, Params, ResolveEndpoint};
+use aws_sdk_dynamodb::config::timeout::TimeoutConfig;
+use aws_smithy_http_client::proxy::ProxyConfig;
+use aws_smithy_http_client::tls;
+use aws_smithy_http_client::Connector;
+use aws_smithy_runtime_api::client::behavior_version::BehaviorVersion;
+use aws_smithy_runtime_api::client::http::{HttpConnector, HttpConnectorSettings};
+use aws_smithy_runtime_api::client::orchestrator::HttpRequest;
+use aws_smithy_types::body::SdkBody;
+use aws_smithy_types::byte_stream::ByteStream;
+use aws_types::endpoint_config::AccountIdEndpointMode;
+use aws_types::SdkConfig;
+use tollgate_core::value::Item;
+use tollgate_store::StoreError;
+
+use crate::error::{chain, credentials_error, failed_before_sending, from_code, Effect};
+use crate::json::{header_code, ErrorBody, Output};
+use crate::sigv4::Signer;
+
+/// DynamoDB's JSON protocol version, in `Content-Type`.
+const CONTENT_TYPE: &str = "application/x-amz-json-1.0";
+/// The signing name of DynamoDB.
+const SERVICE: &str = "dynamodb";
+/// Sent as `User-Agent`.
+const USER_AGENT: &str = concat!("tollgate-dynamodb/", env!("CARGO_PKG_VERSION"));
+/// Credentials expiring within this are refreshed before use (the SDK's lazy cache's
+/// default buffer).
+const REFRESH_BUFFER: Duration = Duration::from_secs(10);
+
+/// A DynamoDB operation this module sends.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Op {
+    /// `UpdateItem`.
+    Update,
+    /// `PutItem`.
+    Put,
+    /// `DeleteItem`.
+    Delete,
+}
+
+impl Op {
+    /// The `X-Amz-Target` header.
+    fn target(self) -> &'static str {
+        match self {
+            Op::Update => "DynamoDB_20120810.UpdateItem",
+            Op::Put => "DynamoDB_20120810.PutItem",
+            Op::Delete => "DynamoDB_20120810.DeleteItem",
+        }
+    }
+}
+
+/// What a call returned: the image DynamoDB sent back (`None` when it sent none or `{}`).
+pub(crate) type Returned = Option<Item>;
+
+/// The credentials of the configuration, cached until they are about to expire.
+#[derive(Debug)]
+struct CachedCredentials {
+    provider: Option<SharedCredentialsProvider>,
+    /// The identity in use and when it expires.
+    current: std::sync::RwLock<Option<Credentials>>,
+    /// Held while the provider is asked, so that one task refreshes and the others wait.
+    refreshing: tokio::sync::Mutex<()>,
+}
+
+/// Why a call could not get credentials.
+enum NoIdentity {
+    /// The provider reported this.
+    Failed(aws_credential_types::provider::error::CredentialsError),
+    /// No provider is configured.
+    NoProvider,
+}
+
+impl CachedCredentials {
+    fn fresh(&self) -> Option<Credentials> {
+        let now = SystemTime::now();
+        let g = self.current.read().unwrap_or_else(|e| e.into_inner());
+        match &*g {
+            Some(c) if c.expiry().is_none_or(|e| e > now + REFRESH_BUFFER) => Some(c.clone()),
+            _ => None,
+        }
+    }
+
+    async fn get(&self) -> Result<Credentials, NoIdentity> {
+        if let Some(id) = self.fresh() {
+            return Ok(id);
+        }
+        let provider = self.provider.as_ref().ok_or(NoIdentity::NoProvider)?;
+        let _g = self.refreshing.lock().await;
+        if let Some(id) = self.fresh() {
+            return Ok(id);
+        }
+        let creds = provider
+            .provide_credentials()
+            .await
+            .map_err(NoIdentity::Failed)?;
+        *self.current.write().unwrap_or_else(|e| e.into_inner()) = Some(creds.clone());
+        Ok(creds)
+    }
+}
+
+/// The signed-HTTP client of the single-item writes (see the module docs).
+#[derive(Debug)]
+pub(crate) struct Wire {
+    connector: Connector,
+    /// The endpoint, path `/`.
+    uri: http::Uri,
+    /// The `Host` header: the endpoint's authority without a default port.
+    host: String,
+    /// `host` as a header value.
+    host_value: http::HeaderValue,
+    signer: Signer,
+    credentials: CachedCredentials,
+    /// The bound on a whole call: the least of the attempt and operation timeouts.
+    bound: Option<Duration>,
+}
+
+impl Wire {
+    /// The client for `sdk`'s region, endpoint and credentials with the write timeouts `t`,
+    /// or `None` (with the reason) when this configuration must go through the SDK.
+    pub(crate) fn new(sdk: &SdkConfig, t: &TimeoutConfig) -> Result<Wire, String> {
+        if sdk.http_client().is_some() {
+            return Err("the AWS configuration brings its own HTTP client".into());
+        }
+        if matches!(
+            sdk.account_id_endpoint_mode(),
+            Some(AccountIdEndpointMode::Required)
+        ) {
+            return Err("account-ID endpoints are required".into());
+        }
+        let region = sdk
+            .region()
+            .ok_or_else(|| "no region".to_string())?
+            .to_string();
+        let params = Params::builder()
+            .region(region.clone())
+            .use_fips(sdk.use_fips().unwrap_or(false))
+            .use_dual_stack(sdk.use_dual_stack().unwrap_or(false))
+            .set_endpoint(sdk.endpoint_url().map(str::to_string))
+            .account_id_endpoint_mode("disabled")
+            .build()
+            .map_err(|e| e.to_string())?;
+        // The default resolver answers at once (its future is ready when made).
+        let resolver = DefaultResolver::new();
+        let mut fut = std::pin::pin!(resolver.resolve_endpoint(&params));
+        let endpoint = match fut
+            .as_mut()
+            .poll(&mut std::task::Context::from_waker(std::task::Waker::noop()))
+        {
+            std::task::Poll::Ready(r) => r.map_err(|e| chain(e.as_ref()))?,
+            std::task::Poll::Pending => return Err("endpoint resolution did not complete".into()),
+        };
+        if endpoint.headers().next().is_some() {
+            return Err("the endpoint needs headers of its own".into());
+        }
+        let mut uri: http::Uri = endpoint.url().parse().map_err(|e| format!("{e}"))?;
+        if uri.path() != "/" || uri.query().is_some() {
+            let mut parts = uri.into_parts();
+            let auth = parts.authority.clone();
+            parts.path_and_query = Some(http::uri::PathAndQuery::from_static("/"));
+            uri = http::Uri::from_parts(parts).map_err(|e| format!("{e}"))?;
+            debug_assert_eq!(uri.authority(), auth.as_ref());
+        }
+        let authority = uri.authority().ok_or("the endpoint has no host")?;
+        let default_port = match uri.scheme_str() {
+            Some("https") => 443,
+            _ => 80,
+        };
+        let host = match authority.port_u16() {
+            Some(p) if p != default_port => authority.as_str().to_string(),
+            _ => authority.host().to_string(),
+        };
+        let mut settings = HttpConnectorSettings::builder();
+        settings
+            .set_connect_timeout(t.connect_timeout())
+            .set_read_timeout(t.read_timeout());
+        let settings = settings.build();
+        // As the SDK builds its default HTTPS client: rustls on aws-lc, the configuration's
+        // sleep (for the connect timeout), and proxies from the environment (`HTTPS_PROXY`,
+        // `NO_PROXY` …) from behavior version 2025-08-07 on.
+        let mut builder = Connector::builder().tls_provider(tls::Provider::Rustls(
+            tls::rustls_provider::CryptoMode::AwsLc,
+        ));
+        builder.set_connector_settings(Some(settings));
+        builder.set_sleep_impl(sdk.sleep_impl());
+        #[allow(deprecated)]
+        let proxies_from_env = sdk
+            .behavior_version()
+            .is_none_or(|v| v.is_at_least(BehaviorVersion::v2025_08_07()));
+        builder.set_proxy_config(Some(if proxies_from_env {
+            ProxyConfig::from_env()
+        } else {
+            ProxyConfig::disabled()
+        }));
+        let connector = builder.build();
+        let bound = match (t.operation_attempt_timeout(), t.operation_timeout()) {
+            (Some(a), Some(o)) => Some(a.min(o)),
+            (a, o) => a.or(o),
+        };
+        let host_value = http::HeaderValue::from_str(&host).map_err(|e| e.to_string())?;
+        Ok(Wire {
+            host_value,
+            connector,
+            uri,
+            host,
+            signer: Signer::new(region, SERVICE),
+            credentials: CachedCredentials {
+                provider: sdk.credentials_provider(),
+                current: Default::default(),
+                refreshing: Default::default(),
+            },
+            bound,
+        })
+    }
+
+    /// Send `body` as operation `op` on `table`, once, within the bound. `Ok(image)` on
+    /// success; a failed condition is `ConditionFailed` with the old item; every other
+    /// failure as the module docs say.
+    pub(crate) async fn send(
+        &self,
+        op: Op,
+        body: Vec<u8>,
+        table: &str,
+    ) -> Result<Returned, StoreError> {
+        // Whether the request left: a bound passed before that is "not sent".
+        let sent = std::sync::atomic::AtomicBool::new(false);
+        let call = self.call(op, body, table, &sent);
+        let res = match self.bound {
+            Some(b) => match tokio::time::timeout(b, call).await {
+                Ok(r) => r,
+                Err(_) => {
+                    let ms = b.as_millis();
+                    return Err(if sent.load(std::sync::atomic::Ordering::Relaxed) {
+                        StoreError::Ambiguous(format!(
+                            "table {table}: deadline passed: no answer in {ms} ms"
+                        ))
+                    } else {
+                        StoreError::Unavailable(format!(
+                            "table {table}: not sent: AWS credentials not loaded in {ms} ms"
+                        ))
+                    });
+                }
+            },
+            None => call.await,
+        };
+        res
+    }
+
+    async fn call(
+        &self,
+        op: Op,
+        body: Vec<u8>,
+        table: &str,
+        sent: &std::sync::atomic::AtomicBool,
+    ) -> Result<Returned, StoreError> {
+        let creds = match self.credentials.get().await {
+            Ok(id) => id,
+            Err(NoIdentity::Failed(e)) => return Err(credentials_error(&e, &chain(&e), table)),
+            Err(NoIdentity::NoProvider) => {
+                let e = aws_credential_types::provider::error::CredentialsError::not_loaded(
+                    "no credentials provider is configured",
+                );
+                return Err(credentials_error(&e, &chain(&e), table));
+            }
+        };
+        let request = self.signed(op, body, &creds).map_err(|m| {
+            StoreError::Validation(format!("table {table}: request not built: {m}"))
+        })?;
+        sent.store(true, std::sync::atomic::Ordering::Relaxed);
+        let response = match self.connector.call(request).await {
+            Ok(r) => r,
+            Err(e) => {
+                let msg = chain(&e);
+                return Err(if e.is_user() || failed_before_sending(&e) {
+                    StoreError::Unavailable(format!("table {table}: not sent: {msg}"))
+                } else {
+                    StoreError::Ambiguous(format!("table {table}: dispatch failed: {msg}"))
+                });
+            }
+        };
+        let status = response.status().as_u16();
+        let header_code = response
+            .headers()
+            .get("x-amzn-errortype")
+            .map(|h| header_code(h).to_string());
+        let bytes = ByteStream::new(response.into_body())
+            .collect()
+            .await
+            .map_err(|e| {
+                StoreError::Ambiguous(format!("table {table}: unreadable response: {}", chain(&e)))
+            })?
+            .into_bytes();
+        if (200..300).contains(&status) {
+            let out: Output<'_> = serde_json::from_slice(&bytes).map_err(|e| {
+                StoreError::Ambiguous(format!(
+                    "table {table}: unreadable response (HTTP {status}): {e}"
+                ))
+            })?;
+            return match out.image {
+                Some(i) if !i.is_empty() => i.into_item().map(Some),
+                _ => Ok(None),
+            };
+        }
+        let parsed: Option<ErrorBody<'_>> = serde_json::from_slice(&bytes).ok();
+        let code = header_code
+            .as_deref()
+            .filter(|c| !c.is_empty())
+            .or_else(|| parsed.as_ref().and_then(ErrorBody::code))
+            .unwrap_or("Unknown")
+            .to_string();
+        if code == "ConditionalCheckFailedException" {
+            let old = match parsed.and_then(|p| p.item) {
+                Some(i) if !i.is_empty() => Some(Box::new(i.into_item()?)),
+                _ => None,
+            };
+            return Err(StoreError::ConditionFailed { old });
+        }
+        let msg = parsed.as_ref().map_or("", ErrorBody::message);
+        Err(from_code(&code, msg, Some(status), Effect::Write, table))
+    }
+
+    /// The request of `op` with `body`, signed with `creds` now.
+    fn signed(&self, op: Op, body: Vec<u8>, creds: &Credentials) -> Result<HttpRequest, String> {
+        let target = op.target();
+        let sig = self.signer.sign(
+            creds,
+            SystemTime::now(),
+            CONTENT_TYPE,
+            &self.host,
+            target,
+            &body,
+        );
+        use http::header::{self, HeaderName, HeaderValue};
+        let value = |v: String| HeaderValue::try_from(v).map_err(|e| e.to_string());
+        let mut req = http::Request::new(SdkBody::empty());
+        *req.method_mut() = http::Method::POST;
+        *req.uri_mut() = self.uri.clone();
+        let h = req.headers_mut();
+        h.reserve(9);
+        h.insert(header::CONTENT_TYPE, HeaderValue::from_static(CONTENT_TYPE));
+        h.insert(header::HOST, self.host_value.clone());
+        h.insert(
+            HeaderName::from_static("x-amz-target"),
+            HeaderValue::from_static(target),
+        );
+        h.insert(HeaderName::from_static("x-amz-date"), value(sig.amz_date)?);
+        h.insert(header::AUTHORIZATION, value(sig.authorization)?);
+        h.insert(header::CONTENT_LENGTH, HeaderValue::from(body.len()));
+        h.insert(header::USER_AGENT, HeaderValue::from_static(USER_AGENT));
+        if let Some(t) = creds.session_token() {
+            h.insert(
+                HeaderName::from_static("x-amz-security-token"),
+                HeaderValue::from_str(t).map_err(|e| e.to_string())?,
+            );
+        }
+        *req.body_mut() = SdkBody::from(body);
+        HttpRequest::try_from(req).map_err(|e| e.to_string())
+    }
+}
