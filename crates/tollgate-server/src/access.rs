@@ -1,5 +1,6 @@
 //! The access log and the request metrics: one `info` line per request (target
-//! `tollgate::access`) and one count in `tollgate_http_requests_total`.
+//! `tollgate::access`) and one count in `tollgate_http_requests_total`, recorded by the
+//! server's edge (`edge.rs`) when the answer is ready.
 //!
 //! The line carries `request_id`, `peer`, `principal` (the token's name, `anonymous` without
 //! authentication, `-` when no token was accepted), `method`, `path` (without the query
@@ -8,59 +9,70 @@
 //! `other` ([`crate::metrics::method_label`]), the route a template or `unmatched`.
 
 use std::net::SocketAddr;
-use std::sync::Arc;
 use std::time::Instant;
 
-use axum::extract::{ConnectInfo, MatchedPath, Request, State};
-use axum::middleware::Next;
-use axum::response::Response;
+use axum::extract::{ConnectInfo, MatchedPath, Request};
+use axum::http::{Method, Uri};
 
-use crate::auth::Principal;
 use crate::metrics::method_label;
-use crate::request_id::RequestId;
 use crate::AppState;
 
-/// Middleware: log and count every request. What the line needs is taken from the request
-/// before it moves on, shared or copied rather than formatted into new strings (the route
-/// template is shared, the URI is reference-counted, the peer address is copied): the line
-/// is formatted once, by the subscriber.
-pub async fn log_and_count(State(app): State<Arc<AppState>>, req: Request, next: Next) -> Response {
-    let started = Instant::now();
-    let route = req.extensions().get::<MatchedPath>().cloned();
-    let method = req.method().clone();
-    let uri = req.uri().clone();
-    let request_id = req
-        .extensions()
-        .get::<RequestId>()
-        .map(|r| Arc::clone(&r.0));
-    let peer = req
-        .extensions()
-        .get::<ConnectInfo<SocketAddr>>()
-        .map(|c| c.0);
-    let resp = next.run(req).await;
-    let took = started.elapsed();
-    let status = resp.status().as_u16();
-    let principal = resp
-        .extensions()
-        .get::<Principal>()
-        .map(|p| Arc::clone(&p.name));
-    let label = method_label(&method);
-    let route = route.as_ref().map_or("unmatched", MatchedPath::as_str);
-    app.metrics.request(label, route, status, took);
-    tracing::info!(
-        target: "tollgate::access",
-        request_id = %Shown(request_id.as_deref()),
-        peer = %Shown(peer.as_ref()),
-        principal = %Shown(principal.as_deref()),
-        method = %method_for_log(&method),
-        // A path can be as long as the URI limit; keep the line readable.
-        path = %Truncated(uri.path(), 256),
-        route = %route,
-        status,
-        latency_ms = (took.as_secs_f64() * 1e6).round() / 1e3,
-        "request"
-    );
-    resp
+/// What the access line of a request needs, taken from the request before it moves on:
+/// shared or copied rather than formatted into new strings (the route template is shared,
+/// the URI is reference-counted, the peer address is copied), so the line is formatted
+/// once, when it is written.
+#[derive(Debug)]
+pub(crate) struct Seen {
+    started: Instant,
+    route: Option<MatchedPath>,
+    method: Method,
+    uri: Uri,
+    peer: Option<SocketAddr>,
+}
+
+impl Seen {
+    /// The facts of `req`, and the time it started.
+    pub(crate) fn of(req: &Request) -> Self {
+        Seen {
+            started: Instant::now(),
+            route: req.extensions().get::<MatchedPath>().cloned(),
+            method: req.method().clone(),
+            uri: req.uri().clone(),
+            peer: req
+                .extensions()
+                .get::<ConnectInfo<SocketAddr>>()
+                .map(|c| c.0),
+        }
+    }
+
+    /// Count the request and log its line: answered `status`, for the token named
+    /// `principal` (`None`: no token was accepted).
+    pub(crate) fn record(
+        self,
+        app: &AppState,
+        request_id: &str,
+        principal: Option<&str>,
+        status: u16,
+    ) {
+        let took = self.started.elapsed();
+        let method = &self.method;
+        let label = method_label(method);
+        let route = self.route.as_ref().map_or("unmatched", MatchedPath::as_str);
+        app.metrics.request(label, route, status, took);
+        tracing::info!(
+            target: "tollgate::access",
+            request_id = %request_id,
+            peer = %Shown(self.peer.as_ref()),
+            principal = %Shown(principal),
+            method = %method_for_log(method),
+            // A path can be as long as the URI limit; keep the line readable.
+            path = %Truncated(self.uri.path(), 256),
+            route = %route,
+            status,
+            latency_ms = (took.as_secs_f64() * 1e6).round() / 1e3,
+            "request"
+        );
+    }
 }
 
 /// A value as the line shows it: `-` when absent.

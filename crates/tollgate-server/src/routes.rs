@@ -9,9 +9,8 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use axum::extract::{DefaultBodyLimit, Request, State};
+use axum::extract::State;
 use axum::http::{header, HeaderMap, HeaderValue, Method, StatusCode};
-use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{delete, get, post, put, MethodRouter};
 use axum::{Extension, Json, Router};
@@ -22,7 +21,6 @@ use tollgate::{
     Repair, Scope,
 };
 use tollgate_core::limit::MAX_TOKENS;
-use tower_http::timeout::{RequestBodyTimeoutLayer, TimeoutLayer};
 
 use crate::auth::{Principal, Role};
 use crate::error::ApiError;
@@ -210,7 +208,6 @@ fn table_infos() -> &'static [RouteInfo] {
 }
 
 pub(crate) fn router(state: Arc<AppState>) -> Router {
-    let cfg = &state.config;
     let mut router = Router::new();
     for (info, handler) in table() {
         router = router.route(info.path, handler);
@@ -218,54 +215,11 @@ pub(crate) fn router(state: Arc<AppState>) -> Router {
     router
         .fallback(not_found)
         .method_not_allowed_fallback(method_not_allowed)
-        // Innermost first: each `layer` wraps what is above it.
-        .layer(DefaultBodyLimit::max(cfg.body_limit))
-        .layer(RequestBodyTimeoutLayer::new(cfg.body_timeout))
-        .layer(TimeoutLayer::with_status_code(
-            StatusCode::SERVICE_UNAVAILABLE,
-            cfg.request_timeout,
-        ))
-        .layer(middleware::from_fn_with_state(
-            state.clone(),
-            crate::auth::authorize,
-        ))
-        .layer(middleware::from_fn_with_state(state.clone(), uri_guard))
-        .layer(middleware::from_fn(crate::error::ensure_json))
-        .layer(middleware::from_fn_with_state(
-            state.clone(),
-            crate::access::log_and_count,
-        ))
-        .layer(middleware::from_fn(crate::request_id::assign))
+        // Request id, access log, JSON errors, URI guard, authorization, timeouts and body
+        // limit: one service around every route (see `edge.rs`).
+        .layer(crate::edge::EdgeLayer::new(state.clone()))
         .with_state(state)
 }
-
-/// `414 uri_too_long` for a URI (path and query) over [`crate::ServerConfig::max_uri_bytes`];
-/// a lease route's (its path carries the lease token) may be as long as the request head
-/// allows ([`crate::ServerConfig::max_header_bytes`], when that is larger).
-async fn uri_guard(State(app): St, req: Request, next: Next) -> Response {
-    let len = req
-        .uri()
-        .path_and_query()
-        .map(|pq| pq.as_str().len())
-        .unwrap_or(0);
-    let max = if req.uri().path().starts_with(LEASE_PATHS) {
-        app.config.max_uri_bytes.max(app.config.max_header_bytes)
-    } else {
-        app.config.max_uri_bytes
-    };
-    if len > max {
-        return ApiError::new(
-            StatusCode::URI_TOO_LONG,
-            "uri_too_long",
-            format!("the request URI is {len} bytes; this server accepts at most {max}"),
-        )
-        .into_response();
-    }
-    next.run(req).await
-}
-
-/// The prefix of the routes whose path carries a lease token.
-const LEASE_PATHS: &str = "/v1/leases/";
 
 async fn not_found() -> ApiError {
     ApiError::new(StatusCode::NOT_FOUND, "not_found", "no such route")
