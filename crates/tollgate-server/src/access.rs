@@ -62,9 +62,10 @@ impl Seen {
         tracing::info!(
             target: "tollgate::access",
             request_id = %request_id,
-            peer = %Shown(self.peer.as_ref()),
+            peer = %Peer(self.peer),
             principal = %Shown(principal),
-            method = %method_for_log(method),
+            // Standard methods as they are, others truncated to 32 characters.
+            method = %Truncated(method.as_str(), 32),
             // A path can be as long as the URI limit; keep the line readable.
             path = %Truncated(self.uri.path(), 256),
             route = %route,
@@ -92,6 +93,10 @@ struct Truncated<'a>(&'a str, usize);
 
 impl std::fmt::Display for Truncated<'_> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        if self.0.len() <= self.1 {
+            // No more characters than bytes.
+            return f.write_str(self.0);
+        }
         match self.0.char_indices().nth(self.1) {
             Some((at, _)) => f.write_str(&self.0[..at]),
             None => f.write_str(self.0),
@@ -99,9 +104,37 @@ impl std::fmt::Display for Truncated<'_> {
     }
 }
 
-/// The method as logged: standard methods as is, others truncated to 32 characters.
-fn method_for_log(m: &axum::http::Method) -> String {
-    m.as_str().chars().take(32).collect()
+/// The peer's address as `SocketAddr` displays it, `-` when absent; an IPv4 address written
+/// in one piece (the standard library formats its parts one by one).
+struct Peer(Option<SocketAddr>);
+
+impl std::fmt::Display for Peer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match &self.0 {
+            None => f.write_str("-"),
+            Some(SocketAddr::V4(a)) => {
+                // At most "255.255.255.255:65535", on the stack.
+                let mut text = [0u8; 21];
+                let mut len = 0;
+                let mut put = |part: &str| {
+                    text[len..len + part.len()].copy_from_slice(part.as_bytes());
+                    len += part.len();
+                };
+                let mut digits = itoa::Buffer::new();
+                for (i, octet) in a.ip().octets().into_iter().enumerate() {
+                    if i > 0 {
+                        put(".");
+                    }
+                    put(digits.format(octet));
+                }
+                put(":");
+                put(digits.format(a.port()));
+                // Digits, dots and a colon.
+                f.write_str(std::str::from_utf8(&text[..len]).unwrap_or_default())
+            }
+            Some(a) => a.fmt(f),
+        }
+    }
 }
 
 #[cfg(test)]
@@ -116,5 +149,23 @@ mod tests {
         assert_eq!(Truncated(&"a".repeat(300), 256).to_string().len(), 256);
         assert_eq!(Shown(None::<&str>).to_string(), "-");
         assert_eq!(Shown(Some("gw")).to_string(), "gw");
+        assert_eq!(Truncated("PROPFINDÄ", 32).to_string(), "PROPFINDÄ");
+        assert_eq!(Truncated(&"Ä".repeat(40), 32).to_string(), "Ä".repeat(32));
+    }
+
+    #[test]
+    fn peers_as_the_standard_library_writes_them() {
+        for a in [
+            "127.0.0.1:50312",
+            "0.0.0.0:0",
+            "255.255.255.255:65535",
+            "10.20.3.4:8",
+            "[::1]:8080",
+            "[fe80::1%2]:1",
+        ] {
+            let a: SocketAddr = a.parse().unwrap();
+            assert_eq!(Peer(Some(a)).to_string(), a.to_string());
+        }
+        assert_eq!(Peer(None).to_string(), "-");
     }
 }
