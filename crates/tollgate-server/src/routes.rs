@@ -10,7 +10,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use axum::extract::State;
-use axum::http::{header, HeaderMap, HeaderValue, Method, StatusCode};
+use axum::http::{header, HeaderValue, Method, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{delete, get, post, put, MethodRouter};
 use axum::{Extension, Json, Router};
@@ -240,13 +240,24 @@ async fn method_not_allowed() -> ApiError {
 /// negatives and the too-large with its own message; anything not an i64 is refused here).
 fn amounts_of(m: &BTreeMap<String, Json_>) -> ApiResult<Vec<(String, i64)>> {
     m.iter()
-        .map(|(k, v)| match v.as_i64() {
-            Some(a) => Ok((k.clone(), a)),
-            None => Err(ApiError::invalid_amount(format!(
-                "invalid amount for {k:?}: must be an integer between 0 and {MAX_TOKENS}, not {v}"
-            ))),
-        })
+        .map(|(k, v)| amount(k, v).map(|a| (k.clone(), a)))
         .collect()
+}
+
+/// [`amounts_of`], the names moved out of the map rather than copied.
+fn amounts_from(m: BTreeMap<String, Json_>) -> ApiResult<Vec<(String, i64)>> {
+    m.into_iter()
+        .map(|(k, v)| amount(&k, &v).map(|a| (k, a)))
+        .collect()
+}
+
+/// The tokens of one JSON amount.
+fn amount(name: &str, v: &Json_) -> ApiResult<i64> {
+    v.as_i64().ok_or_else(|| {
+        ApiError::invalid_amount(format!(
+            "invalid amount for {name:?}: must be an integer between 0 and {MAX_TOKENS}, not {v}"
+        ))
+    })
 }
 
 fn borrow(a: &[(String, i64)]) -> Vec<(&str, i64)> {
@@ -305,11 +316,58 @@ struct AcquireBody {
 }
 
 #[derive(Debug, Serialize)]
-struct AcquireOk {
+struct AcquireOk<'a> {
     lease_id: Option<String>,
     lease_expires_at_ms: Option<i64>,
-    statuses: Vec<LimitStatus>,
+    statuses: &'a [LimitStatus],
     degraded: bool,
+}
+
+/// A JSON answer, as axum's `Json` makes one (`Content-Type: application/json`; a value
+/// that cannot be serialized is a plain-text `500`), written into a buffer kept by the
+/// thread and copied out at its final size: one allocation, and one header map the caller
+/// adds to.
+pub(crate) fn json_answer<T: Serialize>(status: StatusCode, value: &T) -> Response {
+    /// The largest buffer a thread keeps between answers.
+    const KEPT: usize = 64 * 1024;
+    thread_local! {
+        static BUF: std::cell::RefCell<Vec<u8>> = const { std::cell::RefCell::new(Vec::new()) };
+    }
+    let written = BUF.with(|buf| {
+        let mut fresh = Vec::new();
+        let mut kept = buf.try_borrow_mut();
+        let out = match &mut kept {
+            Ok(b) => &mut **b,
+            Err(_) => &mut fresh,
+        };
+        out.clear();
+        let r = serde_json::to_writer(&mut *out, value)
+            .map(|()| axum::body::Bytes::copy_from_slice(out));
+        if out.capacity() > KEPT {
+            *out = Vec::new();
+        }
+        r
+    });
+    match written {
+        Ok(bytes) => {
+            let mut resp = Response::new(axum::body::Body::from(bytes));
+            *resp.status_mut() = status;
+            resp.headers_mut().insert(
+                header::CONTENT_TYPE,
+                HeaderValue::from_static("application/json"),
+            );
+            resp
+        }
+        Err(e) => (
+            StatusCode::INTERNAL_SERVER_ERROR,
+            [(
+                header::CONTENT_TYPE,
+                HeaderValue::from_static("text/plain; charset=utf-8"),
+            )],
+            e.to_string(),
+        )
+            .into_response(),
+    }
 }
 
 #[derive(Debug, Serialize)]
@@ -340,7 +398,7 @@ async fn acquire(
 async fn acquire_inner(
     app: &AppState,
     principal: &Principal,
-    body: AcquireBody,
+    mut body: AcquireBody,
 ) -> ApiResult<Response> {
     if body.limits.is_some() && !principal.may_override_limits(app.config.allow_limit_overrides) {
         return Err(ApiError::new(
@@ -360,7 +418,7 @@ async fn acquire_inner(
             ),
         ));
     }
-    let amounts = amounts_of(&body.amounts)?;
+    let amounts = amounts_from(std::mem::take(&mut body.amounts))?;
     let overrides = body.limits.as_deref().map(specs_to_limits).transpose()?;
     let lim = &app.limiter;
     let opts = AcquireOptions {
@@ -400,28 +458,21 @@ async fn acquire_inner(
                 let (token, expires) = hold(app, lease).await?;
                 (Some(token), Some(expires))
             };
-            let mut headers = HeaderMap::new();
-            add_ratelimit_headers(&mut headers, &statuses, &limits, now);
-            Ok((
+            let mut resp = json_answer(
                 StatusCode::OK,
-                headers,
-                Json(AcquireOk {
+                &AcquireOk {
                     lease_id,
                     lease_expires_at_ms,
-                    statuses,
+                    statuses: &statuses,
                     degraded,
-                }),
-            )
-                .into_response())
+                },
+            );
+            add_ratelimit_headers(resp.headers_mut(), &statuses, &limits, now);
+            Ok(resp)
         }
         Err(Error::RateLimitExceeded(ex)) => {
             let limits = limits_for_headers().await;
             let now = lim.clock().now_ms();
-            let mut headers = HeaderMap::new();
-            if let Some(ms) = ex.retry_after_ms {
-                headers.insert(header::RETRY_AFTER, HeaderValue::from(retry_after_secs(ms)));
-            }
-            add_ratelimit_headers(&mut headers, &ex.statuses, &limits, now);
             let body = Rejected {
                 error: "rate_limit_exceeded",
                 message: ex.to_string(),
@@ -429,7 +480,13 @@ async fn acquire_inner(
                 resets_at_ms: ex.resets_at_ms,
                 limits: &ex.statuses,
             };
-            Ok((StatusCode::TOO_MANY_REQUESTS, headers, Json(body)).into_response())
+            let mut resp = json_answer(StatusCode::TOO_MANY_REQUESTS, &body);
+            let headers = resp.headers_mut();
+            if let Some(ms) = ex.retry_after_ms {
+                headers.insert(header::RETRY_AFTER, HeaderValue::from(retry_after_secs(ms)));
+            }
+            add_ratelimit_headers(headers, &ex.statuses, &limits, now);
+            Ok(resp)
         }
         Err(e) => Err(e.into()),
     }
