@@ -13,6 +13,7 @@ mod doctor;
 mod fail;
 mod limits_file;
 mod logbuf;
+mod logfmt;
 mod namespace;
 mod progress;
 mod serve;
@@ -32,7 +33,7 @@ use crate::fail::Failure;
 use crate::spec::human_ms;
 use crate::store::{Access, StoreSpec};
 use tollgate_server::scope_name;
-use tracing_subscriber::fmt::writer::BoxMakeWriter;
+use tracing_subscriber::fmt::writer::EitherWriter;
 
 const LIMIT_SYNTAX: &str = "\
 LIMIT SYNTAX
@@ -472,8 +473,8 @@ fn init_tracing(default: &str, json: bool, batched: bool) -> Option<logbuf::Flus
             }
         });
     let (writer, guard) = match started {
-        Some((w, g)) => (BoxMakeWriter::new(w), Some(g)),
-        None => (BoxMakeWriter::new(std::io::stderr), None),
+        Some((w, g)) => (LogSink::Batched(w), Some(g)),
+        None => (LogSink::Stderr, None),
     };
     let b = tracing_subscriber::fmt()
         .with_env_filter(filter)
@@ -485,9 +486,27 @@ fn init_tracing(default: &str, json: bool, batched: bool) -> Option<logbuf::Flus
             .with_current_span(false)
             .try_init()
     } else {
-        b.try_init()
+        b.event_format(logfmt::Text::default()).try_init()
     };
     guard
+}
+
+/// Where log lines go: the batched writer, or standard error directly.
+#[derive(Debug, Clone)]
+enum LogSink {
+    Batched(logbuf::Batched),
+    Stderr,
+}
+
+impl<'a> tracing_subscriber::fmt::MakeWriter<'a> for LogSink {
+    type Writer = EitherWriter<logbuf::Line<'a>, std::io::Stderr>;
+
+    fn make_writer(&'a self) -> Self::Writer {
+        match self {
+            LogSink::Batched(b) => EitherWriter::A(b.make_writer()),
+            LogSink::Stderr => EitherWriter::B(std::io::stderr()),
+        }
+    }
 }
 
 /// Whether `--json` is among the raw arguments (for usage errors, before parsing).

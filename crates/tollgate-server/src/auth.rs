@@ -25,7 +25,7 @@
 //! timing, and the plaintext tokens are not kept in memory.
 
 use std::path::{Path, PathBuf};
-use std::sync::{Arc, RwLock};
+use std::sync::{Arc, LazyLock, RwLock};
 
 use sha2::{Digest, Sha256};
 use subtle::ConstantTimeEq;
@@ -71,7 +71,7 @@ impl std::str::FromStr for Role {
     }
 }
 
-/// Who made a request; in the request's extensions for every handler and the access log.
+/// Who made a request; in the request's extensions for every handler.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Principal {
     /// The token's name, or `anonymous` when authentication is off.
@@ -85,19 +85,19 @@ pub struct Principal {
 impl Principal {
     /// The principal of every request when authentication is off.
     pub fn anonymous() -> Self {
+        static ANONYMOUS: LazyLock<Arc<str>> = LazyLock::new(|| Arc::from("anonymous"));
         Principal {
-            name: Arc::from("anonymous"),
+            name: Arc::clone(&ANONYMOUS),
             role: Role::Admin,
             authenticated: false,
         }
     }
-}
 
-impl Principal {
     /// A caller without a (known) token on a public route.
     pub fn unauthenticated() -> Self {
+        static UNAUTHENTICATED: LazyLock<Arc<str>> = LazyLock::new(|| Arc::from("-"));
         Principal {
-            name: Arc::from("-"),
+            name: Arc::clone(&UNAUTHENTICATED),
             role: Role::Client,
             authenticated: false,
         }
@@ -368,31 +368,29 @@ impl Auth {
     }
 }
 
-/// Middleware: who is calling, and may they use this route?
+/// Who is calling, and may they use this route? The principal's name when they may (the
+/// principal is then in the request's extensions, for handlers); otherwise the error that
+/// refuses the request, and the name of the token it presented when that token is known.
 ///
 /// The route's role comes from the route table ([`crate::routes::needs`]). Without
 /// authentication every request is [`Principal::anonymous`]. With it, a route that needs a
 /// role answers `401 unauthorized` without a known bearer token and `403 forbidden` when the
-/// token's role is not enough; public routes (health, readiness) take no token. The
-/// principal goes into the request's extensions (for handlers) and the response's (for the
-/// access log).
-pub async fn authorize(
-    axum::extract::State(app): axum::extract::State<Arc<crate::AppState>>,
-    mut req: axum::extract::Request,
-    next: axum::middleware::Next,
-) -> axum::response::Response {
+/// token's role is not enough; public routes (health, readiness) take no token.
+pub(crate) fn authorize(
+    app: &crate::AppState,
+    req: &mut axum::extract::Request,
+) -> Result<Arc<str>, (crate::error::ApiError, Option<Arc<str>>)> {
     use axum::http::StatusCode;
-    use axum::response::IntoResponse;
 
     use crate::error::ApiError;
 
-    let needed = req
-        .extensions()
-        .get::<axum::extract::MatchedPath>()
-        .and_then(|m| crate::routes::needs(req.method(), m.as_str()));
     let principal = match &app.auth {
-        None => Ok(Principal::anonymous()),
+        None => Principal::anonymous(),
         Some(auth) => {
+            let needed = req
+                .extensions()
+                .get::<axum::extract::MatchedPath>()
+                .and_then(|m| crate::routes::needs(req.method(), m.as_str()));
             let presented = req
                 .headers()
                 .get(axum::http::header::AUTHORIZATION)
@@ -401,24 +399,28 @@ pub async fn authorize(
                 Some(Some(t)) => auth.tokens().authenticate(t),
                 _ => None,
             };
+            let unauthorized = |message| {
+                Err((
+                    ApiError::new(StatusCode::UNAUTHORIZED, "unauthorized", message),
+                    None,
+                ))
+            };
             match (needed, presented, known) {
-                (None, _, Some(p)) => Ok(p),
-                (None, _, None) => Ok(Principal::unauthenticated()),
-                (Some(_), None, _) => Err(ApiError::new(
-                    StatusCode::UNAUTHORIZED,
-                    "unauthorized",
-                    "this route needs a bearer token: Authorization: Bearer TOKEN",
-                )),
-                (Some(_), Some(None), _) => Err(ApiError::new(
-                    StatusCode::UNAUTHORIZED,
-                    "unauthorized",
-                    "the Authorization header is not of the form: Bearer TOKEN",
-                )),
-                (Some(_), Some(Some(_)), None) => Err(ApiError::new(
-                    StatusCode::UNAUTHORIZED,
-                    "unauthorized",
-                    "the bearer token is not known to this server",
-                )),
+                (None, _, Some(p)) => p,
+                (None, _, None) => Principal::unauthenticated(),
+                (Some(_), None, _) => {
+                    return unauthorized(
+                        "this route needs a bearer token: Authorization: Bearer TOKEN",
+                    )
+                }
+                (Some(_), Some(None), _) => {
+                    return unauthorized(
+                        "the Authorization header is not of the form: Bearer TOKEN",
+                    )
+                }
+                (Some(_), Some(Some(_)), None) => {
+                    return unauthorized("the bearer token is not known to this server")
+                }
                 (Some(role), _, Some(p)) if !p.role.allows(role) => {
                     let e = ApiError::new(
                         StatusCode::FORBIDDEN,
@@ -430,23 +432,15 @@ pub async fn authorize(
                             role.as_str()
                         ),
                     );
-                    let mut resp = e.into_response();
-                    resp.extensions_mut().insert(p);
-                    return resp;
+                    return Err((e, Some(p.name)));
                 }
-                (Some(_), _, Some(p)) => Ok(p),
+                (Some(_), _, Some(p)) => p,
             }
         }
     };
-    match principal {
-        Ok(p) => {
-            req.extensions_mut().insert(p.clone());
-            let mut resp = next.run(req).await;
-            resp.extensions_mut().insert(p);
-            resp
-        }
-        Err(e) => e.into_response(),
-    }
+    let name = Arc::clone(&principal.name);
+    req.extensions_mut().insert(principal);
+    Ok(name)
 }
 
 /// The bearer token of an `Authorization` header value (`Bearer TOKEN`, scheme

@@ -1,9 +1,7 @@
 //! JSON errors with stable codes, and the mapping from [`tollgate::Error`].
 
 use axum::body::Body;
-use axum::extract::Request;
 use axum::http::{header, HeaderMap, HeaderValue, StatusCode};
-use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 use axum::Json;
 use serde::Serialize;
@@ -74,10 +72,10 @@ pub fn code_for_status(status: StatusCode) -> &'static str {
     }
 }
 
-/// Middleware: an error answer that is not JSON (from a layer such as the request timeout,
-/// or the framework) gets the JSON body of its status's code. Headers stay.
-pub async fn ensure_json(req: Request, next: Next) -> Response {
-    let resp = next.run(req).await;
+/// An error answer that is not JSON (from a layer such as the request timeout, or the
+/// framework) gets the JSON body of its status's code; others are returned as they are.
+/// Headers stay.
+pub fn ensure_json(resp: Response) -> Response {
     let status = resp.status();
     if status.as_u16() < 400 {
         return resp;

@@ -6,7 +6,6 @@ use axum::http::request::Parts;
 use axum::http::StatusCode;
 use serde::de::DeserializeOwned;
 use smallvec::SmallVec;
-use std::borrow::Cow;
 use std::collections::HashSet;
 
 use crate::error::ApiError;
@@ -87,27 +86,84 @@ impl<'de> serde::de::Visitor<'de> for UniqueKeysVisitor {
     fn visit_map<A: serde::de::MapAccess<'de>>(self, mut map: A) -> Result<UniqueKeys, A::Error> {
         // A request's objects hold a handful of keys: compared on the stack; a larger one
         // moves to a hash set.
-        let mut few: SmallVec<[Cow<'de, str>; FEW_KEYS]> = SmallVec::new();
-        let mut many: Option<HashSet<Cow<'de, str>>> = None;
-        while let Some(k) = map.next_key::<Cow<'de, str>>()? {
+        let mut few: SmallVec<[Key<'de>; FEW_KEYS]> = SmallVec::new();
+        let mut many: Option<HashSet<Key<'de>>> = None;
+        while let Some(k) = map.next_key::<Key<'de>>()? {
             let repeated = match &mut many {
-                Some(set) => !set.insert(k.clone()),
-                None if few.contains(&k) => true,
-                None if few.len() < FEW_KEYS => {
-                    few.push(k.clone());
-                    false
-                }
-                None => {
-                    many = Some(few.drain(..).chain([k.clone()]).collect());
-                    false
-                }
+                Some(set) => set.contains(&k),
+                None => few.contains(&k),
             };
             if repeated {
-                return Err(serde::de::Error::custom(format!("duplicate key {k:?}")));
+                return Err(serde::de::Error::custom(format!(
+                    "duplicate key {:?}",
+                    k.as_str()
+                )));
+            }
+            match &mut many {
+                Some(set) => {
+                    set.insert(k);
+                }
+                None if few.len() < FEW_KEYS => few.push(k),
+                None => many = Some(few.drain(..).chain([k]).collect()),
             }
             map.next_value::<UniqueKeys>()?;
         }
         Ok(UniqueKeys)
+    }
+}
+
+/// An object key after unescaping: borrowed from the document when it holds no escape (no
+/// allocation), owned otherwise. Keys compare and hash by their text, however held.
+#[derive(Debug)]
+enum Key<'de> {
+    Borrowed(&'de str),
+    Owned(Box<str>),
+}
+
+impl Key<'_> {
+    fn as_str(&self) -> &str {
+        match self {
+            Key::Borrowed(s) => s,
+            Key::Owned(s) => s,
+        }
+    }
+}
+
+impl PartialEq for Key<'_> {
+    fn eq(&self, other: &Self) -> bool {
+        self.as_str() == other.as_str()
+    }
+}
+
+impl Eq for Key<'_> {}
+
+impl std::hash::Hash for Key<'_> {
+    fn hash<H: std::hash::Hasher>(&self, h: &mut H) {
+        self.as_str().hash(h)
+    }
+}
+
+impl<'de> serde::Deserialize<'de> for Key<'de> {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        d.deserialize_str(KeyVisitor)
+    }
+}
+
+struct KeyVisitor;
+
+impl<'de> serde::de::Visitor<'de> for KeyVisitor {
+    type Value = Key<'de>;
+
+    fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("an object key")
+    }
+
+    fn visit_borrowed_str<E>(self, v: &'de str) -> Result<Key<'de>, E> {
+        Ok(Key::Borrowed(v))
+    }
+
+    fn visit_str<E>(self, v: &str) -> Result<Key<'de>, E> {
+        Ok(Key::Owned(v.into()))
     }
 }
 

@@ -76,39 +76,47 @@ pub fn add_ratelimit_headers(
     if statuses.is_empty() {
         return;
     }
-    use std::fmt::Write as _;
-    // Both values written straight into one buffer each (writing to a String cannot fail).
-    let mut policy = String::with_capacity(32 * statuses.len());
-    let mut state = String::with_capacity(32 * statuses.len());
+    // Each value written into one buffer on the stack (a handful of limits fit), its
+    // numbers without `core::fmt`.
+    let mut policy = Text::new();
+    let mut state = Text::new();
+    let mut digits = itoa::Buffer::new();
     for (i, s) in statuses.iter().enumerate() {
         if i > 0 {
-            policy.push_str(", ");
-            state.push_str(", ");
+            policy.extend_from_slice(b", ");
+            state.extend_from_slice(b", ");
         }
         // Limit names are letters, digits and `_ . -`: safe inside an sf-string.
-        let _ = write!(policy, "\"{}\";q={}", s.limit, s.capacity.max(0));
+        let name = s.limit.as_bytes();
+        policy.push(b'"');
+        policy.extend_from_slice(name);
+        policy.extend_from_slice(b"\";q=");
+        policy.extend_from_slice(digits.format(s.capacity.max(0)).as_bytes());
         if let Some(w) = limits
             .iter()
             .find(|l| l.name() == s.limit)
             .and_then(|l| window_secs(l, now_ms))
         {
-            let _ = write!(policy, ";w={w}");
+            policy.extend_from_slice(b";w=");
+            policy.extend_from_slice(digits.format(w).as_bytes());
         }
-        let _ = write!(
-            state,
-            "\"{}\";r={};t={}",
-            s.limit,
-            s.available.max(0),
-            reset_secs(s, now_ms)
-        );
+        state.push(b'"');
+        state.extend_from_slice(name);
+        state.extend_from_slice(b"\";r=");
+        state.extend_from_slice(digits.format(s.available.max(0)).as_bytes());
+        state.extend_from_slice(b";t=");
+        state.extend_from_slice(digits.format(reset_secs(s, now_ms)).as_bytes());
     }
-    if let Ok(v) = HeaderValue::from_str(&policy) {
+    if let Ok(v) = HeaderValue::from_bytes(&policy) {
         headers.insert(RATELIMIT_POLICY.clone(), v);
     }
-    if let Ok(v) = HeaderValue::from_str(&state) {
+    if let Ok(v) = HeaderValue::from_bytes(&state) {
         headers.insert(RATELIMIT.clone(), v);
     }
 }
+
+/// A header value being written.
+type Text = smallvec::SmallVec<[u8; 128]>;
 
 #[cfg(test)]
 mod tests {
@@ -122,6 +130,68 @@ mod tests {
         assert_eq!(retry_after_secs(1000), 1);
         assert_eq!(retry_after_secs(1001), 2);
         assert_eq!(retry_after_secs(11_999), 12);
+    }
+
+    /// The values are the ones `format!` wrote before they were written by hand.
+    #[test]
+    fn header_values_as_formatted() {
+        let rpm = Limit::per_minute("rpm", 60).unwrap();
+        let tpm = Limit::rate("tpm", 200_000, 100_000, Duration::from_secs(60)).unwrap();
+        let limits = [rpm, tpm];
+        let status = |limit: &str, capacity, available, exceeded, retry, resets| LimitStatus {
+            limit: limit.into(),
+            kind: "rate".into(),
+            capacity,
+            available,
+            requested: 1,
+            exceeded,
+            retry_after_ms: retry,
+            resets_at_ms: resets,
+        };
+        let now = 1_000_000;
+        for statuses in [
+            vec![status("rpm", 60, 0, true, Some(11_001), Some(now + 60_000))],
+            vec![
+                status("rpm", 60, 59, false, None, Some(now + 1_000)),
+                status("tpm", 200_000, 199_500, false, None, None),
+                status("gone", -3, -7, false, None, Some(now - 5)),
+            ],
+            vec![status(
+                "tpm",
+                i64::MAX,
+                i64::MAX,
+                true,
+                None,
+                Some(i64::MAX),
+            )],
+        ] {
+            let mut h = HeaderMap::new();
+            add_ratelimit_headers(&mut h, &statuses, &limits, now);
+            let mut policy = Vec::new();
+            let mut state = Vec::new();
+            for s in &statuses {
+                let mut p = format!("\"{}\";q={}", s.limit, s.capacity.max(0));
+                if let Some(w) = limits
+                    .iter()
+                    .find(|l| l.name() == s.limit)
+                    .and_then(|l| window_secs(l, now))
+                {
+                    p.push_str(&format!(";w={w}"));
+                }
+                policy.push(p);
+                state.push(format!(
+                    "\"{}\";r={};t={}",
+                    s.limit,
+                    s.available.max(0),
+                    reset_secs(s, now)
+                ));
+            }
+            assert_eq!(h[&RATELIMIT_POLICY], policy.join(", ").as_str());
+            assert_eq!(h[&RATELIMIT], state.join(", ").as_str());
+        }
+        let mut h = HeaderMap::new();
+        add_ratelimit_headers(&mut h, &[], &limits, now);
+        assert!(h.is_empty());
     }
 
     #[test]

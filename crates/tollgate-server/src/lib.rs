@@ -52,6 +52,7 @@ pub mod access;
 pub mod aggregate;
 pub mod auth;
 pub mod cron;
+mod edge;
 pub mod error;
 pub mod extract;
 pub mod grpc;

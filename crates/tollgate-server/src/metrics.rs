@@ -24,8 +24,11 @@
 //! Every label takes a bounded set of values: an HTTP method outside the standard ones is
 //! counted as `other` ([`method_label`]), so made-up methods cannot grow the series count.
 
-use std::sync::Arc;
+use std::collections::HashMap;
+use std::sync::{Arc, OnceLock, RwLock};
 use std::time::{Duration, Instant};
+
+use foldhash::fast::FixedState;
 
 use async_trait::async_trait;
 use axum::http::Method;
@@ -62,6 +65,11 @@ pub fn method_label(m: &Method) -> &'static str {
         _ => "other",
     }
 }
+
+/// The method labels ([`method_label`]), in the order of the request series' slots.
+const METHOD_LABELS: [&str; 10] = [
+    "GET", "HEAD", "POST", "PUT", "DELETE", "PATCH", "OPTIONS", "CONNECT", "TRACE", "other",
+];
 
 /// Labels of `tollgate_http_requests_total`.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -127,12 +135,50 @@ pub fn error_kind(e: &StoreError) -> &'static str {
     }
 }
 
+/// The store operations a [`MeteredStore`] records, in the order of its series' slots.
+const STORE_OPS: [&str; 9] = [
+    "get",
+    "batch_get",
+    "put",
+    "update",
+    "delete",
+    "transact_write",
+    "query",
+    "scan",
+    "purge",
+];
+
+/// The outcomes of a store request, in the order of its series' slots.
+const STORE_OUTCOMES: [&str; 3] = ["ok", "condition_failed", "error"];
+
+/// The store error kinds ([`error_kind`]), in the order of its series' slots.
+const STORE_ERROR_KINDS: [&str; 8] = [
+    "condition_failed",
+    "transaction_canceled",
+    "transaction_conflict",
+    "throttled",
+    "validation",
+    "ambiguous",
+    "unavailable",
+    "corrupt",
+];
+
 /// Store latency and error metrics, shared by a [`MeteredStore`] and the [`Metrics`] that
 /// expose them. Cheap to clone.
 #[derive(Debug, Clone)]
 pub struct StoreMetrics {
     latency: Family<StoreLabels, Histogram, fn() -> Histogram>,
     errors: Family<StoreErrorLabels, Counter>,
+    /// Handles of the series above, found by position instead of by hashing their labels;
+    /// each is taken from its family the first time it is recorded (when the family
+    /// creates the series, as it would without them).
+    slots: Arc<StoreSlots>,
+}
+
+#[derive(Debug)]
+struct StoreSlots {
+    latency: [[OnceLock<Histogram>; STORE_OUTCOMES.len()]; STORE_OPS.len()],
+    errors: [[OnceLock<Counter>; STORE_ERROR_KINDS.len()]; STORE_OPS.len()],
 }
 
 impl Default for StoreMetrics {
@@ -140,6 +186,10 @@ impl Default for StoreMetrics {
         StoreMetrics {
             latency: Family::new_with_constructor(latency_histogram),
             errors: Family::default(),
+            slots: Arc::new(StoreSlots {
+                latency: std::array::from_fn(|_| std::array::from_fn(|_| OnceLock::new())),
+                errors: std::array::from_fn(|_| std::array::from_fn(|_| OnceLock::new())),
+            }),
         }
     }
 }
@@ -164,16 +214,31 @@ impl StoreMetrics {
             Err(StoreError::ConditionFailed { .. }) => "condition_failed",
             Err(_) => "error",
         };
-        self.latency
-            .get_or_create(&StoreLabels { op, outcome })
-            .observe(started.elapsed().as_secs_f64());
-        if let Err(e) = r {
-            self.errors
-                .get_or_create(&StoreErrorLabels {
-                    op,
-                    kind: error_kind(e),
+        let took = started.elapsed().as_secs_f64();
+        let at = STORE_OPS.iter().position(|o| *o == op);
+        let outcome_at = STORE_OUTCOMES.iter().position(|o| *o == outcome);
+        match (at, outcome_at) {
+            (Some(i), Some(j)) => self.slots.latency[i][j]
+                .get_or_init(|| {
+                    self.latency
+                        .get_or_create(&StoreLabels { op, outcome })
+                        .clone()
                 })
-                .inc();
+                .observe(took),
+            _ => self
+                .latency
+                .get_or_create(&StoreLabels { op, outcome })
+                .observe(took),
+        }
+        if let Err(e) = r {
+            let kind = error_kind(e);
+            let labels = || StoreErrorLabels { op, kind };
+            match (at, STORE_ERROR_KINDS.iter().position(|k| *k == kind)) {
+                (Some(i), Some(j)) => self.slots.errors[i][j]
+                    .get_or_init(|| self.errors.get_or_create(&labels()).clone())
+                    .inc(),
+                _ => self.errors.get_or_create(&labels()).inc(),
+            };
         }
     }
 }
@@ -285,6 +350,23 @@ pub struct Metrics {
     request_latency: Family<RouteLabels, Histogram, fn() -> Histogram>,
     acquires: Family<OutcomeLabels, Counter>,
     acquire_latency: Family<OutcomeLabels, Histogram, fn() -> Histogram>,
+    /// Handles of the request series, by route template, then by method label: found
+    /// without hashing label sets or copying the route. Each is taken from its family the
+    /// first time it is recorded (when the family creates the series, as it would without
+    /// them); a route outside the table is recorded through the families.
+    routes: HashMap<&'static str, [OnceLock<RouteSeries>; METHOD_LABELS.len()], FixedState>,
+    /// Handles of the acquire series, by outcome ([`ACQUIRE_OUTCOMES`]).
+    outcomes: [OnceLock<(Counter, Histogram)>; ACQUIRE_OUTCOMES.len()],
+}
+
+/// The outcomes of an acquire, in the order of its series' slots.
+const ACQUIRE_OUTCOMES: [&str; 3] = ["admitted", "rejected", "error"];
+
+/// The series of one method on one route: its latency, and its counts by status.
+#[derive(Debug)]
+struct RouteSeries {
+    latency: Histogram,
+    statuses: RwLock<Vec<(u16, Counter)>>,
 }
 
 #[derive(Debug)]
@@ -483,12 +565,20 @@ impl Metrics {
             acquire_latency.clone(),
         );
         registry.register_collector(Box::new(LimiterCollector { limiter, leases }));
+        let routes = crate::routes::routes()
+            .into_iter()
+            .map(|r| r.path)
+            .chain(["unmatched", "unparsed"])
+            .map(|route| (route, std::array::from_fn(|_| OnceLock::new())))
+            .collect();
         Metrics {
             registry,
             requests,
             request_latency,
             acquires,
             acquire_latency,
+            routes,
+            outcomes: std::array::from_fn(|_| OnceLock::new()),
         }
     }
 
@@ -498,28 +588,78 @@ impl Metrics {
             method == "other" || method.bytes().all(|b| b.is_ascii_uppercase()),
             "{method}"
         );
-        self.requests
-            .get_or_create(&RequestLabels {
-                method,
-                route: route.into(),
-                status,
-            })
-            .inc();
-        self.request_latency
-            .get_or_create(&RouteLabels {
-                method,
-                route: route.into(),
-            })
-            .observe(took.as_secs_f64());
+        let counter = |route: &str| {
+            self.requests
+                .get_or_create(&RequestLabels {
+                    method,
+                    route: route.into(),
+                    status,
+                })
+                .clone()
+        };
+        let latency = |route: &str| {
+            self.request_latency
+                .get_or_create(&RouteLabels {
+                    method,
+                    route: route.into(),
+                })
+                .clone()
+        };
+        let slot = self.routes.get(route).and_then(|methods| {
+            let i = METHOD_LABELS.iter().position(|m| *m == method)?;
+            Some(&methods[i])
+        });
+        let Some(slot) = slot else {
+            counter(route).inc();
+            latency(route).observe(took.as_secs_f64());
+            return;
+        };
+        // The counter first, then the latency, as the families were always written.
+        let series = slot.get_or_init(|| RouteSeries {
+            statuses: RwLock::new(vec![(status, counter(route))]),
+            latency: latency(route),
+        });
+        let known = series
+            .statuses
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .iter()
+            .find(|(s, _)| *s == status)
+            .map(|(_, c)| c.inc())
+            .is_some();
+        if !known {
+            let mut statuses = series.statuses.write().unwrap_or_else(|e| e.into_inner());
+            match statuses.iter().find(|(s, _)| *s == status) {
+                Some((_, c)) => {
+                    c.inc();
+                }
+                None => {
+                    let c = counter(route);
+                    c.inc();
+                    statuses.push((status, c));
+                }
+            }
+        }
+        series.latency.observe(took.as_secs_f64());
     }
 
     /// Record one acquire.
     pub fn acquire(&self, outcome: &'static str, took: Duration) {
         let l = OutcomeLabels { outcome };
-        self.acquires.get_or_create(&l).inc();
-        self.acquire_latency
-            .get_or_create(&l)
-            .observe(took.as_secs_f64());
+        let handles = || {
+            (
+                self.acquires.get_or_create(&l).clone(),
+                self.acquire_latency.get_or_create(&l).clone(),
+            )
+        };
+        let record = |(count, latency): &(Counter, Histogram)| {
+            count.inc();
+            latency.observe(took.as_secs_f64());
+        };
+        match ACQUIRE_OUTCOMES.iter().position(|o| *o == outcome) {
+            Some(i) => record(self.outcomes[i].get_or_init(handles)),
+            None => record(&handles()),
+        }
     }
 
     /// The OpenMetrics text exposition.
@@ -527,5 +667,148 @@ impl Metrics {
         let mut out = String::new();
         prometheus_client::encoding::text::encode(&mut out, &self.registry)?;
         Ok(out)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The value of the series `line` (its name and labels) in `text`.
+    fn value(text: &str, series: &str) -> Option<f64> {
+        text.lines()
+            .find_map(|l| l.strip_prefix(series)?.strip_prefix(' ')?.parse().ok())
+    }
+
+    /// Series recorded through the kept handles count as through their families: the same
+    /// series, created when first recorded, each count once.
+    #[test]
+    fn kept_handles_count_as_the_families_do() {
+        let limiter = Limiter::new(Arc::new(tollgate_store::memory::MemoryStore::new())).unwrap();
+        let sm = StoreMetrics::new();
+        let m = Metrics::new(limiter, Arc::new(LeaseTable::default()), Some(sm.clone()));
+        let before = m.render().unwrap();
+        assert!(
+            !before.contains("tollgate_http_requests_total{"),
+            "{before}"
+        );
+        assert!(!before.contains("tollgate_acquires_total{"), "{before}");
+        let ms = Duration::from_millis(1);
+        for _ in 0..3 {
+            m.request("GET", "/healthz", 200, ms);
+        }
+        m.request("GET", "/healthz", 503, ms);
+        m.request("other", "/healthz", 405, ms);
+        m.request("POST", "/not/a/route", 200, ms);
+        m.request("POST", "/not/a/route", 200, ms);
+        m.acquire("admitted", ms);
+        m.acquire("admitted", ms);
+        m.acquire("rejected", ms);
+        m.acquire("unheard-of", ms);
+        let t = Instant::now();
+        sm.record("get", t, &Ok::<(), StoreError>(()));
+        sm.record("get", t, &Ok::<(), StoreError>(()));
+        sm.record(
+            "put",
+            t,
+            &Err::<(), _>(StoreError::Throttled("slow down".into())),
+        );
+        sm.record(
+            "made_up",
+            t,
+            &Err::<(), _>(StoreError::Throttled("x".into())),
+        );
+        let text = m.render().unwrap();
+        for (series, want) in [
+            (
+                r#"tollgate_http_requests_total{method="GET",route="/healthz",status="200"}"#,
+                3.0,
+            ),
+            (
+                r#"tollgate_http_requests_total{method="GET",route="/healthz",status="503"}"#,
+                1.0,
+            ),
+            (
+                r#"tollgate_http_requests_total{method="other",route="/healthz",status="405"}"#,
+                1.0,
+            ),
+            (
+                r#"tollgate_http_requests_total{method="POST",route="/not/a/route",status="200"}"#,
+                2.0,
+            ),
+            (
+                r#"tollgate_http_request_duration_seconds_count{method="GET",route="/healthz"}"#,
+                4.0,
+            ),
+            (
+                r#"tollgate_http_request_duration_seconds_count{method="other",route="/healthz"}"#,
+                1.0,
+            ),
+            (
+                r#"tollgate_http_request_duration_seconds_count{method="POST",route="/not/a/route"}"#,
+                2.0,
+            ),
+            (r#"tollgate_acquires_total{outcome="admitted"}"#, 2.0),
+            (r#"tollgate_acquires_total{outcome="rejected"}"#, 1.0),
+            (r#"tollgate_acquires_total{outcome="unheard-of"}"#, 1.0),
+            (
+                r#"tollgate_acquire_duration_seconds_count{outcome="admitted"}"#,
+                2.0,
+            ),
+            (
+                r#"tollgate_store_request_duration_seconds_count{op="get",outcome="ok"}"#,
+                2.0,
+            ),
+            (
+                r#"tollgate_store_request_duration_seconds_count{op="put",outcome="error"}"#,
+                1.0,
+            ),
+            (
+                r#"tollgate_store_request_duration_seconds_count{op="made_up",outcome="error"}"#,
+                1.0,
+            ),
+            (
+                r#"tollgate_store_errors_total{op="put",kind="throttled"}"#,
+                1.0,
+            ),
+            (
+                r#"tollgate_store_errors_total{op="made_up",kind="throttled"}"#,
+                1.0,
+            ),
+        ] {
+            assert_eq!(value(&text, series), Some(want), "{series}\n{text}");
+        }
+        assert_eq!(
+            value(&text, r#"tollgate_acquires_total{outcome="error"}"#),
+            None
+        );
+    }
+
+    #[test]
+    fn slot_tables_name_every_label() {
+        for m in [
+            Method::GET,
+            Method::HEAD,
+            Method::POST,
+            Method::PUT,
+            Method::DELETE,
+            Method::PATCH,
+            Method::OPTIONS,
+            Method::CONNECT,
+            Method::TRACE,
+            Method::from_bytes(b"FROB").unwrap(),
+        ] {
+            assert!(METHOD_LABELS.contains(&method_label(&m)), "{m}");
+        }
+        for e in [
+            StoreError::TransactionConflict,
+            StoreError::Throttled(String::new()),
+            StoreError::Validation(String::new()),
+            StoreError::Ambiguous(String::new()),
+            StoreError::Unavailable(String::new()),
+            StoreError::Corrupt(String::new()),
+        ] {
+            assert!(STORE_ERROR_KINDS.contains(&error_kind(&e)), "{e}");
+        }
     }
 }

@@ -9,9 +9,8 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use axum::extract::{DefaultBodyLimit, Request, State};
-use axum::http::{header, HeaderMap, HeaderValue, Method, StatusCode};
-use axum::middleware::{self, Next};
+use axum::extract::State;
+use axum::http::{header, HeaderValue, Method, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{delete, get, post, put, MethodRouter};
 use axum::{Extension, Json, Router};
@@ -22,7 +21,6 @@ use tollgate::{
     Repair, Scope,
 };
 use tollgate_core::limit::MAX_TOKENS;
-use tower_http::timeout::{RequestBodyTimeoutLayer, TimeoutLayer};
 
 use crate::auth::{Principal, Role};
 use crate::error::ApiError;
@@ -210,7 +208,6 @@ fn table_infos() -> &'static [RouteInfo] {
 }
 
 pub(crate) fn router(state: Arc<AppState>) -> Router {
-    let cfg = &state.config;
     let mut router = Router::new();
     for (info, handler) in table() {
         router = router.route(info.path, handler);
@@ -218,54 +215,11 @@ pub(crate) fn router(state: Arc<AppState>) -> Router {
     router
         .fallback(not_found)
         .method_not_allowed_fallback(method_not_allowed)
-        // Innermost first: each `layer` wraps what is above it.
-        .layer(DefaultBodyLimit::max(cfg.body_limit))
-        .layer(RequestBodyTimeoutLayer::new(cfg.body_timeout))
-        .layer(TimeoutLayer::with_status_code(
-            StatusCode::SERVICE_UNAVAILABLE,
-            cfg.request_timeout,
-        ))
-        .layer(middleware::from_fn_with_state(
-            state.clone(),
-            crate::auth::authorize,
-        ))
-        .layer(middleware::from_fn_with_state(state.clone(), uri_guard))
-        .layer(middleware::from_fn(crate::error::ensure_json))
-        .layer(middleware::from_fn_with_state(
-            state.clone(),
-            crate::access::log_and_count,
-        ))
-        .layer(middleware::from_fn(crate::request_id::assign))
+        // Request id, access log, JSON errors, URI guard, authorization, timeouts and body
+        // limit: one service around every route (see `edge.rs`).
+        .layer(crate::edge::EdgeLayer::new(state.clone()))
         .with_state(state)
 }
-
-/// `414 uri_too_long` for a URI (path and query) over [`crate::ServerConfig::max_uri_bytes`];
-/// a lease route's (its path carries the lease token) may be as long as the request head
-/// allows ([`crate::ServerConfig::max_header_bytes`], when that is larger).
-async fn uri_guard(State(app): St, req: Request, next: Next) -> Response {
-    let len = req
-        .uri()
-        .path_and_query()
-        .map(|pq| pq.as_str().len())
-        .unwrap_or(0);
-    let max = if req.uri().path().starts_with(LEASE_PATHS) {
-        app.config.max_uri_bytes.max(app.config.max_header_bytes)
-    } else {
-        app.config.max_uri_bytes
-    };
-    if len > max {
-        return ApiError::new(
-            StatusCode::URI_TOO_LONG,
-            "uri_too_long",
-            format!("the request URI is {len} bytes; this server accepts at most {max}"),
-        )
-        .into_response();
-    }
-    next.run(req).await
-}
-
-/// The prefix of the routes whose path carries a lease token.
-const LEASE_PATHS: &str = "/v1/leases/";
 
 async fn not_found() -> ApiError {
     ApiError::new(StatusCode::NOT_FOUND, "not_found", "no such route")
@@ -286,13 +240,24 @@ async fn method_not_allowed() -> ApiError {
 /// negatives and the too-large with its own message; anything not an i64 is refused here).
 fn amounts_of(m: &BTreeMap<String, Json_>) -> ApiResult<Vec<(String, i64)>> {
     m.iter()
-        .map(|(k, v)| match v.as_i64() {
-            Some(a) => Ok((k.clone(), a)),
-            None => Err(ApiError::invalid_amount(format!(
-                "invalid amount for {k:?}: must be an integer between 0 and {MAX_TOKENS}, not {v}"
-            ))),
-        })
+        .map(|(k, v)| amount(k, v).map(|a| (k.clone(), a)))
         .collect()
+}
+
+/// [`amounts_of`], the names moved out of the map rather than copied.
+fn amounts_from(m: BTreeMap<String, Json_>) -> ApiResult<Vec<(String, i64)>> {
+    m.into_iter()
+        .map(|(k, v)| amount(&k, &v).map(|a| (k, a)))
+        .collect()
+}
+
+/// The tokens of one JSON amount.
+fn amount(name: &str, v: &Json_) -> ApiResult<i64> {
+    v.as_i64().ok_or_else(|| {
+        ApiError::invalid_amount(format!(
+            "invalid amount for {name:?}: must be an integer between 0 and {MAX_TOKENS}, not {v}"
+        ))
+    })
 }
 
 fn borrow(a: &[(String, i64)]) -> Vec<(&str, i64)> {
@@ -351,11 +316,58 @@ struct AcquireBody {
 }
 
 #[derive(Debug, Serialize)]
-struct AcquireOk {
+struct AcquireOk<'a> {
     lease_id: Option<String>,
     lease_expires_at_ms: Option<i64>,
-    statuses: Vec<LimitStatus>,
+    statuses: &'a [LimitStatus],
     degraded: bool,
+}
+
+/// A JSON answer, as axum's `Json` makes one (`Content-Type: application/json`; a value
+/// that cannot be serialized is a plain-text `500`), written into a buffer kept by the
+/// thread and copied out at its final size: one allocation, and one header map the caller
+/// adds to.
+pub(crate) fn json_answer<T: Serialize>(status: StatusCode, value: &T) -> Response {
+    /// The largest buffer a thread keeps between answers.
+    const KEPT: usize = 64 * 1024;
+    thread_local! {
+        static BUF: std::cell::RefCell<Vec<u8>> = const { std::cell::RefCell::new(Vec::new()) };
+    }
+    let written = BUF.with(|buf| {
+        let mut fresh = Vec::new();
+        let mut kept = buf.try_borrow_mut();
+        let out = match &mut kept {
+            Ok(b) => &mut **b,
+            Err(_) => &mut fresh,
+        };
+        out.clear();
+        let r = serde_json::to_writer(&mut *out, value)
+            .map(|()| axum::body::Bytes::copy_from_slice(out));
+        if out.capacity() > KEPT {
+            *out = Vec::new();
+        }
+        r
+    });
+    match written {
+        Ok(bytes) => {
+            let mut resp = Response::new(axum::body::Body::from(bytes));
+            *resp.status_mut() = status;
+            resp.headers_mut().insert(
+                header::CONTENT_TYPE,
+                HeaderValue::from_static("application/json"),
+            );
+            resp
+        }
+        Err(e) => (
+            StatusCode::INTERNAL_SERVER_ERROR,
+            [(
+                header::CONTENT_TYPE,
+                HeaderValue::from_static("text/plain; charset=utf-8"),
+            )],
+            e.to_string(),
+        )
+            .into_response(),
+    }
 }
 
 #[derive(Debug, Serialize)]
@@ -386,7 +398,7 @@ async fn acquire(
 async fn acquire_inner(
     app: &AppState,
     principal: &Principal,
-    body: AcquireBody,
+    mut body: AcquireBody,
 ) -> ApiResult<Response> {
     if body.limits.is_some() && !principal.may_override_limits(app.config.allow_limit_overrides) {
         return Err(ApiError::new(
@@ -406,7 +418,7 @@ async fn acquire_inner(
             ),
         ));
     }
-    let amounts = amounts_of(&body.amounts)?;
+    let amounts = amounts_from(std::mem::take(&mut body.amounts))?;
     let overrides = body.limits.as_deref().map(specs_to_limits).transpose()?;
     let lim = &app.limiter;
     let opts = AcquireOptions {
@@ -446,28 +458,21 @@ async fn acquire_inner(
                 let (token, expires) = hold(app, lease).await?;
                 (Some(token), Some(expires))
             };
-            let mut headers = HeaderMap::new();
-            add_ratelimit_headers(&mut headers, &statuses, &limits, now);
-            Ok((
+            let mut resp = json_answer(
                 StatusCode::OK,
-                headers,
-                Json(AcquireOk {
+                &AcquireOk {
                     lease_id,
                     lease_expires_at_ms,
-                    statuses,
+                    statuses: &statuses,
                     degraded,
-                }),
-            )
-                .into_response())
+                },
+            );
+            add_ratelimit_headers(resp.headers_mut(), &statuses, &limits, now);
+            Ok(resp)
         }
         Err(Error::RateLimitExceeded(ex)) => {
             let limits = limits_for_headers().await;
             let now = lim.clock().now_ms();
-            let mut headers = HeaderMap::new();
-            if let Some(ms) = ex.retry_after_ms {
-                headers.insert(header::RETRY_AFTER, HeaderValue::from(retry_after_secs(ms)));
-            }
-            add_ratelimit_headers(&mut headers, &ex.statuses, &limits, now);
             let body = Rejected {
                 error: "rate_limit_exceeded",
                 message: ex.to_string(),
@@ -475,7 +480,13 @@ async fn acquire_inner(
                 resets_at_ms: ex.resets_at_ms,
                 limits: &ex.statuses,
             };
-            Ok((StatusCode::TOO_MANY_REQUESTS, headers, Json(body)).into_response())
+            let mut resp = json_answer(StatusCode::TOO_MANY_REQUESTS, &body);
+            let headers = resp.headers_mut();
+            if let Some(ms) = ex.retry_after_ms {
+                headers.insert(header::RETRY_AFTER, HeaderValue::from(retry_after_secs(ms)));
+            }
+            add_ratelimit_headers(headers, &ex.statuses, &limits, now);
+            Ok(resp)
         }
         Err(e) => Err(e.into()),
     }

@@ -123,14 +123,13 @@ async fn inner(app: &AppState, body: ManyBody) -> ApiResult<Response> {
                     statuses,
                 });
             }
-            Ok((
+            Ok(json_answer(
                 StatusCode::OK,
-                Json(ManyOk {
+                &ManyOk {
                     resources: granted,
                     degraded,
-                }),
-            )
-                .into_response())
+                },
+            ))
         }
         Err(Error::RateLimitExceeded(ex)) => {
             let limits = lim
@@ -138,11 +137,6 @@ async fn inner(app: &AppState, body: ManyBody) -> ApiResult<Response> {
                 .await
                 .unwrap_or_default();
             let now = lim.clock().now_ms();
-            let mut headers = HeaderMap::new();
-            if let Some(ms) = ex.retry_after_ms {
-                headers.insert(header::RETRY_AFTER, HeaderValue::from(retry_after_secs(ms)));
-            }
-            add_ratelimit_headers(&mut headers, &ex.statuses, &limits, now);
             let body = ManyRejected {
                 error: "rate_limit_exceeded",
                 message: ex.to_string(),
@@ -151,7 +145,13 @@ async fn inner(app: &AppState, body: ManyBody) -> ApiResult<Response> {
                 resets_at_ms: ex.resets_at_ms,
                 limits: &ex.statuses,
             };
-            Ok((StatusCode::TOO_MANY_REQUESTS, headers, Json(body)).into_response())
+            let mut resp = json_answer(StatusCode::TOO_MANY_REQUESTS, &body);
+            let headers = resp.headers_mut();
+            if let Some(ms) = ex.retry_after_ms {
+                headers.insert(header::RETRY_AFTER, HeaderValue::from(retry_after_secs(ms)));
+            }
+            add_ratelimit_headers(headers, &ex.statuses, &limits, now);
+            Ok(resp)
         }
         Err(e) => Err(e.into()),
     }
