@@ -46,11 +46,13 @@
 //!
 //! # Layout
 //!
-//! One `items` table keyed by `(pk, sk)`, the item stored whole as JSON, with the key attributes
-//! of the indexes `GSI1` … `GSI4` copied into columns for index queries; a `tokens` table of
-//! transaction idempotency tokens; a `changes` table, the change feed (one row per applied
-//! write, in the write's transaction: see `feed.rs`); the schema version in
-//! `PRAGMA user_version` (2; a version-1 file is upgraded on open).
+//! One `items` table (a rowid table, its key `(pk, sk)` a unique index), the item stored
+//! whole as JSON, with the key attributes of the indexes `GSI1` … `GSI4` copied into columns
+//! for index queries; a `tokens` table of transaction idempotency tokens; a `changes` table,
+//! the change feed (one row per applied write, in the write's transaction: see `feed.rs`);
+//! the schema version in `PRAGMA user_version` (3; a version-1 or version-2 file is upgraded
+//! on open). Why the items have a rowid since version 3 is in `schema.rs`: a limiter bucket
+//! no longer spills to an overflow page, so a write rewrites one page of the table.
 //!
 //! A write reads its row once, or not at all when the writer remembers it and may trust
 //! that memory (no other connection has committed since, nothing was rolled back: see
