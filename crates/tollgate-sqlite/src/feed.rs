@@ -56,6 +56,7 @@ pub fn record(
     Ok(Some(conn.last_insert_rowid()))
 }
 
+/// Decode a stored image (`None`: the column is NULL).
 fn image(key: &Key, seq: i64, raw: Option<&str>) -> Result<Option<Item>, StoreError> {
     raw.map(|t| {
         serde_json::from_str::<Item>(t).map_err(|e| {
@@ -67,8 +68,12 @@ fn image(key: &Key, seq: i64, raw: Option<&str>) -> Result<Option<Item>, StoreEr
     .transpose()
 }
 
-/// One `changes` row: seq, pk, sk, old, new, at_ms.
-type Row = (i64, String, String, Option<String>, Option<String>, i64);
+/// A text column borrowed from the row (`None`: NULL).
+fn text<'r>(row: &'r rusqlite::Row<'_>, i: usize) -> Result<Option<&'r str>, StoreError> {
+    row.get_ref(i)
+        .and_then(|v| v.as_str_or_null().map_err(Into::into))
+        .map_err(|e| from_sqlite("read feed", e))
+}
 
 /// The last sequence number ever given (0: none).
 fn last_seq(conn: &Connection) -> Result<i64, StoreError> {
@@ -95,6 +100,14 @@ pub fn read(
 }
 
 /// [`read`] inside the connection's open transaction.
+///
+/// A change this process's writer committed (held by `recent`) is taken as the writer left
+/// it: its stored texts are not copied, let alone decoded. Another process's change is
+/// decoded from the row, its old image shared with the previous change's new one of the
+/// same key when the two texts are the same (they are, unless a change between them is
+/// missing). The held changes are looked up once per read, for the sequence numbers the
+/// read can return (`after + 1` to `after + limit`: the feed has no gaps past `after`; a
+/// change past that range, were there one, would only be decoded).
 pub fn read_in(
     tx: &Connection,
     cursor: &FeedCursor,
@@ -109,74 +122,79 @@ pub fn read_in(
         )));
     }
     let limit = i64::try_from(limit.max(1)).unwrap_or(i64::MAX);
-    let rows: Vec<Row> = tx
+    let mut held = recent
+        .range(after.saturating_add(1), after.saturating_add(limit))
+        .into_iter()
+        .peekable();
+    let mut stmt = tx
         .prepare_cached(
             "SELECT seq, pk, sk, old, new, at_ms FROM changes WHERE seq > ?1 ORDER BY seq LIMIT ?2",
         )
-        .and_then(|mut s| {
-            s.query_map(params![after, limit], |r| {
-                Ok((
-                    r.get(0)?,
-                    r.get(1)?,
-                    r.get(2)?,
-                    r.get(3)?,
-                    r.get(4)?,
-                    r.get(5)?,
-                ))
-            })
-            .and_then(|rows| rows.collect::<Result<Vec<_>, _>>())
-        })
         .map_err(|e| from_sqlite("read feed", e))?;
-    let first = rows.first().map(|r| r.0);
-    if after < end && first != Some(after + 1) {
-        return Err(StoreError::Validation(format!(
-            "the feed no longer holds the changes after {after} (trimmed; next held: {first:?})"
-        )));
-    }
+    let mut rows = stmt
+        .query(params![after, limit])
+        .map_err(|e| from_sqlite("read feed", e))?;
     let mut next = cursor.clone();
-    let mut changes = Vec::with_capacity(rows.len());
-    // The image each key was last left with in this batch, as stored and decoded: a
-    // change's old image is, byte for byte, the previous change's new one, so it is shared
-    // rather than decoded again (half the decoding of a batch that writes a key repeatedly).
+    let mut changes = Vec::new();
+    // The image each key was last left with in this batch by a change decoded from text, as
+    // stored and decoded: a change's old image is, byte for byte, the previous change's new
+    // one, so it is shared rather than decoded again (half the decoding of a batch that
+    // writes a key repeatedly).
     let mut last: HashMap<Key, (String, Arc<Item>)> = HashMap::new();
-    let held = recent.lookup(rows.iter().map(|r| r.0));
-    debug_assert_eq!(held.len(), rows.len());
-    for ((seq, pk, sk, old, new, at_ms), held) in rows.into_iter().zip(held) {
-        let key = Key::new(pk, sk);
+    while let Some(row) = rows.next().map_err(|e| from_sqlite("read feed", e))? {
+        let col = |i: usize| {
+            row.get::<_, i64>(i)
+                .map_err(|e| from_sqlite("read feed", e))
+        };
+        let (seq, at_ms) = (col(0)?, col(5)?);
+        if changes.is_empty() && after < end && seq != after + 1 {
+            return Err(StoreError::Validation(format!(
+                "the feed no longer holds the changes after {after} (trimmed; next held: {:?})",
+                Some(seq)
+            )));
+        }
+        let (pk, sk) = (text(row, 1)?.unwrap_or(""), text(row, 2)?.unwrap_or(""));
+        while held.next_if(|h| h.0 < seq).is_some() {}
+        // Committed by this process's writer: its images are decoded already.
+        let mine = held
+            .next_if(|h| h.0 == seq && *h.1.key.pk == *pk && *h.1.key.sk == *sk)
+            .map(|h| h.1);
+        let (key, old, new) = match mine {
+            Some(p) => {
+                // A later change decoded from text cannot share this one's image.
+                last.remove(&p.key);
+                (p.key, p.old, p.new)
+            }
+            None => {
+                let key = Key::new(pk, sk);
+                let old = match text(row, 3)? {
+                    None => None,
+                    Some(t) => match last.get(&key) {
+                        Some((seen, img)) if seen == t => Some(Arc::clone(img)),
+                        _ => image(&key, seq, Some(t))?.map(Arc::new),
+                    },
+                };
+                let new = match text(row, 4)? {
+                    None => {
+                        last.remove(&key);
+                        None
+                    }
+                    Some(t) => {
+                        let img = image(&key, seq, Some(t))?.map(Arc::new);
+                        if let Some(img) = &img {
+                            last.insert(key.clone(), (t.to_string(), Arc::clone(img)));
+                        }
+                        img
+                    }
+                };
+                (key, old, new)
+            }
+        };
         let position = FeedPosition {
             stream: String::new(),
             seq: seq.to_string(),
         };
         next.advance(&position);
-        // Committed by this process's writer: its images are decoded already.
-        let (held_old, held_new) = held
-            .filter(|p| p.key == key)
-            .map(|p| (p.old, p.new))
-            .unzip();
-        let old = match old {
-            None => None,
-            Some(text) => match (held_old.flatten(), last.get(&key)) {
-                (Some(img), _) => Some(img),
-                (None, Some((seen, img))) if *seen == text => Some(Arc::clone(img)),
-                (None, _) => image(&key, seq, Some(&text))?.map(Arc::new),
-            },
-        };
-        let new = match new {
-            None => {
-                last.remove(&key);
-                None
-            }
-            Some(text) => {
-                let img = match held_new {
-                    Some(img) => Some(img),
-                    None => image(&key, seq, Some(&text))?.map(Arc::new),
-                };
-                if let Some(img) = &img {
-                    last.insert(key.clone(), (text, Arc::clone(img)));
-                }
-                img
-            }
-        };
         changes.push(Change {
             old,
             new,
@@ -184,6 +202,11 @@ pub fn read_in(
             position,
             at_ms,
         });
+    }
+    if changes.is_empty() && after < end {
+        return Err(StoreError::Validation(format!(
+            "the feed no longer holds the changes after {after} (trimmed; next held: None)"
+        )));
     }
     Ok(FeedBatch {
         changes,

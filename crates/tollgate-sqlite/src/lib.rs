@@ -58,10 +58,11 @@
 //! that memory (no other connection has committed since, nothing was rolled back: see
 //! `ops::Memo::begin_batch`); an existing row whose index columns stay the same is
 //! rewritten in place (`UPDATE` of the item text, no index touched). The feed reader of a
-//! process takes the new image of each change that process's writer committed from the
-//! writer, already decoded (`recent.rs`), and shares each old image with the previous
-//! change's new one of the same key; only other processes' changes are decoded from text. A
-//! trim removes the oldest changes up to the first still retained, walking only those.
+//! process takes both images of each change that process's writer committed from the
+//! writer, already decoded (`recent.rs`), without copying the stored texts; only other
+//! processes' changes are decoded from text, each old image shared with the previous
+//! change's new one of the same key. A trim removes the oldest changes up to the first
+//! still retained, walking only those.
 //!
 //! # Async
 //!

@@ -166,8 +166,8 @@ pub struct Memo {
     /// did every batch since the memo was last distrusted); `None` after a batch that did
     /// not commit (rolled back, failed, panicked) and before the first.
     committed_version: Option<i64>,
-    /// The changes the updates of the current batch recorded, decoded, with their
-    /// sequence numbers: for [`crate::recent::Recent`] once the batch has committed.
+    /// The changes the current batch recorded whose images the writer knows decoded, with
+    /// their sequence numbers: for [`crate::recent::Recent`] once the batch has committed.
     pub published: Vec<(i64, Published)>,
 }
 
@@ -217,6 +217,21 @@ impl Memo {
     /// text remembered (a rollback took back writes the memo remembers).
     pub fn distrust(&mut self) {
         self.epoch += 1;
+    }
+
+    /// A change recorded as `seq` (if one was) from `old` to `new`, for the feed reader of
+    /// this process once the batch commits.
+    fn publish(
+        &mut self,
+        seq: Option<i64>,
+        key: &Key,
+        old: Option<Arc<Item>>,
+        new: Option<Arc<Item>>,
+    ) {
+        if let Some(seq) = seq {
+            let key = key.clone();
+            self.published.push((seq, Published { key, old, new }));
+        }
     }
 
     /// Remember what a write stored at `key`, trusted for the rest of the batch (the
@@ -339,7 +354,11 @@ fn write_item(
             .and_then(|mut s| s.execute(params![key.pk, key.sk]))
             .map_err(|e| from_sqlite("delete", e))?;
         let seq = crate::feed::record(conn, key, old.as_deref(), None, at)?;
-        return Ok(Written { seq, text: None });
+        return Ok(Written {
+            seq,
+            text: None,
+            existed: true,
+        });
     };
     debug_assert_eq!(
         Key::of(item).as_ref(),
@@ -386,6 +405,7 @@ fn write_item(
     Ok(Written {
         seq,
         text: Some(json),
+        existed: old.is_some(),
     })
 }
 
@@ -396,6 +416,8 @@ struct Written {
     seq: Option<i64>,
     /// The text stored (`None`: the item was deleted, or nothing was written).
     text: Option<String>,
+    /// Whether there was a row before the write.
+    existed: bool,
 }
 
 /// A read: on a read connection (its own snapshot), or, for an in-memory database, inside
@@ -626,8 +648,16 @@ fn put(conn: &Connection, req: PutRequest, memo: &mut Memo) -> Result<(), StoreE
         None => Prior::Unread,
     };
     let w = write_item(conn, &req.key, Some(&item), prior)?;
+    let item = Arc::new(item);
+    // Published only when the old image is known decoded (the memo held it, or there was
+    // none): a put does not decode the item it replaces.
+    match held {
+        Some(h) => memo.publish(w.seq, &req.key, Some(h.item), Some(Arc::clone(&item))),
+        None if !w.existed => memo.publish(w.seq, &req.key, None, Some(Arc::clone(&item))),
+        None => {}
+    }
     if let Some(text) = w.text {
-        memo.remember(&req.key, text, Arc::new(item));
+        memo.remember(&req.key, text, item);
     }
     Ok(())
 }
@@ -640,7 +670,11 @@ fn purge(conn: &Connection, key: &Key, memo: &mut Memo) -> Result<(), StoreError
         Some(h) => Prior::Read(Some(h)),
         None => Prior::Unread,
     };
-    write_item(conn, key, None, prior).map(|_| ())
+    let w = write_item(conn, key, None, prior)?;
+    if let Some(h) = held {
+        memo.publish(w.seq, key, Some(h.item), None);
+    }
+    Ok(())
 }
 
 /// `update`. Static checks failed the request before it was queued; a remove-only update of
@@ -672,17 +706,9 @@ fn update(
     debug_assert!(prior.is_none() || new.is_some());
     if let Some(new) = &new {
         let w = write_item(conn, &req.key, Some(new), Prior::Read(prior.as_ref()))?;
-        if let Some(seq) = w.seq {
-            // Decoded already: the feed reader of this process takes both images from here.
-            memo.published.push((
-                seq,
-                Published {
-                    key: req.key.clone(),
-                    old: prior.as_ref().map(|s| Arc::clone(&s.item)),
-                    new: Arc::clone(new),
-                },
-            ));
-        }
+        // Decoded already: the feed reader of this process takes both images from here.
+        let old = prior.as_ref().map(|s| Arc::clone(&s.item));
+        memo.publish(w.seq, &req.key, old, Some(Arc::clone(new)));
         if let Some(text) = w.text {
             memo.remember(&req.key, text, Arc::clone(new));
         }
@@ -721,8 +747,9 @@ fn delete(
             return Err(condition_failed(old));
         }
     }
-    if prior.is_some() {
-        write_item(conn, &req.key, None, Prior::Read(prior.as_ref()))?;
+    if let Some(p) = &prior {
+        let w = write_item(conn, &req.key, None, Prior::Read(Some(p)))?;
+        memo.publish(w.seq, &req.key, Some(Arc::clone(&p.item)), None);
     }
     Ok(prior.map(|s| Arc::unwrap_or_clone(s.item)))
 }
@@ -792,14 +819,17 @@ fn transact_write(
         Ok(sp) => sp,
         Err(e) => return Ok(Err(from_sqlite("begin savepoint", e))),
     };
+    let published = memo.published.len();
     match transact_body(&sp, ops, token, fingerprint, memo) {
         Ok(()) => sp
             .commit()
             .map(Ok)
             .map_err(|e| BatchBroken(from_sqlite("release savepoint", e))),
         Err(e) => {
-            // Take back whatever this transaction wrote, then drop the savepoint.
+            // Take back whatever this transaction wrote, then drop the savepoint; its changes'
+            // numbers will be given again.
             memo.distrust();
+            memo.published.truncate(published);
             sp.rollback().and_then(|()| sp.commit()).map_err(|re| {
                 BatchBroken(StoreError::Unavailable(format!(
                     "sqlite rollback to savepoint failed ({re}) after: {e}"
@@ -814,14 +844,22 @@ fn transact_write(
 /// read.
 enum Found {
     Held(Stored),
-    Read(Option<Item>),
+    Read(Option<Arc<Item>>),
 }
 
 impl Found {
     fn item(&self) -> Option<&Item> {
         match self {
             Found::Held(s) => Some(&s.item),
-            Found::Read(i) => i.as_ref(),
+            Found::Read(i) => i.as_deref(),
+        }
+    }
+
+    /// The item, shared (for the change's old image).
+    fn shared(&self) -> Option<Arc<Item>> {
+        match self {
+            Found::Held(s) => Some(Arc::clone(&s.item)),
+            Found::Read(i) => i.clone(),
         }
     }
 }
@@ -857,7 +895,7 @@ fn transact_body(
         .iter()
         .map(|op| match memo.take_trusted(conn, op.key()) {
             Some(s) => Ok(Found::Held(s)),
-            None => read_item(conn, op.key()).map(Found::Read),
+            None => read_item(conn, op.key()).map(|i| Found::Read(i.map(Arc::new))),
         })
         .collect::<Result<Vec<_>, _>>()?;
     let mut planned = Vec::with_capacity(ops.len());
@@ -894,8 +932,10 @@ fn transact_body(
             Found::Read(_) => Prior::Unread,
         };
         let w = write_item(conn, key, new.as_ref(), prior)?;
+        let new = new.map(Arc::new);
+        memo.publish(w.seq, key, old.shared(), new.clone());
         if let (Some(text), Some(new)) = (w.text, new) {
-            memo.remember(key, text, Arc::new(new));
+            memo.remember(key, text, new);
         }
     }
     if let (Some(t), Some(fp)) = (token, fingerprint) {
