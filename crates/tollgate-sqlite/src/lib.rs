@@ -75,6 +75,7 @@ mod checkpoint;
 mod config;
 mod error;
 mod feed;
+mod json;
 mod ops;
 mod queue;
 mod readers;

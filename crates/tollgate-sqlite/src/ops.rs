@@ -73,9 +73,13 @@ fn decode_each(key: &Key, raw: ValueRef<'_>) -> Result<Item, Undecodable> {
     })
 }
 
-fn encode(key: &Key, item: &Item) -> Result<String, StoreError> {
-    serde_json::to_string(item)
-        .map_err(|e| StoreError::Validation(format!("item {key} cannot be encoded: {e}")))
+/// The stored text of `item` (`json.rs`); `room` is the length expected (the text it
+/// replaces), so the text is written into one allocation.
+fn encode(key: &Key, item: &Item, room: usize) -> Result<String, StoreError> {
+    let mut out = String::with_capacity(room.max(64) + 64);
+    crate::json::write_item(item, &mut out)
+        .map_err(|e| StoreError::Validation(format!("item {key} cannot be encoded: {e}")))?;
+    Ok(out)
 }
 
 /// Run `f` on the stored value of one item within the connection's current transaction (or
@@ -365,7 +369,7 @@ fn write_item(
         Some(key),
         "items are stamped before writing"
     );
-    let json = encode(key, item)?;
+    let json = encode(key, item, old.as_deref().map_or(0, str::len))?;
     let in_place = old_item.is_some_and(|o| {
         INDEX_ATTRS
             .iter()
