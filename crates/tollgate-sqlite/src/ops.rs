@@ -82,45 +82,51 @@ fn encode(key: &Key, item: &Item, room: usize) -> Result<String, StoreError> {
     Ok(out)
 }
 
-/// Run `f` on the stored value of one item within the connection's current transaction (or
-/// autocommit); `None` when there is no row.
+/// Run `f` on the row id and stored value of one item within the connection's current
+/// transaction (or autocommit); `None` when there is no row.
 fn with_row<T>(
     conn: &Connection,
     key: &Key,
-    f: impl FnOnce(ValueRef<'_>) -> Result<T, StoreError>,
+    f: impl FnOnce(i64, ValueRef<'_>) -> Result<T, StoreError>,
 ) -> Result<Option<T>, StoreError> {
     let mut stmt = conn
-        .prepare_cached("SELECT item FROM items WHERE pk = ?1 AND sk = ?2")
+        .prepare_cached("SELECT id, item FROM items WHERE pk = ?1 AND sk = ?2")
         .map_err(|e| from_sqlite("prepare read", e))?;
     let mut rows = stmt
         .query(params![key.pk, key.sk])
         .map_err(|e| from_sqlite("read", e))?;
     match rows.next().map_err(|e| from_sqlite("read", e))? {
         None => Ok(None),
-        Some(row) => f(row.get_ref(0).map_err(|e| from_sqlite("read", e))?).map(Some),
+        Some(row) => {
+            let id = row.get::<_, i64>(0).map_err(|e| from_sqlite("read", e))?;
+            f(id, row.get_ref(1).map_err(|e| from_sqlite("read", e))?).map(Some)
+        }
     }
 }
 
 /// Read one item within the connection's current transaction (or autocommit).
 fn read_item(conn: &Connection, key: &Key) -> Result<Option<Item>, StoreError> {
-    with_row(conn, key, |raw| decode(key, raw))
+    with_row(conn, key, |_, raw| decode(key, raw))
 }
 
-/// The stored text of one item (undecoded: also an item that cannot be decoded).
-fn read_raw(conn: &Connection, key: &Key) -> Result<Option<String>, StoreError> {
-    conn.prepare_cached("SELECT item FROM items WHERE pk = ?1 AND sk = ?2")
+/// The row id and stored text of one item (undecoded: also an item that cannot be
+/// decoded).
+fn read_raw(conn: &Connection, key: &Key) -> Result<Option<(i64, String)>, StoreError> {
+    conn.prepare_cached("SELECT id, item FROM items WHERE pk = ?1 AND sk = ?2")
         .and_then(|mut s| {
-            s.query_row(params![key.pk, key.sk], |r| r.get::<_, String>(0))
+            s.query_row(params![key.pk, key.sk], |r| Ok((r.get(0)?, r.get(1)?)))
                 .optional()
         })
         .map_err(|e| from_sqlite("read", e))
 }
 
-/// A row as a write found it: its stored text (the change feed's old image) and the item
-/// decoded from it (for the condition, the update and the index columns).
+/// A row as a write found it: its stored text (the change feed's old image), the item
+/// decoded from it (for the condition, the update and the index columns) and its row id
+/// (where an update in place rewrites it).
 struct Stored {
     raw: String,
     item: Arc<Item>,
+    id: i64,
     /// Taken from the [`Memo`] (trusted, or its text found stored): a write that ends up
     /// writing nothing gives it back ([`Memo::give_back`]).
     remembered: bool,
@@ -133,6 +139,8 @@ struct Held {
     text: String,
     /// The item decoded from it (or encoded into it).
     item: Arc<Item>,
+    /// The row's id (`items.id`).
+    id: i64,
     /// [`Memo::epoch`] when the row was last known to hold `text`: written, or read and
     /// compared, inside a batch transaction.
     epoch: u64,
@@ -143,6 +151,7 @@ impl From<Held> for Stored {
         Stored {
             raw: h.text,
             item: h.item,
+            id: h.id,
             remembered: true,
         }
     }
@@ -240,12 +249,18 @@ impl Memo {
 
     /// Remember what a write stored at `key`, trusted for the rest of the batch (the
     /// writer holds the write lock) and beyond it under [`Memo::begin_batch`]'s rule.
-    fn remember(&mut self, key: &Key, text: String, item: Arc<Item>) {
+    fn remember(&mut self, key: &Key, text: String, item: Arc<Item>, id: i64) {
         if self.rows.len() >= MEMO_ROWS && !self.rows.contains_key(key) {
             self.rows.clear();
         }
         let epoch = self.epoch;
-        self.rows.insert(key.clone(), Held { text, item, epoch });
+        let held = Held {
+            text,
+            item,
+            id,
+            epoch,
+        };
+        self.rows.insert(key.clone(), held);
     }
 
     /// Put back a row [`Memo::take_trusted`] or [`read_stored`] took out of the memo, when
@@ -253,7 +268,7 @@ impl Memo {
     fn give_back(&mut self, key: &Key, stored: Stored) -> Arc<Item> {
         let item = Arc::clone(&stored.item);
         if stored.remembered {
-            self.remember(key, stored.raw, stored.item);
+            self.remember(key, stored.raw, stored.item, stored.id);
         }
         item
     }
@@ -275,7 +290,8 @@ fn trusted(conn: &Connection, key: &Key, held: Held) -> Stored {
         "the memo is trusted only inside the batch transaction"
     );
     debug_assert!(
-        read_raw(conn, key).map_or(true, |t| t.as_deref() == Some(held.text.as_str())),
+        read_raw(conn, key).map_or(true, |t| t.as_ref().map(|(id, t)| (*id, t.as_str()))
+            == Some((held.id, held.text.as_str()))),
         "the memo is trusted for {key}, but the row no longer holds the text remembered"
     );
     Stored::from(held)
@@ -293,9 +309,9 @@ fn read_stored(
         Some(h) if h.epoch == memo.epoch => return Ok(Some(trusted(conn, key, h))),
         other => other,
     };
-    with_row(conn, key, |stored| {
+    with_row(conn, key, |id, stored| {
         if let (ValueRef::Text(b), Some(h)) = (stored, held) {
-            if b == h.text.as_bytes() {
+            if b == h.text.as_bytes() && id == h.id {
                 return Ok(Stored::from(h));
             }
         }
@@ -308,6 +324,7 @@ fn read_stored(
         Ok(Stored {
             raw,
             item: Arc::new(item),
+            id,
             remembered: false,
         })
     })
@@ -332,6 +349,17 @@ fn index_col<'i>(item: &'i Item, attr: &str) -> Option<&'i str> {
     item.get(attr).and_then(|v| v.as_s())
 }
 
+/// The index columns' values an item holds (its string-valued index attributes), in name
+/// order: one walk over the item, no look-up.
+fn index_cols(item: &Item) -> impl Iterator<Item = (&str, &str)> + '_ {
+    item.iter().filter_map(|(n, v)| {
+        let n = n.as_str();
+        (n.starts_with("GSI") && INDEX_ATTRS.contains(&n))
+            .then(|| v.as_s().map(|s| (n, s)))
+            .flatten()
+    })
+}
+
 /// Write (`Some`) or delete (`None`) one item, refreshing its index columns, and record the
 /// change on the feed in the same transaction ([`crate::feed::record`]). A row that exists
 /// and keeps its index columns is rewritten in place (an `UPDATE` of the item text, which
@@ -342,10 +370,14 @@ fn write_item(
     item: Option<&Item>,
     prior: Prior<'_>,
 ) -> Result<Written, StoreError> {
-    let (old, old_item) = match prior {
-        Prior::Unread => (read_raw(conn, key)?.map(Cow::Owned), None),
+    let (old, old_id, old_item) = match prior {
+        Prior::Unread => match read_raw(conn, key)? {
+            Some((id, text)) => (Some(Cow::Owned(text)), Some(id), None),
+            None => (None, None, None),
+        },
         Prior::Read(p) => (
             p.map(|s| Cow::Borrowed(s.raw.as_str())),
+            p.map(|s| s.id),
             p.map(|s| &*s.item),
         ),
     };
@@ -361,6 +393,7 @@ fn write_item(
         return Ok(Written {
             seq,
             text: None,
+            id: 0,
             existed: true,
         });
     };
@@ -370,17 +403,18 @@ fn write_item(
         "items are stamped before writing"
     );
     let json = encode(key, item, old.as_deref().map_or(0, str::len))?;
-    let in_place = old_item.is_some_and(|o| {
-        INDEX_ATTRS
-            .iter()
-            .all(|a| index_col(o, a) == index_col(item, a))
-    });
-    if in_place {
+    let in_place = match (old_id, old_item) {
+        (Some(id), Some(o)) => index_cols(o).eq(index_cols(item)).then_some(id),
+        _ => None,
+    };
+    let id = if let Some(id) = in_place {
+        // By its row id: the key index is not searched, let alone written.
         let n = conn
-            .prepare_cached("UPDATE items SET item = ?3 WHERE pk = ?1 AND sk = ?2")
-            .and_then(|mut s| s.execute(params![key.pk, key.sk, json]))
+            .prepare_cached("UPDATE items SET item = ?2 WHERE id = ?1")
+            .and_then(|mut s| s.execute(params![id, json]))
             .map_err(|e| from_sqlite("write", e))?;
         debug_assert_eq!(n, 1, "the row read in this transaction is there");
+        id
     } else {
         let c = |i: usize| index_col(item, INDEX_ATTRS[i]);
         conn.prepare_cached(
@@ -404,11 +438,13 @@ fn write_item(
             ])
         })
         .map_err(|e| from_sqlite("write", e))?;
-    }
+        conn.last_insert_rowid()
+    };
     let seq = crate::feed::record(conn, key, old.as_deref(), Some(&json), at)?;
     Ok(Written {
         seq,
         text: Some(json),
+        id,
         existed: old.is_some(),
     })
 }
@@ -420,6 +456,8 @@ struct Written {
     seq: Option<i64>,
     /// The text stored (`None`: the item was deleted, or nothing was written).
     text: Option<String>,
+    /// The row id of the text stored.
+    id: i64,
     /// Whether there was a row before the write.
     existed: bool,
 }
@@ -661,7 +699,7 @@ fn put(conn: &Connection, req: PutRequest, memo: &mut Memo) -> Result<(), StoreE
         None => {}
     }
     if let Some(text) = w.text {
-        memo.remember(&req.key, text, item);
+        memo.remember(&req.key, text, item, w.id);
     }
     Ok(())
 }
@@ -714,7 +752,7 @@ fn update(
         let old = prior.as_ref().map(|s| Arc::clone(&s.item));
         memo.publish(w.seq, &req.key, old, Some(Arc::clone(new)));
         if let Some(text) = w.text {
-            memo.remember(&req.key, text, Arc::clone(new));
+            memo.remember(&req.key, text, Arc::clone(new), w.id);
         }
     }
     // Absent before and after: nothing written.
@@ -939,7 +977,7 @@ fn transact_body(
         let new = new.map(Arc::new);
         memo.publish(w.seq, key, old.shared(), new.clone());
         if let (Some(text), Some(new)) = (w.text, new) {
-            memo.remember(key, text, new);
+            memo.remember(key, text, new, w.id);
         }
     }
     if let (Some(t), Some(fp)) = (token, fingerprint) {
