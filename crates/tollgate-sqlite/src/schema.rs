@@ -8,7 +8,8 @@ use crate::error::{from_open, SchemaError};
 
 /// The schema version this build writes and understands: 3. Version 2 added the `changes`
 /// table of the change feed to version 1; version 3 keeps the items in a rowid table (see
-/// [`ITEMS_V3`]). A version-1 or version-2 file is upgraded when opened.
+/// [`ITEMS_V3`]) and numbers the changes without `AUTOINCREMENT` (see `feed.rs`). A
+/// version-1 or version-2 file is upgraded when opened.
 pub const SCHEMA_VERSION: i64 = 3;
 
 /// Indexes whose key attributes (`GSI{n}PK` / `GSI{n}SK`) get their own columns.
@@ -184,10 +185,13 @@ pub fn ensure(conn: &mut Connection, path: &str) -> Result<(), StoreError> {
             .map_err(|e| from_open(path, "create schema in", e))?;
     } else {
         if found < 2 {
-            // Version 2: the change feed's table (an upgrade of a version-1 file adds it; the
-            // feed starts empty, at the upgrade).
+            // The change feed's table (an upgrade of a version-1 file adds it; the feed
+            // starts empty, at the upgrade).
             tx.execute_batch(crate::feed::CHANGES_TABLE)
                 .map_err(|e| from_open(path, "create the changes table in", e))?;
+        }
+        if found == 2 {
+            upgrade_changes_to_v3(&tx, path)?;
         }
         if found < 3 {
             upgrade_items_to_v3(&tx, path)?;
@@ -223,6 +227,38 @@ fn upgrade_items_to_v3(tx: &Connection, path: &str) -> Result<(), StoreError> {
         )
     })
     .map_err(|e| from_open(path, "upgrade the items table (schema version 3) of", e))
+}
+
+/// Version 3: the changes move, unchanged and with their numbers, into a table numbered
+/// without `AUTOINCREMENT` (`feed.rs` says why). The highest number version 2 gave stays the
+/// highest given: it is the newest row's, or, when the feed was trimmed empty, a marker's.
+fn upgrade_changes_to_v3(tx: &Connection, path: &str) -> Result<(), StoreError> {
+    let failed = |e| from_open(path, "upgrade the changes table (schema version 3) of", e);
+    tx.execute_batch("ALTER TABLE changes RENAME TO changes_v2;")
+        .and_then(|()| tx.execute_batch(crate::feed::CHANGES_TABLE))
+        .and_then(|()| {
+            tx.execute_batch(
+                "INSERT INTO changes (seq, pk, sk, old, new, at_ms)
+                 SELECT seq, pk, sk, old, new, at_ms FROM changes_v2 ORDER BY seq;",
+            )
+        })
+        .map_err(failed)?;
+    let given: i64 = tx
+        .query_row(
+            "SELECT coalesce((SELECT seq FROM sqlite_sequence WHERE name = 'changes_v2'), 0)",
+            [],
+            |r| r.get(0),
+        )
+        .map_err(failed)?;
+    let newest: i64 = tx
+        .query_row("SELECT coalesce(max(seq), 0) FROM changes", [], |r| {
+            r.get(0)
+        })
+        .map_err(failed)?;
+    if given > newest {
+        tx.execute(crate::feed::MARKER, [given]).map_err(failed)?;
+    }
+    tx.execute_batch("DROP TABLE changes_v2;").map_err(failed)
 }
 
 fn table_names(conn: &Connection, path: &str) -> Result<Vec<String>, StoreError> {

@@ -165,6 +165,56 @@ async fn a_version_2_file_is_upgraded_with_its_items_indexes_and_feed() {
     s.integrity_check().unwrap();
 }
 
+/// A version-2 feed trimmed empty (`AUTOINCREMENT` remembered its highest number, 7, in
+/// `sqlite_sequence`): after the upgrade the next change is still numbered 8, a consumer at
+/// 7 reads it, and one from before is refused as trimmed.
+#[tokio::test]
+async fn a_version_2_feed_trimmed_empty_keeps_its_numbering() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("v2-empty.db");
+    let raw = rusqlite::Connection::open(&path).unwrap();
+    raw.execute_batch(
+        "PRAGMA journal_mode = WAL;
+         CREATE TABLE items (pk TEXT NOT NULL, sk TEXT NOT NULL, item TEXT NOT NULL,
+            gsi1pk TEXT, gsi1sk TEXT, gsi2pk TEXT, gsi2sk TEXT, gsi3pk TEXT, gsi3sk TEXT,
+            gsi4pk TEXT, gsi4sk TEXT, PRIMARY KEY (pk, sk)) WITHOUT ROWID;
+         CREATE TABLE tokens (token TEXT PRIMARY KEY, ops TEXT NOT NULL,
+            created_ms INTEGER NOT NULL) WITHOUT ROWID;
+         CREATE TABLE changes (seq INTEGER PRIMARY KEY AUTOINCREMENT, pk TEXT NOT NULL,
+            sk TEXT NOT NULL, old TEXT, new TEXT, at_ms INTEGER NOT NULL);
+         INSERT INTO changes (seq, pk, sk, old, new, at_ms) VALUES (7, 'p', 'a', NULL, '{}', 1);
+         DELETE FROM changes;
+         PRAGMA user_version = 2;",
+    )
+    .unwrap();
+    drop(raw);
+    let s = SqliteStore::open(&path).expect("a version-2 file opens");
+    let mut at_7 = FeedCursor::start();
+    at_7.advance(&tollgate_store::FeedPosition {
+        stream: String::new(),
+        seq: "7".into(),
+    });
+    assert!(s.read_feed(&at_7, 10).await.unwrap().changes.is_empty());
+    put(&s, &Key::new("p", "a"), 1).await;
+    let b = s.read_feed(&at_7, 10).await.unwrap();
+    let seqs: Vec<&str> = b.changes.iter().map(|c| c.position.seq.as_str()).collect();
+    assert_eq!(seqs, vec!["8"]);
+    assert_eq!(b.cursor.last(""), Some("8"));
+    match s.read_feed(&FeedCursor::start(), 10).await {
+        Err(StoreError::Validation(m)) => assert!(m.contains("trimmed"), "{m}"),
+        other => panic!("a read from before the trim must be refused, got {other:?}"),
+    }
+    // A consumer just before the marker reads past it to the change.
+    let mut at_6 = FeedCursor::start();
+    at_6.advance(&tollgate_store::FeedPosition {
+        stream: String::new(),
+        seq: "6".into(),
+    });
+    let b = s.read_feed(&at_6, 10).await.unwrap();
+    let seqs: Vec<&str> = b.changes.iter().map(|c| c.position.seq.as_str()).collect();
+    assert_eq!(seqs, vec!["8"]);
+}
+
 #[tokio::test]
 async fn two_stores_on_one_file_share_one_feed_and_trim_is_refused_past_it() {
     let dir = tempfile::tempdir().unwrap();
@@ -220,7 +270,7 @@ async fn trim_removes_the_oldest_changes_up_to_the_first_retained_one() {
     // Six changes stamped 100, 200, 300 (retained below), 150 (a clock behind), 400, 500.
     for at in [100, 200, 300, 150, 400, 500] {
         raw.execute(
-            "INSERT INTO changes (pk, sk, old, new, at_ms) VALUES ('p', 'x', NULL, NULL, ?1)",
+            "INSERT INTO changes (pk, sk, old, new, at_ms) VALUES ('p', 'x', NULL, '{}', ?1)",
             [at],
         )
         .unwrap();
@@ -259,6 +309,18 @@ async fn trim_removes_the_oldest_changes_up_to_the_first_retained_one() {
     let through_6 = rest.cursor;
     s.trim_feed(&through_6, 0).await.unwrap();
     assert_eq!(count(&raw), vec![6]);
+    // Everything consumed and old enough: the newest change stays all the same, holding
+    // the highest number given, so the next change is numbered after it.
+    s.trim_feed(&through_6, i64::MAX).await.unwrap();
+    assert_eq!(count(&raw), vec![6]);
+    put(&s, &Key::new("p", "y"), 1).await;
+    let next = s.read_feed(&through_6, 10).await.unwrap();
+    let seqs: Vec<&str> = next
+        .changes
+        .iter()
+        .map(|c| c.position.seq.as_str())
+        .collect();
+    assert_eq!(seqs, vec!["7"]);
 }
 
 /// In one read, a change's old image is the previous change's new one of the same key: the
