@@ -3,9 +3,18 @@
 //! change is durable exactly when its write is, and a rolled-back write (a failed
 //! transaction's savepoint, a batch whose `COMMIT` failed) leaves no change behind.
 //!
-//! One stream (`""`): sequence numbers are the table's `AUTOINCREMENT` keys, which a
-//! rollback takes back too, so they have no gaps but the ones trimming leaves — which a read
-//! from before the trim point detects and refuses rather than skipping changes.
+//! One stream (`""`): sequence numbers are the table's row ids, each change numbered one
+//! past the newest (SQLite's rowid rule). A rollback takes a number back with its row, so
+//! numbers have no gaps but the ones trimming leaves — which a read from before the trim
+//! point detects and refuses rather than skipping changes. A committed number is never
+//! given again because the newest change is never removed: trimming removes only older
+//! ones ([`trim`]), so the newest number only grows.
+//!
+//! (Version 2 numbered changes with `AUTOINCREMENT`, which keeps the highest number in
+//! `sqlite_sequence` even when every row is gone; SQLite reads and rewrites that row on
+//! every insert — about 3,000 instructions and one more page in every commit. Its
+//! guarantee is now the rule above, and an upgraded file whose feed was trimmed empty keeps
+//! its highest number in a [`MARKER`] row.)
 //!
 //! The consumer's cursor is not kept here: the aggregator stores it as an item of the same
 //! file, in the transaction that writes what it derived, so several processes on one file
@@ -21,10 +30,10 @@ use tollgate_store::{Change, FeedBatch, FeedCursor, FeedPosition, StoreError};
 use crate::error::from_sqlite;
 use crate::recent::Recent;
 
-/// The table, created by schema version 2.
+/// The table (schema version 3; version 2's was the same with `AUTOINCREMENT`).
 pub const CHANGES_TABLE: &str = "
 CREATE TABLE IF NOT EXISTS changes (
-    seq    INTEGER PRIMARY KEY AUTOINCREMENT,
+    seq    INTEGER PRIMARY KEY,
     pk     TEXT NOT NULL,
     sk     TEXT NOT NULL,
     old    TEXT,
@@ -35,6 +44,13 @@ CREATE TABLE IF NOT EXISTS changes (
 
 /// Its columns, as `PRAGMA table_info` lists them.
 pub const CHANGES_COLUMNS: &[&str] = &["seq", "pk", "sk", "old", "new", "at_ms"];
+
+/// The statement that writes a marker: a row with neither image, which no write records
+/// ([`record`] records nothing when the images are equal), holding a sequence number the
+/// feed must not give again. Readers pass over it. The upgrade from version 2 writes one
+/// when the old feed was trimmed empty (`schema.rs`).
+pub const MARKER: &str =
+    "INSERT INTO changes (seq, pk, sk, old, new, at_ms) VALUES (?1, '', '', NULL, NULL, 0)";
 
 /// Record that the item at `key` went from `old` to `new` (stored JSON text): the change's
 /// sequence number. Nothing (`None`) when the write changed nothing.
@@ -56,6 +72,7 @@ pub fn record(
     Ok(Some(conn.last_insert_rowid()))
 }
 
+/// Decode a stored image (`None`: the column is NULL).
 fn image(key: &Key, seq: i64, raw: Option<&str>) -> Result<Option<Item>, StoreError> {
     raw.map(|t| {
         serde_json::from_str::<Item>(t).map_err(|e| {
@@ -67,13 +84,17 @@ fn image(key: &Key, seq: i64, raw: Option<&str>) -> Result<Option<Item>, StoreEr
     .transpose()
 }
 
-/// One `changes` row: seq, pk, sk, old, new, at_ms.
-type Row = (i64, String, String, Option<String>, Option<String>, i64);
+/// A text column borrowed from the row (`None`: NULL).
+fn text<'r>(row: &'r rusqlite::Row<'_>, i: usize) -> Result<Option<&'r str>, StoreError> {
+    row.get_ref(i)
+        .and_then(|v| v.as_str_or_null().map_err(Into::into))
+        .map_err(|e| from_sqlite("read feed", e))
+}
 
-/// The last sequence number ever given (0: none).
+/// The last sequence number ever given (0: none): the newest change's (never trimmed).
 fn last_seq(conn: &Connection) -> Result<i64, StoreError> {
-    conn.prepare_cached("SELECT seq FROM sqlite_sequence WHERE name = 'changes'")
-        .and_then(|mut s| s.query_row([], |r| r.get::<_, i64>(0)).optional())
+    conn.prepare_cached("SELECT max(seq) FROM changes")
+        .and_then(|mut s| s.query_row([], |r| r.get::<_, Option<i64>>(0)))
         .map(|v| v.unwrap_or(0))
         .map_err(|e| from_sqlite("read feed end", e))
 }
@@ -95,6 +116,14 @@ pub fn read(
 }
 
 /// [`read`] inside the connection's open transaction.
+///
+/// A change this process's writer committed (held by `recent`) is taken as the writer left
+/// it: its stored texts are not copied, let alone decoded. Another process's change is
+/// decoded from the row, its old image shared with the previous change's new one of the
+/// same key when the two texts are the same (they are, unless a change between them is
+/// missing). The held changes are looked up once per read, for the sequence numbers the
+/// read can return (`after + 1` to `after + limit`: the feed has no gaps past `after`; a
+/// change past that range, were there one, would only be decoded).
 pub fn read_in(
     tx: &Connection,
     cursor: &FeedCursor,
@@ -109,74 +138,91 @@ pub fn read_in(
         )));
     }
     let limit = i64::try_from(limit.max(1)).unwrap_or(i64::MAX);
-    let rows: Vec<Row> = tx
+    let mut held = recent
+        .range(after.saturating_add(1), after.saturating_add(limit))
+        .into_iter()
+        .peekable();
+    let mut stmt = tx
         .prepare_cached(
-            "SELECT seq, pk, sk, old, new, at_ms FROM changes WHERE seq > ?1 ORDER BY seq LIMIT ?2",
+            "SELECT seq, pk, sk, at_ms, old, new FROM changes WHERE seq > ?1 ORDER BY seq LIMIT ?2",
         )
-        .and_then(|mut s| {
-            s.query_map(params![after, limit], |r| {
-                Ok((
-                    r.get(0)?,
-                    r.get(1)?,
-                    r.get(2)?,
-                    r.get(3)?,
-                    r.get(4)?,
-                    r.get(5)?,
-                ))
-            })
-            .and_then(|rows| rows.collect::<Result<Vec<_>, _>>())
-        })
         .map_err(|e| from_sqlite("read feed", e))?;
-    let first = rows.first().map(|r| r.0);
-    if after < end && first != Some(after + 1) {
-        return Err(StoreError::Validation(format!(
-            "the feed no longer holds the changes after {after} (trimmed; next held: {first:?})"
-        )));
-    }
+    let mut rows = stmt
+        .query(params![after, limit])
+        .map_err(|e| from_sqlite("read feed", e))?;
     let mut next = cursor.clone();
-    let mut changes = Vec::with_capacity(rows.len());
-    // The image each key was last left with in this batch, as stored and decoded: a
-    // change's old image is, byte for byte, the previous change's new one, so it is shared
-    // rather than decoded again (half the decoding of a batch that writes a key repeatedly).
+    let mut changes = Vec::new();
+    // The image each key was last left with in this batch by a change decoded from text, as
+    // stored and decoded: a change's old image is, byte for byte, the previous change's new
+    // one, so it is shared rather than decoded again (half the decoding of a batch that
+    // writes a key repeatedly).
     let mut last: HashMap<Key, (String, Arc<Item>)> = HashMap::new();
-    let held = recent.lookup(rows.iter().map(|r| r.0));
-    debug_assert_eq!(held.len(), rows.len());
-    for ((seq, pk, sk, old, new, at_ms), held) in rows.into_iter().zip(held) {
-        let key = Key::new(pk, sk);
+    // Whether a row (a change or a marker) was read, and the last one's position.
+    let mut read_any = false;
+    let mut last_position = None;
+    while let Some(row) = rows.next().map_err(|e| from_sqlite("read feed", e))? {
+        let col = |i: usize| {
+            row.get::<_, i64>(i)
+                .map_err(|e| from_sqlite("read feed", e))
+        };
+        let (seq, at_ms) = (col(0)?, col(3)?);
+        let first = !read_any;
+        read_any = true;
+        if first && after < end && seq != after + 1 {
+            return Err(StoreError::Validation(format!(
+                "the feed no longer holds the changes after {after} (trimmed; next held: {:?})",
+                Some(seq)
+            )));
+        }
         let position = FeedPosition {
             stream: String::new(),
             seq: seq.to_string(),
         };
-        next.advance(&position);
+        let (pk, sk) = (text(row, 1)?.unwrap_or(""), text(row, 2)?.unwrap_or(""));
+        // The images' texts are taken (and SQLite copies them out) only for a change
+        // decoded from them, and to tell a marker (empty key, no image) from a change.
+        if pk.is_empty() && sk.is_empty() && text(row, 4)?.is_none() && text(row, 5)?.is_none() {
+            // A marker, not a change (see [`MARKER`]): read past.
+            last_position = Some(position);
+            continue;
+        }
+        while held.next_if(|h| h.0 < seq).is_some() {}
         // Committed by this process's writer: its images are decoded already.
-        let (held_old, held_new) = held
-            .filter(|p| p.key == key)
-            .map(|p| (p.old, p.new))
-            .unzip();
-        let old = match old {
-            None => None,
-            Some(text) => match (held_old.flatten(), last.get(&key)) {
-                (Some(img), _) => Some(img),
-                (None, Some((seen, img))) if *seen == text => Some(Arc::clone(img)),
-                (None, _) => image(&key, seq, Some(&text))?.map(Arc::new),
-            },
-        };
-        let new = match new {
+        let mine = held
+            .next_if(|h| h.0 == seq && *h.1.key.pk == *pk && *h.1.key.sk == *sk)
+            .map(|h| h.1);
+        let (key, old, new) = match mine {
+            Some(p) => {
+                // A later change decoded from text cannot share this one's image.
+                last.remove(&p.key);
+                (p.key, p.old, p.new)
+            }
             None => {
-                last.remove(&key);
-                None
-            }
-            Some(text) => {
-                let img = match held_new {
-                    Some(img) => Some(img),
-                    None => image(&key, seq, Some(&text))?.map(Arc::new),
+                let key = Key::new(pk, sk);
+                let old = match text(row, 4)? {
+                    None => None,
+                    Some(t) => match last.get(&key) {
+                        Some((seen, img)) if seen == t => Some(Arc::clone(img)),
+                        _ => image(&key, seq, Some(t))?.map(Arc::new),
+                    },
                 };
-                if let Some(img) = &img {
-                    last.insert(key.clone(), (text, Arc::clone(img)));
-                }
-                img
+                let new = match text(row, 5)? {
+                    None => {
+                        last.remove(&key);
+                        None
+                    }
+                    Some(t) => {
+                        let img = image(&key, seq, Some(t))?.map(Arc::new);
+                        if let Some(img) = &img {
+                            last.insert(key.clone(), (t.to_string(), Arc::clone(img)));
+                        }
+                        img
+                    }
+                };
+                (key, old, new)
             }
         };
+        last_position = Some(position.clone());
         changes.push(Change {
             old,
             new,
@@ -184,6 +230,15 @@ pub fn read_in(
             position,
             at_ms,
         });
+    }
+    // Positions only grow along the read: the cursor moves once, to the last.
+    if let Some(p) = &last_position {
+        next.advance(p);
+    }
+    if !read_any && after < end {
+        return Err(StoreError::Validation(format!(
+            "the feed no longer holds the changes after {after} (trimmed; next held: None)"
+        )));
     }
     Ok(FeedBatch {
         changes,
@@ -194,7 +249,8 @@ pub fn read_in(
 /// Forget the changes at or before `cursor` written before `before_ms`: the oldest ones, up
 /// to the first that is still retained (as `MemoryStore` trims its log). A change written
 /// before `before_ms` but after a retained one (another process's clock behind) stays until
-/// a later trim; nothing after `cursor` is ever removed.
+/// a later trim; nothing after `cursor` is ever removed, and neither is the newest change
+/// (it holds the highest sequence number given: see the module docs).
 ///
 /// The cost is the rows removed, plus one: the boundary is found by walking the primary key
 /// from its start, where every row passed is one being removed. (A `DELETE … WHERE seq <= ?
@@ -213,7 +269,10 @@ pub fn trim(conn: &Connection, cursor: &FeedCursor, before_ms: i64) -> Result<us
                 .optional()
         })
         .map_err(|e| from_sqlite("trim feed", e))?;
-    let end = kept.unwrap_or(through.saturating_add(1));
+    // Never the newest change: its number is the highest ever given (see the module docs).
+    let end = kept
+        .unwrap_or(through.saturating_add(1))
+        .min(last_seq(conn)?);
     // One bound on the primary key: the walk stops at `end`.
     conn.prepare_cached("DELETE FROM changes WHERE seq < ?1")
         .and_then(|mut s| s.execute(params![end]))

@@ -46,20 +46,23 @@
 //!
 //! # Layout
 //!
-//! One `items` table keyed by `(pk, sk)`, the item stored whole as JSON, with the key attributes
-//! of the indexes `GSI1` … `GSI4` copied into columns for index queries; a `tokens` table of
-//! transaction idempotency tokens; a `changes` table, the change feed (one row per applied
-//! write, in the write's transaction: see `feed.rs`); the schema version in
-//! `PRAGMA user_version` (2; a version-1 file is upgraded on open).
+//! One `items` table (a rowid table, its key `(pk, sk)` a unique index), the item stored
+//! whole as JSON, with the key attributes of the indexes `GSI1` … `GSI4` copied into columns
+//! for index queries; a `tokens` table of transaction idempotency tokens; a `changes` table,
+//! the change feed (one row per applied write, in the write's transaction: see `feed.rs`);
+//! the schema version in `PRAGMA user_version` (3; a version-1 or version-2 file is upgraded
+//! on open). Why the items have a rowid since version 3 is in `schema.rs`: a limiter bucket
+//! no longer spills to an overflow page, so a write rewrites one page of the table.
 //!
 //! A write reads its row once, or not at all when the writer remembers it and may trust
 //! that memory (no other connection has committed since, nothing was rolled back: see
 //! `ops::Memo::begin_batch`); an existing row whose index columns stay the same is
 //! rewritten in place (`UPDATE` of the item text, no index touched). The feed reader of a
-//! process takes the new image of each change that process's writer committed from the
-//! writer, already decoded (`recent.rs`), and shares each old image with the previous
-//! change's new one of the same key; only other processes' changes are decoded from text. A
-//! trim removes the oldest changes up to the first still retained, walking only those.
+//! process takes both images of each change that process's writer committed from the
+//! writer, already decoded (`recent.rs`), without copying the stored texts; only other
+//! processes' changes are decoded from text, each old image shared with the previous
+//! change's new one of the same key. A trim removes the oldest changes up to the first
+//! still retained, walking only those.
 //!
 //! # Async
 //!
@@ -72,6 +75,7 @@ mod checkpoint;
 mod config;
 mod error;
 mod feed;
+mod json;
 mod ops;
 mod queue;
 mod readers;

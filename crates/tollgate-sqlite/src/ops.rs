@@ -73,50 +73,60 @@ fn decode_each(key: &Key, raw: ValueRef<'_>) -> Result<Item, Undecodable> {
     })
 }
 
-fn encode(key: &Key, item: &Item) -> Result<String, StoreError> {
-    serde_json::to_string(item)
-        .map_err(|e| StoreError::Validation(format!("item {key} cannot be encoded: {e}")))
+/// The stored text of `item` (`json.rs`); `room` is the length expected (the text it
+/// replaces), so the text is written into one allocation.
+fn encode(key: &Key, item: &Item, room: usize) -> Result<String, StoreError> {
+    let mut out = String::with_capacity(room.max(64) + 64);
+    crate::json::write_item(item, &mut out)
+        .map_err(|e| StoreError::Validation(format!("item {key} cannot be encoded: {e}")))?;
+    Ok(out)
 }
 
-/// Run `f` on the stored value of one item within the connection's current transaction (or
-/// autocommit); `None` when there is no row.
+/// Run `f` on the row id and stored value of one item within the connection's current
+/// transaction (or autocommit); `None` when there is no row.
 fn with_row<T>(
     conn: &Connection,
     key: &Key,
-    f: impl FnOnce(ValueRef<'_>) -> Result<T, StoreError>,
+    f: impl FnOnce(i64, ValueRef<'_>) -> Result<T, StoreError>,
 ) -> Result<Option<T>, StoreError> {
     let mut stmt = conn
-        .prepare_cached("SELECT item FROM items WHERE pk = ?1 AND sk = ?2")
+        .prepare_cached("SELECT id, item FROM items WHERE pk = ?1 AND sk = ?2")
         .map_err(|e| from_sqlite("prepare read", e))?;
     let mut rows = stmt
         .query(params![key.pk, key.sk])
         .map_err(|e| from_sqlite("read", e))?;
     match rows.next().map_err(|e| from_sqlite("read", e))? {
         None => Ok(None),
-        Some(row) => f(row.get_ref(0).map_err(|e| from_sqlite("read", e))?).map(Some),
+        Some(row) => {
+            let id = row.get::<_, i64>(0).map_err(|e| from_sqlite("read", e))?;
+            f(id, row.get_ref(1).map_err(|e| from_sqlite("read", e))?).map(Some)
+        }
     }
 }
 
 /// Read one item within the connection's current transaction (or autocommit).
 fn read_item(conn: &Connection, key: &Key) -> Result<Option<Item>, StoreError> {
-    with_row(conn, key, |raw| decode(key, raw))
+    with_row(conn, key, |_, raw| decode(key, raw))
 }
 
-/// The stored text of one item (undecoded: also an item that cannot be decoded).
-fn read_raw(conn: &Connection, key: &Key) -> Result<Option<String>, StoreError> {
-    conn.prepare_cached("SELECT item FROM items WHERE pk = ?1 AND sk = ?2")
+/// The row id and stored text of one item (undecoded: also an item that cannot be
+/// decoded).
+fn read_raw(conn: &Connection, key: &Key) -> Result<Option<(i64, String)>, StoreError> {
+    conn.prepare_cached("SELECT id, item FROM items WHERE pk = ?1 AND sk = ?2")
         .and_then(|mut s| {
-            s.query_row(params![key.pk, key.sk], |r| r.get::<_, String>(0))
+            s.query_row(params![key.pk, key.sk], |r| Ok((r.get(0)?, r.get(1)?)))
                 .optional()
         })
         .map_err(|e| from_sqlite("read", e))
 }
 
-/// A row as a write found it: its stored text (the change feed's old image) and the item
-/// decoded from it (for the condition, the update and the index columns).
+/// A row as a write found it: its stored text (the change feed's old image), the item
+/// decoded from it (for the condition, the update and the index columns) and its row id
+/// (where an update in place rewrites it).
 struct Stored {
     raw: String,
     item: Arc<Item>,
+    id: i64,
     /// Taken from the [`Memo`] (trusted, or its text found stored): a write that ends up
     /// writing nothing gives it back ([`Memo::give_back`]).
     remembered: bool,
@@ -129,6 +139,8 @@ struct Held {
     text: String,
     /// The item decoded from it (or encoded into it).
     item: Arc<Item>,
+    /// The row's id (`items.id`).
+    id: i64,
     /// [`Memo::epoch`] when the row was last known to hold `text`: written, or read and
     /// compared, inside a batch transaction.
     epoch: u64,
@@ -139,6 +151,7 @@ impl From<Held> for Stored {
         Stored {
             raw: h.text,
             item: h.item,
+            id: h.id,
             remembered: true,
         }
     }
@@ -166,8 +179,8 @@ pub struct Memo {
     /// did every batch since the memo was last distrusted); `None` after a batch that did
     /// not commit (rolled back, failed, panicked) and before the first.
     committed_version: Option<i64>,
-    /// The changes the updates of the current batch recorded, decoded, with their
-    /// sequence numbers: for [`crate::recent::Recent`] once the batch has committed.
+    /// The changes the current batch recorded whose images the writer knows decoded, with
+    /// their sequence numbers: for [`crate::recent::Recent`] once the batch has committed.
     pub published: Vec<(i64, Published)>,
 }
 
@@ -219,14 +232,35 @@ impl Memo {
         self.epoch += 1;
     }
 
+    /// A change recorded as `seq` (if one was) from `old` to `new`, for the feed reader of
+    /// this process once the batch commits.
+    fn publish(
+        &mut self,
+        seq: Option<i64>,
+        key: &Key,
+        old: Option<Arc<Item>>,
+        new: Option<Arc<Item>>,
+    ) {
+        if let Some(seq) = seq {
+            let key = key.clone();
+            self.published.push((seq, Published { key, old, new }));
+        }
+    }
+
     /// Remember what a write stored at `key`, trusted for the rest of the batch (the
     /// writer holds the write lock) and beyond it under [`Memo::begin_batch`]'s rule.
-    fn remember(&mut self, key: &Key, text: String, item: Arc<Item>) {
+    fn remember(&mut self, key: &Key, text: String, item: Arc<Item>, id: i64) {
         if self.rows.len() >= MEMO_ROWS && !self.rows.contains_key(key) {
             self.rows.clear();
         }
         let epoch = self.epoch;
-        self.rows.insert(key.clone(), Held { text, item, epoch });
+        let held = Held {
+            text,
+            item,
+            id,
+            epoch,
+        };
+        self.rows.insert(key.clone(), held);
     }
 
     /// Put back a row [`Memo::take_trusted`] or [`read_stored`] took out of the memo, when
@@ -234,7 +268,7 @@ impl Memo {
     fn give_back(&mut self, key: &Key, stored: Stored) -> Arc<Item> {
         let item = Arc::clone(&stored.item);
         if stored.remembered {
-            self.remember(key, stored.raw, stored.item);
+            self.remember(key, stored.raw, stored.item, stored.id);
         }
         item
     }
@@ -256,7 +290,8 @@ fn trusted(conn: &Connection, key: &Key, held: Held) -> Stored {
         "the memo is trusted only inside the batch transaction"
     );
     debug_assert!(
-        read_raw(conn, key).map_or(true, |t| t.as_deref() == Some(held.text.as_str())),
+        read_raw(conn, key).map_or(true, |t| t.as_ref().map(|(id, t)| (*id, t.as_str()))
+            == Some((held.id, held.text.as_str()))),
         "the memo is trusted for {key}, but the row no longer holds the text remembered"
     );
     Stored::from(held)
@@ -274,9 +309,9 @@ fn read_stored(
         Some(h) if h.epoch == memo.epoch => return Ok(Some(trusted(conn, key, h))),
         other => other,
     };
-    with_row(conn, key, |stored| {
+    with_row(conn, key, |id, stored| {
         if let (ValueRef::Text(b), Some(h)) = (stored, held) {
-            if b == h.text.as_bytes() {
+            if b == h.text.as_bytes() && id == h.id {
                 return Ok(Stored::from(h));
             }
         }
@@ -289,6 +324,7 @@ fn read_stored(
         Ok(Stored {
             raw,
             item: Arc::new(item),
+            id,
             remembered: false,
         })
     })
@@ -313,6 +349,17 @@ fn index_col<'i>(item: &'i Item, attr: &str) -> Option<&'i str> {
     item.get(attr).and_then(|v| v.as_s())
 }
 
+/// The index columns' values an item holds (its string-valued index attributes), in name
+/// order: one walk over the item, no look-up.
+fn index_cols(item: &Item) -> impl Iterator<Item = (&str, &str)> + '_ {
+    item.iter().filter_map(|(n, v)| {
+        let n = n.as_str();
+        (n.starts_with("GSI") && INDEX_ATTRS.contains(&n))
+            .then(|| v.as_s().map(|s| (n, s)))
+            .flatten()
+    })
+}
+
 /// Write (`Some`) or delete (`None`) one item, refreshing its index columns, and record the
 /// change on the feed in the same transaction ([`crate::feed::record`]). A row that exists
 /// and keeps its index columns is rewritten in place (an `UPDATE` of the item text, which
@@ -323,10 +370,14 @@ fn write_item(
     item: Option<&Item>,
     prior: Prior<'_>,
 ) -> Result<Written, StoreError> {
-    let (old, old_item) = match prior {
-        Prior::Unread => (read_raw(conn, key)?.map(Cow::Owned), None),
+    let (old, old_id, old_item) = match prior {
+        Prior::Unread => match read_raw(conn, key)? {
+            Some((id, text)) => (Some(Cow::Owned(text)), Some(id), None),
+            None => (None, None, None),
+        },
         Prior::Read(p) => (
             p.map(|s| Cow::Borrowed(s.raw.as_str())),
+            p.map(|s| s.id),
             p.map(|s| &*s.item),
         ),
     };
@@ -339,25 +390,31 @@ fn write_item(
             .and_then(|mut s| s.execute(params![key.pk, key.sk]))
             .map_err(|e| from_sqlite("delete", e))?;
         let seq = crate::feed::record(conn, key, old.as_deref(), None, at)?;
-        return Ok(Written { seq, text: None });
+        return Ok(Written {
+            seq,
+            text: None,
+            id: 0,
+            existed: true,
+        });
     };
     debug_assert_eq!(
         Key::of(item).as_ref(),
         Some(key),
         "items are stamped before writing"
     );
-    let json = encode(key, item)?;
-    let in_place = old_item.is_some_and(|o| {
-        INDEX_ATTRS
-            .iter()
-            .all(|a| index_col(o, a) == index_col(item, a))
-    });
-    if in_place {
+    let json = encode(key, item, old.as_deref().map_or(0, str::len))?;
+    let in_place = match (old_id, old_item) {
+        (Some(id), Some(o)) => index_cols(o).eq(index_cols(item)).then_some(id),
+        _ => None,
+    };
+    let id = if let Some(id) = in_place {
+        // By its row id: the key index is not searched, let alone written.
         let n = conn
-            .prepare_cached("UPDATE items SET item = ?3 WHERE pk = ?1 AND sk = ?2")
-            .and_then(|mut s| s.execute(params![key.pk, key.sk, json]))
+            .prepare_cached("UPDATE items SET item = ?2 WHERE id = ?1")
+            .and_then(|mut s| s.execute(params![id, json]))
             .map_err(|e| from_sqlite("write", e))?;
         debug_assert_eq!(n, 1, "the row read in this transaction is there");
+        id
     } else {
         let c = |i: usize| index_col(item, INDEX_ATTRS[i]);
         conn.prepare_cached(
@@ -381,11 +438,14 @@ fn write_item(
             ])
         })
         .map_err(|e| from_sqlite("write", e))?;
-    }
+        conn.last_insert_rowid()
+    };
     let seq = crate::feed::record(conn, key, old.as_deref(), Some(&json), at)?;
     Ok(Written {
         seq,
         text: Some(json),
+        id,
+        existed: old.is_some(),
     })
 }
 
@@ -396,6 +456,10 @@ struct Written {
     seq: Option<i64>,
     /// The text stored (`None`: the item was deleted, or nothing was written).
     text: Option<String>,
+    /// The row id of the text stored.
+    id: i64,
+    /// Whether there was a row before the write.
+    existed: bool,
 }
 
 /// A read: on a read connection (its own snapshot), or, for an in-memory database, inside
@@ -626,8 +690,16 @@ fn put(conn: &Connection, req: PutRequest, memo: &mut Memo) -> Result<(), StoreE
         None => Prior::Unread,
     };
     let w = write_item(conn, &req.key, Some(&item), prior)?;
+    let item = Arc::new(item);
+    // Published only when the old image is known decoded (the memo held it, or there was
+    // none): a put does not decode the item it replaces.
+    match held {
+        Some(h) => memo.publish(w.seq, &req.key, Some(h.item), Some(Arc::clone(&item))),
+        None if !w.existed => memo.publish(w.seq, &req.key, None, Some(Arc::clone(&item))),
+        None => {}
+    }
     if let Some(text) = w.text {
-        memo.remember(&req.key, text, Arc::new(item));
+        memo.remember(&req.key, text, item, w.id);
     }
     Ok(())
 }
@@ -640,7 +712,11 @@ fn purge(conn: &Connection, key: &Key, memo: &mut Memo) -> Result<(), StoreError
         Some(h) => Prior::Read(Some(h)),
         None => Prior::Unread,
     };
-    write_item(conn, key, None, prior).map(|_| ())
+    let w = write_item(conn, key, None, prior)?;
+    if let Some(h) = held {
+        memo.publish(w.seq, key, Some(h.item), None);
+    }
+    Ok(())
 }
 
 /// `update`. Static checks failed the request before it was queued; a remove-only update of
@@ -672,19 +748,11 @@ fn update(
     debug_assert!(prior.is_none() || new.is_some());
     if let Some(new) = &new {
         let w = write_item(conn, &req.key, Some(new), Prior::Read(prior.as_ref()))?;
-        if let Some(seq) = w.seq {
-            // Decoded already: the feed reader of this process takes both images from here.
-            memo.published.push((
-                seq,
-                Published {
-                    key: req.key.clone(),
-                    old: prior.as_ref().map(|s| Arc::clone(&s.item)),
-                    new: Arc::clone(new),
-                },
-            ));
-        }
+        // Decoded already: the feed reader of this process takes both images from here.
+        let old = prior.as_ref().map(|s| Arc::clone(&s.item));
+        memo.publish(w.seq, &req.key, old, Some(Arc::clone(new)));
         if let Some(text) = w.text {
-            memo.remember(&req.key, text, Arc::clone(new));
+            memo.remember(&req.key, text, Arc::clone(new), w.id);
         }
     }
     // Absent before and after: nothing written.
@@ -721,8 +789,9 @@ fn delete(
             return Err(condition_failed(old));
         }
     }
-    if prior.is_some() {
-        write_item(conn, &req.key, None, Prior::Read(prior.as_ref()))?;
+    if let Some(p) = &prior {
+        let w = write_item(conn, &req.key, None, Prior::Read(Some(p)))?;
+        memo.publish(w.seq, &req.key, Some(Arc::clone(&p.item)), None);
     }
     Ok(prior.map(|s| Arc::unwrap_or_clone(s.item)))
 }
@@ -792,14 +861,17 @@ fn transact_write(
         Ok(sp) => sp,
         Err(e) => return Ok(Err(from_sqlite("begin savepoint", e))),
     };
+    let published = memo.published.len();
     match transact_body(&sp, ops, token, fingerprint, memo) {
         Ok(()) => sp
             .commit()
             .map(Ok)
             .map_err(|e| BatchBroken(from_sqlite("release savepoint", e))),
         Err(e) => {
-            // Take back whatever this transaction wrote, then drop the savepoint.
+            // Take back whatever this transaction wrote, then drop the savepoint; its changes'
+            // numbers will be given again.
             memo.distrust();
+            memo.published.truncate(published);
             sp.rollback().and_then(|()| sp.commit()).map_err(|re| {
                 BatchBroken(StoreError::Unavailable(format!(
                     "sqlite rollback to savepoint failed ({re}) after: {e}"
@@ -814,14 +886,22 @@ fn transact_write(
 /// read.
 enum Found {
     Held(Stored),
-    Read(Option<Item>),
+    Read(Option<Arc<Item>>),
 }
 
 impl Found {
     fn item(&self) -> Option<&Item> {
         match self {
             Found::Held(s) => Some(&s.item),
-            Found::Read(i) => i.as_ref(),
+            Found::Read(i) => i.as_deref(),
+        }
+    }
+
+    /// The item, shared (for the change's old image).
+    fn shared(&self) -> Option<Arc<Item>> {
+        match self {
+            Found::Held(s) => Some(Arc::clone(&s.item)),
+            Found::Read(i) => i.clone(),
         }
     }
 }
@@ -857,7 +937,7 @@ fn transact_body(
         .iter()
         .map(|op| match memo.take_trusted(conn, op.key()) {
             Some(s) => Ok(Found::Held(s)),
-            None => read_item(conn, op.key()).map(Found::Read),
+            None => read_item(conn, op.key()).map(|i| Found::Read(i.map(Arc::new))),
         })
         .collect::<Result<Vec<_>, _>>()?;
     let mut planned = Vec::with_capacity(ops.len());
@@ -894,8 +974,10 @@ fn transact_body(
             Found::Read(_) => Prior::Unread,
         };
         let w = write_item(conn, key, new.as_ref(), prior)?;
+        let new = new.map(Arc::new);
+        memo.publish(w.seq, key, old.shared(), new.clone());
         if let (Some(text), Some(new)) = (w.text, new) {
-            memo.remember(key, text, Arc::new(new));
+            memo.remember(key, text, new, w.id);
         }
     }
     if let (Some(t), Some(fp)) = (token, fingerprint) {

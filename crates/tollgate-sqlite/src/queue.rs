@@ -100,6 +100,8 @@ pub struct Closed;
 struct State {
     pending: VecDeque<Request>,
     writer_idle: bool,
+    /// When the watchdog wakes next at the latest (`None`: it is not waiting).
+    watchdog_wakes: Option<Instant>,
     closed: bool,
 }
 
@@ -120,6 +122,7 @@ impl Queue {
             state: Mutex::new(State {
                 pending: VecDeque::new(),
                 writer_idle: false,
+                watchdog_wakes: None,
                 closed: false,
             }),
             work: Condvar::new(),
@@ -140,11 +143,15 @@ impl Queue {
         if st.closed {
             return Err(Closed);
         }
+        let deadline = r.deadline;
         st.pending.push_back(r);
         self.counters.submitted();
-        if st.pending.len() == 1 {
-            // The front changed: a watchdog waiting out an idle spell re-arms on this
-            // request's deadline (later requests queue behind earlier deadlines).
+        if st.pending.len() == 1 && st.watchdog_wakes.is_some_and(|w| deadline < w) {
+            // The front changed and its deadline comes before the watchdog's next wake (it
+            // waits out an idle spell): it re-arms on this request's deadline (later requests
+            // queue behind earlier deadlines). Under load the watchdog's wake is already
+            // due sooner, and the writer's pushes wake nobody but the writer.
+            st.watchdog_wakes = None;
             self.watch.notify_one();
         }
         if st.writer_idle {
@@ -207,11 +214,13 @@ impl Queue {
                 .pending
                 .front()
                 .map_or(idle, |r| r.deadline.saturating_duration_since(now));
+            st.watchdog_wakes = Some(now + wait);
             st = self
                 .watch
                 .wait_timeout(st, wait)
                 .unwrap_or_else(|e| e.into_inner())
                 .0;
+            st.watchdog_wakes = None;
         }
     }
 
@@ -275,6 +284,46 @@ mod tests {
         // A closed queue refuses a request instead of keeping it.
         let (r, _rx) = request(Instant::now() + deadline);
         assert_eq!(queue.push(r), Err(Closed));
+    }
+
+    /// A request whose deadline comes after the waiting watchdog's next wake does not wake
+    /// it (the writer's pushes wake only the writer): the watchdog re-arms on it when it
+    /// wakes, and still refuses it at its deadline.
+    #[test]
+    fn the_watchdog_refuses_at_the_deadline_without_being_woken_for_it() {
+        let queue = Arc::new(Queue::new());
+        let idle = Duration::from_millis(100);
+        let watchdog = {
+            let q = Arc::clone(&queue);
+            std::thread::spawn(move || q.watch(idle))
+        };
+        // Let the watchdog start waiting out an idle spell.
+        let start = Instant::now();
+        while queue.lock().watchdog_wakes.is_none() {
+            assert!(
+                start.elapsed() < Duration::from_secs(10),
+                "the watchdog never waited"
+            );
+            std::thread::yield_now();
+        }
+        let wakes = queue.lock().watchdog_wakes;
+        let deadline = Instant::now() + Duration::from_millis(250);
+        assert!(wakes.is_some_and(|w| w < deadline));
+        let (r, rx) = request(deadline);
+        assert!(queue.push(r).is_ok());
+        // Outside its lock the watchdog's wake is always set while it runs; only a push
+        // that wakes it clears it.
+        assert!(
+            queue.lock().watchdog_wakes.is_some(),
+            "the watchdog was not woken"
+        );
+        match rx.recv_timeout(Duration::from_secs(10)) {
+            Ok(Err(StoreError::Unavailable(m))) => assert!(m.contains("deadline"), "{m}"),
+            other => panic!("expected Unavailable, got {other:?}"),
+        }
+        assert!(Instant::now() >= deadline, "refused before its deadline");
+        queue.close();
+        watchdog.join().unwrap();
     }
 
     #[test]

@@ -1,5 +1,5 @@
-//! The SQLite change feed beyond the conformance checks: the upgrade of a version-1 file,
-//! one feed shared by two stores on one file, trimming.
+//! The SQLite change feed beyond the conformance checks: the upgrades of version-1 and
+//! version-2 files, one feed shared by two stores on one file, trimming.
 
 use tollgate_core::value::{Key, Value};
 use tollgate_sqlite::{SqliteStore, SCHEMA_VERSION};
@@ -56,7 +56,7 @@ async fn a_version_1_file_is_upgraded_and_its_feed_starts_at_the_upgrade() {
             gsi4pk TEXT, gsi4sk TEXT, PRIMARY KEY (pk, sk)) WITHOUT ROWID;
          CREATE TABLE tokens (token TEXT PRIMARY KEY, ops TEXT NOT NULL,
             created_ms INTEGER NOT NULL) WITHOUT ROWID;
-         INSERT INTO items (pk, sk, item) VALUES ('p', 'old', '{\"PK\":{\"S\":\"p\"},\"SK\":{\"S\":\"old\"}}');
+         INSERT INTO items (pk, sk, item) VALUES ('p', 'old', '{\"PK\":{\"s\":\"p\"},\"SK\":{\"s\":\"old\"}}');
          PRAGMA user_version = 1;",
     )
     .unwrap();
@@ -67,7 +67,10 @@ async fn a_version_1_file_is_upgraded_and_its_feed_starts_at_the_upgrade() {
         .query_row("PRAGMA user_version", [], |r| r.get(0))
         .unwrap();
     assert_eq!(v, SCHEMA_VERSION);
-    assert_eq!(SCHEMA_VERSION, 2);
+    assert_eq!(SCHEMA_VERSION, 3);
+    // The item written under version 1 is still there.
+    let old = s.get(&Key::new("p", "old"), true).await.unwrap();
+    assert!(old.is_some(), "the version-1 item survives the upgrade");
     let b = s.read_feed(&FeedCursor::start(), 10).await.unwrap();
     assert!(b.changes.is_empty(), "{:?}", b.changes);
     let k = Key::new("p", "new");
@@ -77,6 +80,139 @@ async fn a_version_1_file_is_upgraded_and_its_feed_starts_at_the_upgrade() {
     assert_eq!(b.changes[0].key, k);
     assert_eq!(b.changes[0].old, None);
     assert_eq!(b.cursor.last(""), Some("1"));
+}
+
+/// A version-2 file (items in a `WITHOUT ROWID` table, a feed) is upgraded to version 3
+/// in place: its items, their index entries and its feed (changes and sequence) all carry
+/// over, and writes go on from there.
+#[tokio::test]
+async fn a_version_2_file_is_upgraded_with_its_items_indexes_and_feed() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("v2.db");
+    let raw = rusqlite::Connection::open(&path).unwrap();
+    raw.execute_batch(
+        "PRAGMA journal_mode = WAL;
+         CREATE TABLE items (pk TEXT NOT NULL, sk TEXT NOT NULL, item TEXT NOT NULL,
+            gsi1pk TEXT, gsi1sk TEXT, gsi2pk TEXT, gsi2sk TEXT, gsi3pk TEXT, gsi3sk TEXT,
+            gsi4pk TEXT, gsi4sk TEXT, PRIMARY KEY (pk, sk)) WITHOUT ROWID;
+         CREATE INDEX items_gsi1 ON items (gsi1pk, gsi1sk) WHERE gsi1pk IS NOT NULL;
+         CREATE INDEX items_gsi2 ON items (gsi2pk, gsi2sk) WHERE gsi2pk IS NOT NULL;
+         CREATE INDEX items_gsi3 ON items (gsi3pk, gsi3sk) WHERE gsi3pk IS NOT NULL;
+         CREATE INDEX items_gsi4 ON items (gsi4pk, gsi4sk) WHERE gsi4pk IS NOT NULL;
+         CREATE TABLE tokens (token TEXT PRIMARY KEY, ops TEXT NOT NULL,
+            created_ms INTEGER NOT NULL) WITHOUT ROWID;
+         CREATE TABLE changes (seq INTEGER PRIMARY KEY AUTOINCREMENT, pk TEXT NOT NULL,
+            sk TEXT NOT NULL, old TEXT, new TEXT, at_ms INTEGER NOT NULL);
+         INSERT INTO items (pk, sk, item, gsi1pk, gsi1sk) VALUES ('p', 'a',
+            '{\"PK\":{\"s\":\"p\"},\"SK\":{\"s\":\"a\"},\"GSI1PK\":{\"s\":\"g\"},\"GSI1SK\":{\"s\":\"1\"},\"n\":{\"n\":2}}',
+            'g', '1');
+         INSERT INTO items (pk, sk, item, gsi1pk, gsi1sk) VALUES ('p', 'b',
+            '{\"PK\":{\"s\":\"p\"},\"SK\":{\"s\":\"b\"},\"GSI1PK\":{\"s\":\"g\"},\"GSI1SK\":{\"s\":\"1\"},\"n\":{\"n\":5}}',
+            'g', '1');
+         INSERT INTO changes (pk, sk, old, new, at_ms) VALUES ('p', 'a', NULL,
+            '{\"PK\":{\"s\":\"p\"},\"SK\":{\"s\":\"a\"},\"n\":{\"n\":1}}', 1);
+         INSERT INTO changes (pk, sk, old, new, at_ms) VALUES ('p', 'a',
+            '{\"PK\":{\"s\":\"p\"},\"SK\":{\"s\":\"a\"},\"n\":{\"n\":1}}',
+            '{\"PK\":{\"s\":\"p\"},\"SK\":{\"s\":\"a\"},\"GSI1PK\":{\"s\":\"g\"},\"GSI1SK\":{\"s\":\"1\"},\"n\":{\"n\":2}}', 2);
+         PRAGMA user_version = 2;",
+    )
+    .unwrap();
+    drop(raw);
+    let s = SqliteStore::open(&path).expect("a version-2 file opens");
+    let raw = rusqlite::Connection::open(&path).unwrap();
+    let v: i64 = raw
+        .query_row("PRAGMA user_version", [], |r| r.get(0))
+        .unwrap();
+    assert_eq!(v, SCHEMA_VERSION);
+    let n =
+        |i: Option<tollgate_core::value::Item>| i.and_then(|i| i.get("n").and_then(Value::as_n));
+    assert_eq!(n(s.get(&Key::new("p", "a"), true).await.unwrap()), Some(2));
+    assert_eq!(n(s.get(&Key::new("p", "b"), true).await.unwrap()), Some(5));
+    // The index partition, in (index sort key, primary key) order.
+    let q = s
+        .query(tollgate_store::Query {
+            pk: "g".into(),
+            index: Some("GSI1".into()),
+            sk_prefix: None,
+            consistent: false,
+        })
+        .await
+        .unwrap();
+    let ns: Vec<_> = q.into_iter().map(|i| n(Some(i))).collect();
+    assert_eq!(ns, vec![Some(2), Some(5)]);
+    // The feed: both old changes, then a new one numbered after them.
+    put(&s, &Key::new("p", "a"), 9).await;
+    let b = s.read_feed(&FeedCursor::start(), 10).await.unwrap();
+    let shape: Vec<_> = b
+        .changes
+        .iter()
+        .map(|c| {
+            (
+                c.position.seq.clone(),
+                n_of(c.old.as_ref()),
+                n_of(c.new.as_ref()),
+            )
+        })
+        .collect();
+    assert_eq!(
+        shape,
+        vec![
+            ("1".to_string(), None, Some(1)),
+            ("2".to_string(), Some(1), Some(2)),
+            ("3".to_string(), Some(2), Some(9)),
+        ]
+    );
+    s.integrity_check().unwrap();
+}
+
+/// A version-2 feed trimmed empty (`AUTOINCREMENT` remembered its highest number, 7, in
+/// `sqlite_sequence`): after the upgrade the next change is still numbered 8, a consumer at
+/// 7 reads it, and one from before is refused as trimmed.
+#[tokio::test]
+async fn a_version_2_feed_trimmed_empty_keeps_its_numbering() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("v2-empty.db");
+    let raw = rusqlite::Connection::open(&path).unwrap();
+    raw.execute_batch(
+        "PRAGMA journal_mode = WAL;
+         CREATE TABLE items (pk TEXT NOT NULL, sk TEXT NOT NULL, item TEXT NOT NULL,
+            gsi1pk TEXT, gsi1sk TEXT, gsi2pk TEXT, gsi2sk TEXT, gsi3pk TEXT, gsi3sk TEXT,
+            gsi4pk TEXT, gsi4sk TEXT, PRIMARY KEY (pk, sk)) WITHOUT ROWID;
+         CREATE TABLE tokens (token TEXT PRIMARY KEY, ops TEXT NOT NULL,
+            created_ms INTEGER NOT NULL) WITHOUT ROWID;
+         CREATE TABLE changes (seq INTEGER PRIMARY KEY AUTOINCREMENT, pk TEXT NOT NULL,
+            sk TEXT NOT NULL, old TEXT, new TEXT, at_ms INTEGER NOT NULL);
+         INSERT INTO changes (seq, pk, sk, old, new, at_ms) VALUES (7, 'p', 'a', NULL, '{}', 1);
+         DELETE FROM changes;
+         PRAGMA user_version = 2;",
+    )
+    .unwrap();
+    drop(raw);
+    let s = SqliteStore::open(&path).expect("a version-2 file opens");
+    let mut at_7 = FeedCursor::start();
+    at_7.advance(&tollgate_store::FeedPosition {
+        stream: String::new(),
+        seq: "7".into(),
+    });
+    assert!(s.read_feed(&at_7, 10).await.unwrap().changes.is_empty());
+    put(&s, &Key::new("p", "a"), 1).await;
+    let b = s.read_feed(&at_7, 10).await.unwrap();
+    let seqs: Vec<&str> = b.changes.iter().map(|c| c.position.seq.as_str()).collect();
+    assert_eq!(seqs, vec!["8"]);
+    assert_eq!(b.cursor.last(""), Some("8"));
+    match s.read_feed(&FeedCursor::start(), 10).await {
+        Err(StoreError::Validation(m)) => assert!(m.contains("trimmed"), "{m}"),
+        other => panic!("a read from before the trim must be refused, got {other:?}"),
+    }
+    // A consumer just before the marker reads past it to the change.
+    let mut at_6 = FeedCursor::start();
+    at_6.advance(&tollgate_store::FeedPosition {
+        stream: String::new(),
+        seq: "6".into(),
+    });
+    let b = s.read_feed(&at_6, 10).await.unwrap();
+    let seqs: Vec<&str> = b.changes.iter().map(|c| c.position.seq.as_str()).collect();
+    assert_eq!(seqs, vec!["8"]);
 }
 
 #[tokio::test]
@@ -134,7 +270,7 @@ async fn trim_removes_the_oldest_changes_up_to_the_first_retained_one() {
     // Six changes stamped 100, 200, 300 (retained below), 150 (a clock behind), 400, 500.
     for at in [100, 200, 300, 150, 400, 500] {
         raw.execute(
-            "INSERT INTO changes (pk, sk, old, new, at_ms) VALUES ('p', 'x', NULL, NULL, ?1)",
+            "INSERT INTO changes (pk, sk, old, new, at_ms) VALUES ('p', 'x', NULL, '{}', ?1)",
             [at],
         )
         .unwrap();
@@ -173,6 +309,18 @@ async fn trim_removes_the_oldest_changes_up_to_the_first_retained_one() {
     let through_6 = rest.cursor;
     s.trim_feed(&through_6, 0).await.unwrap();
     assert_eq!(count(&raw), vec![6]);
+    // Everything consumed and old enough: the newest change stays all the same, holding
+    // the highest number given, so the next change is numbered after it.
+    s.trim_feed(&through_6, i64::MAX).await.unwrap();
+    assert_eq!(count(&raw), vec![6]);
+    put(&s, &Key::new("p", "y"), 1).await;
+    let next = s.read_feed(&through_6, 10).await.unwrap();
+    let seqs: Vec<&str> = next
+        .changes
+        .iter()
+        .map(|c| c.position.seq.as_str())
+        .collect();
+    assert_eq!(seqs, vec!["7"]);
 }
 
 /// In one read, a change's old image is the previous change's new one of the same key: the

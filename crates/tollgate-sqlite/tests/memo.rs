@@ -13,7 +13,9 @@ use rusqlite::{params, Connection, OptionalExtension};
 use tollgate_core::expr::{Condition, ReturnValues, Update};
 use tollgate_core::value::{Item, Key, Value};
 use tollgate_sqlite::{SqliteConfig, SqliteStore};
-use tollgate_store::{DeleteRequest, PutRequest, Store, StoreError, TransactOp, UpdateRequest};
+use tollgate_store::{
+    ChangeFeed, DeleteRequest, FeedCursor, PutRequest, Store, StoreError, TransactOp, UpdateRequest,
+};
 
 /// `ADD n` under `condition`, answering the new item.
 fn add(k: &Key, n: i64, condition: Option<Condition>) -> UpdateRequest {
@@ -251,6 +253,8 @@ async fn a_write_after_a_rolled_back_transaction_sees_the_value_before_it() {
     let new = s.update(add(&k, 1, Some(Condition::eq("n", 2)))).await;
     assert_eq!(n_of(new.unwrap().as_ref()), Some(3));
     assert_eq!(last_change(&raw).0, before);
+    // The rolled-back changes' numbers were given again: the feed shows what was stored.
+    feed_is_as_stored(&s, &path).await;
 }
 
 /// A batch rolled back whole (SQLite ended its transaction midway) after one of its writes
@@ -302,6 +306,8 @@ async fn a_write_after_a_rolled_back_batch_sees_the_value_before_it() {
     let new = s.update(add(&k, 1, Some(Condition::eq("n", 2)))).await;
     assert_eq!(n_of(new.unwrap().as_ref()), Some(3));
     assert_eq!(last_change(&raw).0, before);
+    // The rolled-back changes' numbers were given again: the feed shows what was stored.
+    feed_is_as_stored(&s, &path).await;
 }
 
 /// The same operations on an in-memory database (one connection: the memo is always
@@ -328,6 +334,22 @@ async fn an_in_memory_store_reads_what_its_memo_holds() {
     assert_eq!(s.get(&k, true).await.unwrap(), None);
     let new = s.update(add(&k, 1, Some(Condition::not_exists("n")))).await;
     assert_eq!(n_of(new.unwrap().as_ref()), Some(1));
+}
+
+/// The feed as `s` reads it (this process's changes taken as its writer published them)
+/// is the feed as a store that decodes every change from its stored text reads it.
+async fn feed_is_as_stored(s: &SqliteStore, path: &std::path::Path) {
+    let shape = |b: tollgate_store::FeedBatch| {
+        b.changes
+            .into_iter()
+            .map(|c| (c.position.seq, c.key, c.old, c.new))
+            .collect::<Vec<_>>()
+    };
+    let ours = shape(s.read_feed(&FeedCursor::start(), 1000).await.unwrap());
+    let fresh = SqliteStore::open(path).unwrap();
+    let stored = shape(fresh.read_feed(&FeedCursor::start(), 1000).await.unwrap());
+    assert!(!ours.is_empty());
+    assert_eq!(ours, stored);
 }
 
 /// Poll until `cond` holds; fail after 10 s (a bound for a broken build).
