@@ -214,7 +214,8 @@ impl Fields<'_> {
 }
 
 /// Whether the default format escapes a character of a message (terminal control
-/// characters: ESC, BEL, BS, FF, DEL and the C1 controls).
+/// characters: ESC, BEL, BS, FF, DEL and
+/// U+0080 to U+009F).
 fn escaped(c: char) -> bool {
     matches!(
         c,
