@@ -152,7 +152,7 @@ pub struct BucketImage {
 }
 
 mod layout;
-pub use layout::{Layout, LayoutRef};
+pub use layout::{Layout, LayoutRef, Shapes, SHAPES_KEPT};
 
 /// The per-limit attribute schema: limit `n`'s field `f` is stored as `b_{n}_{f}`
 /// ([`crate::keys::battr`]). Every encoder, decoder and condition names a field through
@@ -527,6 +527,35 @@ impl BucketImage {
         }
         let (top, fields) = gather(item);
         let shape = Layout::of_gathered(item, &fields).map(Arc::new);
+        Self::assemble(item, top, fields, key, LayoutRef(shape))
+    }
+
+    /// [`BucketImage::decode_like`], and when `like` is absent or of another shape, decoded
+    /// by a layout `shapes` recorded for the item's shape (another bucket of the same
+    /// resource, decoded earlier); a shape neither knows is decoded in full and recorded in
+    /// `shapes`. The image is the same either way.
+    pub fn decode_known(
+        item: &Item,
+        key: Key,
+        like: Option<&BucketImage>,
+        shapes: &Shapes,
+    ) -> Result<Self, RuleError> {
+        if let Some(layout) = like.and_then(|l| l.layout.0.as_ref()) {
+            if let Some((top, fields)) = layout.gather(item) {
+                let shared = LayoutRef(Some(Arc::clone(layout)));
+                return Self::assemble(item, top, fields, key, shared);
+            }
+        }
+        if let Some(layout) = shapes.find(item) {
+            let (top, fields) = layout.gather_fitted(item);
+            let shared = LayoutRef(Some(Arc::clone(&layout)));
+            return Self::assemble(item, top, fields, key, shared);
+        }
+        let (top, fields) = gather(item);
+        let shape = Layout::of_gathered(item, &fields).map(Arc::new);
+        if let Some(s) = &shape {
+            shapes.record(Arc::clone(s));
+        }
         Self::assemble(item, top, fields, key, LayoutRef(shape))
     }
 

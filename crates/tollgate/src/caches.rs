@@ -5,7 +5,7 @@ use std::cmp::Reverse;
 use std::collections::{BinaryHeap, HashMap};
 use std::sync::{Arc, Mutex};
 
-use tollgate_core::bucket::BucketImage;
+use tollgate_core::bucket::{BucketImage, Shapes};
 
 /// The caches' hash map: foldhash, seeded per process, instead of SipHash — every acquire
 /// makes several lookups by entity and resource name, and hashing them was a visible part
@@ -185,12 +185,22 @@ impl RejectionCache {
 /// what it assumes (`rf`, the balances read), so a stale entry costs one failed write,
 /// whose returned image replaces it, never an over-admission. Images are shared (`Arc`)
 /// with the leases and plans that use them, never copied.
+///
+/// It keeps the item shapes it decoded too ([`Shapes`]): an item read or returned for a
+/// shard without an image here is decoded by place when another bucket had its shape.
 #[derive(Debug, Default)]
-pub struct ImageCache(Mutex<ByShard<Arc<BucketImage>>>);
+pub struct ImageCache {
+    images: Mutex<ByShard<Arc<BucketImage>>>,
+    shapes: Shapes,
+}
 
 impl ImageCache {
     fn lock(&self) -> std::sync::MutexGuard<'_, ByShard<Arc<BucketImage>>> {
-        self.0.lock().unwrap_or_else(|x| x.into_inner())
+        self.images.lock().unwrap_or_else(|x| x.into_inner())
+    }
+    /// The item shapes decoded lately.
+    pub fn shapes(&self) -> &Shapes {
+        &self.shapes
     }
     /// The last image of a shard.
     pub fn get(&self, e: &str, r: &str, shard: u32) -> Option<Arc<BucketImage>> {

@@ -9,62 +9,48 @@
 //! pairs complete, errors naming the attribute — is the same code either way
 //! ([`BucketImage::assemble`](super::BucketImage)).
 
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, PoisonError};
 
-use super::{classify, Class, Gathered, LimitFields, Top, TopLevel, ABSENT, FIELDS};
+use super::{classify, Class, Gathered, LimitFields, Top, TopLevel, ABSENT};
 use crate::item::Names;
 use crate::value::{AttrName, Item};
 
-/// The decoding plan of one item shape.
+/// The decoding plan of one item shape: what [`super::gather`] finds in an item of this
+/// shape, by place — it is the same for every item with these names.
 #[derive(Debug)]
 pub struct Layout {
     /// The shape: the item's names in order.
     names: Names,
-    /// What each attribute (by place) is.
-    slots: Box<[Slot]>,
-    /// The limits with at least one field, sorted by name; a [`Slot::Field`] indexes them.
-    limits: Box<[AttrName]>,
-}
-
-/// What one attribute of the shape is to decoding.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Slot {
-    Skip,
-    Top(Top),
-    /// Field `FIELDS[field]` of `limits[limit]`.
-    Field {
-        limit: u16,
-        field: u8,
-    },
+    /// The top-level attributes decoding reads, with their places.
+    tops: Box<[(Top, u32)]>,
+    /// Each limit's fields as places in the item, limits sorted by name (as gathered).
+    fields: Box<[(AttrName, LimitFields)]>,
 }
 
 impl Layout {
     /// The layout of `item`'s shape, from what [`super::gather`] took from it (the fields'
     /// places; the other attributes are classified again, which needs no field-name
-    /// parsing); `None` for a shape with more limits than a slot can name (decoded in full
-    /// every time).
+    /// parsing); `None` for an item too long for a place to name (decoded in full every
+    /// time).
     pub(super) fn of_gathered(item: &Item, fields: &Gathered<'_>) -> Option<Layout> {
-        let mut slots = vec![Slot::Skip; item.len()];
-        for (l, (_, fs)) in fields.iter().enumerate() {
-            let limit = u16::try_from(l).ok()?;
-            for (f, at) in fs.iter().enumerate() {
-                if *at != ABSENT {
-                    let field = u8::try_from(f).ok()?;
-                    *slots.get_mut(*at as usize)? = Slot::Field { limit, field };
-                }
-            }
-        }
-        for (slot, name) in slots.iter_mut().zip(item.keys()) {
-            if *slot == Slot::Skip && !name.starts_with("b_") {
+        let mut tops = Vec::new();
+        for (i, name) in item.keys().enumerate() {
+            if !name.starts_with("b_") {
                 if let Class::Top(t) = classify(name) {
-                    *slot = Slot::Top(t);
+                    tops.push((t, u32::try_from(i).ok().filter(|at| *at != ABSENT)?));
                 }
             }
         }
+        debug_assert!(fields.iter().all(|(_, fs)| fs
+            .iter()
+            .all(|at| *at == ABSENT || (*at as usize) < item.len())));
         Some(Layout {
             names: item.names(),
-            slots: slots.into_boxed_slice(),
-            limits: fields.iter().map(|(n, _)| AttrName::from(*n)).collect(),
+            tops: tops.into_boxed_slice(),
+            fields: fields
+                .iter()
+                .map(|(n, fs)| (AttrName::from(*n), *fs))
+                .collect(),
         })
     }
 
@@ -79,24 +65,71 @@ impl Layout {
         if !item.has_names(&self.names) {
             return None;
         }
-        debug_assert_eq!(item.len(), self.slots.len());
+        Some(self.gather_fitted(item))
+    }
+
+    /// [`Layout::gather`] of an item known to have this layout's shape: the recorded places,
+    /// no attribute visited but the top-level ones decoding reads.
+    pub(super) fn gather_fitted<'a>(&'a self, item: &'a Item) -> (TopLevel<'a>, Gathered<'a>) {
+        debug_assert!(
+            item.has_names(&self.names),
+            "the item has the layout's shape"
+        );
         let mut top = TopLevel::default();
-        let mut fields: Gathered<'a> = self
-            .limits
-            .iter()
-            .map(|n| (n.as_str(), [ABSENT; FIELDS.len()] as LimitFields))
-            .collect();
-        for (i, ((_, v), slot)) in item.iter().zip(self.slots.iter()).enumerate() {
-            match *slot {
-                Slot::Skip => {}
-                Slot::Top(t) => top.set(t, v),
-                Slot::Field { limit, field } => {
-                    fields[usize::from(limit)].1[usize::from(field)] =
-                        u32::try_from(i).unwrap_or(ABSENT);
-                }
-            }
+        for (t, at) in self.tops.iter() {
+            top.set(*t, item.at(*at as usize).1);
         }
-        Some((top, fields))
+        let fields: Gathered<'a> = self
+            .fields
+            .iter()
+            .map(|(n, fs)| (n.as_str(), *fs))
+            .collect();
+        (top, fields)
+    }
+}
+
+/// How many shapes a [`Shapes`] keeps.
+pub const SHAPES_KEPT: usize = 16;
+
+/// The layouts a decoder recorded lately, most recently used first, at most
+/// [`SHAPES_KEPT`]: an item of a shape seen before — another entity's bucket of the same
+/// resource, a shard read for the first time, a bucket whose image was dropped — is
+/// decoded by place too ([`BucketImage::decode_known`](super::BucketImage::decode_known)).
+/// Finding a shape compares names only (a length first), so a miss costs little more than
+/// the full decode it falls back to.
+#[derive(Debug, Default)]
+pub struct Shapes {
+    recent: Mutex<Vec<Arc<Layout>>>,
+}
+
+impl Shapes {
+    /// The recorded layout of `item`'s shape, moved to the front.
+    pub(super) fn find(&self, item: &Item) -> Option<Arc<Layout>> {
+        let mut recent = self.recent.lock().unwrap_or_else(PoisonError::into_inner);
+        let at = recent.iter().position(|l| item.has_names(&l.names))?;
+        recent[..=at].rotate_right(1);
+        recent.first().cloned()
+    }
+
+    /// Record a layout at the front, dropping the least recently used one when full.
+    pub(super) fn record(&self, layout: Arc<Layout>) {
+        let mut recent = self.recent.lock().unwrap_or_else(PoisonError::into_inner);
+        recent.truncate(SHAPES_KEPT - 1);
+        recent.insert(0, layout);
+        debug_assert!(recent.len() <= SHAPES_KEPT);
+    }
+
+    /// How many shapes are kept.
+    pub fn len(&self) -> usize {
+        self.recent
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .len()
+    }
+
+    /// Whether no shape is kept.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
     }
 }
 
@@ -217,6 +250,8 @@ mod tests {
         )
         .expect("a valid image");
         let mut by_place = 0;
+        let mut by_shape = 0;
+        let shapes = Shapes::default();
         for _ in 0..3_000 {
             // Half the items hold every name but at most one, the rest a random half.
             let drop = draw(names.len() as u64 * 2) as usize;
@@ -243,6 +278,15 @@ mod tests {
             if let (Some(l), Ok(p)) = (&like.layout.0, &placed) {
                 by_place += usize::from(p.layout.0.as_ref().is_some_and(|q| Arc::ptr_eq(l, q)));
             }
+            // By a shape recorded from another item (decoded or not): the same image, the
+            // recorded layout shared.
+            let _ = BucketImage::decode_known(&other, key.clone(), None, &shapes);
+            let recorded = shapes.recent.lock().expect("not poisoned").first().cloned();
+            let known = BucketImage::decode_known(&item, key.clone(), None, &shapes);
+            assert_eq!(full, known, "{item:?}");
+            if let (Some(l), Ok(k)) = (&recorded, &known) {
+                by_shape += usize::from(k.layout.0.as_ref().is_some_and(|q| Arc::ptr_eq(l, q)));
+            }
             // Another shape: one name fewer.
             let mut fewer = item.clone();
             if let Some(n) = chosen.first() {
@@ -252,10 +296,57 @@ mod tests {
                 BucketImage::decode_keyed(&fewer, key.clone()),
                 BucketImage::decode_like(&fewer, key.clone(), Some(&like)),
             );
+            assert_eq!(
+                BucketImage::decode_keyed(&fewer, key.clone()),
+                BucketImage::decode_known(&fewer, key.clone(), Some(&like), &shapes),
+            );
         }
         assert!(
             by_place > 40,
             "the by-place path decoded ({by_place} times)"
         );
+        assert!(
+            by_shape > 40,
+            "the recorded shapes decoded ({by_shape} times)"
+        );
+        assert!(shapes.len() <= SHAPES_KEPT);
+    }
+
+    /// A shape found is moved to the front; a new one goes to the front and pushes the
+    /// least recently used one out when [`SHAPES_KEPT`] are kept; an item of a shape not
+    /// kept finds none.
+    #[test]
+    fn shapes_keep_the_most_recently_used() {
+        let item = |i: usize| -> Item {
+            [
+                (AttrName::from(format!("b_l{i}_cp")), Value::N(1)),
+                (AttrName::from(format!("b_l{i}_tk")), Value::N(1)),
+                (AttrName::from("rf"), Value::N(1)),
+            ]
+            .into()
+        };
+        let shapes = Shapes::default();
+        assert!(shapes.is_empty());
+        let key = Key::new("e", "s");
+        for i in 0..SHAPES_KEPT {
+            BucketImage::decode_known(&item(i), key.clone(), None, &shapes).expect("decodes");
+        }
+        assert_eq!(shapes.len(), SHAPES_KEPT);
+        // Shape 0, the oldest, is used again: shape 1 is now the one pushed out.
+        let zero = shapes.find(&item(0)).expect("kept");
+        assert!(Arc::ptr_eq(&zero, &shapes.find(&item(0)).expect("kept")));
+        BucketImage::decode_known(&item(SHAPES_KEPT), key.clone(), None, &shapes).expect("decodes");
+        assert_eq!(shapes.len(), SHAPES_KEPT);
+        assert!(shapes.find(&item(1)).is_none());
+        assert!(shapes.find(&item(0)).is_some());
+        assert!(shapes.find(&item(SHAPES_KEPT)).is_some());
+        assert!(shapes.find(&item(SHAPES_KEPT + 1)).is_none());
+        // Decoded by a kept shape: the same image as decoded by name.
+        let img = BucketImage::decode_known(&item(2), key.clone(), None, &shapes).expect("ok");
+        assert_eq!(
+            img,
+            BucketImage::decode_keyed(&item(2), key).expect("decodes")
+        );
+        assert!(img.layout.0.is_some());
     }
 }

@@ -42,7 +42,8 @@ impl Inner {
     }
 
     /// Decode an item of `shard` read or returned by a write, like the image this process
-    /// last saw there ([`BucketImage::decode_like`]: the same shape is decoded by place).
+    /// last saw there or another bucket of the same shape ([`BucketImage::decode_known`]:
+    /// a shape seen before is decoded by place).
     pub(crate) fn decode_shard(
         &self,
         req: &Request,
@@ -50,8 +51,14 @@ impl Inner {
         item: &tollgate_core::value::Item,
         key: Key,
     ) -> Result<BucketImage> {
-        let like = self.images().get(&req.entity, &req.resource, shard);
-        Ok(BucketImage::decode_like(item, key, like.as_deref())?)
+        let images = self.images();
+        let like = images.get(&req.entity, &req.resource, shard);
+        Ok(BucketImage::decode_known(
+            item,
+            key,
+            like.as_deref(),
+            images.shapes(),
+        )?)
     }
 
     /// Remember the image a write returned (`ALL_NEW`) for the next plan; `None` when the
