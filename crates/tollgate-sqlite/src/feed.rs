@@ -99,6 +99,14 @@ fn last_seq(conn: &Connection) -> Result<i64, StoreError> {
         .map_err(|e| from_sqlite("read feed end", e))
 }
 
+/// The number of the oldest change held (0: none).
+fn first_seq(conn: &Connection) -> Result<i64, StoreError> {
+    conn.prepare_cached("SELECT min(seq) FROM changes")
+        .and_then(|mut s| s.query_row([], |r| r.get::<_, Option<i64>>(0)))
+        .map(|v| v.unwrap_or(0))
+        .map_err(|e| from_sqlite("read feed start", e))
+}
+
 /// Up to `limit` changes after `cursor`, from one snapshot (a read transaction of its own);
 /// the images of the changes `recent` holds are taken from it, already decoded.
 pub fn read(
@@ -246,8 +254,17 @@ pub fn read_in(
     })
 }
 
+/// The most changes one trim removes. A trim runs on the writer thread inside a batch of
+/// requests, which wait for it: removing a whole retention's backlog at once (the first
+/// trim after the retention elapses under load: hundreds of thousands of rows, ~2 KB each)
+/// held every request behind it for ~100 ms. The aggregator trims once per batch of
+/// changes it counts (500 by default), so bounded trims still remove changes twice as fast
+/// as they are read; a backlog left by an idle feed goes over the next passes.
+pub const TRIM_MAX_CHANGES: i64 = 1024;
+
 /// Forget the changes at or before `cursor` written before `before_ms`: the oldest ones, up
-/// to the first that is still retained (as `MemoryStore` trims its log). A change written
+/// to the first that is still retained (as `MemoryStore` trims its log), at most
+/// [`TRIM_MAX_CHANGES`] of them. A change written
 /// before `before_ms` but after a retained one (another process's clock behind) stays until
 /// a later trim; nothing after `cursor` is ever removed, and neither is the newest change
 /// (it holds the highest sequence number given: see the module docs).
@@ -259,19 +276,22 @@ pub fn read_in(
 /// store's main cost under load.)
 pub fn trim(conn: &Connection, cursor: &FeedCursor, before_ms: i64) -> Result<usize, StoreError> {
     let through = cursor.single_seq()?;
-    // The first change at or before the cursor still retained; none: every one is removed.
+    // The changes this trim may remove: at or before the cursor, and at most
+    // TRIM_MAX_CHANGES numbers from the oldest held.
+    let last_candidate = through.min(first_seq(conn)?.saturating_add(TRIM_MAX_CHANGES - 1));
+    // The first of them still retained; none: every one is removed.
     let kept = conn
         .prepare_cached(
             "SELECT seq FROM changes WHERE seq <= ?1 AND at_ms >= ?2 ORDER BY seq LIMIT 1",
         )
         .and_then(|mut s| {
-            s.query_row(params![through, before_ms], |r| r.get::<_, i64>(0))
+            s.query_row(params![last_candidate, before_ms], |r| r.get::<_, i64>(0))
                 .optional()
         })
         .map_err(|e| from_sqlite("trim feed", e))?;
     // Never the newest change: its number is the highest ever given (see the module docs).
     let end = kept
-        .unwrap_or(through.saturating_add(1))
+        .unwrap_or(last_candidate.saturating_add(1))
         .min(last_seq(conn)?);
     // One bound on the primary key: the walk stops at `end`.
     conn.prepare_cached("DELETE FROM changes WHERE seq < ?1")

@@ -100,6 +100,7 @@ use tollgate_store::{
 
 pub use config::{SqliteConfig, DEFAULT_BUSY_TIMEOUT, DEFAULT_DEADLINE, DEFAULT_MAX_BATCH_OPS};
 pub use error::SchemaError;
+pub use feed::TRIM_MAX_CHANGES;
 pub use schema::SCHEMA_VERSION;
 pub use stats::{GroupCommitStats, SIZE_BUCKETS};
 

@@ -323,6 +323,45 @@ async fn trim_removes_the_oldest_changes_up_to_the_first_retained_one() {
     assert_eq!(seqs, vec!["7"]);
 }
 
+/// A trim removes at most `TRIM_MAX_CHANGES` changes (a trim holds the writer thread, and
+/// the requests batched with it, for the rows it deletes); the next trims go on from there
+/// until everything old enough and counted is gone, the newest change kept as always.
+#[tokio::test]
+async fn a_trim_removes_a_bounded_number_of_changes() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("trim-bound.db");
+    let s = SqliteStore::open(&path).unwrap();
+    let mut raw = rusqlite::Connection::open(&path).unwrap();
+    let total = 2 * tollgate_sqlite::TRIM_MAX_CHANGES + 100;
+    let tx = raw.transaction().unwrap();
+    for at in 0..total {
+        tx.execute(
+            "INSERT INTO changes (pk, sk, old, new, at_ms) VALUES ('p', 'x', NULL, '{}', ?1)",
+            [at],
+        )
+        .unwrap();
+    }
+    tx.commit().unwrap();
+    let held = |raw: &rusqlite::Connection| -> (i64, i64) {
+        raw.query_row("SELECT count(*), min(seq) FROM changes", [], |r| {
+            Ok((r.get(0)?, r.get(1)?))
+        })
+        .unwrap()
+    };
+    let all = s
+        .read_feed(&FeedCursor::start(), total as usize)
+        .await
+        .unwrap()
+        .cursor;
+    let max = tollgate_sqlite::TRIM_MAX_CHANGES;
+    s.trim_feed(&all, i64::MAX).await.unwrap();
+    assert_eq!(held(&raw), (total - max, max + 1));
+    s.trim_feed(&all, i64::MAX).await.unwrap();
+    assert_eq!(held(&raw), (total - 2 * max, 2 * max + 1));
+    s.trim_feed(&all, i64::MAX).await.unwrap();
+    assert_eq!(held(&raw), (1, total), "the newest change stays");
+}
+
 /// In one read, a change's old image is the previous change's new one of the same key: the
 /// same item, shared rather than decoded twice; across keys nothing is mixed up.
 #[tokio::test]
