@@ -563,7 +563,7 @@ fn retention_hides_and_purge_deletes() {
         "--system",
         "rpm:rate=1/min",
         "--audit-retention",
-        "1s",
+        "4s",
         "--store",
         &st,
     ]);
@@ -578,8 +578,11 @@ fn retention_hides_and_purge_deletes() {
         &st,
     ]);
     assert_eq!(code(&o), 0, "{}", stderr(&o));
+    // Listed within the first record's retention: 4 s, less up to one for its expiry's
+    // whole seconds (with 1 s, a record written late in a second could expire before a
+    // loaded machine ran the next two commands).
     newest(&st, 2);
-    std::thread::sleep(std::time::Duration::from_millis(2_100));
+    std::thread::sleep(std::time::Duration::from_millis(5_100));
     let rs = newest(&st, 1);
     assert_eq!(rs[0]["level"], "resource");
     let o = tollgate(&["audit", "purge", "--json", "--store", &st]);
