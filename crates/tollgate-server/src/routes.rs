@@ -323,6 +323,23 @@ struct AcquireOk<'a> {
     degraded: bool,
 }
 
+/// `429 Too Many Requests` with `body`, `Retry-After` when the refusal says when, and the
+/// RateLimit headers of the refused statuses (`limits`: the policies they name).
+pub(crate) fn too_many_requests<T: Serialize>(
+    body: &T,
+    ex: &tollgate::Exceeded,
+    limits: &[Limit],
+    now_ms: i64,
+) -> Response {
+    let mut resp = json_answer(StatusCode::TOO_MANY_REQUESTS, body);
+    let headers = resp.headers_mut();
+    if let Some(ms) = ex.retry_after_ms {
+        headers.insert(header::RETRY_AFTER, HeaderValue::from(retry_after_secs(ms)));
+    }
+    add_ratelimit_headers(headers, &ex.statuses, limits, now_ms);
+    resp
+}
+
 /// A JSON answer, as axum's `Json` makes one (`Content-Type: application/json`; a value
 /// that cannot be serialized is a plain-text `500`), written into a buffer kept by the
 /// thread and copied out at its final size: one allocation, and one header map the caller
@@ -480,13 +497,7 @@ async fn acquire_inner(
                 resets_at_ms: ex.resets_at_ms,
                 limits: &ex.statuses,
             };
-            let mut resp = json_answer(StatusCode::TOO_MANY_REQUESTS, &body);
-            let headers = resp.headers_mut();
-            if let Some(ms) = ex.retry_after_ms {
-                headers.insert(header::RETRY_AFTER, HeaderValue::from(retry_after_secs(ms)));
-            }
-            add_ratelimit_headers(headers, &ex.statuses, &limits, now);
-            Ok(resp)
+            Ok(too_many_requests(&body, &ex, &limits, now))
         }
         Err(e) => Err(e.into()),
     }

@@ -145,13 +145,7 @@ async fn inner(app: &AppState, body: ManyBody) -> ApiResult<Response> {
                 resets_at_ms: ex.resets_at_ms,
                 limits: &ex.statuses,
             };
-            let mut resp = json_answer(StatusCode::TOO_MANY_REQUESTS, &body);
-            let headers = resp.headers_mut();
-            if let Some(ms) = ex.retry_after_ms {
-                headers.insert(header::RETRY_AFTER, HeaderValue::from(retry_after_secs(ms)));
-            }
-            add_ratelimit_headers(headers, &ex.statuses, &limits, now);
-            Ok(resp)
+            Ok(too_many_requests(&body, &ex, &limits, now))
         }
         Err(e) => Err(e.into()),
     }
