@@ -158,14 +158,7 @@ impl Inner {
         // The image this process last saw there names the item (its key is shared) and has
         // its shape (the returned item is decoded like it).
         let last = self.images().get(&req.entity, &req.resource, shard);
-        let key = match &last {
-            Some(img) => img.key.clone(),
-            None => self.bucket_key(req, shard),
-        };
-        debug_assert!(
-            keys::is_bucket(&key, self.ns(), &req.entity, &req.resource, shard),
-            "the image is the shard's"
-        );
+        let key = self.shard_key(req, shard, last.as_deref());
         let (update, condition) = if req.bypass {
             tollgate_core::bypass::fast_write(&req.amounts, &req.params_hash, now)
         } else {

@@ -297,6 +297,20 @@ impl Inner {
         keys::bucket(self.ns(), &req.entity, &req.resource, shard)
     }
 
+    /// The key of `shard`'s item: the one `known` (an image of that shard) holds, shared
+    /// rather than formatted again, else built.
+    pub(crate) fn shard_key(&self, req: &Request, shard: u32, known: Option<&BucketImage>) -> Key {
+        let key = match known {
+            Some(img) => img.key.clone(),
+            None => self.bucket_key(req, shard),
+        };
+        debug_assert!(
+            keys::is_bucket(&key, self.ns(), &req.entity, &req.resource, shard),
+            "the image is the shard's"
+        );
+        key
+    }
+
     pub(crate) async fn acquire(self: &Arc<Self>, req: &Request) -> Result<Lease> {
         let now = self.clock().now_ms();
         let cached = self.shards().get(&req.entity, &req.resource);

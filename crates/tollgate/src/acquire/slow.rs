@@ -22,14 +22,7 @@ impl Inner {
         known: Option<Arc<BucketImage>>,
     ) -> Result<Lease> {
         // A known image names its item: its key is shared, not formatted again.
-        let key = match &known {
-            Some(img) => img.key.clone(),
-            None => self.bucket_key(req, shard),
-        };
-        debug_assert!(
-            keys::is_bucket(&key, self.ns(), &req.entity, &req.resource, shard),
-            "the image is the shard's"
-        );
+        let key = self.shard_key(req, shard, known.as_deref());
         let r = self
             .slow_passes(req, shard, &key, known, Budget::default())
             .await;
