@@ -516,18 +516,10 @@ impl BucketImage {
         key: Key,
         like: Option<&BucketImage>,
     ) -> Result<Self, RuleError> {
-        let Some(like) = like else {
-            return Self::decode_keyed(item, key);
-        };
-        if let Some(layout) = &like.layout.0 {
-            if let Some((top, fields)) = layout.gather(item) {
-                let shared = LayoutRef(Some(Arc::clone(layout)));
-                return Self::assemble(item, top, fields, key, shared);
-            }
+        match like {
+            Some(like) => Self::decode_shaped(item, key, Some(like), None),
+            None => Self::decode_keyed(item, key),
         }
-        let (top, fields) = gather(item);
-        let shape = Layout::of_gathered(item, &fields).map(Arc::new);
-        Self::assemble(item, top, fields, key, LayoutRef(shape))
     }
 
     /// [`BucketImage::decode_like`], and when `like` is absent or of another shape, decoded
@@ -540,20 +532,31 @@ impl BucketImage {
         like: Option<&BucketImage>,
         shapes: &Shapes,
     ) -> Result<Self, RuleError> {
+        Self::decode_shaped(item, key, like, Some(shapes))
+    }
+
+    /// Decode by the layout of `like`, else by one `shapes` kept, else in full, recording
+    /// the layout built (in `shapes` when given).
+    fn decode_shaped(
+        item: &Item,
+        key: Key,
+        like: Option<&BucketImage>,
+        shapes: Option<&Shapes>,
+    ) -> Result<Self, RuleError> {
         if let Some(layout) = like.and_then(|l| l.layout.0.as_ref()) {
             if let Some((top, fields)) = layout.gather(item) {
                 let shared = LayoutRef(Some(Arc::clone(layout)));
                 return Self::assemble(item, top, fields, key, shared);
             }
         }
-        if let Some(layout) = shapes.find(item) {
+        if let Some(layout) = shapes.and_then(|s| s.find(item)) {
             let (top, fields) = layout.gather_fitted(item);
             let shared = LayoutRef(Some(Arc::clone(&layout)));
             return Self::assemble(item, top, fields, key, shared);
         }
         let (top, fields) = gather(item);
         let shape = Layout::of_gathered(item, &fields).map(Arc::new);
-        if let Some(s) = &shape {
+        if let (Some(s), Some(shapes)) = (&shape, shapes) {
             shapes.record(Arc::clone(s));
         }
         Self::assemble(item, top, fields, key, LayoutRef(shape))
