@@ -24,6 +24,21 @@ fn n_of(i: Option<&std::sync::Arc<tollgate_core::value::Item>>) -> Option<i64> {
     i.and_then(|i| i.get("n")).and_then(Value::as_n)
 }
 
+/// A cursor just after change `seq`.
+fn after(seq: u64) -> FeedCursor {
+    let mut c = FeedCursor::start();
+    c.advance(&tollgate_store::FeedPosition {
+        stream: String::new(),
+        seq: seq.to_string(),
+    });
+    c
+}
+
+/// The numbers of a batch's changes.
+fn seqs(b: &tollgate_store::FeedBatch) -> Vec<&str> {
+    b.changes.iter().map(|c| c.position.seq.as_str()).collect()
+}
+
 /// Two stores on one new file (as two processes would open it), and the directory.
 fn two_stores(name: &str) -> (tempfile::TempDir, SqliteStore, SqliteStore) {
     let dir = tempfile::tempdir().unwrap();
@@ -189,30 +204,20 @@ async fn a_version_2_feed_trimmed_empty_keeps_its_numbering() {
     .unwrap();
     drop(raw);
     let s = SqliteStore::open(&path).expect("a version-2 file opens");
-    let mut at_7 = FeedCursor::start();
-    at_7.advance(&tollgate_store::FeedPosition {
-        stream: String::new(),
-        seq: "7".into(),
-    });
+    let at_7 = after(7);
     assert!(s.read_feed(&at_7, 10).await.unwrap().changes.is_empty());
     put(&s, &Key::new("p", "a"), 1).await;
     let b = s.read_feed(&at_7, 10).await.unwrap();
-    let seqs: Vec<&str> = b.changes.iter().map(|c| c.position.seq.as_str()).collect();
-    assert_eq!(seqs, vec!["8"]);
+    assert_eq!(seqs(&b), vec!["8"]);
     assert_eq!(b.cursor.last(""), Some("8"));
     match s.read_feed(&FeedCursor::start(), 10).await {
         Err(StoreError::Validation(m)) => assert!(m.contains("trimmed"), "{m}"),
         other => panic!("a read from before the trim must be refused, got {other:?}"),
     }
     // A consumer just before the marker reads past it to the change.
-    let mut at_6 = FeedCursor::start();
-    at_6.advance(&tollgate_store::FeedPosition {
-        stream: String::new(),
-        seq: "6".into(),
-    });
+    let at_6 = after(6);
     let b = s.read_feed(&at_6, 10).await.unwrap();
-    let seqs: Vec<&str> = b.changes.iter().map(|c| c.position.seq.as_str()).collect();
-    assert_eq!(seqs, vec!["8"]);
+    assert_eq!(seqs(&b), vec!["8"]);
 }
 
 #[tokio::test]
@@ -290,18 +295,9 @@ async fn trim_removes_the_oldest_changes_up_to_the_first_retained_one() {
         "a read from before the trim is refused"
     );
     // A reader positioned after 2 reads 3, 4, 5, 6 with no hole.
-    let mut at_2 = FeedCursor::start();
-    at_2.advance(&tollgate_store::FeedPosition {
-        stream: String::new(),
-        seq: "2".into(),
-    });
+    let at_2 = after(2);
     let rest = s.read_feed(&at_2, 10).await.unwrap();
-    let seqs: Vec<&str> = rest
-        .changes
-        .iter()
-        .map(|c| c.position.seq.as_str())
-        .collect();
-    assert_eq!(seqs, vec!["3", "4", "5", "6"]);
+    assert_eq!(seqs(&rest), vec!["3", "4", "5", "6"]);
     // Everything old enough, but never past the cursor (5): 6 stays.
     s.trim_feed(&through_5, i64::MAX).await.unwrap();
     assert_eq!(count(&raw), vec![6]);
@@ -315,12 +311,7 @@ async fn trim_removes_the_oldest_changes_up_to_the_first_retained_one() {
     assert_eq!(count(&raw), vec![6]);
     put(&s, &Key::new("p", "y"), 1).await;
     let next = s.read_feed(&through_6, 10).await.unwrap();
-    let seqs: Vec<&str> = next
-        .changes
-        .iter()
-        .map(|c| c.position.seq.as_str())
-        .collect();
-    assert_eq!(seqs, vec!["7"]);
+    assert_eq!(seqs(&next), vec!["7"]);
 }
 
 /// A trim removes at most `TRIM_MAX_CHANGES` changes (a trim holds the writer thread, and
