@@ -15,12 +15,32 @@ impl Inner {
     /// [`Error::Contended`] — never `Unavailable`, so `on_unavailable = allow` does not
     /// admit a contended entity without limit, and never a refusal that would claim the
     /// entity cannot pay.
+    ///
+    /// Rule "one rf-locked writer per shard in a process" ([`ImageCache::gate`]): the pass
+    /// runs holding the shard's gate; one that waited for it plans from the image the write
+    /// before it left, not from the one it came with (one that came with none reads, after
+    /// its wait).
+    ///
+    /// [`ImageCache::gate`]: crate::caches::ImageCache::gate
     pub(crate) async fn slow(
         self: &Arc<Self>,
         req: &Request,
         shard: u32,
         known: Option<Arc<BucketImage>>,
     ) -> Result<Lease> {
+        let gate = self.images().gate(&req.entity, &req.resource, shard);
+        let (_turn, known) = match gate.try_lock() {
+            Ok(turn) => (turn, known),
+            Err(_) => {
+                let turn = gate.lock().await;
+                // A pass that would have read (no known image) reads after its wait.
+                let last = known
+                    .is_some()
+                    .then(|| self.images().get(&req.entity, &req.resource, shard))
+                    .flatten();
+                (turn, last.or(known))
+            }
+        };
         // A known image names its item: its key is shared, not formatted again.
         let key = self.shard_key(req, shard, known.as_deref());
         let r = self

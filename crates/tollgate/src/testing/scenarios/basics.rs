@@ -306,6 +306,67 @@ pub async fn l3_lost_lock_retries_consumption_only(b: &Backend) {
     }
 }
 
+/// A clock one millisecond later at every reading: every write of the scenario below carries
+/// its own `rf`, so an rf-locked write planned from an image another write replaced fails.
+struct Ticking(std::sync::atomic::AtomicI64);
+
+impl crate::Clock for Ticking {
+    fn now_ms(&self) -> i64 {
+        self.0.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
+    }
+}
+
+/// Rule "one rf-locked writer per shard in a process" (`ImageCache::gate`): 16 concurrent
+/// acquires of one bucket that is always full — each one materialises under the rf lock —
+/// send one write each (and the slow client one read each), all admitted and all counted.
+/// Without the gate they were planned from the same image and all but one lost the lock and
+/// wrote again (up to 16 + 15 + … writes; a contended one could end `Contended`).
+pub async fn concurrent_writers_of_one_shard_write_once_each(b: &Backend) {
+    const N: i64 = 16;
+    for speculative in [true, false] {
+        let h = b.harness(T0).await;
+        entity_limits(
+            &h,
+            "e",
+            "api",
+            &[Limit::per_second("rps", 1_000_000_000).unwrap()],
+        )
+        .await;
+        let lim = crate::Limiter::builder(h.store.clone())
+            .clock(std::sync::Arc::new(Ticking(
+                std::sync::atomic::AtomicI64::new(T0),
+            )))
+            .options(crate::Options {
+                speculative,
+                ..opts()
+            })
+            .build()
+            .unwrap();
+        lim.acquire("e", "api", &[("rps", 1)]).await.unwrap();
+        let before = h.stats();
+        let mut tasks = tokio::task::JoinSet::new();
+        for _ in 0..N {
+            let lim = lim.clone();
+            tasks.spawn(async move { lim.acquire("e", "api", &[("rps", 1)]).await.map(|_| ()) });
+        }
+        while let Some(done) = tasks.join_next().await {
+            done.unwrap().unwrap();
+        }
+        let after = h.stats();
+        // The slow client reads before it plans, the fast one plans from its last image.
+        let reads = if speculative { 0 } else { N as u64 };
+        assert_eq!(
+            (
+                after.updates - before.updates,
+                after.reads() - before.reads()
+            ),
+            (N as u64, reads),
+            "one write per acquire (speculative: {speculative})"
+        );
+        assert_eq!(h.n("e", "api", 0, "b_rps_tc"), Some((N + 1) * 1000));
+    }
+}
+
 /// Scenario 8: a refund that would leave a balance above its ceiling. For a quota, a refund
 /// of a debit from a period that has since reset is recorded in `tc` only (the reset already
 /// forgave it; crediting it would lift the new period). For a rate limit, the refund lands,
