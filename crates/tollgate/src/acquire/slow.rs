@@ -30,16 +30,23 @@ impl Inner {
     ) -> Result<Lease> {
         let gate = self.images().gate(&req.entity, &req.resource, shard);
         let (_turn, known) = match gate.try_lock() {
-            Ok(turn) => (turn, known),
-            Err(_) => {
-                let turn = gate.lock().await;
-                // A pass that would have read (no known image) reads after its wait.
-                let last = known
-                    .is_some()
-                    .then(|| self.images().get(&req.entity, &req.resource, shard))
-                    .flatten();
-                (turn, last.or(known))
-            }
+            Ok(turn) => (Some(turn), known),
+            Err(_) => match tokio::time::timeout(self.gate_wait(), gate.lock()).await {
+                Ok(turn) => {
+                    // A pass that would have read (no known image) reads after its wait.
+                    let last = known
+                        .is_some()
+                        .then(|| self.images().get(&req.entity, &req.resource, shard))
+                        .flatten();
+                    (Some(turn), last.or(known))
+                }
+                // The writer ahead did not finish within a store deadline (a hung or a very
+                // slow store): write ungated, as every writer did before the gate — its
+                // write is conditioned, at worst it loses the lock — so a queue behind a
+                // hung request still answers within its own deadline or two, not one per
+                // writer ahead of it (rule "a hung store is an outage").
+                Err(_) => (None, known),
+            },
         };
         // A known image names its item: its key is shared, not formatted again.
         let key = self.shard_key(req, shard, known.as_deref());

@@ -20,6 +20,8 @@ pub struct LimiterBuilder {
     opts: Options,
     principal: String,
     audit_seed: u64,
+    /// How long a slow pass waits for its shard's write gate (the store deadline).
+    gate_wait: Duration,
     /// Opened from the namespace registry (see `open_namespace`).
     pub(crate) registered: bool,
 }
@@ -72,6 +74,7 @@ impl LimiterBuilder {
     /// `Unavailable`, a write `Ambiguous`). For an acquire path, about 1 s.
     pub fn store_timeout(mut self, d: Duration) -> Self {
         self.store = Arc::new(tollgate_store::Deadline::new(self.store, d));
+        self.gate_wait = d;
         self
     }
     /// How long past its TTL a config entry is served while the store cannot be read.
@@ -131,6 +134,7 @@ impl LimiterBuilder {
                 stats: Stats::default(),
                 closures: Default::default(),
                 audit_ids: crate::recording::AuditIds::new(self.audit_seed),
+                gate_wait: self.gate_wait,
                 opts: self.opts,
             }),
             principal: Arc::from(self.principal.as_str()),
@@ -148,6 +152,7 @@ impl Limiter {
             opts: Options::default(),
             principal: crate::recording::DEFAULT_PRINCIPAL.into(),
             audit_seed: rand::random(),
+            gate_wait: super::DEFAULT_GATE_WAIT,
             registered: false,
         }
     }

@@ -37,7 +37,14 @@ pub struct Inner {
     closures: crate::caches::Closures,
     /// Ids of audit records.
     audit_ids: crate::recording::AuditIds,
+    /// The longest a slow pass waits for its shard's write gate: the store deadline
+    /// (`LimiterBuilder::store_timeout`), else [`DEFAULT_GATE_WAIT`].
+    gate_wait: std::time::Duration,
 }
+
+/// How long a slow pass waits for its shard's write gate when the store has no deadline of
+/// the builder's: about one slow store request.
+pub(crate) const DEFAULT_GATE_WAIT: std::time::Duration = std::time::Duration::from_secs(1);
 
 impl std::fmt::Debug for Inner {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -52,6 +59,10 @@ impl Inner {
     /// The store every read and write goes to.
     pub(crate) fn store(&self) -> &Arc<dyn Store> {
         &self.store
+    }
+    /// The longest a slow pass waits for its shard's write gate.
+    pub(crate) fn gate_wait(&self) -> std::time::Duration {
+        self.gate_wait
     }
     /// The injected clock.
     pub(crate) fn clock(&self) -> &Arc<dyn Clock> {

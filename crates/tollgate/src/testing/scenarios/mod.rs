@@ -50,6 +50,7 @@ macro_rules! scenario_tests {
             shared_leases::resumed_sharded_leases_write_what_the_granting_limiter_would,
             shared_leases::resumed_refund_to_a_shard_in_debt_repays_the_entity,
             outage::a_hung_store_fails_within_its_deadline,
+            outage::a_hung_store_answers_a_queue_of_writers_within_its_deadline,
             outage::a_misconfigured_store_never_fails_open,
             outage::limits_and_policy_outlive_the_config_ttl,
             exactness::idle_burst_admits_capacity_plus_refill,

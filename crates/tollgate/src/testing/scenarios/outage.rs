@@ -107,6 +107,57 @@ pub async fn a_hung_store_fails_within_its_deadline(b: &Backend) {
     l.commit().await.unwrap();
 }
 
+/// Rule "a hung store is an outage", behind the write gate (docs/rules.md "One rf-locked
+/// writer per shard in a process"): 16 concurrent acquires of one full bucket — each one an
+/// rf-locked write, all queued on the shard's gate — meet a hung store, and each answers
+/// `block` with an outage within the bound: a pass waits for the gate at most one store
+/// deadline and then writes ungated, so the last of the queue does not wait out the fifteen
+/// deadlines ahead of it (3.2 s).
+pub async fn a_hung_store_answers_a_queue_of_writers_within_its_deadline(b: &Backend) {
+    const TASKS: usize = 16;
+    let out = Arc::new(Outage::new(b.store().await));
+    let lim = Limiter::builder(out.clone())
+        .store_timeout(DEADLINE)
+        .build()
+        .unwrap();
+    let rps = Limit::per_second("rps", 1_000_000_000).unwrap();
+    lim.admin()
+        .set_limits(&Scope::Resource(R.into()), &[rps])
+        .await
+        .unwrap();
+    lim.acquire(E, R, &[("rps", 1)])
+        .await
+        .unwrap()
+        .commit()
+        .await
+        .unwrap();
+    out.set(Mode::Hung);
+    let mut tasks = tokio::task::JoinSet::new();
+    for _ in 0..TASKS {
+        let lim = lim.clone();
+        tasks.spawn(async move {
+            let t = Instant::now();
+            let r = lim.acquire(E, R, &[("rps", 1)]).await.map(|_| ());
+            (r, t.elapsed())
+        });
+    }
+    while let Some(done) = tasks.join_next().await {
+        let (r, took) = done.unwrap();
+        match r {
+            Err(e) => assert!(e.is_outage(), "block must answer unavailable, got {e}"),
+            Ok(()) => panic!("a hung store admitted"),
+        }
+        assert!(took < BOUND, "a queued writer answered after {took:?}");
+    }
+    out.set(Mode::Up);
+    let l = lim.acquire(E, R, &[("rps", 1)]).await.unwrap();
+    assert_eq!(
+        l.consumed()["rps"],
+        1,
+        "the acquire after the outage is charged as usual"
+    );
+}
+
 /// Rule "only an outage fails open": a store that refuses every request as invalid (a
 /// missing table, a schema mismatch, a bug) gives `Misconfigured` whatever the policy —
 /// the builder's, the request's or the stored system one — and admits nothing; a real
