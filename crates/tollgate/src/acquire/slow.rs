@@ -32,14 +32,16 @@ impl Inner {
         let (_turn, known) = match gate.try_lock() {
             Ok(turn) => (Some(turn), known),
             Err(_) => match tokio::time::timeout(self.gate_wait(), gate.lock()).await {
-                Ok(turn) => {
-                    // A pass that would have read (no known image) reads after its wait.
-                    let last = known
-                        .is_some()
-                        .then(|| self.images().get(&req.entity, &req.resource, shard))
-                        .flatten();
-                    (Some(turn), last.or(known))
-                }
+                // The image the write ahead left replaces the one brought; a pass that
+                // would have read (none brought) reads after its wait.
+                Ok(turn) => (
+                    Some(turn),
+                    known.map(|k| {
+                        self.images()
+                            .get(&req.entity, &req.resource, shard)
+                            .unwrap_or(k)
+                    }),
+                ),
                 // The writer ahead did not finish within a store deadline (a hung or a very
                 // slow store): write ungated, as every writer did before the gate — its
                 // write is conditioned, at worst it loses the lock — so a queue behind a

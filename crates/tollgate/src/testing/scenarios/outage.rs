@@ -30,6 +30,20 @@ fn quota() -> Limit {
     Limit::quota_after("q", 100, Duration::from_secs(3600)).unwrap()
 }
 
+/// A limiter over `out` whose store requests end at [`DEADLINE`], with `limit` stored for
+/// resource `R`.
+async fn deadline_limiter(out: &Arc<Outage>, limit: Limit) -> Limiter {
+    let lim = Limiter::builder(out.clone())
+        .store_timeout(DEADLINE)
+        .build()
+        .unwrap();
+    lim.admin()
+        .set_limits(&Scope::Resource(R.into()), &[limit])
+        .await
+        .unwrap();
+    lim
+}
+
 fn available(l: &crate::Lease, name: &str) -> i64 {
     l.statuses()
         .iter()
@@ -43,14 +57,7 @@ fn available(l: &crate::Lease, name: &str) -> i64 {
 /// and a cold one; nothing was charged once the store answers again.
 pub async fn a_hung_store_fails_within_its_deadline(b: &Backend) {
     let out = Arc::new(Outage::new(b.store().await));
-    let lim = Limiter::builder(out.clone())
-        .store_timeout(DEADLINE)
-        .build()
-        .unwrap();
-    lim.admin()
-        .set_limits(&Scope::Resource(R.into()), &[quota()])
-        .await
-        .unwrap();
+    let lim = deadline_limiter(&out, quota()).await;
     let mut l = lim.acquire(E, R, &[("q", 1)]).await.unwrap();
     assert_eq!(available(&l, "q"), 99);
     l.commit().await.unwrap();
@@ -116,15 +123,7 @@ pub async fn a_hung_store_fails_within_its_deadline(b: &Backend) {
 pub async fn a_hung_store_answers_a_queue_of_writers_within_its_deadline(b: &Backend) {
     const TASKS: usize = 16;
     let out = Arc::new(Outage::new(b.store().await));
-    let lim = Limiter::builder(out.clone())
-        .store_timeout(DEADLINE)
-        .build()
-        .unwrap();
-    let rps = Limit::per_second("rps", 1_000_000_000).unwrap();
-    lim.admin()
-        .set_limits(&Scope::Resource(R.into()), &[rps])
-        .await
-        .unwrap();
+    let lim = deadline_limiter(&out, Limit::per_second("rps", 1_000_000_000).unwrap()).await;
     lim.acquire(E, R, &[("rps", 1)])
         .await
         .unwrap()
