@@ -42,7 +42,7 @@ pub struct UsageArgs {
     pub consumer: String,
     /// How long counted changes stay in an embedded store's change feed for other consumers
     /// of the same file (another namespace's aggregator) before they are trimmed. On SQLite
-    /// the feed costs about 2 KB of disk per write while it is kept: lower it when nothing
+    /// the feed costs about 1 KB of disk per write while it is kept: lower it when nothing
     /// else reads the file's feed. Ignored on DynamoDB (Streams keeps 24 hours itself).
     #[arg(long, default_value = "24h", value_parser = spec::parse_duration)]
     pub feed_retention: Duration,

@@ -30,20 +30,50 @@ use tollgate_store::{Change, FeedBatch, FeedCursor, FeedPosition, StoreError};
 use crate::error::from_sqlite;
 use crate::recent::Recent;
 
-/// The table (schema version 3; version 2's was the same with `AUTOINCREMENT`).
+/// The table (schema version 4). A change's old image is in `old` as its whole text, or in
+/// `old_diff` as its difference from `new` (`diff.rs`), never in both; a change without an
+/// old image (a creation) has neither. Version 3's table had no `old_diff` (the upgrade adds
+/// it, last, as SQLite's `ADD COLUMN` does); version 2's was version 3's with
+/// `AUTOINCREMENT`.
 pub const CHANGES_TABLE: &str = "
 CREATE TABLE IF NOT EXISTS changes (
-    seq    INTEGER PRIMARY KEY,
-    pk     TEXT NOT NULL,
-    sk     TEXT NOT NULL,
-    old    TEXT,
-    new    TEXT,
-    at_ms  INTEGER NOT NULL
+    seq      INTEGER PRIMARY KEY,
+    pk       TEXT NOT NULL,
+    sk       TEXT NOT NULL,
+    old      TEXT,
+    new      TEXT,
+    at_ms    INTEGER NOT NULL,
+    old_diff TEXT
 );
 ";
 
 /// Its columns, as `PRAGMA table_info` lists them.
-pub const CHANGES_COLUMNS: &[&str] = &["seq", "pk", "sk", "old", "new", "at_ms"];
+pub const CHANGES_COLUMNS: &[&str] = &["seq", "pk", "sk", "old", "new", "at_ms", "old_diff"];
+
+/// Version 2's and 3's columns.
+pub const CHANGES_COLUMNS_V3: &[&str] = &["seq", "pk", "sk", "old", "new", "at_ms"];
+
+/// A change's old image as the writer hands it to [`record`].
+#[derive(Debug, Clone, Copy)]
+pub enum OldImage<'a> {
+    /// No old image: the write created the item.
+    None,
+    /// The old image's stored text.
+    Text(&'a str),
+    /// The old image's stored text (to tell an unchanged item) and its difference from the
+    /// new image (what is stored): see `diff.rs`.
+    Diff { text: &'a str, diff: &'a str },
+}
+
+impl<'a> OldImage<'a> {
+    /// The old image's stored text.
+    fn text(self) -> Option<&'a str> {
+        match self {
+            OldImage::None => None,
+            OldImage::Text(t) | OldImage::Diff { text: t, .. } => Some(t),
+        }
+    }
+}
 
 /// The statement that writes a marker: a row with neither image, which no write records
 /// ([`record`] records nothing when the images are equal), holding a sequence number the
@@ -57,17 +87,25 @@ pub const MARKER: &str =
 pub fn record(
     conn: &Connection,
     key: &Key,
-    old: Option<&str>,
+    old: OldImage<'_>,
     new: Option<&str>,
     at_ms: i64,
 ) -> Result<Option<i64>, StoreError> {
-    if old == new {
+    if old.text() == new {
         return Ok(None);
     }
+    let (whole, diff) = match old {
+        OldImage::None => (None, None),
+        OldImage::Text(t) => (Some(t), None),
+        OldImage::Diff { diff, .. } => {
+            debug_assert!(new.is_some(), "a difference is from a new image");
+            (None, Some(diff))
+        }
+    };
     conn.prepare_cached(
-        "INSERT INTO changes (pk, sk, old, new, at_ms) VALUES (?1, ?2, ?3, ?4, ?5)",
+        "INSERT INTO changes (pk, sk, old, new, at_ms, old_diff) VALUES (?1, ?2, ?3, ?4, ?5, ?6)",
     )
-    .and_then(|mut s| s.execute(params![key.pk, key.sk, old, new, at_ms]))
+    .and_then(|mut s| s.execute(params![key.pk, key.sk, whole, new, at_ms, diff]))
     .map_err(|e| from_sqlite("record change", e))?;
     Ok(Some(conn.last_insert_rowid()))
 }
@@ -82,6 +120,15 @@ fn image(key: &Key, seq: i64, raw: Option<&str>) -> Result<Option<Item>, StoreEr
         })
     })
     .transpose()
+}
+
+/// The old image of change `seq`: `new` with the stored difference applied.
+fn old_from_diff(key: &Key, seq: i64, new: &Item, diff: &str) -> Result<Item, StoreError> {
+    crate::diff::apply(new, diff).map_err(|e| {
+        StoreError::Corrupt(format!(
+            "change {seq} of item {key}: stored old image difference is not one: {e}"
+        ))
+    })
 }
 
 /// A text column borrowed from the row (`None`: NULL).
@@ -152,7 +199,8 @@ pub fn read_in(
         .peekable();
     let mut stmt = tx
         .prepare_cached(
-            "SELECT seq, pk, sk, at_ms, old, new FROM changes WHERE seq > ?1 ORDER BY seq LIMIT ?2",
+            "SELECT seq, pk, sk, at_ms, old, new, old_diff FROM changes
+             WHERE seq > ?1 ORDER BY seq LIMIT ?2",
         )
         .map_err(|e| from_sqlite("read feed", e))?;
     let mut rows = stmt
@@ -189,7 +237,12 @@ pub fn read_in(
         let (pk, sk) = (text(row, 1)?.unwrap_or(""), text(row, 2)?.unwrap_or(""));
         // The images' texts are taken (and SQLite copies them out) only for a change
         // decoded from them, and to tell a marker (empty key, no image) from a change.
-        if pk.is_empty() && sk.is_empty() && text(row, 4)?.is_none() && text(row, 5)?.is_none() {
+        if pk.is_empty()
+            && sk.is_empty()
+            && text(row, 4)?.is_none()
+            && text(row, 5)?.is_none()
+            && text(row, 6)?.is_none()
+        {
             // A marker, not a change (see [`MARKER`]): read past.
             last_position = Some(position);
             continue;
@@ -227,6 +280,22 @@ pub fn read_in(
                         img
                     }
                 };
+                let old = match (old, text(row, 6)?, &new) {
+                    (None, Some(d), Some(n)) => Some(Arc::new(old_from_diff(&key, seq, n, d)?)),
+                    (None, Some(_), None) => {
+                        return Err(StoreError::Corrupt(format!(
+                            "change {seq} of item {key}: an old image stored as a difference \
+                             from no new image"
+                        )))
+                    }
+                    (Some(_), Some(_), _) => {
+                        return Err(StoreError::Corrupt(format!(
+                            "change {seq} of item {key}: both a whole old image and a \
+                             difference"
+                        )))
+                    }
+                    (old, None, _) => old,
+                };
                 (key, old, new)
             }
         };
@@ -256,7 +325,7 @@ pub fn read_in(
 
 /// The most changes one trim removes. A trim runs on the writer thread inside a batch of
 /// requests, which wait for it: removing a whole retention's backlog at once (the first
-/// trim after the retention elapses under load: hundreds of thousands of rows, ~2 KB each)
+/// trim after the retention elapses under load: hundreds of thousands of rows, ~1 KB each)
 /// held every request behind it for ~100 ms. The aggregator trims once per batch of
 /// changes it counts (500 by default), so bounded trims still remove changes twice as fast
 /// as they are read; a backlog left by an idle feed goes over the next passes.

@@ -28,7 +28,7 @@ pub fn write_item(item: &Item, out: &mut String) -> Result<(), serde_json::Error
 }
 
 /// One value: `{"n":…}`, `{"s":…}`, `{"bool":…}` here, anything else by `serde_json`.
-fn write_value(value: &Value, out: &mut String) -> Result<(), serde_json::Error> {
+pub(crate) fn write_value(value: &Value, out: &mut String) -> Result<(), serde_json::Error> {
     match value {
         Value::N(n) => {
             out.push_str("{\"n\":");
@@ -52,7 +52,7 @@ fn write_value(value: &Value, out: &mut String) -> Result<(), serde_json::Error>
 
 /// A JSON string: copied between quotes when nothing in it needs escaping (no `"`, no `\`,
 /// no control character below U+0020 — what `serde_json` escapes), else `serde_json`'s.
-fn write_str(s: &str, out: &mut String) -> Result<(), serde_json::Error> {
+pub(crate) fn write_str(s: &str, out: &mut String) -> Result<(), serde_json::Error> {
     // Every byte looked at, without an early exit: the compiler turns the loop into vector
     // compares (names and values are short, and almost never need an escape).
     let escapes = s

@@ -50,7 +50,7 @@
 //! whole as JSON, with the key attributes of the indexes `GSI1` … `GSI4` copied into columns
 //! for index queries; a `tokens` table of transaction idempotency tokens; a `changes` table,
 //! the change feed (one row per applied write, in the write's transaction: see `feed.rs`);
-//! the schema version in `PRAGMA user_version` (3; a version-1 or version-2 file is upgraded
+//! the schema version in `PRAGMA user_version` (4; a file of version 1 to 3 is upgraded
 //! on open). Why the items have a rowid since version 3 is in `schema.rs`: a limiter bucket
 //! no longer spills to an overflow page, so a write rewrites one page of the table.
 //!
@@ -73,6 +73,7 @@
 
 mod checkpoint;
 mod config;
+mod diff;
 mod error;
 mod feed;
 mod json;

@@ -29,6 +29,7 @@ use tollgate_store::{
 };
 
 use crate::error::from_sqlite;
+use crate::feed::OldImage;
 use crate::recent::Published;
 use crate::schema::INDEXES;
 
@@ -389,7 +390,8 @@ fn write_item(
         conn.prepare_cached("DELETE FROM items WHERE pk = ?1 AND sk = ?2")
             .and_then(|mut s| s.execute(params![key.pk, key.sk]))
             .map_err(|e| from_sqlite("delete", e))?;
-        let seq = crate::feed::record(conn, key, old.as_deref(), None, at)?;
+        let old = old.as_deref().map_or(OldImage::None, OldImage::Text);
+        let seq = crate::feed::record(conn, key, old, None, at)?;
         return Ok(Written {
             seq,
             text: None,
@@ -440,12 +442,30 @@ fn write_item(
         .map_err(|e| from_sqlite("write", e))?;
         conn.last_insert_rowid()
     };
-    let seq = crate::feed::record(conn, key, old.as_deref(), Some(&json), at)?;
+    // The old image goes on the feed as its difference from the new one when the writer
+    // holds it decoded and the difference is the shorter (`diff.rs`).
+    let mut diff = String::new();
+    let existed = old.is_some();
+    let old = match (old.as_deref(), old_item) {
+        (None, _) => OldImage::None,
+        (Some(text), Some(o)) if text != json => {
+            crate::diff::write_diff(o, item, &mut diff).map_err(|e| {
+                StoreError::Validation(format!("item {key} cannot be encoded: {e}"))
+            })?;
+            if diff.len() < text.len() {
+                OldImage::Diff { text, diff: &diff }
+            } else {
+                OldImage::Text(text)
+            }
+        }
+        (Some(text), _) => OldImage::Text(text),
+    };
+    let seq = crate::feed::record(conn, key, old, Some(&json), at)?;
     Ok(Written {
         seq,
         text: Some(json),
         id,
-        existed: old.is_some(),
+        existed,
     })
 }
 

@@ -6,11 +6,12 @@ use tollgate_store::StoreError;
 
 use crate::error::{from_open, SchemaError};
 
-/// The schema version this build writes and understands: 3. Version 2 added the `changes`
+/// The schema version this build writes and understands: 4. Version 2 added the `changes`
 /// table of the change feed to version 1; version 3 keeps the items in a rowid table (see
-/// [`ITEMS_V3`]) and numbers the changes without `AUTOINCREMENT` (see `feed.rs`). A
-/// version-1 or version-2 file is upgraded when opened.
-pub const SCHEMA_VERSION: i64 = 3;
+/// [`ITEMS_V3`]) and numbers the changes without `AUTOINCREMENT` (see `feed.rs`); version 4
+/// adds the `old_diff` column, where a change's old image is kept as its difference from
+/// the new one (`diff.rs`). A file of version 1 to 3 is upgraded when opened.
+pub const SCHEMA_VERSION: i64 = 4;
 
 /// Indexes whose key attributes (`GSI{n}PK` / `GSI{n}SK`) get their own columns.
 pub const INDEXES: [&str; 4] = ["GSI1", "GSI2", "GSI3", "GSI4"];
@@ -90,8 +91,10 @@ fn tables_of(version: i64) -> Vec<(&'static str, &'static [&'static str])> {
         ),
         ("tokens", TOKENS_COLUMNS),
     ];
-    if version >= 2 {
+    if version >= 4 {
         t.push(("changes", crate::feed::CHANGES_COLUMNS));
+    } else if version >= 2 {
+        t.push(("changes", crate::feed::CHANGES_COLUMNS_V3));
     }
     t
 }
@@ -178,7 +181,7 @@ pub fn ensure(conn: &mut Connection, path: &str) -> Result<(), StoreError> {
         .map_err(|e| from_open(path, "begin schema transaction on", e))?;
     let found = check(&tx, path)?;
     if found == 0 {
-        // A new file: version 3's tables straight away.
+        // A new file: this version's tables straight away.
         tx.execute_batch(TOKENS)
             .and_then(|()| tx.execute_batch(ITEMS_V3))
             .and_then(|()| tx.execute_batch(crate::feed::CHANGES_TABLE))
@@ -195,6 +198,14 @@ pub fn ensure(conn: &mut Connection, path: &str) -> Result<(), StoreError> {
         }
         if found < 3 {
             upgrade_items_to_v3(&tx, path)?;
+        }
+        if found == 3 {
+            // Version 4: old images may be stored as differences. Every row already held
+            // keeps its whole old image (`old_diff` NULL), read as before.
+            tx.execute_batch("ALTER TABLE changes ADD COLUMN old_diff TEXT;")
+                .map_err(|e| {
+                    from_open(path, "upgrade the changes table (schema version 4) of", e)
+                })?;
         }
     }
     if found < SCHEMA_VERSION {
@@ -230,7 +241,8 @@ fn upgrade_items_to_v3(tx: &Connection, path: &str) -> Result<(), StoreError> {
 }
 
 /// Version 3: the changes move, unchanged and with their numbers, into a table numbered
-/// without `AUTOINCREMENT` (`feed.rs` says why). The highest number version 2 gave stays the
+/// without `AUTOINCREMENT` (`feed.rs` says why; the table created is this version's, so a
+/// version-2 file gets version 4's `old_diff` column here too). The highest number version 2 gave stays the
 /// highest given: it is the newest row's, or, when the feed was trimmed empty, a marker's.
 fn upgrade_changes_to_v3(tx: &Connection, path: &str) -> Result<(), StoreError> {
     let failed = |e| from_open(path, "upgrade the changes table (schema version 3) of", e);

@@ -1,5 +1,6 @@
-//! The SQLite change feed beyond the conformance checks: the upgrades of version-1 and
-//! version-2 files, one feed shared by two stores on one file, trimming.
+//! The SQLite change feed beyond the conformance checks: the upgrades of version-1 to
+//! version-3 files, one feed shared by two stores on one file, old images stored as
+//! differences, trimming.
 
 use tollgate_core::value::{Key, Value};
 use tollgate_sqlite::{SqliteStore, SCHEMA_VERSION};
@@ -82,7 +83,7 @@ async fn a_version_1_file_is_upgraded_and_its_feed_starts_at_the_upgrade() {
         .query_row("PRAGMA user_version", [], |r| r.get(0))
         .unwrap();
     assert_eq!(v, SCHEMA_VERSION);
-    assert_eq!(SCHEMA_VERSION, 3);
+    assert_eq!(SCHEMA_VERSION, 4);
     // The item written under version 1 is still there.
     let old = s.get(&Key::new("p", "old"), true).await.unwrap();
     assert!(old.is_some(), "the version-1 item survives the upgrade");
@@ -178,6 +179,161 @@ async fn a_version_2_file_is_upgraded_with_its_items_indexes_and_feed() {
         ]
     );
     s.integrity_check().unwrap();
+}
+
+/// A version-3 file (old images stored whole) is upgraded to version 4 in place: its
+/// changes read as before, and the changes written after it store their old images as
+/// differences, which another store on the file reads back exactly.
+#[tokio::test]
+async fn a_version_3_file_is_upgraded_and_its_whole_old_images_still_read() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("v3.db");
+    let raw = rusqlite::Connection::open(&path).unwrap();
+    raw.execute_batch(
+        "PRAGMA journal_mode = WAL;
+         CREATE TABLE tokens (token TEXT PRIMARY KEY, ops TEXT NOT NULL,
+            created_ms INTEGER NOT NULL) WITHOUT ROWID;
+         CREATE TABLE items (id INTEGER PRIMARY KEY, pk TEXT NOT NULL, sk TEXT NOT NULL,
+            item TEXT NOT NULL, gsi1pk TEXT, gsi1sk TEXT, gsi2pk TEXT, gsi2sk TEXT,
+            gsi3pk TEXT, gsi3sk TEXT, gsi4pk TEXT, gsi4sk TEXT);
+         CREATE UNIQUE INDEX items_key ON items (pk, sk);
+         CREATE INDEX items_gsi1 ON items (gsi1pk, gsi1sk, pk, sk) WHERE gsi1pk IS NOT NULL;
+         CREATE INDEX items_gsi2 ON items (gsi2pk, gsi2sk, pk, sk) WHERE gsi2pk IS NOT NULL;
+         CREATE INDEX items_gsi3 ON items (gsi3pk, gsi3sk, pk, sk) WHERE gsi3pk IS NOT NULL;
+         CREATE INDEX items_gsi4 ON items (gsi4pk, gsi4sk, pk, sk) WHERE gsi4pk IS NOT NULL;
+         CREATE TABLE changes (seq INTEGER PRIMARY KEY, pk TEXT NOT NULL, sk TEXT NOT NULL,
+            old TEXT, new TEXT, at_ms INTEGER NOT NULL);
+         INSERT INTO items (pk, sk, item) VALUES ('p', 'a',
+            '{\"PK\":{\"s\":\"p\"},\"SK\":{\"s\":\"a\"},\"n\":{\"n\":2}}');
+         INSERT INTO changes (pk, sk, old, new, at_ms) VALUES ('p', 'a', NULL,
+            '{\"PK\":{\"s\":\"p\"},\"SK\":{\"s\":\"a\"},\"n\":{\"n\":1}}', 1);
+         INSERT INTO changes (pk, sk, old, new, at_ms) VALUES ('p', 'a',
+            '{\"PK\":{\"s\":\"p\"},\"SK\":{\"s\":\"a\"},\"n\":{\"n\":1}}',
+            '{\"PK\":{\"s\":\"p\"},\"SK\":{\"s\":\"a\"},\"n\":{\"n\":2}}', 2);
+         PRAGMA user_version = 3;",
+    )
+    .unwrap();
+    drop(raw);
+    let (a, b) = (
+        SqliteStore::open(&path).expect("a version-3 file opens"),
+        SqliteStore::open(&path).expect("and again"),
+    );
+    let raw = rusqlite::Connection::open(&path).unwrap();
+    let v: i64 = raw
+        .query_row("PRAGMA user_version", [], |r| r.get(0))
+        .unwrap();
+    assert_eq!(v, 4);
+    a.update(add(&Key::new("p", "a"), 5)).await.unwrap();
+    // Read by the store that did not write: every image decoded from the rows.
+    let got = b.read_feed(&FeedCursor::start(), 10).await.unwrap();
+    let shape: Vec<_> = got
+        .changes
+        .iter()
+        .map(|c| (n_of(c.old.as_ref()), n_of(c.new.as_ref())))
+        .collect();
+    assert_eq!(
+        shape,
+        vec![(None, Some(1)), (Some(1), Some(2)), (Some(2), Some(7))]
+    );
+    let stored: (Option<String>, Option<String>) = raw
+        .query_row("SELECT old, old_diff FROM changes WHERE seq = 3", [], |r| {
+            Ok((r.get(0)?, r.get(1)?))
+        })
+        .unwrap();
+    assert_eq!(stored, (None, Some(r#"{"n":{"n":2}}"#.to_string())));
+    a.integrity_check().unwrap();
+}
+
+/// A bucket-sized item (thirty attributes) of which a write changes three: the change row
+/// keeps the old image as those three attributes (a fraction of the whole), and another
+/// store on the file reads back exactly the image the previous write left.
+#[tokio::test]
+async fn a_write_of_a_few_attributes_stores_its_old_image_as_their_difference() {
+    let (_dir, a, b) = two_stores("diff.db");
+    let k = Key::new("default/BUCKET#user-1#api#0", "#STATE");
+    let mut first: tollgate_core::value::Item = (0..30)
+        .map(|i| (format!("b_limit{i:02}_tk").into(), Value::N(1_000_000 + i)))
+        .collect();
+    first.insert("ph".into(), Value::S("7dd43634b00f194f".into()));
+    first.insert("gone".into(), Value::Bool(true));
+    a.put(PutRequest {
+        key: k.clone(),
+        item: first.clone(),
+        condition: None,
+    })
+    .await
+    .unwrap();
+    let update = tollgate_core::expr::Update::new()
+        .add("b_limit03_tk", -1_000)
+        .set("rf", Value::N(17))
+        .remove("gone");
+    let second = a
+        .update(tollgate_store::UpdateRequest {
+            key: k.clone(),
+            update,
+            condition: None,
+            returns: tollgate_core::expr::ReturnValues::AllNew,
+        })
+        .await
+        .unwrap()
+        .expect("the new image");
+    let got = b.read_feed(&FeedCursor::start(), 10).await.unwrap();
+    assert_eq!(got.changes.len(), 2);
+    let change = &got.changes[1];
+    let mut want_old = first;
+    want_old.insert("PK".into(), Value::S(k.pk.to_string()));
+    want_old.insert("SK".into(), Value::S(k.sk.to_string()));
+    assert_eq!(change.old.as_deref(), Some(&want_old));
+    assert_eq!(change.new.as_deref(), Some(&second));
+    let raw = rusqlite::Connection::open(_dir.path().join("diff.db")).unwrap();
+    let (old, diff, new): (Option<String>, String, String) = raw
+        .query_row(
+            "SELECT old, old_diff, new FROM changes WHERE seq = 2",
+            [],
+            |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)),
+        )
+        .unwrap();
+    assert_eq!(old, None);
+    assert_eq!(
+        diff,
+        r#"{"b_limit03_tk":{"n":1000003},"gone":{"bool":true},"rf":null}"#
+    );
+    assert!(
+        diff.len() * 10 < new.len(),
+        "{} of {}",
+        diff.len(),
+        new.len()
+    );
+}
+
+/// A stored difference that is not one, or that comes with a whole old image too, or
+/// without a new image, is reported as corrupt data, not taken for an image.
+#[tokio::test]
+async fn a_corrupt_old_image_difference_is_reported() {
+    for (old, diff, new) in [
+        (None, Some("not json"), Some(r#"{"n":{"n":1}}"#)),
+        (None, Some(r#"{"n":{"q":1}}"#), Some(r#"{"n":{"n":1}}"#)),
+        (
+            Some(r#"{"n":{"n":1}}"#),
+            Some("{}"),
+            Some(r#"{"n":{"n":2}}"#),
+        ),
+        (None, Some("{}"), None),
+    ] {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("corrupt.db");
+        let s = SqliteStore::open(&path).unwrap();
+        let raw = rusqlite::Connection::open(&path).unwrap();
+        raw.execute(
+            "INSERT INTO changes (pk, sk, old, new, at_ms, old_diff) VALUES ('p', 'a', ?1, ?2, 1, ?3)",
+            rusqlite::params![old, new, diff],
+        )
+        .unwrap();
+        match s.read_feed(&FeedCursor::start(), 10).await {
+            Err(StoreError::Corrupt(m)) => assert!(m.contains("change 1 of item"), "{m}"),
+            other => panic!("{old:?} / {diff:?} / {new:?} must be corrupt, got {other:?}"),
+        }
+    }
 }
 
 /// A version-2 feed trimmed empty (`AUTOINCREMENT` remembered its highest number, 7, in

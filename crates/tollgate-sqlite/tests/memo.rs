@@ -6,6 +6,7 @@
 //!
 //! Faults are injected with triggers on the `changes` table, created from a raw connection.
 
+use std::path::Path;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -14,7 +15,8 @@ use tollgate_core::expr::{Condition, ReturnValues, Update};
 use tollgate_core::value::{Item, Key, Value};
 use tollgate_sqlite::{SqliteConfig, SqliteStore};
 use tollgate_store::{
-    ChangeFeed, DeleteRequest, FeedCursor, PutRequest, Store, StoreError, TransactOp, UpdateRequest,
+    ChangeFeed, DeleteRequest, FeedCursor, FeedPosition, PutRequest, Store, StoreError, TransactOp,
+    UpdateRequest,
 };
 
 /// `ADD n` under `condition`, answering the new item.
@@ -60,14 +62,31 @@ fn stored_text(raw: &Connection, k: &Key) -> Option<String> {
     .expect("read the row")
 }
 
-/// The old and new texts of the newest change row.
-fn last_change(raw: &Connection) -> (Option<String>, Option<String>) {
-    raw.query_row(
-        "SELECT old, new FROM changes ORDER BY seq DESC LIMIT 1",
-        [],
-        |r| Ok((r.get(0)?, r.get(1)?)),
-    )
-    .expect("read the feed")
+/// The old and new images of the newest change, as another process reads them off the feed:
+/// decoded from the stored row (the old one rebuilt from its difference to the new one when
+/// it is stored as one).
+async fn last_change(path: &Path) -> (Option<Item>, Option<Item>) {
+    let raw = Connection::open(path).unwrap();
+    let newest: i64 = raw
+        .query_row("SELECT max(seq) FROM changes", [], |r| r.get(0))
+        .expect("read the feed");
+    let other = SqliteStore::open(path).unwrap();
+    let mut at = FeedCursor::start();
+    if newest > 1 {
+        at.advance(&FeedPosition {
+            stream: String::new(),
+            seq: (newest - 1).to_string(),
+        });
+    }
+    let batch = other.read_feed(&at, 1).await.expect("read the feed");
+    let change = batch.changes.into_iter().next().expect("the newest change");
+    let owned = |i: Option<Arc<Item>>| i.map(|i| Item::clone(&i));
+    (owned(change.old), owned(change.new))
+}
+
+/// A stored text, decoded.
+fn decoded(text: Option<String>) -> Option<Item> {
+    text.map(|t| serde_json::from_str(&t).expect("an item"))
 }
 
 /// Two writes of `k` by the store, so the second ran with the memo trusted (an unchanged
@@ -94,7 +113,10 @@ async fn a_row_another_connection_wrote_between_two_of_our_writes_is_read() {
     let theirs = write_foreign(&raw, &k, 50);
     let new = s.update(add(&k, -10, Some(Condition::ge("n", 40)))).await;
     assert_eq!(n_of(new.unwrap().as_ref()), Some(40));
-    assert_eq!(last_change(&raw), (Some(theirs), stored_text(&raw, &k)));
+    assert_eq!(
+        last_change(&path).await,
+        (decoded(Some(theirs)), decoded(stored_text(&raw, &k)))
+    );
 
     // update: the condition fails on the other's value, and writes nothing.
     let theirs = write_foreign(&raw, &k, 0);
@@ -110,7 +132,7 @@ async fn a_row_another_connection_wrote_between_two_of_our_writes_is_read() {
         .unwrap();
     let new = s.update(add(&k, 7, Some(Condition::not_exists("n")))).await;
     assert_eq!(n_of(new.unwrap().as_ref()), Some(7));
-    assert_eq!(last_change(&raw).0, None);
+    assert_eq!(last_change(&path).await.0, None);
 
     // conditional put.
     assert_eq!(remembered(&s, &k).await, 9);
@@ -123,7 +145,10 @@ async fn a_row_another_connection_wrote_between_two_of_our_writes_is_read() {
     })
     .await
     .expect("the put's condition holds on the other's value");
-    assert_eq!(last_change(&raw), (Some(theirs), stored_text(&raw, &k)));
+    assert_eq!(
+        last_change(&path).await,
+        (decoded(Some(theirs)), decoded(stored_text(&raw, &k)))
+    );
 
     // unconditional put: the old image is still the other's text.
     remembered(&s, &k).await;
@@ -136,7 +161,7 @@ async fn a_row_another_connection_wrote_between_two_of_our_writes_is_read() {
     })
     .await
     .unwrap();
-    assert_eq!(last_change(&raw).0, Some(theirs));
+    assert_eq!(last_change(&path).await.0, decoded(Some(theirs)));
 
     // delete: answers the other's item.
     assert_eq!(remembered(&s, &k).await, 4);
@@ -149,13 +174,13 @@ async fn a_row_another_connection_wrote_between_two_of_our_writes_is_read() {
         .await
         .unwrap();
     assert_eq!(n_of(old.as_ref()), Some(70));
-    assert_eq!(last_change(&raw), (Some(theirs), None));
+    assert_eq!(last_change(&path).await, (decoded(Some(theirs)), None));
 
     // purge.
     assert_eq!(remembered(&s, &k).await, 2);
     let theirs = write_foreign(&raw, &k, 80);
     s.purge(&k).await.unwrap();
-    assert_eq!(last_change(&raw), (Some(theirs), None));
+    assert_eq!(last_change(&path).await, (decoded(Some(theirs)), None));
     assert_eq!(stored_text(&raw, &k), None);
 
     // transact_write.
@@ -167,7 +192,10 @@ async fn a_row_another_connection_wrote_between_two_of_our_writes_is_read() {
     )
     .await
     .expect("the transaction's condition holds on the other's value");
-    assert_eq!(last_change(&raw), (Some(theirs), stored_text(&raw, &k)));
+    assert_eq!(
+        last_change(&path).await,
+        (decoded(Some(theirs)), decoded(stored_text(&raw, &k)))
+    );
 
     // And a second store on the file (another process, as far as the first can tell).
     assert_eq!(remembered(&s, &k).await, 93);
@@ -252,7 +280,7 @@ async fn a_write_after_a_rolled_back_transaction_sees_the_value_before_it() {
     );
     let new = s.update(add(&k, 1, Some(Condition::eq("n", 2)))).await;
     assert_eq!(n_of(new.unwrap().as_ref()), Some(3));
-    assert_eq!(last_change(&raw).0, before);
+    assert_eq!(last_change(&path).await.0, decoded(before));
     // The rolled-back changes' numbers were given again: the feed shows what was stored.
     feed_is_as_stored(&s, &path).await;
 }
@@ -305,7 +333,7 @@ async fn a_write_after_a_rolled_back_batch_sees_the_value_before_it() {
 
     let new = s.update(add(&k, 1, Some(Condition::eq("n", 2)))).await;
     assert_eq!(n_of(new.unwrap().as_ref()), Some(3));
-    assert_eq!(last_change(&raw).0, before);
+    assert_eq!(last_change(&path).await.0, decoded(before));
     // The rolled-back changes' numbers were given again: the feed shows what was stored.
     feed_is_as_stored(&s, &path).await;
 }
