@@ -131,6 +131,8 @@ fn run_batch(
         Ok(tx) => tx,
         Err(e) => return answer_all(replies, &from_sqlite("begin immediate", e)),
     };
+    let locked = Instant::now();
+    let ops = jobs.len();
     // With the write lock held: whether another connection committed since the last batch
     // (the memo's trust, see `ops::Memo::begin_batch`). Unreadable, the memo is distrusted
     // and every write reads its row, as it would anyway.
@@ -165,7 +167,10 @@ fn run_batch(
         }
         results.push(result);
     }
-    match tx.commit() {
+    let applied = Instant::now();
+    let committed = tx.commit();
+    report_slow(ops, items, now, locked, applied);
+    match committed {
         Ok(()) => {
             debug_assert_eq!(results.len(), replies.len());
             // Every path that does not reach here (a rollback, a failed commit, a panic)
@@ -183,4 +188,27 @@ fn run_batch(
         }
         Err(e) => answer_all(replies, &from_commit(e)),
     }
+}
+
+/// A batch slower than this is logged with where its time went.
+pub const SLOW_BATCH: Duration = Duration::from_millis(50);
+
+/// Log a batch that took longer than [`SLOW_BATCH`] from its start to the end of its
+/// `COMMIT`: every caller in it waited that long. The parts: the wait for the write lock
+/// (another connection's transaction), the operations, and the commit (the WAL's fsync and,
+/// when the WAL has passed 1,000 pages, the writer's own checkpoint: `checkpoint.rs`).
+fn report_slow(ops: usize, items: usize, start: Instant, locked: Instant, applied: Instant) {
+    let done = Instant::now();
+    if done.duration_since(start) < SLOW_BATCH {
+        return;
+    }
+    let ms = |a: Instant, b: Instant| b.saturating_duration_since(a).as_secs_f64() * 1e3;
+    tracing::info!(
+        ops,
+        items,
+        lock_ms = ms(start, locked),
+        ops_ms = ms(locked, applied),
+        commit_ms = ms(applied, done),
+        "sqlite batch slow"
+    );
 }
