@@ -78,25 +78,15 @@ pub fn write_diff(old: &Item, new: &Item, out: &mut String) -> Result<(), serde_
 
 /// The old image: `new` with the difference `diff` (written by [`write_diff`]) applied.
 pub fn apply(new: &Item, diff: &str) -> Result<Item, serde_json::Error> {
-    let members: Vec<(String, Option<Value>)> =
-        serde_json::from_str::<serde_json::Map<String, serde_json::Value>>(diff)?
-            .into_iter()
-            .map(|(name, v)| {
-                let value = match v {
-                    serde_json::Value::Null => None,
-                    v => Some(serde_json::from_value::<Value>(v)?),
-                };
-                Ok((name, value))
-            })
-            .collect::<Result<_, serde_json::Error>>()?;
+    let members = serde_json::from_str::<serde_json::Map<String, serde_json::Value>>(diff)?;
     let mut old = new.clone();
-    for (name, value) in members {
-        match value {
-            Some(v) => {
-                old.insert(name.into(), v);
-            }
-            None => {
+    for (name, v) in members {
+        match v {
+            serde_json::Value::Null => {
                 old.remove(&name);
+            }
+            v => {
+                old.insert(name.into(), serde_json::from_value::<Value>(v)?);
             }
         }
     }

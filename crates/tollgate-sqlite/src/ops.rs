@@ -78,9 +78,13 @@ fn decode_each(key: &Key, raw: ValueRef<'_>) -> Result<Item, Undecodable> {
 /// replaces), so the text is written into one allocation.
 fn encode(key: &Key, item: &Item, room: usize) -> Result<String, StoreError> {
     let mut out = String::with_capacity(room.max(64) + 64);
-    crate::json::write_item(item, &mut out)
-        .map_err(|e| StoreError::Validation(format!("item {key} cannot be encoded: {e}")))?;
+    crate::json::write_item(item, &mut out).map_err(|e| unencodable(key, e))?;
     Ok(out)
+}
+
+/// An item (or a difference of two) that JSON cannot hold.
+fn unencodable(key: &Key, e: serde_json::Error) -> StoreError {
+    StoreError::Validation(format!("item {key} cannot be encoded: {e}"))
 }
 
 /// Run `f` on the row id and stored value of one item within the connection's current
@@ -449,9 +453,7 @@ fn write_item(
     let old = match (old.as_deref(), old_item) {
         (None, _) => OldImage::None,
         (Some(text), Some(o)) if text != json => {
-            crate::diff::write_diff(o, item, &mut diff).map_err(|e| {
-                StoreError::Validation(format!("item {key} cannot be encoded: {e}"))
-            })?;
+            crate::diff::write_diff(o, item, &mut diff).map_err(|e| unencodable(key, e))?;
             if diff.len() < text.len() {
                 OldImage::Diff { text, diff: &diff }
             } else {

@@ -242,8 +242,9 @@ fn upgrade_items_to_v3(tx: &Connection, path: &str) -> Result<(), StoreError> {
 
 /// Version 3: the changes move, unchanged and with their numbers, into a table numbered
 /// without `AUTOINCREMENT` (`feed.rs` says why; the table created is this version's, so a
-/// version-2 file gets version 4's `old_diff` column here too). The highest number version 2 gave stays the
-/// highest given: it is the newest row's, or, when the feed was trimmed empty, a marker's.
+/// version-2 file gets version 4's `old_diff` column here too). The highest number version
+/// 2 gave stays the highest given: it is the newest row's, or, when the feed was trimmed
+/// empty, a marker's.
 fn upgrade_changes_to_v3(tx: &Connection, path: &str) -> Result<(), StoreError> {
     let failed = |e| from_open(path, "upgrade the changes table (schema version 3) of", e);
     tx.execute_batch("ALTER TABLE changes RENAME TO changes_v2;")

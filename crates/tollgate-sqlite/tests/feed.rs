@@ -40,6 +40,14 @@ fn seqs(b: &tollgate_store::FeedBatch) -> Vec<&str> {
     b.changes.iter().map(|c| c.position.seq.as_str()).collect()
 }
 
+/// The schema version a file records.
+fn user_version(path: &std::path::Path) -> i64 {
+    rusqlite::Connection::open(path)
+        .unwrap()
+        .query_row("PRAGMA user_version", [], |r| r.get(0))
+        .unwrap()
+}
+
 /// Two stores on one new file (as two processes would open it), and the directory.
 fn two_stores(name: &str) -> (tempfile::TempDir, SqliteStore, SqliteStore) {
     let dir = tempfile::tempdir().unwrap();
@@ -78,11 +86,7 @@ async fn a_version_1_file_is_upgraded_and_its_feed_starts_at_the_upgrade() {
     .unwrap();
     drop(raw);
     let s = SqliteStore::open(&path).expect("a version-1 file opens");
-    let raw = rusqlite::Connection::open(&path).unwrap();
-    let v: i64 = raw
-        .query_row("PRAGMA user_version", [], |r| r.get(0))
-        .unwrap();
-    assert_eq!(v, SCHEMA_VERSION);
+    assert_eq!(user_version(&path), SCHEMA_VERSION);
     assert_eq!(SCHEMA_VERSION, 4);
     // The item written under version 1 is still there.
     let old = s.get(&Key::new("p", "old"), true).await.unwrap();
@@ -135,11 +139,7 @@ async fn a_version_2_file_is_upgraded_with_its_items_indexes_and_feed() {
     .unwrap();
     drop(raw);
     let s = SqliteStore::open(&path).expect("a version-2 file opens");
-    let raw = rusqlite::Connection::open(&path).unwrap();
-    let v: i64 = raw
-        .query_row("PRAGMA user_version", [], |r| r.get(0))
-        .unwrap();
-    assert_eq!(v, SCHEMA_VERSION);
+    assert_eq!(user_version(&path), SCHEMA_VERSION);
     let n =
         |i: Option<tollgate_core::value::Item>| i.and_then(|i| i.get("n").and_then(Value::as_n));
     assert_eq!(n(s.get(&Key::new("p", "a"), true).await.unwrap()), Some(2));
@@ -218,11 +218,8 @@ async fn a_version_3_file_is_upgraded_and_its_whole_old_images_still_read() {
         SqliteStore::open(&path).expect("a version-3 file opens"),
         SqliteStore::open(&path).expect("and again"),
     );
+    assert_eq!(user_version(&path), 4);
     let raw = rusqlite::Connection::open(&path).unwrap();
-    let v: i64 = raw
-        .query_row("PRAGMA user_version", [], |r| r.get(0))
-        .unwrap();
-    assert_eq!(v, 4);
     a.update(add(&Key::new("p", "a"), 5)).await.unwrap();
     // Read by the store that did not write: every image decoded from the rows.
     let got = b.read_feed(&FeedCursor::start(), 10).await.unwrap();

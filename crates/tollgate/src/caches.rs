@@ -52,6 +52,15 @@ impl<V> ByShard<V> {
         }
     }
 
+    /// [`ByShard::insert`] into a cache bounded by [`CAP`]: a new entry at the bound starts
+    /// the cache over.
+    fn insert_bounded(&mut self, e: &str, r: &str, shard: u32, v: V) {
+        if self.len >= CAP && self.get(e, r, shard).is_none() {
+            self.clear();
+        }
+        self.insert(e, r, shard, v);
+    }
+
     fn remove(&mut self, e: &str, r: &str, shard: u32) {
         let removed = self
             .map
@@ -216,11 +225,7 @@ impl ImageCache {
     }
     /// Remember a shard's image.
     pub fn put(&self, e: &str, r: &str, shard: u32, img: impl Into<Arc<BucketImage>>) {
-        let mut g = self.lock();
-        if g.len >= CAP && g.get(e, r, shard).is_none() {
-            g.clear();
-        }
-        g.insert(e, r, shard, img.into());
+        self.lock().insert_bounded(e, r, shard, img.into());
     }
     /// Forget one shard.
     pub fn forget(&self, e: &str, r: &str, shard: u32) {
@@ -246,11 +251,8 @@ impl ImageCache {
         if let Some(gate) = g.get(e, r, shard) {
             return Arc::clone(gate);
         }
-        if g.len >= CAP {
-            g.clear();
-        }
         let gate = Gate::default();
-        g.insert(e, r, shard, Arc::clone(&gate));
+        g.insert_bounded(e, r, shard, Arc::clone(&gate));
         gate
     }
 }
