@@ -277,6 +277,16 @@ impl Store for MeteredStore {
         self.metrics.record("batch_get", t, &r);
         r
     }
+    async fn batch_get_shared(
+        &self,
+        keys: &[Key],
+        consistent: bool,
+    ) -> Result<Vec<Option<std::sync::Arc<Item>>>, StoreError> {
+        let t = Instant::now();
+        let r = self.inner.batch_get_shared(keys, consistent).await;
+        self.metrics.record("batch_get", t, &r);
+        r
+    }
     async fn put(&self, req: PutRequest) -> Result<(), StoreError> {
         let t = Instant::now();
         let r = self.inner.put(req).await;

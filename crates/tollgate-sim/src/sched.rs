@@ -741,12 +741,24 @@ impl Store for SimStore {
         keys: &[Key],
         consistent: bool,
     ) -> Result<Vec<Option<Item>>, StoreError> {
+        let items = self.batch_get_shared(keys, consistent).await?;
+        Ok(items
+            .into_iter()
+            .map(|i| i.map(Arc::unwrap_or_clone))
+            .collect())
+    }
+
+    async fn batch_get_shared(
+        &self,
+        keys: &[Key],
+        consistent: bool,
+    ) -> Result<Vec<Option<Arc<Item>>>, StoreError> {
         self.sh.turn(self.client).await;
         if self.sh.hang().is_some() {
             self.sh.hung_read(self.client, keys);
             tokio::time::sleep(HANG).await;
         }
-        let r = self.sh.faulty.batch_get(keys, consistent).await;
+        let r = self.sh.faulty.batch_get_shared(keys, consistent).await;
         let kind = if consistent {
             "batch_get"
         } else {
@@ -771,6 +783,10 @@ impl Store for SimStore {
     }
 
     async fn update(&self, req: UpdateRequest) -> Result<Option<Item>, StoreError> {
+        Ok(self.update_shared(req).await?.map(Arc::unwrap_or_clone))
+    }
+
+    async fn update_shared(&self, req: UpdateRequest) -> Result<Option<Arc<Item>>, StoreError> {
         let t_call = self.sh.now();
         self.sh.turn(self.client).await;
         let keys = vec![req.key.clone()];
@@ -785,7 +801,7 @@ impl Store for SimStore {
             return Err(e);
         }
         let r = self
-            .hanging(&keys, &before, t_call, self.sh.faulty.update(req))
+            .hanging(&keys, &before, t_call, self.sh.faulty.update_shared(req))
             .await?;
         let kind = if fanout { "fanout" } else { "update" };
         self.sh

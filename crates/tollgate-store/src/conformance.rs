@@ -1125,6 +1125,65 @@ pub async fn batch_get_duplicate_keys_is_validation(s: &dyn Store) -> CheckResul
     )
 }
 
+/// `batch_get_shared` is `batch_get` — the same one request, the same items in key order,
+/// the same validation of the keys (a key twice, among a few keys or among many) — and an
+/// item it handed out stays as read when the store then writes that item.
+pub async fn batch_get_shared_answers_as_batch_get(s: &dyn Store) -> CheckResult {
+    let keys: Vec<Key> = ["C", "A", "MISSING", "B"]
+        .iter()
+        .map(|sk| Key::new("conf/batch_shared", *sk))
+        .collect();
+    for (i, k) in keys.iter().enumerate() {
+        if &*k.sk != "MISSING" {
+            put(s, k, &[("i", Value::N(i as i64))]).await?;
+        }
+    }
+    let owned = s.batch_get(&keys, true).await.map_err(e2s)?;
+    let shared = s.batch_get_shared(&keys, true).await.map_err(e2s)?;
+    let seen: Vec<Option<Item>> = shared.iter().map(|i| i.as_deref().cloned()).collect();
+    ensure_eq(seen, owned.clone(), "batch_get_shared vs batch_get")?;
+    ensure_eq(
+        owned[1].clone(),
+        Some(stored(&keys[1], &[("i", Value::N(1))])),
+        "batch_get_shared's item",
+    )?;
+    update(
+        s,
+        &keys[1],
+        Update::new().add("i", 10),
+        None,
+        ReturnValues::None,
+    )
+    .await
+    .map_err(e2s)?;
+    ensure_eq(
+        shared[1].as_deref().cloned(),
+        owned[1].clone(),
+        "an item read shared, after the store wrote it again",
+    )?;
+    ensure_eq(
+        get(s, &keys[1]).await?,
+        Some(stored(&keys[1], &[("i", Value::N(11))])),
+        "the item written after the shared read",
+    )?;
+    let none = s.batch_get_shared(&[], true).await.map_err(e2s)?;
+    ensure(none.is_empty(), "empty batch_get_shared")?;
+    let twice = [keys[0].clone(), keys[0].clone()];
+    expect_validation(
+        s.batch_get_shared(&twice, true).await,
+        "duplicate keys (shared)",
+    )?;
+    let mut many: Vec<Key> = (0..40)
+        .map(|i| Key::new("conf/batch_shared_many", format!("K{i:02}")))
+        .collect();
+    many.push(many[7].clone());
+    expect_validation(s.batch_get(&many, true).await, "a duplicate among 41 keys")?;
+    expect_validation(
+        s.batch_get_shared(&many, true).await,
+        "a duplicate among 41 keys (shared)",
+    )
+}
+
 /// A table query returns one partition, filtered by sort-key prefix, in sort-key
 /// (byte) order.
 pub async fn query_table_prefix_in_order(s: &dyn Store) -> CheckResult {
@@ -1707,6 +1766,7 @@ registry![
     transaction_validation_reason,
     batch_get_in_key_order,
     batch_get_duplicate_keys_is_validation,
+    batch_get_shared_answers_as_batch_get,
     query_table_prefix_in_order,
     query_index,
     update_moves_item_in_index,

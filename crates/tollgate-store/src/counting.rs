@@ -109,6 +109,14 @@ impl<S: Store> Store for Counting<S> {
         self.bump(1);
         self.inner.batch_get(keys, consistent).await
     }
+    async fn batch_get_shared(
+        &self,
+        keys: &[Key],
+        consistent: bool,
+    ) -> Result<Vec<Option<std::sync::Arc<Item>>>, StoreError> {
+        self.bump(1);
+        self.inner.batch_get_shared(keys, consistent).await
+    }
     async fn put(&self, req: PutRequest) -> Result<(), StoreError> {
         self.bump(2);
         self.inner.put(req).await

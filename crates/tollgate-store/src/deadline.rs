@@ -86,6 +86,14 @@ impl<S: Store> Store for Deadline<S> {
         self.bounded("batch_get", false, self.inner.batch_get(keys, consistent))
             .await
     }
+    async fn batch_get_shared(
+        &self,
+        keys: &[Key],
+        consistent: bool,
+    ) -> Result<Vec<Option<std::sync::Arc<Item>>>, StoreError> {
+        let read = self.inner.batch_get_shared(keys, consistent);
+        self.bounded("batch_get", false, read).await
+    }
     async fn put(&self, req: PutRequest) -> Result<(), StoreError> {
         self.bounded("put", true, self.inner.put(req)).await
     }

@@ -28,7 +28,7 @@
 
 use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use async_trait::async_trait;
@@ -159,7 +159,7 @@ pub struct FaultyStore<S> {
     stats: [AtomicU64; 6],
     /// Per key, the items before the last [`STALE_DEPTH`] writes forwarded, newest first
     /// (`None` = it was absent).
-    shadow: Mutex<HashMap<Key, VecDeque<Option<Item>>>>,
+    shadow: Mutex<HashMap<Key, VecDeque<Option<Arc<Item>>>>>,
 }
 
 impl<S> FaultyStore<S> {
@@ -264,7 +264,7 @@ impl<S> FaultyStore<S> {
         let g = lock(&self.shadow);
         let h = g.get(key)?;
         let i = usize::try_from(mix(pick, 0).checked_rem(h.len() as u64)?).unwrap_or(0);
-        h.get(i).cloned()
+        h.get(i).map(|v| v.as_deref().cloned())
     }
 }
 
@@ -307,14 +307,19 @@ fn query_sort_key(item: &Item, q: &Query) -> Option<String> {
 
 impl<S: Store> FaultyStore<S> {
     /// The current items at `keys`, read consistently, if tracking (failures: not recorded).
-    async fn pre_images(&self, keys: &[Key]) -> Option<Vec<Option<Item>>> {
+    async fn pre_images(&self, keys: &[Key]) -> Option<Vec<Option<Arc<Item>>>> {
         if !self.tracking() || keys.is_empty() {
             return None;
         }
-        self.inner.batch_get(keys, true).await.ok()
+        self.inner.batch_get_shared(keys, true).await.ok()
     }
 
-    fn record(&self, keys: &[Key], pre: Option<Vec<Option<Item>>>, outcome_unknown_or_ok: bool) {
+    fn record(
+        &self,
+        keys: &[Key],
+        pre: Option<Vec<Option<Arc<Item>>>>,
+        outcome_unknown_or_ok: bool,
+    ) {
         let Some(pre) = pre else { return };
         if !outcome_unknown_or_ok {
             return;
@@ -408,9 +413,21 @@ impl<S: Store> Store for FaultyStore<S> {
         keys: &[Key],
         consistent: bool,
     ) -> Result<Vec<Option<Item>>, StoreError> {
+        let items = self.batch_get_shared(keys, consistent).await?;
+        Ok(items
+            .into_iter()
+            .map(|i| i.map(Arc::unwrap_or_clone))
+            .collect())
+    }
+
+    async fn batch_get_shared(
+        &self,
+        keys: &[Key],
+        consistent: bool,
+    ) -> Result<Vec<Option<Arc<Item>>>, StoreError> {
         let d = self.draw();
         self.before(&d).await?;
-        let mut out = self.inner.batch_get(keys, consistent).await?;
+        let mut out = self.inner.batch_get_shared(keys, consistent).await?;
         if !consistent && d.stale {
             let shadow = lock(&self.shadow);
             let mut any = false;
@@ -444,13 +461,17 @@ impl<S: Store> Store for FaultyStore<S> {
     }
 
     async fn update(&self, req: UpdateRequest) -> Result<Option<Item>, StoreError> {
+        Ok(self.update_shared(req).await?.map(Arc::unwrap_or_clone))
+    }
+
+    async fn update_shared(&self, req: UpdateRequest) -> Result<Option<Arc<Item>>, StoreError> {
         let d = self.draw();
         if validate_update(&req.update).is_err() {
-            return self.inner.update(req).await;
+            return self.inner.update_shared(req).await;
         }
         let key = req.key.clone();
         let conditional = req.condition.is_some();
-        self.single_write(d, &key, conditional, self.inner.update(req))
+        self.single_write(d, &key, conditional, self.inner.update_shared(req))
             .await
     }
 
@@ -552,7 +573,7 @@ impl<S: Store> Store for FaultyStore<S> {
             let was_there = by_key.remove(k).is_some();
             let now_there = match old {
                 Some(item) if query_sort_key(item, &q).is_some() => {
-                    by_key.insert(k.clone(), item.clone());
+                    by_key.insert(k.clone(), Item::clone(item));
                     true
                 }
                 _ => false,

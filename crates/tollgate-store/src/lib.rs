@@ -170,6 +170,20 @@ pub trait Store: Send + Sync {
         keys: &[Key],
         consistent: bool,
     ) -> Result<Vec<Option<Item>>, StoreError>;
+    /// [`Store::batch_get`] (the same one request, the same answer), the items shared: a
+    /// store that keeps its items shared ([`MemoryStore`]) hands out the versions it holds
+    /// instead of copying them; the default wraps what `batch_get` returns.
+    async fn batch_get_shared(
+        &self,
+        keys: &[Key],
+        consistent: bool,
+    ) -> Result<Vec<Option<std::sync::Arc<Item>>>, StoreError> {
+        let items = self.batch_get(keys, consistent).await?;
+        Ok(items
+            .into_iter()
+            .map(|i| i.map(std::sync::Arc::new))
+            .collect())
+    }
     /// Conditional put.
     async fn put(&self, req: PutRequest) -> Result<(), StoreError>;
     /// Conditional update; returns what `req.returns` asks for.
@@ -279,6 +293,13 @@ impl<S: Store + ?Sized> Store for std::sync::Arc<S> {
         consistent: bool,
     ) -> Result<Vec<Option<Item>>, StoreError> {
         (**self).batch_get(keys, consistent).await
+    }
+    async fn batch_get_shared(
+        &self,
+        keys: &[Key],
+        consistent: bool,
+    ) -> Result<Vec<Option<std::sync::Arc<Item>>>, StoreError> {
+        (**self).batch_get_shared(keys, consistent).await
     }
     async fn put(&self, req: PutRequest) -> Result<(), StoreError> {
         (**self).put(req).await

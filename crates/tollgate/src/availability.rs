@@ -159,11 +159,11 @@ async fn read_shards(
     s: i64,
 ) -> Result<Vec<Option<BucketImage>>> {
     let keys: Vec<Key> = (0..s as u32).map(|i| inner.bucket_key(req, i)).collect();
-    let items = inner.store().batch_get(&keys, false).await?;
+    let items = inner.store().batch_get_shared(&keys, false).await?;
     items
         .iter()
         .map(|i| {
-            i.as_ref()
+            i.as_deref()
                 .map(BucketImage::decode)
                 .transpose()
                 .map_err(Error::from)

@@ -80,7 +80,7 @@ async fn read_siblings(
     }
     let keys: Vec<_> = ids.iter().map(|i| inner.bucket_key(req, *i)).collect();
     let consistent = !mutants::off(Mutant::ConsistentSiblingRead);
-    let items = inner.store().batch_get(&keys, consistent).await?;
+    let items = inner.store().batch_get_shared(&keys, consistent).await?;
     let mut out = Vec::new();
     for ((i, item), key) in ids.into_iter().zip(items).zip(keys) {
         if let Some(item) = item {

@@ -124,7 +124,7 @@ impl Limiter {
 
     /// The mode the config levels `keys` (most specific first) give, read consistently.
     async fn modes_of(&self, keys: &[Key]) -> Result<Enforcement> {
-        let items = self.inner().store().batch_get(keys, true).await?;
+        let items = self.inner().store().batch_get_shared(keys, true).await?;
         let mut modes = Vec::with_capacity(items.len());
         for i in &items {
             modes.push(match i {

@@ -102,10 +102,10 @@ impl Aggregator {
             return Ok(Vec::new());
         }
         let keys: Vec<Key> = ids.iter().map(|i| self.inner.bucket_key(req, *i)).collect();
-        let items = self.inner.store().batch_get(&keys, true).await?;
+        let items = self.inner.store().batch_get_shared(&keys, true).await?;
         ids.into_iter()
             .zip(items)
-            .map(|(i, it)| Ok((i, it.as_ref().map(BucketImage::decode).transpose()?)))
+            .map(|(i, it)| Ok((i, it.as_deref().map(BucketImage::decode).transpose()?)))
             .collect()
     }
 

@@ -34,7 +34,7 @@ pub(crate) use landing::{Landing, RideAlong};
 struct Seen {
     shard: u32,
     key: Key,
-    item: Option<tollgate_core::value::Item>,
+    item: Option<std::sync::Arc<tollgate_core::value::Item>>,
     img: Option<BucketImage>,
     /// Materialised at now, one per limit of the request (empty: the shard cannot take
     /// part — it does not exist, or does not carry every limit yet).
@@ -58,7 +58,7 @@ pub(crate) enum Charged {
 impl Inner {
     async fn read_entity(&self, req: &Request, s: i64) -> Result<Vec<Seen>> {
         let keys: Vec<Key> = (0..s as u32).map(|i| self.bucket_key(req, i)).collect();
-        let items = self.store().batch_get(&keys, true).await?;
+        let items = self.store().batch_get_shared(&keys, true).await?;
         let mut out = Vec::with_capacity(keys.len());
         for (i, (key, item)) in keys.into_iter().zip(items).enumerate() {
             let img = item
@@ -186,7 +186,7 @@ impl Inner {
             let mut tc_only: BTreeMap<u32, Vec<String>> = BTreeMap::new();
             for r in extra {
                 let x = seen.get(r.shard as usize);
-                let item = x.and_then(|x| x.item.as_ref());
+                let item = x.and_then(|x| x.item.as_deref());
                 for (n, m) in &r.refunds {
                     let li = req.limits.iter().position(|l| l.name() == n);
                     if r.spread && li.is_some_and(|i| !req.limits[i].is_quota()) {

@@ -221,7 +221,7 @@ impl Limiter {
         let mut out = vec![(0, img0)];
         if s > 1 {
             let keys: Vec<Key> = (1..s as u32).map(|i| inner.bucket_key(req, i)).collect();
-            let items = inner.store().batch_get(&keys, true).await?;
+            let items = inner.store().batch_get_shared(&keys, true).await?;
             for (i, item) in (1..s as u32).zip(items) {
                 if let Some(item) = item {
                     out.push((i, BucketImage::decode(&item)?));
