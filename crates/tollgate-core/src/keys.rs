@@ -15,12 +15,8 @@ pub const DEFAULT_RESOURCE: &str = "_default_";
 
 /// The bucket item of (entity, resource, shard).
 pub fn bucket(ns: &str, entity: &str, resource: &str, shard: u32) -> Key {
-    // This runs on every acquire: the text is joined on the stack (no formatting
-    // machinery) and shared in one allocation.
-    let mut text: SmallVec<[u8; 128]> = SmallVec::new();
-    for part in [ns, "/BUCKET#", entity, "#", resource, "#"] {
-        text.extend_from_slice(part.as_bytes());
-    }
+    // This runs on every read of a shard: the text is joined on the stack (no formatting
+    // machinery, no growth checks per part) and shared in one allocation.
     let mut digits = [0u8; 10];
     let mut at = digits.len();
     let mut n = shard;
@@ -32,11 +28,30 @@ pub fn bucket(ns: &str, entity: &str, resource: &str, shard: u32) -> Key {
             break;
         }
     }
-    text.extend_from_slice(&digits[at..]);
-    let pk = match std::str::from_utf8(&text) {
-        Ok(s) => Arc::from(s),
-        // Unreachable: only `str`s and ASCII digits were joined.
-        Err(_) => shared_text(format_args!("{ns}/BUCKET#{entity}#{resource}#{shard}")),
+    let parts = [
+        ns.as_bytes(),
+        b"/BUCKET#",
+        entity.as_bytes(),
+        b"#",
+        resource.as_bytes(),
+        b"#",
+        &digits[at..],
+    ];
+    let len: usize = parts.iter().map(|p| p.len()).sum();
+    let mut text = [0u8; 128];
+    let joined = text.get_mut(..len).map(|out| {
+        let mut end = 0;
+        for p in parts {
+            out[end..end + p.len()].copy_from_slice(p);
+            end += p.len();
+        }
+        &*out
+    });
+    let pk = match joined.map(std::str::from_utf8) {
+        Some(Ok(s)) => Arc::from(s),
+        // Longer than the buffer (or, unreachable, not UTF-8: only `str`s and ASCII digits
+        // were joined).
+        _ => shared_text(format_args!("{ns}/BUCKET#{entity}#{resource}#{shard}")),
     };
     let key = Key { pk, sk: state_sk() };
     debug_assert!(is_bucket(&key, ns, entity, resource, shard));
@@ -244,10 +259,17 @@ mod tests {
     /// A bucket key is the formatted text, and `is_bucket` recognises exactly it.
     #[test]
     fn bucket_keys_are_the_formatted_text() {
+        // Texts up to the stack buffer's 128 bytes, at it, and past it.
+        let edge = "e".repeat(128 - "ns/BUCKET#".len() - "#r#9".len());
+        let past = format!("{edge}x");
+        let long = "é".repeat(200);
         for (e, r, s) in [
             ("user-1", "api", 0),
             ("é#x", "r", 31),
             ("", "", 4_000_000_000),
+            (edge.as_str(), "r", 9),
+            (past.as_str(), "r", 9),
+            (long.as_str(), "gpt-4", 17),
         ] {
             let k = bucket("ns", e, r, s);
             assert_eq!(*k.pk, format!("ns/BUCKET#{e}#{r}#{s}"));
