@@ -28,7 +28,7 @@ use tollgate_core::value::{Item, Key};
 use tollgate_store::{Change, FeedBatch, FeedCursor, FeedPosition, StoreError};
 
 use crate::error::from_sqlite;
-use crate::recent::Recent;
+use crate::recent::{Published, Recent};
 
 /// The table (schema version 4). A change's old image is in `old` as its whole text, or in
 /// `old_diff` as its difference from `new` (`diff.rs`), never in both; a change without an
@@ -193,10 +193,12 @@ pub fn read_in(
         )));
     }
     let limit = i64::try_from(limit.max(1)).unwrap_or(i64::MAX);
-    let mut held = recent
-        .range(after.saturating_add(1), after.saturating_add(limit))
-        .into_iter()
-        .peekable();
+    let held = recent.range(after.saturating_add(1), after.saturating_add(limit));
+    if let Some(batch) = held_batch(tx, cursor, after, limit, end, &held)? {
+        recent.release_through(after + i64::try_from(batch.changes.len()).unwrap_or(0));
+        return Ok(batch);
+    }
+    let mut held = held.into_iter().peekable();
     let mut stmt = tx
         .prepare_cached(
             "SELECT seq, pk, sk, at_ms, old, new, old_diff FROM changes
@@ -311,6 +313,9 @@ pub fn read_in(
     // Positions only grow along the read: the cursor moves once, to the last.
     if let Some(p) = &last_position {
         next.advance(p);
+        if let Ok(seq) = p.seq.parse::<i64>() {
+            recent.release_through(seq);
+        }
     }
     if !read_any && after < end {
         return Err(StoreError::Validation(format!(
@@ -321,6 +326,62 @@ pub fn read_in(
         changes,
         cursor: next,
     })
+}
+
+/// The batch [`read_in`] would read, when `recent` holds every change of it: the changes
+/// numbered `after + 1` to `min(after + limit, end)`, each committed by this process's
+/// writer (held), one after another with no number missing (another process's change or a
+/// marker row would be missing from `recent`), and the first of them still in the file (a
+/// trim removes the oldest changes first, so the later ones are there too). No row is read
+/// for it beyond that one look-up by number. `None`: read the rows.
+fn held_batch(
+    tx: &Connection,
+    cursor: &FeedCursor,
+    after: i64,
+    limit: i64,
+    end: i64,
+    held: &[(i64, Published)],
+) -> Result<Option<FeedBatch>, StoreError> {
+    let want = end.saturating_sub(after).min(limit);
+    let whole = want > 0
+        && usize::try_from(want).is_ok_and(|n| held.len() >= n)
+        && held
+            .iter()
+            .zip(after.saturating_add(1)..)
+            .take(usize::try_from(want).unwrap_or(0))
+            .all(|(h, seq)| h.0 == seq);
+    if !whole {
+        return Ok(None);
+    }
+    let first_there = tx
+        .prepare_cached("SELECT 1 FROM changes WHERE seq = ?1")
+        .and_then(|mut s| s.exists(params![after + 1]))
+        .map_err(|e| from_sqlite("read feed", e))?;
+    if !first_there {
+        return Ok(None);
+    }
+    let n = usize::try_from(want).unwrap_or(0);
+    let mut next = cursor.clone();
+    let changes: Vec<Change> = held[..n]
+        .iter()
+        .map(|(seq, p)| Change {
+            old: p.old.clone(),
+            new: p.new.clone(),
+            key: p.key.clone(),
+            position: FeedPosition {
+                stream: String::new(),
+                seq: seq.to_string(),
+            },
+            at_ms: p.at_ms,
+        })
+        .collect();
+    if let Some(last) = changes.last() {
+        next.advance(&last.position);
+    }
+    Ok(Some(FeedBatch {
+        changes,
+        cursor: next,
+    }))
 }
 
 /// The most changes one trim removes. A trim runs on the writer thread inside a batch of

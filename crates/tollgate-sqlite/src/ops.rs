@@ -241,14 +241,23 @@ impl Memo {
     /// this process once the batch commits.
     fn publish(
         &mut self,
-        seq: Option<i64>,
+        written: &Written,
         key: &Key,
         old: Option<Arc<Item>>,
         new: Option<Arc<Item>>,
     ) {
-        if let Some(seq) = seq {
+        if let Some(seq) = written.seq {
             let key = key.clone();
-            self.published.push((seq, Published { key, old, new }));
+            let at_ms = written.at_ms;
+            self.published.push((
+                seq,
+                Published {
+                    key,
+                    old,
+                    new,
+                    at_ms,
+                },
+            ));
         }
     }
 
@@ -398,6 +407,7 @@ fn write_item(
         let seq = crate::feed::record(conn, key, old, None, at)?;
         return Ok(Written {
             seq,
+            at_ms: at,
             text: None,
             id: 0,
             existed: true,
@@ -465,6 +475,7 @@ fn write_item(
     let seq = crate::feed::record(conn, key, old, Some(&json), at)?;
     Ok(Written {
         seq,
+        at_ms: at,
         text: Some(json),
         id,
         existed,
@@ -476,6 +487,8 @@ fn write_item(
 struct Written {
     /// The change's sequence number on the feed (`None`: nothing changed, nothing recorded).
     seq: Option<i64>,
+    /// When the change was recorded (the feed's `at_ms`; 0 when nothing was).
+    at_ms: i64,
     /// The text stored (`None`: the item was deleted, or nothing was written).
     text: Option<String>,
     /// The row id of the text stored.
@@ -716,8 +729,8 @@ fn put(conn: &Connection, req: PutRequest, memo: &mut Memo) -> Result<(), StoreE
     // Published only when the old image is known decoded (the memo held it, or there was
     // none): a put does not decode the item it replaces.
     match held {
-        Some(h) => memo.publish(w.seq, &req.key, Some(h.item), Some(Arc::clone(&item))),
-        None if !w.existed => memo.publish(w.seq, &req.key, None, Some(Arc::clone(&item))),
+        Some(h) => memo.publish(&w, &req.key, Some(h.item), Some(Arc::clone(&item))),
+        None if !w.existed => memo.publish(&w, &req.key, None, Some(Arc::clone(&item))),
         None => {}
     }
     if let Some(text) = w.text {
@@ -736,7 +749,7 @@ fn purge(conn: &Connection, key: &Key, memo: &mut Memo) -> Result<(), StoreError
     };
     let w = write_item(conn, key, None, prior)?;
     if let Some(h) = held {
-        memo.publish(w.seq, key, Some(h.item), None);
+        memo.publish(&w, key, Some(h.item), None);
     }
     Ok(())
 }
@@ -772,7 +785,7 @@ fn update(
         let w = write_item(conn, &req.key, Some(new), Prior::Read(prior.as_ref()))?;
         // Decoded already: the feed reader of this process takes both images from here.
         let old = prior.as_ref().map(|s| Arc::clone(&s.item));
-        memo.publish(w.seq, &req.key, old, Some(Arc::clone(new)));
+        memo.publish(&w, &req.key, old, Some(Arc::clone(new)));
         if let Some(text) = w.text {
             memo.remember(&req.key, text, Arc::clone(new), w.id);
         }
@@ -813,7 +826,7 @@ fn delete(
     }
     if let Some(p) = &prior {
         let w = write_item(conn, &req.key, None, Prior::Read(Some(p)))?;
-        memo.publish(w.seq, &req.key, Some(Arc::clone(&p.item)), None);
+        memo.publish(&w, &req.key, Some(Arc::clone(&p.item)), None);
     }
     Ok(prior.map(|s| Arc::unwrap_or_clone(s.item)))
 }
@@ -997,7 +1010,7 @@ fn transact_body(
         };
         let w = write_item(conn, key, new.as_ref(), prior)?;
         let new = new.map(Arc::new);
-        memo.publish(w.seq, key, old.shared(), new.clone());
+        memo.publish(&w, key, old.shared(), new.clone());
         if let (Some(text), Some(new)) = (w.text, new) {
             memo.remember(key, text, new, w.id);
         }

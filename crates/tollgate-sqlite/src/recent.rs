@@ -12,8 +12,10 @@
 //! Only committed changes are published: a rolled-back batch's (or transaction's) sequence
 //! numbers are given again, to other changes, but a committed number never is
 //! (`AUTOINCREMENT`), so an entry is always the change stored under its number. Changes
-//! another process wrote are not here and are read from their text. At most [`CAP`] entries
-//! are kept, the newest.
+//! another process wrote are not here and are read from their text. Nothing is kept until
+//! the process first reads the feed (a store whose feed nobody here reads holds no
+//! images); an entry is let go once a read has returned it (the next pass reads after it),
+//! and at most [`CAP`] entries are kept, the newest.
 
 use std::collections::VecDeque;
 use std::sync::{Arc, Mutex};
@@ -21,10 +23,13 @@ use std::sync::{Arc, Mutex};
 use tollgate_core::value::{Item, Key};
 
 /// Most entries kept (each holds one decoded item, about 2 KB for a bucket of one limit: at
-/// most about 32 MB): what one aggregator pass reads at the default pass interval (1 s) up
-/// to about 16,000 writes a second, above the embedded store's peak rate on the development
-/// machine (8,192 held 0.8 s of it, and the rest of every pass was decoded from text again).
-pub const CAP: usize = 16_384;
+/// most about 64 MB): what an aggregator reads in one pass — the changes of its pause (1 s
+/// by default) and of the pass before — up to about 20,000 writes a second, above the
+/// embedded store's peak rate on the development machine. At 16,384 a pass at ~18,000
+/// writes a second (the pass itself takes about half a second) found only the newest half
+/// held and decoded the rest from text again. Entries a read returned are let go at once,
+/// so a server whose aggregator keeps up holds only what it has not read yet.
+pub const CAP: usize = 32_768;
 
 /// One committed change's images, decoded (the old one is, as a rule, the previous
 /// change's new one of the same key, shared: an entry costs one item).
@@ -36,16 +41,25 @@ pub struct Published {
     pub old: Option<Arc<Item>>,
     /// The item after it (`None`: it was deleted).
     pub new: Option<Arc<Item>>,
+    /// When it was recorded (the row's `at_ms`).
+    pub at_ms: i64,
 }
 
 /// The recent committed changes of this process, in sequence order (the writer commits its
 /// batches one after another, and `AUTOINCREMENT` numbers every commit's changes after
 /// every earlier commit's, of any process).
 #[derive(Debug, Default)]
-pub struct Recent(Mutex<VecDeque<(i64, Published)>>);
+pub struct Recent(Mutex<Held>);
+
+#[derive(Debug, Default)]
+struct Held {
+    entries: VecDeque<(i64, Published)>,
+    /// Whether this process has read the feed: until it does, nothing is kept.
+    read: bool,
+}
 
 impl Recent {
-    fn lock(&self) -> std::sync::MutexGuard<'_, VecDeque<(i64, Published)>> {
+    fn lock(&self) -> std::sync::MutexGuard<'_, Held> {
         self.0.lock().unwrap_or_else(|e| e.into_inner())
     }
 
@@ -56,25 +70,39 @@ impl Recent {
             return;
         };
         let mut g = self.lock();
-        if g.back().is_some_and(|b| b.0 >= first) {
+        if !g.read {
+            return;
+        }
+        let held = &mut g.entries;
+        if held.back().is_some_and(|b| b.0 >= first) {
             // Never expected (numbers only grow): keep the order the look-up relies on by
             // starting over. Nothing is lost but decoding work.
             debug_assert!(false, "published out of sequence order");
-            g.clear();
+            held.clear();
         }
-        g.extend(committed);
-        let over = g.len().saturating_sub(CAP);
-        g.drain(..over);
+        held.extend(committed);
+        let over = held.len().saturating_sub(CAP);
+        held.drain(..over);
     }
 
-    /// The published changes numbered `from` to `to` (inclusive), in order.
+    /// The published changes numbered `from` to `to` (inclusive), in order. From the first
+    /// call on, committed changes are kept.
     pub fn range(&self, from: i64, to: i64) -> Vec<(i64, Published)> {
-        let g = self.lock();
-        let start = g.partition_point(|e| e.0 < from);
-        g.range(start..)
+        let mut g = self.lock();
+        g.read = true;
+        let held = &g.entries;
+        let start = held.partition_point(|e| e.0 < from);
+        held.range(start..)
             .take_while(|e| e.0 <= to)
             .cloned()
             .collect()
+    }
+
+    /// Let go of the changes numbered `seq` or lower: a read returned them.
+    pub fn release_through(&self, seq: i64) {
+        let mut g = self.lock();
+        let through = g.entries.partition_point(|e| e.0 <= seq);
+        g.entries.drain(..through);
     }
 }
 
@@ -87,12 +115,16 @@ mod tests {
             key: Key::new("p", sk),
             old: None,
             new: Some(Arc::new(Item::new())),
+            at_ms: 0,
         }
     }
 
     #[test]
     fn a_range_holds_what_was_published_in_it_and_the_oldest_go_past_the_cap() {
         let r = Recent::default();
+        // Nothing is kept before the feed is first read.
+        r.publish(vec![(1, change("z"))]);
+        assert!(r.range(0, 10).is_empty());
         r.publish(vec![(3, change("a")), (4, change("b"))]);
         r.publish(vec![(7, change("c"))]);
         let seqs = |v: Vec<(i64, Published)>| v.into_iter().map(|e| e.0).collect::<Vec<_>>();
@@ -104,5 +136,9 @@ mod tests {
         let held = r.range(0, i64::MAX);
         assert_eq!(held.len(), CAP);
         assert_eq!(held.first().map(|e| e.0), Some(10));
+        // What a read returned is let go.
+        r.release_through(15);
+        assert_eq!(r.range(0, i64::MAX).first().map(|e| e.0), Some(16));
+        assert_eq!(r.range(0, i64::MAX).len(), CAP - 6);
     }
 }

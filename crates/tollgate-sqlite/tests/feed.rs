@@ -512,6 +512,9 @@ async fn a_trim_removes_a_bounded_number_of_changes() {
 async fn a_batch_shares_each_old_image_with_the_previous_new_one() {
     let dir = tempfile::tempdir().unwrap();
     let s = SqliteStore::open(dir.path().join("share.db")).unwrap();
+    // The writer's images are kept for the reader from the process's first feed read on.
+    let empty = s.read_feed(&FeedCursor::start(), 10).await.unwrap();
+    assert!(empty.changes.is_empty());
     let (a, b) = (Key::new("p", "a"), Key::new("p", "b"));
     for n in 1..=3 {
         put(&s, &a, n).await;
@@ -551,6 +554,9 @@ async fn the_feed_hands_back_the_writers_own_images_and_decodes_the_others() {
     let (_dir, a, b) = two_stores("handoff.db");
     let k = Key::new("p", "x");
     let add = |n: i64| add(&k, n);
+    // The writer's images are kept for the reader from the process's first feed read on.
+    let empty = a.read_feed(&FeedCursor::start(), 10).await.unwrap();
+    assert!(empty.changes.is_empty());
     let first = a.update_shared(add(1)).await.unwrap().unwrap();
     let second = a.update_shared(add(2)).await.unwrap().unwrap();
     b.update(add(4)).await.unwrap();
@@ -582,6 +588,63 @@ async fn the_feed_hands_back_the_writers_own_images_and_decodes_the_others() {
         from_b.changes.iter().map(shape).collect::<Vec<_>>(),
         batch.changes.iter().map(shape).collect::<Vec<_>>()
     );
+}
+
+/// A read whose every change the writer of this process committed is answered from the
+/// images it holds — but only while the file still holds those changes: a trimmed feed is
+/// reported as trimmed even when its changes are held. What a read returned is let go, and a
+/// read of the same changes again decodes them to the same values.
+#[tokio::test]
+async fn held_changes_are_served_only_while_the_file_holds_them() {
+    let (_dir, a, b) = two_stores("held.db");
+    let k = Key::new("p", "x");
+    let empty = a.read_feed(&FeedCursor::start(), 10).await.unwrap();
+    assert!(empty.changes.is_empty());
+    let first = a.update_shared(add(&k, 1)).await.unwrap().unwrap();
+    let second = a.update_shared(add(&k, 2)).await.unwrap().unwrap();
+    let read = a.read_feed(&FeedCursor::start(), 10).await.unwrap();
+    assert_eq!(read.changes.len(), 2);
+    assert!(std::sync::Arc::ptr_eq(
+        read.changes[0].new.as_ref().unwrap(),
+        &first
+    ));
+    assert!(std::sync::Arc::ptr_eq(
+        read.changes[1].new.as_ref().unwrap(),
+        &second
+    ));
+    assert_eq!(read.cursor, after(2));
+    assert!(read.changes.iter().all(|c| c.at_ms > 0), "the row's time");
+    // Let go: the same changes read again are decoded, with the same values and times.
+    let again = a.read_feed(&FeedCursor::start(), 10).await.unwrap();
+    assert!(!std::sync::Arc::ptr_eq(
+        again.changes[1].new.as_ref().unwrap(),
+        &second
+    ));
+    let shape = |c: &tollgate_store::Change| {
+        (
+            c.key.clone(),
+            n_of(c.old.as_ref()),
+            n_of(c.new.as_ref()),
+            c.position.seq.clone(),
+            c.at_ms,
+        )
+    };
+    assert_eq!(
+        again.changes.iter().map(shape).collect::<Vec<_>>(),
+        read.changes.iter().map(shape).collect::<Vec<_>>()
+    );
+    // Two more changes, held; another store on the file trims the feed through them.
+    a.update_shared(add(&k, 4)).await.unwrap();
+    a.update_shared(add(&k, 8)).await.unwrap();
+    b.trim_feed(&after(3), i64::MAX).await.unwrap();
+    let trimmed = a.read_feed(&after(2), 10).await;
+    assert!(
+        matches!(&trimmed, Err(tollgate_store::StoreError::Validation(m)) if m.contains("no longer holds")),
+        "{trimmed:?}"
+    );
+    let rest = a.read_feed(&after(3), 10).await.unwrap();
+    assert_eq!(rest.changes.len(), 1);
+    assert_eq!(n_of(rest.changes[0].new.as_ref()), Some(15));
 }
 
 /// The writer remembers the rows it wrote, decoded, but trusts a memory only while the row
