@@ -741,11 +741,9 @@ impl Store for SimStore {
         keys: &[Key],
         consistent: bool,
     ) -> Result<Vec<Option<Item>>, StoreError> {
-        let items = self.batch_get_shared(keys, consistent).await?;
-        Ok(items
-            .into_iter()
-            .map(|i| i.map(Arc::unwrap_or_clone))
-            .collect())
+        Ok(tollgate_store::owned_items(
+            self.batch_get_shared(keys, consistent).await?,
+        ))
     }
 
     async fn batch_get_shared(

@@ -217,7 +217,7 @@ pub fn read_in(
     let mut last: HashMap<Key, (String, Arc<Item>)> = HashMap::new();
     // Whether a row (a change or a marker) was read, and the last one's position.
     let mut read_any = false;
-    let mut last_position = None;
+    let mut last_position: Option<(i64, FeedPosition)> = None;
     while let Some(row) = rows.next().map_err(|e| from_sqlite("read feed", e))? {
         let col = |i: usize| {
             row.get::<_, i64>(i)
@@ -232,10 +232,7 @@ pub fn read_in(
                 Some(seq)
             )));
         }
-        let position = FeedPosition {
-            stream: String::new(),
-            seq: seq.to_string(),
-        };
+        let position = position_of(seq);
         let (pk, sk) = (text(row, 1)?.unwrap_or(""), text(row, 2)?.unwrap_or(""));
         // The images' texts are taken (and SQLite copies them out) only for a change
         // decoded from them, and to tell a marker (empty key, no image) from a change.
@@ -246,7 +243,7 @@ pub fn read_in(
             && text(row, 6)?.is_none()
         {
             // A marker, not a change (see [`MARKER`]): read past.
-            last_position = Some(position);
+            last_position = Some((seq, position));
             continue;
         }
         while held.next_if(|h| h.0 < seq).is_some() {}
@@ -301,7 +298,7 @@ pub fn read_in(
                 (key, old, new)
             }
         };
-        last_position = Some(position.clone());
+        last_position = Some((seq, position.clone()));
         changes.push(Change {
             old,
             new,
@@ -311,11 +308,9 @@ pub fn read_in(
         });
     }
     // Positions only grow along the read: the cursor moves once, to the last.
-    if let Some(p) = &last_position {
+    if let Some((seq, p)) = &last_position {
         next.advance(p);
-        if let Ok(seq) = p.seq.parse::<i64>() {
-            recent.release_through(seq);
-        }
+        recent.release_through(*seq);
     }
     if !read_any && after < end {
         return Err(StoreError::Validation(format!(
@@ -326,6 +321,14 @@ pub fn read_in(
         changes,
         cursor: next,
     })
+}
+
+/// The feed position of change `seq` (one stream).
+fn position_of(seq: i64) -> FeedPosition {
+    FeedPosition {
+        stream: String::new(),
+        seq: seq.to_string(),
+    }
 }
 
 /// The batch [`read_in`] would read, when `recent` holds every change of it: the changes
@@ -343,16 +346,17 @@ fn held_batch(
     held: &[(i64, Published)],
 ) -> Result<Option<FeedBatch>, StoreError> {
     let want = end.saturating_sub(after).min(limit);
-    let whole = want > 0
-        && usize::try_from(want).is_ok_and(|n| held.len() >= n)
-        && held
-            .iter()
-            .zip(after.saturating_add(1)..)
-            .take(usize::try_from(want).unwrap_or(0))
-            .all(|(h, seq)| h.0 == seq);
-    if !whole {
+    // `held` is in number order from `after + 1` on: its `want`-th entry is numbered
+    // `after + want` exactly when none is missing before it.
+    let run = usize::try_from(want)
+        .ok()
+        .filter(|n| *n > 0)
+        .and_then(|n| held.get(..n))
+        .filter(|run| run.last().is_some_and(|h| h.0 == after + want));
+    let Some(run) = run else {
         return Ok(None);
-    }
+    };
+    debug_assert!(run.first().is_some_and(|h| h.0 == after + 1));
     let first_there = tx
         .prepare_cached("SELECT 1 FROM changes WHERE seq = ?1")
         .and_then(|mut s| s.exists(params![after + 1]))
@@ -360,18 +364,14 @@ fn held_batch(
     if !first_there {
         return Ok(None);
     }
-    let n = usize::try_from(want).unwrap_or(0);
     let mut next = cursor.clone();
-    let changes: Vec<Change> = held[..n]
+    let changes: Vec<Change> = run
         .iter()
         .map(|(seq, p)| Change {
             old: p.old.clone(),
             new: p.new.clone(),
             key: p.key.clone(),
-            position: FeedPosition {
-                stream: String::new(),
-                seq: seq.to_string(),
-            },
+            position: position_of(*seq),
             at_ms: p.at_ms,
         })
         .collect();

@@ -476,7 +476,7 @@ impl Store for SqliteStore {
         keys: &[Key],
         _consistent: bool,
     ) -> Result<Vec<Option<Item>>, StoreError> {
-        ops::check_batch_get(keys)?;
+        tollgate_store::validate_batch_keys(keys)?;
         match self.read(Read::BatchGet(keys.to_vec())).await? {
             Outcome::Items(items) => Ok(items),
             other => Err(mismatch("batch_get", &other)),

@@ -33,9 +33,6 @@ use crate::feed::OldImage;
 use crate::recent::Published;
 use crate::schema::INDEXES;
 
-/// Most keys in one `batch_get` (DynamoDB's limit, as `MemoryStore` enforces it).
-const MAX_BATCH_GET: usize = 100;
-
 /// Decode a stored item; anything but valid JSON of an item is [`StoreError::Corrupt`]
 /// (naming the attribute, when one is at fault: see [`decode_each`]).
 fn decode(key: &Key, raw: ValueRef<'_>) -> Result<Item, StoreError> {
@@ -503,7 +500,7 @@ struct Written {
 pub enum Read {
     /// `get`.
     Get(Key),
-    /// `batch_get` (keys checked by [`check_batch_get`]).
+    /// `batch_get` (keys checked by [`tollgate_store::validate_batch_keys`]).
     BatchGet(Vec<Key>),
     /// `query`.
     Query(Query),
@@ -659,22 +656,6 @@ pub fn write(
         } => transact_write(tx, &ops, token.as_deref(), fingerprint.as_deref(), memo)?
             .map(|()| Outcome::Done),
     })
-}
-
-/// The static checks of `batch_get`, before anything is read.
-pub fn check_batch_get(keys: &[Key]) -> Result<(), StoreError> {
-    if keys.len() > MAX_BATCH_GET {
-        return Err(StoreError::Validation(format!(
-            "a batch read holds at most {MAX_BATCH_GET} keys"
-        )));
-    }
-    let mut seen = std::collections::BTreeSet::new();
-    if let Some(dup) = keys.iter().find(|k| !seen.insert(*k)) {
-        return Err(StoreError::Validation(format!(
-            "provided list of item keys contains duplicates: {dup}"
-        )));
-    }
-    Ok(())
 }
 
 fn batch_get(conn: &Connection, keys: &[Key]) -> Result<Vec<Option<Item>>, StoreError> {

@@ -1093,17 +1093,24 @@ pub async fn transaction_validation_reason(s: &dyn Store) -> CheckResult {
 // Reads
 // ---------------------------------------------------------------------------------------
 
-/// `batch_get` answers in key order, `None` for absent items.
-pub async fn batch_get_in_key_order(s: &dyn Store) -> CheckResult {
+/// Keys `C`, `A`, `MISSING`, `B` of partition `pk`, in that order, each but `MISSING`
+/// stored with `i` = its position in the list.
+async fn batch_fixture(s: &dyn Store, pk: &str) -> Result<Vec<Key>, String> {
     let keys: Vec<Key> = ["C", "A", "MISSING", "B"]
         .iter()
-        .map(|sk| Key::new("conf/batch", *sk))
+        .map(|sk| Key::new(pk, *sk))
         .collect();
     for (i, k) in keys.iter().enumerate() {
         if &*k.sk != "MISSING" {
             put(s, k, &[("i", Value::N(i as i64))]).await?;
         }
     }
+    Ok(keys)
+}
+
+/// `batch_get` answers in key order, `None` for absent items.
+pub async fn batch_get_in_key_order(s: &dyn Store) -> CheckResult {
+    let keys = batch_fixture(s, "conf/batch").await?;
     let got = s.batch_get(&keys, true).await.map_err(e2s)?;
     let want: Vec<Option<Item>> = keys
         .iter()
@@ -1129,15 +1136,7 @@ pub async fn batch_get_duplicate_keys_is_validation(s: &dyn Store) -> CheckResul
 /// the same validation of the keys (a key twice, among a few keys or among many) — and an
 /// item it handed out stays as read when the store then writes that item.
 pub async fn batch_get_shared_answers_as_batch_get(s: &dyn Store) -> CheckResult {
-    let keys: Vec<Key> = ["C", "A", "MISSING", "B"]
-        .iter()
-        .map(|sk| Key::new("conf/batch_shared", *sk))
-        .collect();
-    for (i, k) in keys.iter().enumerate() {
-        if &*k.sk != "MISSING" {
-            put(s, k, &[("i", Value::N(i as i64))]).await?;
-        }
-    }
+    let keys = batch_fixture(s, "conf/batch_shared").await?;
     let owned = s.batch_get(&keys, true).await.map_err(e2s)?;
     let shared = s.batch_get_shared(&keys, true).await.map_err(e2s)?;
     let seen: Vec<Option<Item>> = shared.iter().map(|i| i.as_deref().cloned()).collect();

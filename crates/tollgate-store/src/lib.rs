@@ -271,6 +271,38 @@ pub fn validate_transaction(ops: &[TransactOp]) -> Result<(), StoreError> {
     Ok(())
 }
 
+/// The most keys one `batch_get` takes (DynamoDB's `BatchGetItem` bound).
+pub const MAX_BATCH_GET_KEYS: usize = 100;
+
+/// DynamoDB's static checks of a batch read's keys, before anything is read: at most
+/// [`MAX_BATCH_GET_KEYS`], no key twice (compared pairwise: at most 100 keys, no set built).
+pub fn validate_batch_keys(keys: &[Key]) -> Result<(), StoreError> {
+    if keys.len() > MAX_BATCH_GET_KEYS {
+        return Err(StoreError::Validation(format!(
+            "a batch read holds at most {MAX_BATCH_GET_KEYS} keys"
+        )));
+    }
+    match keys
+        .iter()
+        .enumerate()
+        .find(|(i, k)| keys[..*i].contains(k))
+    {
+        Some((_, dup)) => Err(StoreError::Validation(format!(
+            "provided list of item keys contains duplicates: {dup}"
+        ))),
+        None => Ok(()),
+    }
+}
+
+/// Items read shared, as owned items: each copied only when something else still holds it
+/// (what `batch_get` answers where `batch_get_shared` is the primary read).
+pub fn owned_items(items: Vec<Option<std::sync::Arc<Item>>>) -> Vec<Option<Item>> {
+    items
+        .into_iter()
+        .map(|i| i.map(std::sync::Arc::unwrap_or_clone))
+        .collect()
+}
+
 /// Check a transaction's idempotency token: DynamoDB takes 1 to 36 characters.
 pub fn validate_token(token: Option<&str>) -> Result<(), StoreError> {
     match token {

@@ -338,31 +338,6 @@ fn copy_of(spare: Option<Arc<Item>>, spares: &mut Vec<Arc<Item>>, src: &Item) ->
     }
 }
 
-/// DynamoDB's checks of a batch read's keys: at most 100, no key twice.
-fn check_batch_keys(keys: &[Key]) -> Result<(), StoreError> {
-    if keys.len() > 100 {
-        return Err(StoreError::Validation(
-            "a batch read holds at most 100 keys".into(),
-        ));
-    }
-    // Pairwise below a few dozen keys (a sharded entity's read): no set to build.
-    let dup = if keys.len() <= 32 {
-        keys.iter()
-            .enumerate()
-            .find(|(i, k)| keys[..*i].contains(k))
-            .map(|(_, k)| k)
-    } else {
-        let mut seen = BTreeSet::new();
-        keys.iter().find(|k| !seen.insert(*k))
-    };
-    match dup {
-        Some(dup) => Err(StoreError::Validation(format!(
-            "provided list of item keys contains duplicates: {dup}"
-        ))),
-        None => Ok(()),
-    }
-}
-
 /// `v` when nothing else holds it.
 fn unshared(mut v: Arc<Item>) -> Option<Arc<Item>> {
     Arc::get_mut(&mut v).is_some().then_some(v)
@@ -629,7 +604,7 @@ impl Store for MemoryStore {
         keys: &[Key],
         consistent: bool,
     ) -> Result<Vec<Option<Item>>, StoreError> {
-        check_batch_keys(keys)?;
+        crate::validate_batch_keys(keys)?;
         let g = self.lock();
         Ok(keys.iter().map(|k| self.read(&g, k, consistent)).collect())
     }
@@ -639,7 +614,7 @@ impl Store for MemoryStore {
         keys: &[Key],
         consistent: bool,
     ) -> Result<Vec<Option<Arc<Item>>>, StoreError> {
-        check_batch_keys(keys)?;
+        crate::validate_batch_keys(keys)?;
         let g = self.lock();
         Ok(keys
             .iter()
