@@ -269,7 +269,17 @@ pub fn bucket_ns(key: &Key) -> Option<&str> {
     if &*key.sk != STATE {
         return None;
     }
-    key.pk.split_once("/BUCKET#").map(|(ns, _)| ns)
+    // The first `/BUCKET#`, found by its `/` (a byte search) rather than a substring search.
+    let pk = &*key.pk;
+    let mut from = 0;
+    while let Some(i) = pk[from..].find('/') {
+        let at = from + i;
+        if pk[at..].starts_with("/BUCKET#") {
+            return Some(&pk[..at]);
+        }
+        from = at + 1;
+    }
+    None
 }
 
 /// [`usage_view`] (rule "usage is dated by its write"), owned: the names copied out of the
@@ -346,32 +356,40 @@ pub fn usage_view<'a>(
     let ns = bucket_ns(key)?;
     let n = Read::of(new?);
     let (entity, resource) = (n.entity?, n.resource?);
-    let o = old.map(Read::of);
+    // The old image is only looked up by the names the new one holds (its counters and
+    // `rq`, `rf`): every limit that counts has a `tc` in the new image.
+    let old_rf = old.and_then(|o| o.get(bucket_attr::RF));
     let mut milli = SmallVec::new();
     let mut overdraw = SmallVec::new();
     for c in &n.limits {
         let limit = c.limit;
         // Only a limit with a `tc` counts; `wcu` is the write guard, not usage.
-        let Some(tc) = c.tc else {
+        let Some((tc_name, tc)) = c.tc else {
             continue;
         };
         if limit == WCU || limit.is_empty() {
             continue;
         }
-        let was = o.as_ref().map(|o| (o, o.limit(limit)));
-        let was_tc = was.and_then(|(_, w)| w?.tc).and_then(Value::as_n);
+        let was_tc = old.and_then(|o| o.get(tc_name)).and_then(Value::as_n);
         let d = tc.as_n().unwrap_or(0) - was_tc.unwrap_or(0);
         if d != 0 {
             milli.push((limit, d));
         }
         // Only consumption can overdraw.
         let od = if d > 0 {
-            let debited = debited_from(
-                n.bypass,
-                was.map(|(o, w)| o.balances(w)),
-                n.balances(Some(c)),
-            );
-            overdraw_of(d, c.tk.and_then(Value::as_n).unwrap_or(0), debited)
+            let before = old.map(|o| Balances {
+                tk: match c.tk {
+                    Some((tk_name, _)) => o.get(tk_name),
+                    None => o.get(&*battr(limit, field::TK)),
+                },
+                rf: old_rf,
+            });
+            let after = Balances {
+                tk: c.tk.map(|(_, v)| v),
+                rf: n.rf,
+            };
+            let debited = debited_from(n.bypass, before, after);
+            overdraw_of(d, after.tk.and_then(Value::as_n).unwrap_or(0), debited)
         } else {
             0
         };
@@ -379,8 +397,8 @@ pub fn usage_view<'a>(
             overdraw.push((limit, od));
         }
     }
-    let count = |r: Option<&Read<'_>>| r.and_then(|r| r.rq).and_then(Value::as_n).unwrap_or(0);
-    let requests = count(Some(&n)) - count(o.as_ref());
+    let count = |rq: Option<&Value>| rq.and_then(Value::as_n).unwrap_or(0);
+    let requests = count(n.rq) - count(old.and_then(|o| o.get(attr::RQ)));
     let at_ms = n.wt.and_then(Value::as_n).unwrap_or(at_ms);
     let v = UsageView {
         ns,
@@ -394,18 +412,18 @@ pub fn usage_view<'a>(
     (v.requests != 0 || !v.milli.is_empty()).then_some(v)
 }
 
-/// One limit's counters in an image.
+/// One limit's counters in an image, with the names they are held under.
 struct Counters<'a> {
     /// The limit's name.
     limit: &'a str,
-    /// `b_{limit}_tc`.
-    tc: Option<&'a Value>,
-    /// `b_{limit}_tk`.
-    tk: Option<&'a Value>,
+    /// `b_{limit}_tc`: its name and value.
+    tc: Option<(&'a str, &'a Value)>,
+    /// `b_{limit}_tk`: its name and value.
+    tk: Option<(&'a str, &'a Value)>,
 }
 
-/// What the usage rule reads of one image, gathered in one walk over its attributes (one
-/// look-up in an item costs about as much as visiting all of its few dozen attributes).
+/// What the usage rule reads of the new image of a write: six look-ups by name, and one
+/// walk over the limits' attributes (the names starting `b_`, adjacent in name order).
 struct Read<'a> {
     entity: Option<&'a str>,
     resource: Option<&'a str>,
@@ -421,26 +439,19 @@ struct Read<'a> {
 impl<'a> Read<'a> {
     fn of(item: &'a Item) -> Self {
         let mut r = Read {
-            entity: None,
-            resource: None,
-            rq: None,
-            wt: None,
-            rf: None,
-            bypass: false,
+            entity: item.get(bucket_attr::ENTITY).and_then(Value::as_s),
+            resource: item.get(bucket_attr::RESOURCE).and_then(Value::as_s),
+            rq: item.get(attr::RQ),
+            wt: item.get(attr::WT),
+            rf: item.get(bucket_attr::RF),
+            bypass: item.contains_key(bucket_attr::BYPASS),
             limits: SmallVec::new(),
         };
-        for (name, v) in item {
+        // The names starting `b_` are the ones from `b_` on, up to the first that does not.
+        for (name, v) in item.range_from("b_") {
+            let name = name.as_str();
             let Some(rest) = name.strip_prefix("b_") else {
-                match name.as_str() {
-                    bucket_attr::ENTITY => r.entity = v.as_s(),
-                    bucket_attr::RESOURCE => r.resource = v.as_s(),
-                    attr::RQ => r.rq = Some(v),
-                    attr::WT => r.wt = Some(v),
-                    bucket_attr::RF => r.rf = Some(v),
-                    bucket_attr::BYPASS => r.bypass = true,
-                    _ => {}
-                }
-                continue;
+                break;
             };
             let (limit, is_tc) = match (rest.strip_suffix("_tc"), rest.strip_suffix("_tk")) {
                 (Some(l), _) => (l, true),
@@ -464,25 +475,12 @@ impl<'a> Read<'a> {
             };
             let c = &mut r.limits[at];
             if is_tc {
-                c.tc = Some(v);
+                c.tc = Some((name, v));
             } else {
-                c.tk = Some(v);
+                c.tk = Some((name, v));
             }
         }
         r
-    }
-
-    /// The balances a debit of the limit counted by `c` moves, in this image.
-    fn balances(&self, c: Option<&Counters<'a>>) -> Balances<'a> {
-        Balances {
-            tk: c.and_then(|c| c.tk),
-            rf: self.rf,
-        }
-    }
-
-    /// The counters of `limit`.
-    fn limit(&self, limit: &str) -> Option<&Counters<'a>> {
-        self.limits.iter().find(|c| c.limit == limit)
     }
 }
 
@@ -834,6 +832,31 @@ mod tests {
             counted += usize::from(walk.is_some_and(|v| !v.overdraw.is_empty()));
         }
         assert!(counted > 100, "the draw reaches overdraw: {counted}");
+    }
+
+    /// The namespace is found by a byte search for `/` where it was a substring search for
+    /// `/BUCKET#`: the same answer, namespaces with slashes and near-misses included.
+    #[test]
+    fn bucket_namespace_is_the_first_bucket_marker() {
+        for pk in [
+            "default/BUCKET#u#api#0",
+            "a/b/BUCKET#u#api#0",
+            "a/BUCKETS/BUCKET#u#r#1",
+            "/BUCKET#u#r#0",
+            "ns/BUCKET#",
+            "ns/BUCKET",
+            "ns/bucket#u",
+            "ns//BUCKET#x/BUCKET#y",
+            "no-slash",
+            "",
+            "ns/RESOURCE#api",
+            "é/ü/BUCKET#ö",
+        ] {
+            let key = Key::new(pk, STATE);
+            let oracle = pk.split_once("/BUCKET#").map(|(ns, _)| ns);
+            assert_eq!(bucket_ns(&key), oracle, "{pk}");
+        }
+        assert_eq!(bucket_ns(&Key::new("ns/BUCKET#u#r#0", "#CONFIG")), None);
     }
 
     fn item(pairs: &[(&str, Value)]) -> Item {

@@ -2,7 +2,7 @@
 //! the whole pass, committed exactly once with the checkpoint (`commit`) — and the
 //! background work after it.
 
-use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 
 use tollgate_core::ids::validate_entity_id;
@@ -44,7 +44,7 @@ impl std::fmt::Debug for FeedAggregator {
 
 /// The newest image the feed showed of each consumed shard, per (entity, resource) by its
 /// [`pair_name`]: what the background pass plans from (`Aggregator::background_from_feed`).
-type Seen = HashMap<Box<str>, BTreeMap<u32, Arc<Item>>>;
+type Seen = crate::caches::Map<Box<str>, BTreeMap<u32, Arc<Item>>>;
 
 impl FeedAggregator {
     /// An aggregator over `feed` — the same store `limiter` uses — with `opts`.
@@ -116,7 +116,7 @@ impl FeedAggregator {
     pub async fn pass(&self) -> Result<PassReport> {
         let mut rep = PassReport::default();
         let mut touched = BTreeSet::new();
-        let mut seen: Seen = HashMap::new();
+        let mut seen = Seen::default();
         let mut name = String::new();
         let mut first = true;
         let mut batches = 0usize;

@@ -1,7 +1,7 @@
 //! The usage a pass has summed but not yet committed: per snapshot item, every change's
 //! consumption, overdraw and requests, and the store operations that add it.
 
-use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::collections::{BTreeMap, BTreeSet};
 
 use smallvec::SmallVec;
 use tollgate_core::expr::{Condition, Name, ReturnValues};
@@ -46,10 +46,22 @@ pub(super) fn pass_attr(consumer: &str) -> String {
 /// The name an (entity, resource) pair is found by while a pass sums, written into `buf`:
 /// the entity's length, `:`, the entity, the resource (so no two pairs share one).
 pub(super) fn pair_name<'b>(buf: &'b mut String, entity: &str, resource: &str) -> &'b str {
-    use std::fmt::Write as _;
     buf.clear();
-    // Writing to a String cannot fail.
-    let _ = write!(buf, "{}:", entity.len());
+    // The length's decimal digits, written here rather than through `fmt` (every change
+    // of a pass names its pair twice).
+    let mut digits = [0u8; 20];
+    let mut at = digits.len();
+    let mut n = entity.len();
+    loop {
+        at -= 1;
+        digits[at] = b'0' + (n % 10) as u8;
+        n /= 10;
+        if n == 0 {
+            break;
+        }
+    }
+    buf.extend(digits[at..].iter().map(|d| char::from(*d)));
+    buf.push(':');
     buf.push_str(entity);
     buf.push_str(resource);
     buf
@@ -71,7 +83,7 @@ struct Pair {
 pub(super) struct Summing {
     sums: Vec<(Key, Sum)>,
     pairs: Vec<Pair>,
-    by_name: HashMap<Box<str>, usize>,
+    by_name: crate::caches::Map<Box<str>, usize>,
     name: String,
 }
 
@@ -193,5 +205,28 @@ impl Pending {
             condition,
             returns: ReturnValues::None,
         }))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The pair's name writes the entity's length itself: as `format!` spells it, at every
+    /// digit count, and no two pairs share a name.
+    #[test]
+    fn pair_names_spell_the_length_and_tell_pairs_apart() {
+        let mut buf = String::new();
+        for len in [0usize, 1, 9, 10, 99, 100, 1234, 10_000] {
+            let entity = "e".repeat(len);
+            assert_eq!(
+                pair_name(&mut buf, &entity, "api"),
+                format!("{len}:{entity}api")
+            );
+        }
+        let a = pair_name(&mut buf, "ab", "c").to_string();
+        let b = pair_name(&mut buf, "a", "bc").to_string();
+        assert_ne!(a, b);
+        assert_eq!(pair_name(&mut buf, "ü", "r"), "2:ür");
     }
 }
