@@ -99,10 +99,16 @@ struct Inner {
     spares: Vec<Arc<Item>>,
 }
 
-/// Most unshared item versions kept for reuse: about a second of writes at 10 k writes per
-/// second, 16–32 MB of bucket items (1–2 KB each) — no more than the feed itself held
-/// before the trim that let them go.
-const MAX_SPARES: usize = 16_384;
+/// Most unshared item versions kept for reuse. A feed trim lets go of a whole aggregator
+/// pass of changes at once (about 40,000 at 30 k writes a second: a 1 s pause and the pass),
+/// and every write until the next trim copies an item: kept, nearly all of them are written
+/// over instead of freed and allocated again. Each trim then keeps no more spares than it
+/// let go of ([`MIN_SPARES`] at least), so they are never more than the feed itself held
+/// before its last trim, and a quiet feed gives them back.
+const MAX_SPARES: usize = 65_536;
+
+/// Spares a trim keeps however few changes it let go of.
+const MIN_SPARES: usize = 1_024;
 
 /// Most changes the in-process feed keeps; older ones are dropped (a consumer that falls
 /// further behind gets a clear error, not a silent gap).
@@ -841,9 +847,79 @@ impl ChangeFeed for MemoryStore {
     async fn trim_feed(&self, cursor: &FeedCursor, before_ms: i64) -> Result<(), StoreError> {
         let through = cursor.single_seq()?;
         let mut g = self.lock();
+        let mut popped = 0;
         while g.trimmed_through < through && g.log.front().is_some_and(|c| c.at_ms < before_ms) {
             pop_oldest(&mut g);
+            popped += 1;
+        }
+        if popped > 0 {
+            // As many spares as the writes until the next trim are likely to copy into.
+            let keep = popped.max(MIN_SPARES);
+            g.spares.truncate(keep);
+            debug_assert!(g.spares.len() <= MAX_SPARES.max(keep));
         }
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tollgate_core::expr::Update;
+
+    fn bump(key: &Key) -> UpdateRequest {
+        UpdateRequest {
+            key: key.clone(),
+            update: Update::default().add("n", 1),
+            condition: None,
+            returns: ReturnValues::None,
+        }
+    }
+
+    /// Trimmed versions are kept to be written over, as many as the trim let go of
+    /// ([`MIN_SPARES`] at least): a busy feed's whole pass, a quiet feed's few.
+    #[tokio::test]
+    async fn a_trim_keeps_as_many_spares_as_it_let_go_of() {
+        let s = MemoryStore::with_change_feed();
+        let writes = |n: usize, key: Key| {
+            let s = &s;
+            async move {
+                for _ in 0..n {
+                    s.update_in(bump(&key)).expect("update");
+                }
+            }
+        };
+        let keys: Vec<Key> = (0..4).map(|i| Key::new(format!("k{i}"), "s")).collect();
+        for k in &keys {
+            writes(1_000, k.clone()).await;
+        }
+        let end = || {
+            let mut c = FeedCursor::start();
+            let p = position_of_last(&s);
+            c.advance(&p);
+            c
+        };
+        s.trim_feed(&end(), i64::MAX).await.expect("trim");
+        let kept = s.lock().spares.len();
+        assert!(
+            kept > MIN_SPARES && kept <= 4_000,
+            "a 4,000-change trim keeps its versions: {kept}"
+        );
+        // Spares are written over by the next copies: each takes one, except the first,
+        // which reuses the key's own previous version (no longer held by the feed).
+        writes(500, keys[0].clone()).await;
+        assert_eq!(s.lock().spares.len(), kept - 499, "each copy takes one");
+        // A quiet pass: a trim of 500 keeps the floor.
+        s.trim_feed(&end(), i64::MAX).await.expect("trim");
+        assert_eq!(s.lock().spares.len(), MIN_SPARES.min(kept));
+        assert!(s.lock().log.is_empty());
+    }
+
+    fn position_of_last(s: &MemoryStore) -> FeedPosition {
+        let g = s.lock();
+        FeedPosition {
+            stream: String::new(),
+            seq: g.last_seq.to_string(),
+        }
     }
 }
