@@ -521,7 +521,7 @@ fn json_requested() -> bool {
 // record; mimalloc serves those faster than the system allocator, and without glibc's
 // consolidation passes (measured with `scripts/bench-peers http`).
 #[global_allocator]
-static ALLOC: mimalloc::MiMalloc = mimalloc::MiMalloc;
+static ALLOC: tollgate_alloc::Mimalloc = tollgate_alloc::Mimalloc;
 
 fn main() -> ExitCode {
     let cli = match Cli::try_parse() {

@@ -24,7 +24,7 @@
 // The `tollgate` binary (`serve --store dynamodb`) runs on mimalloc: measure the client as
 // it runs there (the system allocator costs about a sixth more instructions per acquire).
 #[global_allocator]
-static ALLOC: mimalloc::MiMalloc = mimalloc::MiMalloc;
+static ALLOC: tollgate_alloc::Mimalloc = tollgate_alloc::Mimalloc;
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};

@@ -10,7 +10,7 @@ use clap::Parser;
 // the in-memory store, as over a wire); mimalloc serves those small allocations faster than
 // the system allocator. The binary only: the library and its tests keep the default.
 #[global_allocator]
-static ALLOC: mimalloc::MiMalloc = mimalloc::MiMalloc;
+static ALLOC: tollgate_alloc::Mimalloc = tollgate_alloc::Mimalloc;
 use tollgate_sim::{ledger::fmt_milli, run_seed, Mutant, RunConfig, Summary, WORKLOADS};
 
 /// Deterministic simulation of tollgate: seeded interleavings, injected faults, older

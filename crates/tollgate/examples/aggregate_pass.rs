@@ -8,6 +8,10 @@
 
 use std::sync::Arc;
 
+// As `tollgate serve` runs: on its allocator (the CLI's `main.rs`).
+#[global_allocator]
+static ALLOC: tollgate_alloc::Mimalloc = tollgate_alloc::Mimalloc;
+
 use tollgate::{FeedAggregator, Limit, Limiter, Scope, UsageOptions};
 use tollgate_store::MemoryStore;
 
