@@ -58,6 +58,25 @@ fn prefix_of(s: &[u8]) -> u64 {
     p
 }
 
+/// The index of the first attribute whose prefix is at least `p` (`attrs.len()` if none):
+/// a branch-free lower bound over the sorted prefixes.
+#[inline]
+fn lower_bound(attrs: &[Attr], p: u64) -> usize {
+    let mut base = 0;
+    let mut size = attrs.len();
+    if size == 0 {
+        return 0;
+    }
+    while size > 1 {
+        let half = size / 2;
+        let mid = base + half;
+        // The halving keeps `base` the last index known below `p` (or 0).
+        base = if attrs[mid].prefix < p { mid } else { base };
+        size -= half;
+    }
+    base + usize::from(attrs[base].prefix < p)
+}
+
 /// Order two names whose prefixes ([`prefix_of`]) are equal. When the shorter one has at
 /// most eight bytes it is a prefix of the other (what follows it in the other's padded
 /// prefix are zero bytes): the lengths decide. Otherwise the bytes after the eighth do.
@@ -126,15 +145,36 @@ impl Item {
     }
 
     /// Where `name` is (`Ok`), or where it would be inserted (`Err`).
+    ///
+    /// The first attribute whose prefix is not below `name`'s is found by a binary search
+    /// over the prefixes alone, without a branch on the outcome of each comparison (a
+    /// bucket item's ~30 names make five or six halvings, each a load, a compare and a
+    /// conditional move); names sharing that prefix (rare: their first eight bytes equal)
+    /// are then compared one by one. Every write, condition and decode looks names up here:
+    /// it replaced `binary_search_by` with a three-way comparison per step, ~144
+    /// instructions a look-up.
     #[inline]
     pub fn position(&self, name: &str) -> Result<usize, usize> {
         let name = name.as_bytes();
         let p = prefix_of(name);
-        self.attrs.binary_search_by(|a| {
-            a.prefix
+        let a = &self.attrs;
+        let mut at = lower_bound(a, p);
+        while let Some(x) = a.get(at).filter(|x| x.prefix == p) {
+            match cmp_after(x.name.as_bytes(), name) {
+                Ordering::Less => at += 1,
+                Ordering::Equal => return Ok(at),
+                Ordering::Greater => break,
+            }
+        }
+        debug_assert_eq!(
+            a.binary_search_by(|x| x
+                .prefix
                 .cmp(&p)
-                .then_with(|| cmp_after(a.name.as_bytes(), name))
-        })
+                .then_with(|| cmp_after(x.name.as_bytes(), name))),
+            Err(at),
+            "an absent name goes where a three-way search puts it"
+        );
+        Err(at)
     }
 
     /// The value of `name`.
@@ -529,6 +569,71 @@ impl<'de> Deserialize<'de> for Item {
 mod tests {
     use super::*;
     use std::collections::BTreeMap;
+
+    /// `position` (a branch-free lower bound over the prefixes, then the names sharing
+    /// one) answers as a three-way binary search over (prefix, rest of the name) does, for
+    /// present and absent names, on items of every size drawn from names that share their
+    /// first eight bytes or are prefixes of each other.
+    #[test]
+    fn position_is_the_three_way_search() {
+        let names = [
+            "",
+            "\u{0}",
+            "a",
+            "ab",
+            "abcdefg",
+            "abcdefg\u{0}",
+            "abcdefgh",
+            "abcdefgh\u{0}",
+            "abcdefgha",
+            "abcdefghb",
+            "abcdefghab",
+            "abcdefgi",
+            "b_rps_t",
+            "b_rps_tc",
+            "b_rps_tk",
+            "b_rps_tkk",
+            "b_rps_tk_tc",
+            "entity_id",
+            "entity_i",
+            "PK",
+            "SK",
+            "rf",
+            "rq",
+            "z",
+            "é",
+            "éééé",
+            "zzzzzzzzzzzz",
+        ];
+        let oracle = |item: &Item, name: &str| {
+            let p = prefix_of(name.as_bytes());
+            item.attrs.binary_search_by(|x| {
+                x.prefix
+                    .cmp(&p)
+                    .then_with(|| cmp_after(x.name.as_bytes(), name.as_bytes()))
+            })
+        };
+        let mut x: u64 = 0x9E37_79B9_7F4A_7C15;
+        let mut next = move || {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x
+        };
+        for _ in 0..2_000 {
+            let mut item = Item::new();
+            let keep = next();
+            for (i, n) in names.iter().enumerate() {
+                if keep >> i & 1 == 1 {
+                    item.insert((*n).into(), Value::N(i as i64));
+                }
+            }
+            for n in names {
+                assert_eq!(item.position(n), oracle(&item, n), "{n:?} in {item:?}");
+            }
+        }
+        assert_eq!(Item::new().position("a"), Err(0));
+    }
 
     /// A few thousand drawn operations on an `Item` and on a `BTreeMap` (the type it
     /// replaced) give the same answers and the same contents.
