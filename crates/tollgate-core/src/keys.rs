@@ -13,21 +13,29 @@ pub const META: &str = "#META";
 /// Resource name used for an entity's default config.
 pub const DEFAULT_RESOURCE: &str = "_default_";
 
-/// The bucket item of (entity, resource, shard).
-pub fn bucket(ns: &str, entity: &str, resource: &str, shard: u32) -> Key {
-    // This runs on every read of a shard: the text is joined on the stack (no formatting
-    // machinery, no growth checks per part) and shared in one allocation.
-    let mut digits = [0u8; 10];
-    let mut at = digits.len();
-    let mut n = shard;
+/// The decimal digits of `n` (ASCII, no leading zeros; `0` for zero), written into `buf`
+/// without the formatting machinery: the part of `buf` they fill. For text built on a hot
+/// path (a bucket key's shard, a pass's pair names).
+pub fn decimal_digits(n: u64, buf: &mut [u8; 20]) -> &[u8] {
+    let mut at = buf.len();
+    let mut n = n;
     loop {
         at -= 1;
-        digits[at] = b'0' + (n % 10) as u8;
+        buf[at] = b'0' + (n % 10) as u8;
         n /= 10;
         if n == 0 {
             break;
         }
     }
+    &buf[at..]
+}
+
+/// The bucket item of (entity, resource, shard).
+pub fn bucket(ns: &str, entity: &str, resource: &str, shard: u32) -> Key {
+    // This runs on every read of a shard: the text is joined on the stack (no formatting
+    // machinery, no growth checks per part) and shared in one allocation.
+    let mut digits = [0u8; 20];
+    let shard_digits = decimal_digits(u64::from(shard), &mut digits);
     let parts = [
         ns.as_bytes(),
         b"/BUCKET#",
@@ -35,7 +43,7 @@ pub fn bucket(ns: &str, entity: &str, resource: &str, shard: u32) -> Key {
         b"#",
         resource.as_bytes(),
         b"#",
-        &digits[at..],
+        shard_digits,
     ];
     let len: usize = parts.iter().map(|p| p.len()).sum();
     let mut text = [0u8; 128];
@@ -242,6 +250,14 @@ pub fn battr(limit: &str, field: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn decimal_digits_are_the_formatted_ones() {
+        let mut buf = [0u8; 20];
+        for n in [0, 1, 9, 10, 99, 100, 12_345, u64::from(u32::MAX), u64::MAX] {
+            assert_eq!(decimal_digits(n, &mut buf), n.to_string().as_bytes());
+        }
+    }
 
     /// S1: bucket key and contents layout.
     #[test]

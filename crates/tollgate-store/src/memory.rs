@@ -847,16 +847,14 @@ impl ChangeFeed for MemoryStore {
     async fn trim_feed(&self, cursor: &FeedCursor, before_ms: i64) -> Result<(), StoreError> {
         let through = cursor.single_seq()?;
         let mut g = self.lock();
-        let mut popped = 0;
+        let from = g.trimmed_through;
         while g.trimmed_through < through && g.log.front().is_some_and(|c| c.at_ms < before_ms) {
             pop_oldest(&mut g);
-            popped += 1;
         }
+        let popped = usize::try_from(g.trimmed_through - from).unwrap_or(usize::MAX);
         if popped > 0 {
             // As many spares as the writes until the next trim are likely to copy into.
-            let keep = popped.max(MIN_SPARES);
-            g.spares.truncate(keep);
-            debug_assert!(g.spares.len() <= MAX_SPARES.max(keep));
+            g.spares.truncate(popped.max(MIN_SPARES));
         }
         Ok(())
     }

@@ -50,17 +50,8 @@ pub(super) fn pair_name<'b>(buf: &'b mut String, entity: &str, resource: &str) -
     // The length's decimal digits, written here rather than through `fmt` (every change
     // of a pass names its pair twice).
     let mut digits = [0u8; 20];
-    let mut at = digits.len();
-    let mut n = entity.len();
-    loop {
-        at -= 1;
-        digits[at] = b'0' + (n % 10) as u8;
-        n /= 10;
-        if n == 0 {
-            break;
-        }
-    }
-    buf.extend(digits[at..].iter().map(|d| char::from(*d)));
+    let len = tollgate_core::keys::decimal_digits(entity.len() as u64, &mut digits);
+    buf.extend(len.iter().map(|d| char::from(*d)));
     buf.push(':');
     buf.push_str(entity);
     buf.push_str(resource);
