@@ -110,6 +110,14 @@ pub struct Evaluated {
     /// Quotas: the top-up in force after this pass — kept inside the period, gone when the
     /// grant is re-sized (a reset, an open, a roll). The write SETs or REMOVEs it to match.
     pub topped_up: Option<i64>,
+    /// The state read already holds the parameters an rf-locked write stamps
+    /// (`writes::stamp_params`): `cp`/`ra`/`rp` equal to [`Evaluated::params`] and the limit's
+    /// period, a calendar's `rsched`/`tz` equal to its own, and no schedule stored or
+    /// configured. The write leaves them out (rule [`crate::writes::restates`]).
+    pub params_held: bool,
+    /// The drip remainder the state read holds (`b_{n}_rc`, read as 0 when absent); `None`
+    /// when the limit is seeded.
+    pub carry_read: Option<i64>,
 }
 
 impl Evaluated {
@@ -170,6 +178,8 @@ pub fn evaluate_wcu(state: Option<&LimitState>, rf: i64, now: i64) -> Evaluated 
         grant_count_read: None,
         tu_read: None,
         topped_up: None,
+        params_held: state.is_some(),
+        carry_read: state.map(|s| s.refill_carry),
     }
 }
 
@@ -237,6 +247,8 @@ pub fn evaluate(
         grant_count_read: state.and_then(|st| st.grant_count),
         tu_read: state.and_then(|st| st.topped_up),
         topped_up: None,
+        params_held: state.is_some_and(|st| holds_params(limit, st, &params)),
+        carry_read: state.map(|st| st.refill_carry),
     };
     let Some(st) = state else {
         let seed = seed.unwrap_or(Seed {
@@ -346,6 +358,25 @@ pub fn evaluate(
         }
     }
     e
+}
+
+/// Whether `st` holds what `writes::stamp_params` would write for `limit` materialised with
+/// `params`: the effective `cp`/`ra`, the period `rp`, a calendar's expression and zone; a
+/// limit with a schedule (configured or stored) is always restamped (its base values and
+/// encoded schedule are not compared).
+fn holds_params(limit: &Limit, st: &LimitState, params: &Effective) -> bool {
+    limit.schedule().is_none()
+        && st.schedule.is_none()
+        && st.capacity == params.capacity
+        && st.refill_amount == params.refill_amount
+        && st.refill_period_ms == limit.rp()
+        && match limit.calendar() {
+            Some(c) => st
+                .calendar
+                .as_ref()
+                .is_some_and(|(expr, tz)| expr == c.expr() && tz == c.tz()),
+            None => true,
+        }
 }
 
 /// ADR-149 ceiling of a topped-up quota shard: the ADR-145 ceiling of its grant plus the

@@ -227,6 +227,7 @@ pub fn materialising_write(
         },
         ttl: ask.ttl,
         params_hash: ask.params_hash,
+        read: Some(img),
     };
     let (update, condition) = normal_write(
         img.refilled_at_ms,
@@ -243,8 +244,11 @@ pub fn materialising_write(
         Some(false) if !ask.bypass => update = update.remove(attr::BYPASS),
         _ => {}
     }
+    if !crate::writes::restates(img.cascade, ask.cascade) {
+        update = update.set(attr::CASCADE, ask.cascade);
+    }
     PassWrite {
-        update: update.set(attr::CASCADE, ask.cascade),
+        update,
         condition: condition
             .and(Condition::not_exists(attr::DISABLED))
             .and(crate::bypass::stamp(img.bypass)),

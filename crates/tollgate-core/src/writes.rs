@@ -331,6 +331,23 @@ pub struct ItemStamp<'a> {
     pub ttl: TtlWrite,
     /// Parameter hash of the limit set.
     pub params_hash: &'a str,
+    /// The image an rf-locked write is locked on (its `rf` is the write's condition); `None`
+    /// for a create. What it already holds is not restated (rule [`restates`]).
+    pub read: Option<&'a BucketImage>,
+}
+
+/// Rule "the rf lock pins the stamps": an rf-locked write leaves out the SET (or REMOVE) of
+/// an attribute that the item it is locked on already holds with the value it would write —
+/// for the attributes that only writes moving `rf` change: `ph`, `ttl`, `cascade`, a
+/// limit's `cp`/`ra`/`rp` (with a calendar's `rsched`/`tz`) and drip remainder `rc`, and
+/// `wcu`'s `rc`. The write's condition `rf = read` holds only if no such write landed
+/// since the read (each one moves `rf` strictly forward: rule "monotonic rf",
+/// [`next_rf`]), so the item still holds the value read and restating it would change
+/// nothing. What rf-less writes change (balances, `tc`, `fu`, `vu`, `shard_count`, the
+/// ADR-151 stamps) is always written. The simulator checks the premise on every write
+/// (invariant `rf-pins`); without the rf lock (the `RfLock` mutant) everything is restated.
+pub fn restates<T: PartialEq>(read: Option<T>, written: T) -> bool {
+    !crate::mutants::off(crate::mutants::Mutant::RfLock) && read.is_some_and(|r| r == written)
 }
 
 /// Rule "stored parameters are materialised" (ADR-135): `cp`/`ra` are the effective values
@@ -430,17 +447,32 @@ pub fn normal_write(
     // 16 fields, the item and the write-capacity guard 13; a limit adds at most 3 terms, the
     // item's 4 with what `plan::materialising_write` joins): the write is built in one
     // allocation each instead of growing.
-    let mut u = Update::with_capacity(13 + 16 * limits.len())
-        .set(attr::RF, stamp.refilled_at_ms)
-        .set(attr::PH, stamp.params_hash);
+    let read = stamp.read;
+    debug_assert!(
+        read.is_none_or(|i| i.refilled_at_ms == expected_rf),
+        "the image read is the one the write is locked on"
+    );
+    let mut u = Update::with_capacity(13 + 16 * limits.len()).set(attr::RF, stamp.refilled_at_ms);
+    if !restates(
+        read.and_then(|i| i.params_hash.as_deref()),
+        stamp.params_hash,
+    ) {
+        u = u.set(attr::PH, stamp.params_hash);
+    }
     u = match stamp.valid_until_ms {
         Some(v) => u.set(attr::VU, v),
         None => u.remove(attr::VU),
     };
-    u = match stamp.ttl {
-        TtlWrite::Set(t) => u.set(attr::TTL, t),
-        TtlWrite::Remove => u.remove(attr::TTL),
+    let ttl = match stamp.ttl {
+        TtlWrite::Set(t) => Some(t),
+        TtlWrite::Remove => None,
     };
+    if !restates(read.map(|i| i.ttl), ttl) {
+        u = match ttl {
+            Some(t) => u.set(attr::TTL, t),
+            None => u.remove(attr::TTL),
+        };
+    }
     let mut c = Condition::And(Vec::with_capacity(4 + 3 * limits.len())).and(
         if !crate::mutants::off(crate::mutants::Mutant::RfLock) {
             Condition::eq(attr::RF, expected_rf)
@@ -455,7 +487,10 @@ pub fn normal_write(
             .find(|(a, _)| a == n)
             .map(|(_, v)| *v)
             .unwrap_or(0);
-        u = stamp_params(u, l, e);
+        // `params_held` compares the state read with what `stamp_params` writes.
+        if !(e.params_held && restates(read.map(|_| true), true)) {
+            u = stamp_params(u, l, e);
+        }
         let credit = e.credit();
         let debit = if charging.tc_only.iter().any(|t| t == n) {
             0
@@ -474,7 +509,7 @@ pub fn normal_write(
         if let Some(fu) = crate::materialize::drip_full_at(l, e, debit, stamp.refilled_at_ms) {
             u = u.set(l.attr(field::FU), fu);
         }
-        if let Some(rc) = e.carry {
+        if let Some(rc) = e.carry.filter(|rc| !restates(read.and(e.carry_read), *rc)) {
             u = u.set(l.attr(field::RC), rc);
         }
         // A window opened on this pass, or joined by a seed, stamps its start (with rsa).
@@ -530,7 +565,10 @@ pub fn normal_write(
             .set(crate::bucket::wcu_attr::RA, crate::bucket::WCU_CAPACITY)
             .set(crate::bucket::wcu_attr::RP, crate::bucket::WCU_PERIOD_MS);
     }
-    if let Some(rc) = wcu.carry {
+    if let Some(rc) = wcu
+        .carry
+        .filter(|rc| !restates(read.and(wcu.carry_read), *rc))
+    {
         u = u.set(crate::bucket::wcu_attr::RC, rc);
     }
     (u, c)

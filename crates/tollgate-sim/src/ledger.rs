@@ -5,6 +5,10 @@
 //! Invariants (each violation names one):
 //!
 //! - `rf-monotonic`: a write by a current limiter never lowers a bucket item's `rf`.
+//! - `rf-pins`: a write that leaves a bucket item's `rf` as it was changes none of the
+//!   attributes the rf lock pins (`ph`, `ttl`, `cascade`, every limit's `cp`, `ra`, `rp`,
+//!   `rsched`, `tz` and `rc`) — the premise on which an rf-locked write leaves out what the
+//!   item it is locked on already holds (rule `tollgate_core::writes::restates`).
 //! - `consumed-once`: an operation that succeeded moved `tc` by exactly its amounts (an
 //!   acquire by its amounts, a commit by its adjustments, a rollback by minus the debit); an
 //!   operation that failed moved nothing — unless one of its writes was applied with its
@@ -456,6 +460,27 @@ pub fn parse_bucket(k: &Key) -> Option<(&str, &str, u32)> {
     Some((entity, resource, shard))
 }
 
+/// Whether `name` is an attribute the rf lock pins (invariant `rf-pins`): written only by
+/// writes that move `rf` (see `tollgate_core::writes::restates`).
+fn pinned(name: &str) -> bool {
+    matches!(name, "ph" | "ttl" | "cascade")
+        || name.strip_prefix("b_").is_some_and(|rest| {
+            ["_cp", "_ra", "_rp", "_rsched", "_tz", "_rc"]
+                .iter()
+                .any(|f| rest.ends_with(f))
+        })
+}
+
+/// The first pinned attribute whose value differs between `before` and `after` (present in
+/// one and not the other counts).
+fn pinned_change<'a>(before: &'a Item, after: &'a Item) -> Option<&'a str> {
+    before
+        .keys()
+        .chain(after.keys())
+        .map(|k| k.as_ref())
+        .find(|k| pinned(k) && before.get(*k) != after.get(*k))
+}
+
 fn n(item: &Item, a: &str) -> Option<i64> {
     item.get(a).and_then(Value::as_n)
 }
@@ -560,6 +585,20 @@ impl Ledger {
                         detail: format!(
                             "step {step}: client c{client} moved rf of {entity}/{resource}#{shard} back from {rb} to {ra} ({} ms)",
                             ra - rb
+                        ),
+                    });
+                }
+            }
+        }
+        if let (Some(b), Some(a)) = (before, after) {
+            if n(b, "rf") == n(a, "rf") {
+                if let Some(name) = pinned_change(b, a) {
+                    self.violations.push(Violation {
+                        invariant: "rf-pins",
+                        detail: format!(
+                            "step {step}: client c{client} changed {name} of {entity}/{resource}#{shard} ({:?} -> {:?}) without moving rf",
+                            b.get(name),
+                            a.get(name)
                         ),
                     });
                 }
@@ -1692,6 +1731,61 @@ mod tests {
         }
         assert_eq!(LimitFields::of(&i, "a", &mut attr).tc, Some(1));
         assert_eq!(LimitFields::of(&i, "a_b", &mut attr).ws, Some(4));
+    }
+
+    /// Invariant `rf-pins`: a pinned attribute changed (or removed) without `rf` moving is a
+    /// violation; the same change with `rf` moved, or an rf-less change of a balance, `fu`
+    /// or `vu`, is not.
+    #[test]
+    fn rf_pins_catch_a_stamp_changed_without_rf() {
+        let bucket = Bucket {
+            entity: "e".into(),
+            resource: "r".into(),
+            shard: 0,
+        };
+        let mut before = Item::new();
+        for (k, v) in [
+            ("rf", 10),
+            ("b_rps_tk", 5),
+            ("b_rps_tc", 1),
+            ("b_rps_cp", 9),
+            ("b_rps_rc", 0),
+            ("b_rps_fu", 12),
+            ("b_x_bcp_tc", 0),
+        ] {
+            before.insert(k.into(), Value::N(v));
+        }
+        before.insert("ph".into(), Value::S("h1".into()));
+        let write = |after: &Item| {
+            let mut l = Ledger::default();
+            l.record_write(0, None, &bucket, Some(&before), Some(after), 11, 1, false);
+            l.violations
+                .iter()
+                .filter(|v| v.invariant == "rf-pins")
+                .count()
+        };
+        let changed = |k: &str, v: Value| {
+            let mut a = before.clone();
+            a.insert(k.into(), v);
+            a
+        };
+        // rf-less writes of what rf-less writers change: no violation.
+        assert_eq!(write(&changed("b_rps_tk", Value::N(4))), 0);
+        assert_eq!(write(&changed("b_rps_fu", Value::N(0))), 0);
+        assert_eq!(write(&changed("vu", Value::N(0))), 0);
+        assert_eq!(write(&changed("b_x_bcp_tc", Value::N(3))), 0);
+        // A pinned attribute changed or added without rf moving: a violation each.
+        assert_eq!(write(&changed("ph", Value::S("h2".into()))), 1);
+        assert_eq!(write(&changed("b_rps_cp", Value::N(8))), 1);
+        assert_eq!(write(&changed("b_rps_rc", Value::N(3))), 1);
+        assert_eq!(write(&changed("ttl", Value::N(99))), 1);
+        let mut removed = before.clone();
+        removed.remove("ph");
+        assert_eq!(write(&removed), 1);
+        // The same change with rf moved forward is an rf-moving write: fine.
+        let mut moved = changed("b_rps_cp", Value::N(8));
+        moved.insert("rf".into(), Value::N(11));
+        assert_eq!(write(&moved), 0);
     }
 
     #[test]

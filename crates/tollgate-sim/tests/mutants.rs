@@ -76,9 +76,12 @@ fn wtc_charge_is_needed() {
     );
 }
 
+/// Without "monotonic rf" an rf-locked write in the millisecond of the one before it
+/// stamps the same `rf`: the item's pinned stamps change while `rf` stays (invariant
+/// `rf-pins`, the premise of `writes::restates`), or `rf` goes back (`rf-monotonic`).
 #[test]
 fn monotonic_rf_is_needed() {
-    caught(Mutant::MonotonicRf, None, 20, &["rf-monotonic"]);
+    caught(Mutant::MonotonicRf, None, 20, &["rf-monotonic", "rf-pins"]);
 }
 
 #[test]

@@ -96,6 +96,7 @@ impl Inner {
             },
             ttl: req.ttl,
             params_hash: &req.params_hash,
+            read: None,
         };
         let id = BucketIdentity {
             ns: self.ns(),

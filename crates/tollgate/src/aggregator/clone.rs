@@ -46,6 +46,7 @@ impl Aggregator {
             valid_until_ms: Some(0),
             ttl: img0.ttl.map_or(TtlWrite::Remove, TtlWrite::Set),
             params_hash: &req.params_hash,
+            read: None,
         };
         let id = BucketIdentity {
             ns: inner.ns(),

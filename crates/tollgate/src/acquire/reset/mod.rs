@@ -176,6 +176,9 @@ fn plan_op(
             valid_until_ms: Some(0),
             ttl: req.ttl,
             params_hash: &req.params_hash,
+            // An operator's write restates every stamp (rule `writes::restates` is for the
+            // acquire's pass).
+            read: None,
         };
         let (mut update, condition) = normal_write(
             img.refilled_at_ms,

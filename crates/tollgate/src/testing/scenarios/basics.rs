@@ -70,6 +70,7 @@ pub async fn s04_fast_path_composes_with_slow_path(b: &Backend) {
             valid_until_ms: valid_until(&limits, &evals, T0),
             ttl: TtlWrite::Remove,
             params_hash: &ph,
+            read: None,
         };
         let amounts = vec![("rpm".to_string(), 3000)];
         let (u, c) = normal_write(
