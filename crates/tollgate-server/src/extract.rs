@@ -24,10 +24,25 @@ pub fn parse_json<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, ApiError> {
         ));
     }
     // serde_json keeps the last of repeated keys in maps ({"t":1,"t":2} reads as 2): refuse
-    // them anywhere in the document first.
-    serde_json::from_slice::<UniqueKeys>(bytes)
-        .map_err(|e| ApiError::invalid_json(format!("the request body is not valid JSON: {e}")))?;
+    // them anywhere in the document first — by a walk of the whole document through serde,
+    // unless a scan of the bytes already shows every key distinct (`plainly_unique`). A
+    // document the scan vouched for is still walked when it fails to parse, so that its
+    // error is the walk's, as without the scan.
+    let walk = || {
+        serde_json::from_slice::<UniqueKeys>(bytes)
+            .map(|_| ())
+            .map_err(|e| ApiError::invalid_json(format!("the request body is not valid JSON: {e}")))
+    };
+    let scanned = plainly_unique(bytes);
+    if !scanned {
+        walk()?;
+    }
     serde_json::from_slice(bytes).map_err(|e| {
+        if scanned {
+            if let Err(walked) = walk() {
+                return walked;
+            }
+        }
         use serde_json::error::Category;
         match e.classify() {
             Category::Data => ApiError::invalid_request(format!("unexpected JSON shape: {e}")),
@@ -36,6 +51,82 @@ pub fn parse_json<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, ApiError> {
             }
         }
     })
+}
+
+/// Keys of one object the scan compares, at most; a larger object is left to the walk.
+const SCAN_KEYS: usize = 32;
+/// Objects and arrays open at once the scan follows, at most.
+const SCAN_DEPTH: usize = 32;
+
+/// Whether a scan of the bytes shows that no object of the document repeats a key: `true`
+/// only when every key is written without an escape (so that equal keys are equal bytes),
+/// no object holds more than [`SCAN_KEYS`] keys and nesting stays within [`SCAN_DEPTH`];
+/// `false` means "not shown" (a repeat, an escaped key, a large or deep document, or bytes
+/// that are not JSON), and the serde walk decides. Sound for a document serde_json parses:
+/// a string is a key exactly when it follows `{` or an object's `,`.
+fn plainly_unique(bytes: &[u8]) -> bool {
+    // The open containers: (is an object, where its keys start in `keys`).
+    let mut open: SmallVec<[(bool, usize); SCAN_DEPTH]> = SmallVec::new();
+    // The keys of every open object, as byte ranges, innermost last.
+    let mut keys: SmallVec<[(usize, usize); SCAN_KEYS]> = SmallVec::new();
+    let mut key_next = false;
+    let mut i = 0;
+    while i < bytes.len() {
+        match bytes[i] {
+            b'{' | b'[' => {
+                if open.len() == SCAN_DEPTH {
+                    return false;
+                }
+                open.push((bytes[i] == b'{', keys.len()));
+                key_next = bytes[i] == b'{';
+            }
+            b'}' | b']' => {
+                let Some((object, start)) = open.pop() else {
+                    return false;
+                };
+                if object != (bytes[i] == b'}') {
+                    return false;
+                }
+                keys.truncate(start);
+                key_next = false;
+            }
+            b',' => key_next = open.last().is_some_and(|(object, _)| *object),
+            b':' => key_next = false,
+            b'"' => {
+                let from = i + 1;
+                let mut escaped = false;
+                i = from;
+                loop {
+                    match bytes.get(i) {
+                        None => return false,
+                        Some(b'"') => break,
+                        Some(b'\\') => {
+                            escaped = true;
+                            i += 2;
+                        }
+                        Some(_) => i += 1,
+                    }
+                }
+                if key_next {
+                    if escaped {
+                        return false;
+                    }
+                    let start = open.last().map_or(0, |(_, s)| *s);
+                    let key = &bytes[from..i];
+                    if keys.len() - start == SCAN_KEYS
+                        || keys[start..].iter().any(|&(a, b)| &bytes[a..b] == key)
+                    {
+                        return false;
+                    }
+                    keys.push((from, i));
+                    key_next = false;
+                }
+            }
+            _ => {}
+        }
+        i += 1;
+    }
+    open.is_empty()
 }
 
 /// A JSON document walked only to check that no object repeats a key (at any depth).
@@ -252,6 +343,119 @@ mod tests {
 
     fn unique(doc: &str) -> bool {
         serde_json::from_str::<UniqueKeys>(doc).is_ok()
+    }
+
+    /// Whether serde_json parses `doc` (the scan need only be right about those: a document
+    /// that does not parse is walked anyway).
+    fn json(doc: &str) -> bool {
+        serde_json::from_str::<serde::de::IgnoredAny>(doc).is_ok()
+    }
+
+    /// The scan vouches only for documents the walk accepts: over hand-picked near-misses
+    /// and every document built from a small grammar (nested objects and arrays, keys from a
+    /// small alphabet so that repeats are frequent, escaped keys, strings holding braces,
+    /// quotes and commas), `plainly_unique` ⇒ the walk finds no repeat; and it does vouch for
+    /// the common acquire body.
+    #[test]
+    fn the_scan_vouches_only_for_what_the_walk_accepts() {
+        let body = br#"{"entity":"u1","resource":"bench","amounts":{"rps":1},"commit":true}"#;
+        assert!(plainly_unique(body));
+        for doc in [
+            r#"{"a":1,"a":2}"#,
+            r#"{"a":{"b":1},"c":{"b":2,"b":3}}"#,
+            r#"{"a":"x","\u0061":"y"}"#,
+            r#"{"a":"x\"","a":1}"#,
+            r#"{"a":"{\"a\":1}","a":2}"#,
+            r#"[{"a":1},{"a":2},{"b":1,"b":1}]"#,
+            r#"{"a":1"#,
+            r#"{"a":[1,2}"#,
+            r#""#,
+        ] {
+            assert!(
+                !plainly_unique(doc.as_bytes()) || unique(doc) || !json(doc),
+                "{doc}"
+            );
+        }
+        assert!(plainly_unique(
+            br#"{"a":"}","b":[{"a":1},{"a":2}],"c":"\"a\""}"#
+        ));
+        assert!(!plainly_unique(br#"{"a":1,"b":{"c":2},"a":3}"#));
+        let mut state: u64 = 7;
+        let mut next = |m: u64| {
+            state = state
+                .wrapping_mul(6_364_136_223_846_793_005)
+                .wrapping_add(1_442_695_040_888_963_407);
+            (state >> 33) % m
+        };
+        fn value(next: &mut dyn FnMut(u64) -> u64, depth: u32, out: &mut String) {
+            match if depth > 4 { next(3) } else { next(6) } {
+                0 => out.push_str(["1", "true", "null", "-2.5e3"][next(4) as usize]),
+                1 => out
+                    .push_str([r#""x""#, r#""{\"a\":1,""#, r#""a\\""#, r#""}""#][next(4) as usize]),
+                2 => out.push_str("[]"),
+                3 | 4 => {
+                    out.push('{');
+                    for k in 0..next(5) {
+                        if k > 0 {
+                            out.push(',');
+                        }
+                        out.push_str(
+                            [r#""a""#, r#""b""#, r#""c""#, r#""\u0061""#, r#""a\"""#]
+                                [next(5) as usize],
+                        );
+                        out.push(':');
+                        value(next, depth + 1, out);
+                    }
+                    out.push('}');
+                }
+                _ => {
+                    out.push('[');
+                    for k in 0..next(4) {
+                        if k > 0 {
+                            out.push(',');
+                        }
+                        value(next, depth + 1, out);
+                    }
+                    out.push(']');
+                }
+            }
+        }
+        let (mut vouched, mut repeats) = (0, 0);
+        for _ in 0..20_000 {
+            let mut doc = String::new();
+            value(&mut next, 0, &mut doc);
+            let walked = unique(&doc);
+            repeats += usize::from(!walked);
+            if plainly_unique(doc.as_bytes()) {
+                vouched += 1;
+                assert!(walked || !json(&doc), "vouched for a repeat: {doc}");
+            }
+        }
+        assert!(
+            vouched > 5_000 && repeats > 1_000,
+            "{vouched} vouched, {repeats} repeats"
+        );
+    }
+
+    /// A document the scan vouches for and that does not parse gets the walk's error, as
+    /// without the scan: `invalid_json` for broken syntax even where the typed parse would
+    /// have failed first on the shape.
+    #[test]
+    fn a_vouched_document_that_fails_gets_the_walks_error() {
+        #[derive(Debug, serde::Deserialize)]
+        #[serde(deny_unknown_fields)]
+        #[allow(dead_code)]
+        struct Body {
+            a: i64,
+        }
+        let doc = br#"{"b":1,"c":[1,}"#;
+        let e = parse_json::<Body>(doc).expect_err("broken");
+        assert_eq!(e.code, "invalid_json", "{e:?}");
+        let e = parse_json::<Body>(br#"{"b":1}"#).expect_err("unknown field");
+        assert_eq!(e.code, "invalid_request", "{e:?}");
+        let e = parse_json::<Body>(br#"{"a":1,"a":2}"#).expect_err("repeat");
+        assert_eq!(e.code, "invalid_json", "{e:?}");
+        assert_eq!(parse_json::<Body>(br#"{"a":7}"#).expect("parses").a, 7);
     }
 
     /// A repeated key is found in a small object, in a nested one, and in an object past
