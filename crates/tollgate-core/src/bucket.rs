@@ -168,7 +168,8 @@ pub mod field {
     pub const RP: &str = "rp";
     /// Net consumption counter (millitokens, signed).
     pub const TC: &str = "tc";
-    /// Refund counter of the current period (millitokens).
+    /// Drip remainder carried to the next refill (see `refill::refill`); written only by
+    /// writes that move `rf`.
     pub const RC: &str = "rc";
     /// Duration-window start (epoch ms).
     pub const WS: &str = "ws";

@@ -487,8 +487,8 @@ pub fn normal_write(
             .find(|(a, _)| a == n)
             .map(|(_, v)| *v)
             .unwrap_or(0);
-        // `params_held` compares the state read with what `stamp_params` writes.
-        if !(e.params_held && restates(read.map(|_| true), true)) {
+        // `params_held`: the state read holds what `stamp_params` writes.
+        if !restates(read.map(|_| e.params_held), true) {
             u = stamp_params(u, l, e);
         }
         let credit = e.credit();
