@@ -60,6 +60,45 @@ fn same_item(a: &Item, b: &Item, what: &str) {
     }
 }
 
+/// Shard 0 of (`e`, `api`) as a create at `T0` writes it for `limits`, with its key.
+fn created(limits: &[Limit], ttl: TtlWrite) -> Item {
+    let ph = params_hash(limits);
+    let evals: Vec<Evaluated> = limits
+        .iter()
+        .map(|l| evaluate(l, None, T0, 1, T0, None))
+        .collect();
+    let stamp = ItemStamp {
+        refilled_at_ms: next_rf(T0, None, &evals),
+        valid_until_ms: None,
+        ttl,
+        params_hash: &ph,
+        read: None,
+    };
+    let id = BucketIdentity {
+        ns: "ns",
+        entity: "e",
+        resource: "api",
+        shard: 0,
+        shard_count: 1,
+    };
+    let mut item = create_item(&id, &stamp, limits, &evals, &[]);
+    for (k, v) in key_item(&Key::new("ns/BUCKET#e#api#0", "#STATE")).iter() {
+        item.insert(k.clone(), v.clone());
+    }
+    item
+}
+
+/// Every limit materialised from the image at `now`, as a pass plans them.
+fn evaluated(limits: &[Limit], img: &BucketImage, now: i64) -> Vec<Evaluated> {
+    limits
+        .iter()
+        .map(|l| {
+            let st = img.limits.get(l.name());
+            evaluate(l, st, img.refilled_at_ms, img.shard_count, now, None)
+        })
+        .collect()
+}
+
 fn actions(u: &Update) -> usize {
     let mut names = Vec::new();
     u.names(&mut names);
@@ -68,7 +107,6 @@ fn actions(u: &Update) -> usize {
 
 #[test]
 fn a_write_that_leaves_out_what_the_item_holds_leaves_the_same_item() {
-    let key = Key::new("ns/BUCKET#e#api#0", "#STATE");
     let mut lcg: u64 = 0x2545_f491_4f6c_dd1d;
     let mut next = move |m: u64| {
         lcg = lcg
@@ -82,28 +120,7 @@ fn a_write_that_leaves_out_what_the_item_holds_leaves_the_same_item() {
             for legacy in [false, true] {
                 let mut limits = limit_sets(50)[set].clone();
                 let mut ph = params_hash(&limits);
-                let evals: Vec<Evaluated> = limits
-                    .iter()
-                    .map(|l| evaluate(l, None, T0, 1, T0, None))
-                    .collect();
-                let stamp = ItemStamp {
-                    refilled_at_ms: next_rf(T0, None, &evals),
-                    valid_until_ms: None,
-                    ttl,
-                    params_hash: &ph,
-                    read: None,
-                };
-                let id = BucketIdentity {
-                    ns: "ns",
-                    entity: "e",
-                    resource: "api",
-                    shard: 0,
-                    shard_count: 1,
-                };
-                let mut item = create_item(&id, &stamp, &limits, &evals, &[]);
-                for (k, v) in key_item(&key).iter() {
-                    item.insert(k.clone(), v.clone());
-                }
+                let mut item = created(&limits, ttl);
                 let mut t = T0;
                 for step in 0..400 {
                     // Mostly milliseconds apart (the warm case), now and then minutes (a
@@ -134,19 +151,7 @@ fn a_write_that_leaves_out_what_the_item_holds_leaves_the_same_item() {
                         }
                     }
                     let img = BucketImage::decode(&item).expect("decodes");
-                    let evals: Vec<Evaluated> = limits
-                        .iter()
-                        .map(|l| {
-                            evaluate(
-                                l,
-                                img.limits.get(l.name()),
-                                img.refilled_at_ms,
-                                img.shard_count,
-                                t,
-                                None,
-                            )
-                        })
-                        .collect();
+                    let evals = evaluated(&limits, &img, t);
                     let wcu = evaluate_wcu(img.wcu.as_ref(), img.refilled_at_ms, t);
                     let amounts: Vec<(String, i64)> = limits
                         .iter()
@@ -222,31 +227,10 @@ fn an_item_without_the_stamp_gets_it() {
     // The image read holds no `ph` (or another one): the write stamps it.
     let limits = vec![Limit::per_minute("rpm", 10).expect("limit")];
     let ph = params_hash(&limits);
-    let evals: Vec<Evaluated> = limits
-        .iter()
-        .map(|l| evaluate(l, None, T0, 1, T0, None))
-        .collect();
-    let stamp = ItemStamp {
-        refilled_at_ms: T0,
-        valid_until_ms: None,
-        ttl: TtlWrite::Remove,
-        params_hash: &ph,
-        read: None,
-    };
-    let id = BucketIdentity {
-        ns: "ns",
-        entity: "e",
-        resource: "api",
-        shard: 0,
-        shard_count: 1,
-    };
-    let mut item: Item = create_item(&id, &stamp, &limits, &evals, &[]);
+    let mut item = created(&limits, TtlWrite::Remove);
     item.insert(attr::PH.into(), Value::S("other".into()));
     let img = BucketImage::decode(&item).expect("decodes");
-    let evals: Vec<Evaluated> = limits
-        .iter()
-        .map(|l| evaluate(l, img.limits.get(l.name()), T0, 1, T0 + 5, None))
-        .collect();
+    let evals = evaluated(&limits, &img, T0 + 5);
     let wcu = evaluate_wcu(img.wcu.as_ref(), T0, T0 + 5);
     let stamp = ItemStamp {
         refilled_at_ms: T0 + 5,
