@@ -91,8 +91,11 @@ pub async fn open_run(
     if matches!(store.store, store::StoreSpec::Memory) {
         // A memory store lives in this process: no other consumer can read its feed, so
         // what this aggregator counted is dropped at once instead of kept a day (a full
-        // in-process log costs every write a fresh allocation).
+        // in-process log costs every write a fresh allocation). Its only consumer, this
+        // aggregator, also sums and trims it between passes and holds what it summed until
+        // the pass commits it: the log keeps milliseconds of writes, not a whole interval's.
         opts.feed_retention_ms = 0;
+        opts.absorb = true;
     }
     let agg = FeedAggregator::new(&limiter, feed, opts)?;
     Ok((limiter, AggregatorRun::new(agg, usage.aggregate_interval)))

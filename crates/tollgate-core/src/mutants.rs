@@ -56,11 +56,16 @@ pub enum Mutant {
     /// (falls back to no stamp condition: a client whose cache still says "bypassed" admits
     /// without debiting after enforcement resumed).
     BypassStamp,
+    /// An absorbing aggregator commits the sums of a failed commit again from memory
+    /// (rule "held usage is committed from memory, never re-read"; falls back to what a
+    /// re-reading pass does: forget them and read again from the checkpoint — where the
+    /// feed no longer has them).
+    HeldCommit,
 }
 
 impl Mutant {
     /// Every mutant, in declaration order.
-    pub const ALL: [Mutant; 17] = [
+    pub const ALL: [Mutant; 18] = [
         Mutant::WindowFloor,
         Mutant::WaMarker,
         Mutant::WtcCharge,
@@ -78,6 +83,7 @@ impl Mutant {
         Mutant::OpOnce,
         Mutant::UsageCheckpoint,
         Mutant::BypassStamp,
+        Mutant::HeldCommit,
     ];
 
     /// The name used on the command line.
@@ -100,6 +106,7 @@ impl Mutant {
             Mutant::OpOnce => "OpOnce",
             Mutant::UsageCheckpoint => "UsageCheckpoint",
             Mutant::BypassStamp => "BypassStamp",
+            Mutant::HeldCommit => "HeldCommit",
         }
     }
 

@@ -91,6 +91,7 @@ pub fn run_many(
             workload,
             trace: false,
             aggregator: false,
+            absorb: false,
         });
         s.add(&r);
     }

@@ -35,7 +35,8 @@ struct Cli {
     trace: bool,
     /// Disable one guard: WindowFloor, WaMarker, WtcCharge, MonotonicRf,
     /// ConsistentSiblingRead, GrantMove, RfLock, TrustHorizon, LeaseNet, EntityDebit,
-    /// DripSplit, StoreDeadline, MultiRefund, SoftScope, OpOnce.
+    /// DripSplit, StoreDeadline, MultiRefund, SoftScope, OpOnce, UsageCheckpoint (with
+    /// --aggregator), BypassStamp, HeldCommit (with --aggregator --absorb).
     #[arg(long)]
     mutant: Option<String>,
     /// Workload: rate, calendar, window, multi, lease, hot, cascade, burst, drip, many
@@ -50,6 +51,10 @@ struct Cli {
     /// that usage snapshots count every change once.
     #[arg(long)]
     aggregator: bool,
+    /// With --aggregator: the actor is one absorbing aggregator (as `tollgate serve` runs
+    /// on a memory store), never restarted nor duplicated.
+    #[arg(long, requires = "aggregator")]
+    absorb: bool,
     /// Seeds run at once, each on its own thread (default: the machine's cores). Seeds are
     /// independent and their reports are summed in seed order, so the summary is the same
     /// for any value.
@@ -99,6 +104,7 @@ fn main() -> ExitCode {
         workload,
         trace: cli.trace,
         aggregator: cli.aggregator,
+        absorb: cli.absorb,
     };
     let jobs = cli
         .jobs

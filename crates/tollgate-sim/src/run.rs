@@ -31,6 +31,10 @@ pub struct RunConfig {
     pub trace: bool,
     /// Run the feed aggregator as one more actor and check `usage-counted-once`.
     pub aggregator: bool,
+    /// With `aggregator`: the actor is one absorbing aggregator (`UsageOptions::absorb`, as
+    /// `tollgate serve` runs on a memory store) — the feed's only consumer, never restarted
+    /// nor duplicated, summing and trimming the feed between its passes.
+    pub absorb: bool,
 }
 
 /// Faults injected in one run.
@@ -261,6 +265,8 @@ pub fn run_seed(cfg: &RunConfig) -> SeedReport {
             )),
         ));
     }
+    // The absorbing aggregator, kept for the final pass: what it holds is in no feed.
+    let absorber = crate::usage::Absorber::default();
     if cfg.aggregator {
         // From a stream of its own: the other actors draw what they drew without it.
         let arng = SmallRng::seed_from_u64(cfg.seed ^ 0x5553_4147_4553_4e41);
@@ -272,6 +278,7 @@ pub fn run_seed(cfg: &RunConfig) -> SeedReport {
                 spec.clients + 2,
                 arng,
                 deadline,
+                cfg.absorb.then(|| absorber.clone()),
             )),
         ));
     }
@@ -353,6 +360,7 @@ pub fn run_seed(cfg: &RunConfig) -> SeedReport {
                     sh.clone(),
                     spec.clients + 2,
                     out.clone(),
+                    absorber.clone(),
                 )) as Task,
             )],
         ));

@@ -890,6 +890,16 @@ impl tollgate_store::ChangeFeed for SimStore {
             .after_read(self.client, "read_feed", &[], r.as_ref().err());
         r
     }
+
+    /// Trims reach the store (not a scheduling point: a pass trims only what it has read
+    /// and counted, or — an absorbing aggregator — what it holds).
+    async fn trim_feed(
+        &self,
+        cursor: &tollgate_store::FeedCursor,
+        before_ms: i64,
+    ) -> Result<(), StoreError> {
+        self.sh.faulty.trim_feed(cursor, before_ms).await
+    }
 }
 
 #[cfg(test)]

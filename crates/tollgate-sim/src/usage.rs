@@ -33,6 +33,7 @@ fn build(
     batch: usize,
     max: Option<usize>,
     (commit_items, max_pass_changes): (usize, usize),
+    absorb: bool,
 ) -> Option<FeedAggregator> {
     let store = Arc::new(SimStore {
         client: id,
@@ -61,6 +62,7 @@ fn build(
             commit_items,
             max_pass_changes,
             background: false,
+            absorb,
             ..UsageOptions::default()
         },
     )
@@ -79,8 +81,22 @@ fn commits(rng: &mut SmallRng) -> (usize, usize) {
     (items, changes)
 }
 
-/// The actor: `passes` bounded passes between the clients' requests.
-pub async fn aggregator(sh: Arc<Shared>, id: usize, mut rng: SmallRng, deadline: Option<Duration>) {
+/// The absorbing aggregator of a run (`RunConfig::absorb`), kept for the final pass: the
+/// usage it holds is in no feed any more.
+pub type Absorber = Arc<std::sync::Mutex<Option<Arc<FeedAggregator>>>>;
+
+/// The actor: `passes` bounded passes between the clients' requests — of the one absorbing
+/// aggregator kept in `absorber` when there is one.
+pub async fn aggregator(
+    sh: Arc<Shared>,
+    id: usize,
+    mut rng: SmallRng,
+    deadline: Option<Duration>,
+    absorber: Option<Absorber>,
+) {
+    if let Some(slot) = absorber {
+        return absorbing(sh, id, rng, deadline, slot).await;
+    }
     let passes = rng.gen_range(4..=12);
     let c = commits(&mut rng);
     let mut agg = build(
@@ -90,6 +106,7 @@ pub async fn aggregator(sh: Arc<Shared>, id: usize, mut rng: SmallRng, deadline:
         rng.gen_range(1..=6),
         Some(rng.gen_range(1..=3)),
         c,
+        false,
     );
     for _ in 0..passes {
         for _ in 0..rng.gen_range(5..=40) {
@@ -105,6 +122,7 @@ pub async fn aggregator(sh: Arc<Shared>, id: usize, mut rng: SmallRng, deadline:
                 rng.gen_range(1..=6),
                 Some(rng.gen_range(1..=3)),
                 c,
+                false,
             );
             trace(&sh, "AGGREGATOR restarted");
         }
@@ -112,13 +130,52 @@ pub async fn aggregator(sh: Arc<Shared>, id: usize, mut rng: SmallRng, deadline:
         if rng.gen_bool(0.3) {
             // A duplicate on the same checkpoint, at the same time.
             let c = commits(&mut rng);
-            if let Some(b) = build(&sh, id, deadline, rng.gen_range(1..=6), Some(2), c) {
+            if let Some(b) = build(&sh, id, deadline, rng.gen_range(1..=6), Some(2), c, false) {
                 let (x, y) = tokio::join!(a.pass(), b.pass());
                 trace(
                     &sh,
                     &format!("AGGREGATOR pair: {} / {}", outcome(&x), outcome(&y)),
                 );
                 continue;
+            }
+        }
+        let r = a.pass().await;
+        trace(&sh, &format!("AGGREGATOR pass: {}", outcome(&r)));
+    }
+}
+
+/// The absorbing actor (rule "held usage is committed from memory, never re-read"): one
+/// aggregator for the whole run — the sole consumer its option requires — that sums and
+/// trims the feed at random turns between its passes, under the run's faults.
+async fn absorbing(
+    sh: Arc<Shared>,
+    id: usize,
+    mut rng: SmallRng,
+    deadline: Option<Duration>,
+    slot: Absorber,
+) {
+    let passes = rng.gen_range(4..=12);
+    let c = commits(&mut rng);
+    let Some(a) = build(
+        &sh,
+        id,
+        deadline,
+        rng.gen_range(1..=6),
+        Some(rng.gen_range(1..=3)),
+        c,
+        true,
+    ) else {
+        return;
+    };
+    let a = Arc::new(a);
+    *slot.lock().unwrap_or_else(|e| e.into_inner()) = Some(a.clone());
+    for _ in 0..passes {
+        for _ in 0..rng.gen_range(5..=40) {
+            sh.turn(id).await;
+            if rng.gen_bool(0.2) {
+                if let Err(e) = a.absorb().await {
+                    trace(&sh, &format!("AGGREGATOR absorb: error: {e}"));
+                }
             }
         }
         let r = a.pass().await;
@@ -143,18 +200,47 @@ fn trace(sh: &Shared, line: &str) {
     }
 }
 
-/// After quiesce (faults off): one unbounded pass of a fresh aggregator.
-pub async fn catch_up(sh: Arc<Shared>, id: usize, out: Arc<std::sync::Mutex<Vec<Violation>>>) {
-    let Some(a) = build(&sh, id, None, 100, None, (2, 50_000)) else {
-        return;
-    };
-    if let Err(e) = a.pass().await {
+/// After quiesce (faults off): one unbounded pass of a fresh aggregator — or, for an
+/// absorbing one, its own passes until one reads and commits nothing (each reads a few
+/// batches).
+pub async fn catch_up(
+    sh: Arc<Shared>,
+    id: usize,
+    out: Arc<std::sync::Mutex<Vec<Violation>>>,
+    absorber: Absorber,
+) {
+    let failed = |detail: String| {
         out.lock()
             .unwrap_or_else(|e| e.into_inner())
             .push(Violation {
                 invariant: "usage-counted-once",
-                detail: format!("the final aggregator pass failed with faults off: {e}"),
+                detail,
             });
+    };
+    let held = absorber.lock().unwrap_or_else(|e| e.into_inner()).take();
+    if let Some(a) = held {
+        for _ in 0..100_000 {
+            match a.pass().await {
+                // Read nothing and had nothing left to commit (a pass may commit what an
+                // earlier one failed to, reading nothing itself).
+                Ok(r) if r.changes == 0 && r.commits == 0 => return,
+                Ok(_) => {}
+                Err(e) => {
+                    return failed(format!(
+                        "a final pass of the absorbing aggregator failed with faults off: {e}"
+                    ))
+                }
+            }
+        }
+        return failed("the absorbing aggregator never read the feed to its end".into());
+    }
+    let Some(a) = build(&sh, id, None, 100, None, (2, 50_000), false) else {
+        return;
+    };
+    if let Err(e) = a.pass().await {
+        failed(format!(
+            "the final aggregator pass failed with faults off: {e}"
+        ));
     }
 }
 

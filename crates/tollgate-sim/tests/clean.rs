@@ -93,6 +93,32 @@ fn usage_counted_once_with_the_aggregator_actor() {
     assert!(passes_with_usage > 50);
 }
 
+/// The absorbing aggregator (`UsageOptions::absorb`, what `tollgate serve` runs on a memory
+/// store) as the actor — summing and trimming the feed between passes, its commits faulted
+/// (lost answers, throttles, races, hangs) — counts every change once from what it holds
+/// (`usage-counted-once`, `usage-overdraw`), though the feed no longer has what it read.
+#[test]
+fn usage_counted_once_with_an_absorbing_aggregator() {
+    let mut violations = Vec::new();
+    let mut passes_with_usage = 0;
+    for seed in 0..60 {
+        let r = run_seed(&RunConfig {
+            seed,
+            aggregator: true,
+            absorb: true,
+            ..RunConfig::default()
+        });
+        violations.extend(
+            r.violations
+                .iter()
+                .map(|v| format!("seed {seed}: {}: {}", v.invariant, v.detail)),
+        );
+        passes_with_usage += u64::from(r.admitted > 0);
+    }
+    assert!(violations.is_empty(), "{}", violations.join("\n"));
+    assert!(passes_with_usage > 50);
+}
+
 /// ADR-151's overdraw with the aggregator actor, on the workload that switches soft limits
 /// and modes: every window kind's snapshots count exactly the overdraw the applied writes
 /// made (`usage-overdraw`, from each write's own images).

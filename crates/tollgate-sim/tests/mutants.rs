@@ -220,3 +220,28 @@ fn usage_checkpoint_condition_is_needed() {
     };
     assert_eq!(inv, "usage-counted-once", "seed {seed}");
 }
+
+#[test]
+fn held_commit_is_needed() {
+    // An absorbing aggregator that forgets the sums of a failed commit (as a pass that can
+    // re-read them would) loses usage: the feed no longer has those changes.
+    let _g = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
+    mutants::set(&[Mutant::HeldCommit]);
+    let found = (0..60).find_map(|seed| {
+        let r = run_seed(&RunConfig {
+            seed,
+            aggregator: true,
+            absorb: true,
+            ..RunConfig::default()
+        });
+        r.violations.first().map(|v| (seed, v.invariant))
+    });
+    mutants::set(&[]);
+    let Some((seed, inv)) = found else {
+        panic!("mutant HeldCommit survived 60 seeds");
+    };
+    assert!(
+        ["usage-counted-once", "usage-overdraw"].contains(&inv),
+        "mutant HeldCommit broke {inv} at seed {seed}"
+    );
+}

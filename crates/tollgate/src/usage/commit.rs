@@ -241,7 +241,7 @@ impl FeedAggregator {
 
     /// Apply `p` for `claim` in transactions of at most `commit_items` snapshot updates, each
     /// at most once for the claimed pass; the last one finalizes the checkpoint.
-    async fn apply(
+    pub(super) async fn apply(
         &self,
         p: &Pending,
         cp: &Checkpoint,

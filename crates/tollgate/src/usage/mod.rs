@@ -15,6 +15,10 @@
 //! changes again; one that dies after its claim leaves the claim, which the next pass of
 //! any consumer sharing the checkpoint finishes first.
 //!
+//! An absorbing aggregator ([`UsageOptions::absorb`], `tollgate serve` on a memory store)
+//! also reads, sums and trims the feed between passes and commits what it holds from memory
+//! (rule "held usage is committed from memory, never re-read").
+//!
 //! After the usage, the pass runs the [`Aggregator`]'s background work (refill, roll and
 //! reset; proactive doubling and Path-2 clones) for every (entity, resource) that consumed
 //! in the batch, as the original's stream processor did.
@@ -64,6 +68,16 @@ pub struct UsageOptions {
     /// another consumer of the same feed — another namespace's aggregator on the same file
     /// — has that long to read them.
     pub feed_retention_ms: i64,
+    /// The aggregator is the only consumer of a feed that lives no longer than its process
+    /// (an in-process memory store; default false). Between passes
+    /// [`FeedAggregator::absorb`] then reads and sums the feed and trims what it read at
+    /// once (`feed_retention_ms` does not apply: no one else reads it), holding the sums in
+    /// memory until the next pass commits them (rule "held usage is committed from memory,
+    /// never re-read", in `feed`): the feed keeps the changes of a few milliseconds instead
+    /// of a whole interval's. Wrong for a feed that outlives the process or that another
+    /// consumer reads — a restart loses what was held (with a memory store it loses the
+    /// store too), and another consumer moving the checkpoint fails the pass.
+    pub absorb: bool,
 }
 
 impl Default for UsageOptions {
@@ -78,6 +92,7 @@ impl Default for UsageOptions {
             max_pass_changes: 50_000,
             commit_items: tollgate_store::MAX_TRANSACT_OPS - 1,
             feed_retention_ms: 86_400_000,
+            absorb: false,
         }
     }
 }
@@ -127,6 +142,12 @@ impl UsageOptions {
     /// How long counted changes stay in the feed (ms).
     pub fn feed_retention_ms(mut self, ms: i64) -> Self {
         self.feed_retention_ms = ms;
+        self
+    }
+    /// Whether to sum and trim the feed between passes, holding the sums in memory (only
+    /// for the sole consumer of an in-process feed).
+    pub fn absorb(mut self, on: bool) -> Self {
+        self.absorb = on;
         self
     }
 }

@@ -205,6 +205,7 @@ macro_rules! scenario_tests {
             usage::usage_equals_admitted_net_consumption,
             usage::usage_survives_restart_and_duplicate_aggregators,
             usage::usage_commit_with_a_lost_response_counts_once,
+            usage::usage_absorbed_between_passes_counts_once,
             usage_commit::usage_pass_beyond_one_transaction_counts_once,
             usage_commit::usage_claim_left_by_a_crash_is_finished_once
         );

@@ -412,3 +412,109 @@ pub async fn usage_commit_with_a_lost_response_counts_once(b: &Backend) {
         .collect();
     assert_eq!(stored(&h, &["alice", "bob"]).await, want);
 }
+
+/// An absorbing aggregator (`UsageOptions::absorb`) sums and trims the feed between passes
+/// and commits what it holds (rule "held usage is committed from memory, never re-read"):
+/// nothing is stored until its pass; a commit refused before it lands and one whose answer
+/// is lost are each settled by the next pass from memory — on a memory store the feed no
+/// longer has those changes — and counted once.
+pub async fn usage_absorbed_between_passes_counts_once(b: &Backend) {
+    use tollgate_store::{FaultConfig, FaultyStore, FeedCursor};
+    let h = b.harness(T0).await;
+    let Some(feed) = h.raw.clone().change_feed() else {
+        return;
+    };
+    setup(&h).await;
+    let mut led = Ledger::default();
+    workload(&h, &mut led).await;
+    let daily = |led: &Ledger| -> BTreeMap<_, _> {
+        clean(led)
+            .into_iter()
+            .filter(|((_, w, _), _)| *w == Window::Daily)
+            .collect()
+    };
+    let faulty = Arc::new(FaultyStore::new(h.raw.clone(), 5, FaultConfig::none()));
+    let writes = crate::Limiter::builder(faulty.clone())
+        .clock(h.clock.clone())
+        .build()
+        .expect("limiter");
+    let agg = FeedAggregator::new(
+        &writes,
+        feed.clone(),
+        UsageOptions {
+            background: false,
+            absorb: true,
+            ..options(&[Window::Daily])
+        },
+    )
+    .expect("aggregator");
+    let first = feed
+        .read_feed(&FeedCursor::start(), 1)
+        .await
+        .expect("the feed holds the workload");
+    assert_eq!(first.changes.len(), 1);
+    agg.absorb().await.expect("absorb");
+    assert!(
+        stored(&h, &["alice", "bob"]).await.is_empty(),
+        "absorbing stores nothing"
+    );
+    // Trimmed as read where the backend keeps its own feed (memory and SQLite: one stream,
+    // `""`; DynamoDB Streams keeps its records 24 hours whatever a consumer says): the
+    // first change is no longer there.
+    if first.changes[0].position.stream.is_empty() {
+        let after = feed.read_feed(&FeedCursor::start(), 1).await;
+        assert!(
+            after.is_err() || after.as_ref().is_ok_and(|a| a.changes != first.changes),
+            "{after:?}"
+        );
+    }
+    // A commit refused before it lands: the next pass commits the same sums.
+    faulty.set_config(FaultConfig {
+        throttle: 1.0,
+        ..FaultConfig::none()
+    });
+    assert!(
+        agg.pass().await.is_err(),
+        "a throttled commit fails the pass"
+    );
+    assert!(stored(&h, &["alice", "bob"]).await.is_empty());
+    faulty.set_config(FaultConfig::none());
+    let rep = agg.pass().await.expect("pass after the throttle");
+    assert_eq!(rep.commits, 1, "{rep:?}");
+    assert_eq!(stored(&h, &["alice", "bob"]).await, daily(&led));
+    // More traffic; this commit lands but its answer is lost.
+    h.at(HOUR0 + HOUR_MS + 120_000);
+    h.rng.pin(0);
+    for (who, amounts) in [
+        ("alice", [("rpm", 2), ("tpm", 9)]),
+        ("bob", [("rpm", 1), ("tpm", 40)]),
+    ] {
+        h.lim
+            .acquire(who, R, &amounts)
+            .await
+            .unwrap()
+            .commit()
+            .await
+            .unwrap();
+        led.add(who, HOUR0 + HOUR_MS + 120_000, &amounts, 1);
+    }
+    agg.absorb().await.expect("absorb");
+    faulty.set_config(FaultConfig {
+        lost_response: 1.0,
+        ..FaultConfig::none()
+    });
+    assert!(agg.pass().await.is_err(), "the lost answer fails the pass");
+    faulty.set_config(FaultConfig::none());
+    assert_eq!(
+        stored(&h, &["alice", "bob"]).await,
+        daily(&led),
+        "it landed"
+    );
+    let rep = agg.pass().await.expect("pass after the lost answer");
+    assert_eq!((rep.usage_changes, rep.commits), (0, 1), "{rep:?}");
+    assert_eq!(stored(&h, &["alice", "bob"]).await, daily(&led), "once");
+    // It reads only the commit's own writes, which carry no usage.
+    let again = agg.pass().await.expect("a pass with nothing new");
+    assert_eq!((again.usage_changes, again.commits), (0, 0), "{again:?}");
+    assert_eq!(stored(&h, &["alice", "bob"]).await, daily(&led));
+}
