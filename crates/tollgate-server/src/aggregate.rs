@@ -107,7 +107,8 @@ impl AggregatorRun {
     }
 
     /// Pass after pass until the task is aborted; an absorbing aggregator
-    /// (`UsageOptions::absorb`) also reads the feed every [`ABSORB_EVERY`] between them.
+    /// (`UsageOptions::absorb`) also reads the feed between them, every [`ABSORB_EVERY`]
+    /// while it has changes and less often (up to [`ABSORB_IDLE`]) while it has none.
     pub async fn run_forever(self) {
         let absorb = self.aggregator.options().absorb;
         loop {
@@ -117,21 +118,34 @@ impl AggregatorRun {
                 continue;
             }
             let next = tokio::time::Instant::now() + self.interval;
+            let mut wait = ABSORB_EVERY;
             loop {
                 let now = tokio::time::Instant::now();
                 if now >= next {
                     break;
                 }
-                tokio::time::sleep(ABSORB_EVERY.min(next - now)).await;
-                if let Err(e) = self.aggregator.absorb().await {
-                    tracing::warn!(error = %e, "aggregator: reading the feed between passes failed; the pass retries");
-                }
+                tokio::time::sleep(wait.min(next - now)).await;
+                // Every ABSORB_EVERY while writes come; backing off to ABSORB_IDLE when
+                // none do.
+                wait = match self.aggregator.absorb().await {
+                    Ok(0) => (wait * 2).min(ABSORB_IDLE),
+                    Ok(_) => ABSORB_EVERY,
+                    Err(e) => {
+                        tracing::warn!(error = %e, "aggregator: reading the feed between passes failed; the pass retries");
+                        ABSORB_IDLE
+                    }
+                };
             }
         }
     }
 }
 
-/// How often an absorbing aggregator reads its in-process feed between passes: the feed
-/// then holds about this long's writes (a few hundred at 30,000 writes a second) instead of
-/// a whole interval's, and the memory their copies cycle through stays in the cache.
-pub const ABSORB_EVERY: Duration = Duration::from_millis(20);
+/// How often an absorbing aggregator reads its in-process feed between passes while writes
+/// come: the feed then holds about this long's writes (150 at 30,000 writes a second)
+/// instead of a whole interval's, and the memory their copies cycle through stays
+/// in the cache (`serve --store memory` at c = 64: 5 ms read 39.3 k acquires a second where
+/// 100 ms read 36.7 k, in alternating runs).
+pub const ABSORB_EVERY: Duration = Duration::from_millis(5);
+
+/// The longest wait between reads of an idle feed.
+pub const ABSORB_IDLE: Duration = Duration::from_millis(160);

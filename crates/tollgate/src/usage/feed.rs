@@ -335,17 +335,19 @@ impl FeedAggregator {
     /// An absorbing aggregator ([`UsageOptions::absorb`]) between passes: read the feed to
     /// its end (at most `max_pass_changes` changes), sum it into what this aggregator holds
     /// and trim what it read from the feed at once — nothing is read while a commit of
-    /// held sums has not landed. Does nothing for an aggregator that does not absorb.
-    pub async fn absorb(&self) -> Result<()> {
+    /// held sums has not landed. The number of changes read; an aggregator that does not
+    /// absorb reads none.
+    pub async fn absorb(&self) -> Result<usize> {
         if !self.opts.absorb {
-            return Ok(());
+            return Ok(0);
         }
         let mut held = self.held.lock().await;
         let mut rep = PassReport::default();
         self.absorb_into(&mut held, &mut rep).await
     }
 
-    async fn absorb_into(&self, held: &mut Option<Held>, rep: &mut PassReport) -> Result<()> {
+    /// [`FeedAggregator::absorb`] into `held`: the number of changes read.
+    async fn absorb_into(&self, held: &mut Option<Held>, rep: &mut PassReport) -> Result<usize> {
         if held.is_none() {
             // A claim on the checkpoint is another consumer's (this one commits what it
             // holds from memory): finished from the feed first, as a pass finishes it.
@@ -357,17 +359,17 @@ impl FeedAggregator {
                         claims += 1;
                         self.finish_claim(&cp, claim, rep).await?;
                     }
-                    Some(_) => return Ok(()),
+                    Some(_) => return Ok(0),
                     None => break cp,
                 }
             };
             *held = Some(Held::at(&cp));
         }
         let Some(h) = held.as_mut() else {
-            return Ok(());
+            return Ok(0);
         };
         if h.unlanded.is_some() {
-            return Ok(());
+            return Ok(0);
         }
         let mut name = String::new();
         let mut read = 0usize;
@@ -394,7 +396,7 @@ impl FeedAggregator {
             self.trim_before(std::slice::from_ref(&h.cursor), i64::MAX)
                 .await;
         }
-        Ok(())
+        Ok(read)
     }
 
     /// The pass of an absorbing aggregator: the rest of the feed read into what it holds,
