@@ -12,82 +12,123 @@ use tollgate_core::bucket::{BucketImage, Shapes};
 /// of its cost.
 pub(crate) type Map<K, V> = HashMap<K, V, foldhash::fast::RandomState>;
 
-/// Values by entity, then resource: nested so a lookup by `&str` allocates nothing (a flat
-/// map keyed by `(String, String)` would build both strings on every lookup).
-type ByBucket<V> = Map<String, Map<String, V>>;
-
-/// Values by (entity, resource, shard), with the number held.
+/// One entry of a [`ByShard`]: its (entity, resource, shard) and value.
 #[derive(Debug)]
+struct Slot<V> {
+    entity: Box<str>,
+    resource: Box<str>,
+    shard: u32,
+    value: V,
+}
+
+/// Values by (entity, resource, shard), in one flat table: a lookup hashes the three once
+/// and probes once (nested maps by entity, then resource, then shard took three hashes and
+/// three dependent probes, each a likely cache miss at thousands of entities), comparing
+/// the names in place, so it allocates nothing; the names are copied only by an insert of
+/// a new entry.
 struct ByShard<V> {
-    map: ByBucket<Map<u32, V>>,
-    len: usize,
+    table: hashbrown::HashTable<Slot<V>>,
+    hasher: foldhash::fast::RandomState,
+}
+
+impl<V: std::fmt::Debug> std::fmt::Debug for ByShard<V> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ByShard")
+            .field("len", &self.table.len())
+            .finish_non_exhaustive()
+    }
 }
 
 impl<V> Default for ByShard<V> {
     fn default() -> Self {
         ByShard {
-            map: Map::default(),
-            len: 0,
+            table: hashbrown::HashTable::new(),
+            hasher: foldhash::fast::RandomState::default(),
         }
     }
 }
 
+/// The hash of (entity, resource, shard): the names apart by a byte no `str` holds.
+fn slot_hash(hasher: &foldhash::fast::RandomState, e: &str, r: &str, shard: u32) -> u64 {
+    use std::hash::{BuildHasher, Hasher};
+    let mut h = hasher.build_hasher();
+    h.write(e.as_bytes());
+    h.write_u8(0xff);
+    h.write(r.as_bytes());
+    h.write_u32(shard);
+    h.finish()
+}
+
 impl<V> ByShard<V> {
-    fn get(&self, e: &str, r: &str, shard: u32) -> Option<&V> {
-        self.map.get(e)?.get(r)?.get(&shard)
+    fn len(&self) -> usize {
+        self.table.len()
     }
 
-    /// Insert; the entity's and resource's names are copied only when first seen.
+    fn hash(&self, e: &str, r: &str, shard: u32) -> u64 {
+        slot_hash(&self.hasher, e, r, shard)
+    }
+
+    fn get(&self, e: &str, r: &str, shard: u32) -> Option<&V> {
+        self.table
+            .find(self.hash(e, r, shard), |s| {
+                s.shard == shard && &*s.entity == e && &*s.resource == r
+            })
+            .map(|s| &s.value)
+    }
+
+    fn get_mut(&mut self, e: &str, r: &str, shard: u32) -> Option<&mut V> {
+        let h = self.hash(e, r, shard);
+        self.table
+            .find_mut(h, |s| {
+                s.shard == shard && &*s.entity == e && &*s.resource == r
+            })
+            .map(|s| &mut s.value)
+    }
+
+    /// Insert; the entity's and resource's names are copied only for a new entry.
     fn insert(&mut self, e: &str, r: &str, shard: u32, v: V) {
-        let by_resource = match self.map.get_mut(e) {
-            Some(m) => m,
-            None => self.map.entry(e.to_string()).or_default(),
-        };
-        let by_shard = match by_resource.get_mut(r) {
-            Some(m) => m,
-            None => by_resource.entry(r.to_string()).or_default(),
-        };
-        if by_shard.insert(shard, v).is_none() {
-            self.len += 1;
+        if let Some(old) = self.get_mut(e, r, shard) {
+            *old = v;
+            return;
         }
+        let h = self.hash(e, r, shard);
+        let hasher = &self.hasher;
+        self.table.insert_unique(
+            h,
+            Slot {
+                entity: e.into(),
+                resource: r.into(),
+                shard,
+                value: v,
+            },
+            |s| slot_hash(hasher, &s.entity, &s.resource, s.shard),
+        );
     }
 
     /// [`ByShard::insert`] into a cache bounded by [`CAP`]: a new entry at the bound starts
     /// the cache over.
     fn insert_bounded(&mut self, e: &str, r: &str, shard: u32, v: V) {
-        if self.len >= CAP && self.get(e, r, shard).is_none() {
+        if self.len() >= CAP && self.get(e, r, shard).is_none() {
             self.clear();
         }
         self.insert(e, r, shard, v);
     }
 
     fn remove(&mut self, e: &str, r: &str, shard: u32) {
-        let removed = self
-            .map
-            .get_mut(e)
-            .and_then(|m| m.get_mut(r))
-            .and_then(|m| m.remove(&shard));
-        if removed.is_some() {
-            self.len -= 1;
+        let h = self.hash(e, r, shard);
+        if let Ok(found) = self.table.find_entry(h, |s| {
+            s.shard == shard && &*s.entity == e && &*s.resource == r
+        }) {
+            found.remove();
         }
     }
 
-    fn retain(&mut self, mut keep: impl FnMut(&V) -> bool) {
-        let mut len = 0;
-        for by_resource in self.map.values_mut() {
-            for by_shard in by_resource.values_mut() {
-                by_shard.retain(|_, v| keep(v));
-                len += by_shard.len();
-            }
-            by_resource.retain(|_, m| !m.is_empty());
-        }
-        self.map.retain(|_, m| !m.is_empty());
-        self.len = len;
+    fn retain(&mut self, mut keep: impl FnMut(&str, &V) -> bool) {
+        self.table.retain(|s| keep(&s.entity, &s.value));
     }
 
     fn clear(&mut self) {
-        self.map.clear();
-        self.len = 0;
+        self.table.clear();
     }
 }
 
@@ -95,37 +136,33 @@ impl<V> ByShard<V> {
 const CAP: usize = 10_000;
 
 /// Cached shard counts, filled by every read or write that sees an item; never lowered.
+/// Kept by (entity, resource) — shard 0 of a [`ByShard`].
 #[derive(Debug, Default)]
-pub struct ShardCounts(Mutex<(ByBucket<i64>, usize)>);
+pub struct ShardCounts(Mutex<ByShard<i64>>);
 
 impl ShardCounts {
+    fn lock(&self) -> std::sync::MutexGuard<'_, ByShard<i64>> {
+        self.0.lock().unwrap_or_else(|x| x.into_inner())
+    }
     /// The cached count.
     pub fn get(&self, e: &str, r: &str) -> Option<i64> {
-        let g = self.0.lock().unwrap_or_else(|x| x.into_inner());
-        g.0.get(e)?.get(r).copied()
+        self.lock().get(e, r, 0).copied()
     }
     /// Raise the cached count (never lowers it).
     pub fn raise(&self, e: &str, r: &str, s: i64) {
-        let mut g = self.0.lock().unwrap_or_else(|x| x.into_inner());
-        if let Some(v) = g.0.get_mut(e).and_then(|m| m.get_mut(r)) {
+        let mut g = self.lock();
+        if let Some(v) = g.get_mut(e, r, 0) {
             *v = (*v).max(s);
             return;
         }
-        if g.1 >= CAP * 10 {
-            g.0.clear();
-            g.1 = 0;
+        if g.len() >= CAP * 10 {
+            g.clear();
         }
-        g.0.entry(e.to_string())
-            .or_default()
-            .insert(r.to_string(), s);
-        g.1 += 1;
+        g.insert(e, r, 0, s);
     }
     /// Forget an entity's counts (it was deleted).
     pub fn forget_entity(&self, e: &str) {
-        let mut g = self.0.lock().unwrap_or_else(|x| x.into_inner());
-        if let Some(m) = g.0.remove(e) {
-            g.1 -= m.len();
-        }
+        self.lock().retain(|entity, _| entity != e);
     }
 }
 
@@ -157,10 +194,10 @@ impl RejectionCache {
             return;
         }
         let mut g = self.lock();
-        if g.len >= CAP {
+        if g.len() >= CAP {
             let ttl = self.ttl_ms;
-            g.retain(|(at, _)| now - *at < ttl);
-            if g.len >= CAP {
+            g.retain(|_, (at, _)| now - *at < ttl);
+            if g.len() >= CAP {
                 g.clear();
             }
         }
@@ -286,5 +323,50 @@ impl Closures {
 
     pub(crate) fn len(&self) -> usize {
         self.lock().len()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The flat table finds each (entity, resource, shard) as nested maps did: a
+    /// replacement keeps one entry, names split differently are different entries, and
+    /// remove, retain and the bound drop what they say.
+    #[test]
+    fn by_shard_keeps_one_entry_per_entity_resource_and_shard() {
+        let mut m = ByShard::default();
+        m.insert("ab", "c", 0, 1);
+        m.insert("a", "bc", 0, 2);
+        m.insert("ab", "c", 1, 3);
+        m.insert("ab", "c", 0, 4);
+        assert_eq!(m.len(), 3);
+        assert_eq!(m.get("ab", "c", 0), Some(&4));
+        assert_eq!(m.get("a", "bc", 0), Some(&2));
+        assert_eq!(m.get("ab", "c", 1), Some(&3));
+        assert_eq!(m.get("abc", "", 0), None);
+        *m.get_mut("a", "bc", 0).expect("held") += 10;
+        assert_eq!(m.get("a", "bc", 0), Some(&12));
+        m.remove("ab", "c", 1);
+        assert_eq!((m.len(), m.get("ab", "c", 1)), (2, None));
+        m.retain(|e, _| e != "a");
+        assert_eq!((m.len(), m.get("a", "bc", 0)), (1, None));
+        m.clear();
+        for i in 0..CAP {
+            m.insert_bounded(&format!("e{i}"), "r", 0, 0);
+        }
+        assert_eq!(m.len(), CAP);
+        m.insert_bounded("one", "more", 0, 7);
+        assert_eq!(m.len(), 1, "a new entry at the bound starts over");
+        let counts = ShardCounts::default();
+        counts.raise("e", "r", 2);
+        counts.raise("e", "r", 1);
+        counts.raise("e", "s", 4);
+        assert_eq!(
+            (counts.get("e", "r"), counts.get("e", "s")),
+            (Some(2), Some(4))
+        );
+        counts.forget_entity("e");
+        assert_eq!(counts.get("e", "r"), None);
     }
 }
