@@ -26,7 +26,7 @@ struct Slot<V> {
 /// three dependent probes, each a likely cache miss at thousands of entities), comparing
 /// the names in place, so it allocates nothing; the names are copied only by an insert of
 /// a new entry.
-struct ByShard<V> {
+pub(crate) struct ByShard<V> {
     table: hashbrown::HashTable<Slot<V>>,
     hasher: foldhash::fast::RandomState,
 }
@@ -60,7 +60,7 @@ fn slot_hash(hasher: &foldhash::fast::RandomState, e: &str, r: &str, shard: u32)
 }
 
 impl<V> ByShard<V> {
-    fn len(&self) -> usize {
+    pub(crate) fn len(&self) -> usize {
         self.table.len()
     }
 
@@ -68,7 +68,7 @@ impl<V> ByShard<V> {
         slot_hash(&self.hasher, e, r, shard)
     }
 
-    fn get(&self, e: &str, r: &str, shard: u32) -> Option<&V> {
+    pub(crate) fn get(&self, e: &str, r: &str, shard: u32) -> Option<&V> {
         self.table
             .find(self.hash(e, r, shard), |s| {
                 s.shard == shard && &*s.entity == e && &*s.resource == r
@@ -76,7 +76,7 @@ impl<V> ByShard<V> {
             .map(|s| &s.value)
     }
 
-    fn get_mut(&mut self, e: &str, r: &str, shard: u32) -> Option<&mut V> {
+    pub(crate) fn get_mut(&mut self, e: &str, r: &str, shard: u32) -> Option<&mut V> {
         let h = self.hash(e, r, shard);
         self.table
             .find_mut(h, |s| {
@@ -86,7 +86,7 @@ impl<V> ByShard<V> {
     }
 
     /// Insert; the entity's and resource's names are copied only for a new entry.
-    fn insert(&mut self, e: &str, r: &str, shard: u32, v: V) {
+    pub(crate) fn insert(&mut self, e: &str, r: &str, shard: u32, v: V) {
         if let Some(old) = self.get_mut(e, r, shard) {
             *old = v;
             return;
@@ -127,7 +127,7 @@ impl<V> ByShard<V> {
         self.table.retain(|s| keep(&s.entity, &s.value));
     }
 
-    fn clear(&mut self) {
+    pub(crate) fn clear(&mut self) {
         self.table.clear();
     }
 }

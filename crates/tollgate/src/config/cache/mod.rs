@@ -77,11 +77,11 @@ struct Whole {
     resolved: Resolved,
 }
 
-/// Whole resolutions by entity, then resource: nested so a lookup by `&str` allocates
-/// nothing.
-type Wholes = Map<String, Map<String, Whole>>;
+/// Whole resolutions by (entity, resource): shard 0 of a flat table (one hash, one probe; a
+/// lookup by `&str` allocates nothing).
+type Wholes = crate::caches::ByShard<Whole>;
 
-/// Most entities the whole-resolution cache keeps before it is emptied.
+/// Most (entity, resource) pairs the whole-resolution cache keeps before it is emptied.
 const WHOLE_CAP: usize = 100_000;
 
 /// A TTL cache of config items (negative entries included), keyed by item key.
@@ -115,7 +115,7 @@ impl ConfigCache {
             ttl_ms,
             stale_max_ms: 0,
             entries: Mutex::new(Map::default()),
-            wholes: Mutex::new(Map::default()),
+            wholes: Mutex::new(Wholes::default()),
             last_policy: Mutex::new(None),
             registered: false,
         }

@@ -53,7 +53,7 @@ impl ConfigCache {
     ) -> Result<Resolved> {
         if !confirm {
             let g = self.wholes();
-            if let Some(w) = g.get(entity).and_then(|m| m.get(resource)) {
+            if let Some(w) = g.get(entity, resource, 0) {
                 if w.expires_at > now && w.ns == ns {
                     return Ok(w.resolved.clone());
                 }
@@ -252,8 +252,10 @@ impl ConfigCache {
             if g.len() >= WHOLE_CAP {
                 g.clear();
             }
-            g.entry(entity.to_string()).or_default().insert(
-                resource.to_string(),
+            g.insert(
+                entity,
+                resource,
+                0,
                 Whole {
                     ns: ns.to_string(),
                     expires_at,
