@@ -81,6 +81,20 @@ fn commits(rng: &mut SmallRng) -> (usize, usize) {
     (items, changes)
 }
 
+/// An aggregator with its commit sizes, batch size and batches per pass drawn from `rng`.
+fn drawn(
+    sh: &Arc<Shared>,
+    id: usize,
+    deadline: Option<Duration>,
+    rng: &mut SmallRng,
+    absorb: bool,
+) -> Option<FeedAggregator> {
+    let c = commits(rng);
+    let batch = rng.gen_range(1..=6);
+    let max = rng.gen_range(1..=3);
+    build(sh, id, deadline, batch, Some(max), c, absorb)
+}
+
 /// The absorbing aggregator of a run (`RunConfig::absorb`), kept for the final pass: the
 /// usage it holds is in no feed any more.
 pub type Absorber = Arc<std::sync::Mutex<Option<Arc<FeedAggregator>>>>;
@@ -98,32 +112,14 @@ pub async fn aggregator(
         return absorbing(sh, id, rng, deadline, slot).await;
     }
     let passes = rng.gen_range(4..=12);
-    let c = commits(&mut rng);
-    let mut agg = build(
-        &sh,
-        id,
-        deadline,
-        rng.gen_range(1..=6),
-        Some(rng.gen_range(1..=3)),
-        c,
-        false,
-    );
+    let mut agg = drawn(&sh, id, deadline, &mut rng, false);
     for _ in 0..passes {
         for _ in 0..rng.gen_range(5..=40) {
             sh.turn(id).await;
         }
         if rng.gen_bool(0.25) {
             // Killed and restarted: whatever it read past the checkpoint is forgotten.
-            let c = commits(&mut rng);
-            agg = build(
-                &sh,
-                id,
-                deadline,
-                rng.gen_range(1..=6),
-                Some(rng.gen_range(1..=3)),
-                c,
-                false,
-            );
+            agg = drawn(&sh, id, deadline, &mut rng, false);
             trace(&sh, "AGGREGATOR restarted");
         }
         let Some(a) = &agg else { return };
@@ -155,16 +151,7 @@ async fn absorbing(
     slot: Absorber,
 ) {
     let passes = rng.gen_range(4..=12);
-    let c = commits(&mut rng);
-    let Some(a) = build(
-        &sh,
-        id,
-        deadline,
-        rng.gen_range(1..=6),
-        Some(rng.gen_range(1..=3)),
-        c,
-        true,
-    ) else {
+    let Some(a) = drawn(&sh, id, deadline, &mut rng, true) else {
         return;
     };
     let a = Arc::new(a);

@@ -7,16 +7,16 @@ use tollgate_sim::{mutants, run_seed, Mutant, RunConfig};
 
 static ONE_AT_A_TIME: Mutex<()> = Mutex::new(());
 
-/// Run seeds `0..max` of `workload` with `m` disabled; return the first violation found.
-fn first_violation(m: Mutant, workload: Option<&'static str>, max: u64) -> Option<(u64, String)> {
+/// Run seeds `0..max` of the runs `base` describes (its seed replaced) with `m` disabled;
+/// return the first violation found.
+fn first_violation(m: Mutant, base: &RunConfig, max: u64) -> Option<(u64, String)> {
     let _g = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
     mutants::set(&[m]);
     let mut found = None;
     for seed in 0..max {
         let r = run_seed(&RunConfig {
             seed,
-            workload,
-            ..RunConfig::default()
+            ..base.clone()
         });
         if let Some(v) = r.violations.first() {
             found = Some((seed, v.invariant.to_string()));
@@ -28,7 +28,16 @@ fn first_violation(m: Mutant, workload: Option<&'static str>, max: u64) -> Optio
 }
 
 fn caught(m: Mutant, workload: Option<&'static str>, max: u64, invariants: &[&str]) {
-    let found = first_violation(m, workload, max);
+    let base = RunConfig {
+        workload,
+        ..RunConfig::default()
+    };
+    caught_in(m, &base, max, invariants);
+}
+
+/// [`caught`] over the runs `base` describes.
+fn caught_in(m: Mutant, base: &RunConfig, max: u64, invariants: &[&str]) {
+    let found = first_violation(m, base, max);
     let Some((seed, inv)) = found else {
         panic!("mutant {} survived {max} seeds", m.name());
     };
@@ -204,44 +213,26 @@ fn op_once_is_needed() {
 
 #[test]
 fn usage_checkpoint_condition_is_needed() {
-    let _g = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
-    mutants::set(&[Mutant::UsageCheckpoint]);
-    let found = (0..60).find_map(|seed| {
-        let r = run_seed(&RunConfig {
-            seed,
-            aggregator: true,
-            ..RunConfig::default()
-        });
-        r.violations.first().map(|v| (seed, v.invariant))
-    });
-    mutants::set(&[]);
-    let Some((seed, inv)) = found else {
-        panic!("mutant UsageCheckpoint survived 60 seeds");
+    let base = RunConfig {
+        aggregator: true,
+        ..RunConfig::default()
     };
-    assert_eq!(inv, "usage-counted-once", "seed {seed}");
+    caught_in(Mutant::UsageCheckpoint, &base, 60, &["usage-counted-once"]);
 }
 
 #[test]
 fn held_commit_is_needed() {
     // An absorbing aggregator that forgets the sums of a failed commit (as a pass that can
     // re-read them would) loses usage: the feed no longer has those changes.
-    let _g = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
-    mutants::set(&[Mutant::HeldCommit]);
-    let found = (0..60).find_map(|seed| {
-        let r = run_seed(&RunConfig {
-            seed,
-            aggregator: true,
-            absorb: true,
-            ..RunConfig::default()
-        });
-        r.violations.first().map(|v| (seed, v.invariant))
-    });
-    mutants::set(&[]);
-    let Some((seed, inv)) = found else {
-        panic!("mutant HeldCommit survived 60 seeds");
+    let base = RunConfig {
+        aggregator: true,
+        absorb: true,
+        ..RunConfig::default()
     };
-    assert!(
-        ["usage-counted-once", "usage-overdraw"].contains(&inv),
-        "mutant HeldCommit broke {inv} at seed {seed}"
+    caught_in(
+        Mutant::HeldCommit,
+        &base,
+        60,
+        &["usage-counted-once", "usage-overdraw"],
     );
 }

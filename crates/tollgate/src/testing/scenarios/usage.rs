@@ -99,6 +99,49 @@ pub(super) fn clean(l: &Ledger) -> Usage {
         .collect()
 }
 
+/// The ledger's usage of one window kind, zero counters dropped.
+pub(super) fn window(l: &Ledger, w: Window) -> Usage {
+    clean(l)
+        .into_iter()
+        .filter(|((_, at, _), _)| *at == w)
+        .collect()
+}
+
+/// A daily aggregator (no background work, `absorb` as given) whose store requests go through
+/// a `FaultyStore` over the harness's store with `faults`, and that store (its feed is the
+/// harness's own).
+async fn faulted_aggregator(
+    h: &H,
+    feed: Arc<dyn tollgate_store::ChangeFeed>,
+    seed: u64,
+    faults: tollgate_store::FaultConfig,
+    absorb: bool,
+) -> (
+    Arc<tollgate_store::FaultyStore<Arc<dyn TestStore>>>,
+    FeedAggregator,
+) {
+    let faulty = Arc::new(tollgate_store::FaultyStore::new(
+        h.raw.clone(),
+        seed,
+        faults,
+    ));
+    let lim = crate::Limiter::builder(faulty.clone())
+        .clock(h.clock.clone())
+        .build()
+        .expect("limiter");
+    let agg = FeedAggregator::new(
+        &lim,
+        feed,
+        UsageOptions {
+            background: false,
+            absorb,
+            ..options(&[Window::Daily])
+        },
+    )
+    .expect("aggregator");
+    (faulty, agg)
+}
+
 pub(super) async fn setup(h: &H) {
     h.lim
         .admin()
@@ -336,10 +379,7 @@ pub async fn usage_survives_restart_and_duplicate_aggregators(b: &Backend) {
     let (a, b2) = tokio::join!(restarted.pass(), duplicate.pass());
     let (a, b2) = (a.expect("restarted pass"), b2.expect("duplicate pass"));
     // Whatever the interleaving, the stored totals are the ledger's, counted once.
-    let want: BTreeMap<_, _> = clean(&led)
-        .into_iter()
-        .filter(|((_, w, _), _)| *w == Window::Hourly)
-        .collect();
+    let want = window(&led, Window::Hourly);
     assert_eq!(stored(&h, &["alice", "bob"]).await, want, "{a:?} {b2:?}");
     // More traffic, then the restarted one alone: still exact.
     h.at(HOUR0 + HOUR_MS + 120_000);
@@ -359,17 +399,16 @@ pub async fn usage_survives_restart_and_duplicate_aggregators(b: &Backend) {
     );
     restarted.pass().await.expect("pass");
     duplicate.pass().await.expect("pass");
-    let want: BTreeMap<_, _> = clean(&led)
-        .into_iter()
-        .filter(|((_, w, _), _)| *w == Window::Hourly)
-        .collect();
-    assert_eq!(stored(&h, &["alice", "bob"]).await, want);
+    assert_eq!(
+        stored(&h, &["alice", "bob"]).await,
+        window(&led, Window::Hourly)
+    );
 }
 
 /// A commit whose response is lost (applied, but the aggregator sees an error) is not
 /// counted again by the next pass: the checkpoint moved with the snapshots.
 pub async fn usage_commit_with_a_lost_response_counts_once(b: &Backend) {
-    use tollgate_store::{FaultConfig, FaultyStore};
+    use tollgate_store::FaultConfig;
     let h = b.harness(T0).await;
     let Some(feed) = h.raw.clone().change_feed() else {
         return;
@@ -377,27 +416,17 @@ pub async fn usage_commit_with_a_lost_response_counts_once(b: &Backend) {
     setup(&h).await;
     let mut led = Ledger::default();
     workload(&h, &mut led).await;
-    let faulty = Arc::new(FaultyStore::new(
-        h.raw.clone(),
+    let (faulty, agg) = faulted_aggregator(
+        &h,
+        feed,
         3,
         FaultConfig {
             lost_response: 1.0,
             ..FaultConfig::none()
         },
-    ));
-    let lossy = crate::Limiter::builder(faulty.clone())
-        .clock(h.clock.clone())
-        .build()
-        .expect("limiter");
-    let agg = FeedAggregator::new(
-        &lossy,
-        feed.clone(),
-        UsageOptions {
-            background: false,
-            ..options(&[Window::Daily])
-        },
+        false,
     )
-    .expect("aggregator");
+    .await;
     let err = agg.pass().await;
     assert!(
         err.is_err(),
@@ -406,11 +435,10 @@ pub async fn usage_commit_with_a_lost_response_counts_once(b: &Backend) {
     faulty.set_enabled(false);
     let rep = agg.pass().await.expect("pass after the outage");
     assert_eq!(rep.usage_changes, 0, "nothing left to count: {rep:?}");
-    let want: BTreeMap<_, _> = clean(&led)
-        .into_iter()
-        .filter(|((_, w, _), _)| *w == Window::Daily)
-        .collect();
-    assert_eq!(stored(&h, &["alice", "bob"]).await, want);
+    assert_eq!(
+        stored(&h, &["alice", "bob"]).await,
+        window(&led, Window::Daily)
+    );
 }
 
 /// An absorbing aggregator (`UsageOptions::absorb`) sums and trims the feed between passes
@@ -419,7 +447,7 @@ pub async fn usage_commit_with_a_lost_response_counts_once(b: &Backend) {
 /// is lost are each settled by the next pass from memory — on a memory store the feed no
 /// longer has those changes — and counted once.
 pub async fn usage_absorbed_between_passes_counts_once(b: &Backend) {
-    use tollgate_store::{FaultConfig, FaultyStore, FeedCursor};
+    use tollgate_store::{FaultConfig, FeedCursor};
     let h = b.harness(T0).await;
     let Some(feed) = h.raw.clone().change_feed() else {
         return;
@@ -427,27 +455,8 @@ pub async fn usage_absorbed_between_passes_counts_once(b: &Backend) {
     setup(&h).await;
     let mut led = Ledger::default();
     workload(&h, &mut led).await;
-    let daily = |led: &Ledger| -> BTreeMap<_, _> {
-        clean(led)
-            .into_iter()
-            .filter(|((_, w, _), _)| *w == Window::Daily)
-            .collect()
-    };
-    let faulty = Arc::new(FaultyStore::new(h.raw.clone(), 5, FaultConfig::none()));
-    let writes = crate::Limiter::builder(faulty.clone())
-        .clock(h.clock.clone())
-        .build()
-        .expect("limiter");
-    let agg = FeedAggregator::new(
-        &writes,
-        feed.clone(),
-        UsageOptions {
-            background: false,
-            absorb: true,
-            ..options(&[Window::Daily])
-        },
-    )
-    .expect("aggregator");
+    let daily = |led: &Ledger| window(led, Window::Daily);
+    let (faulty, agg) = faulted_aggregator(&h, feed.clone(), 5, FaultConfig::none(), true).await;
     let first = feed
         .read_feed(&FeedCursor::start(), 1)
         .await
