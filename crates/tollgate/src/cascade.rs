@@ -112,7 +112,24 @@ impl Inner {
         if let Some(preq) = &parent {
             self.parent_precheck(preq)?;
         }
-        let mut lease = self.acquire(child).await?;
+        let lease = self.acquire(child).await?;
+        if parent.is_none() && !stamp_questioned(child, &lease, confirmed) {
+            return Ok(lease);
+        }
+        // Boxed: the parent's acquire is as large as the child's; held in place, the rest
+        // would double the size of every acquire's future, cascading or not.
+        Box::pin(self.cascade_rest(child, lease, parent, confirmed)).await
+    }
+
+    /// What [`Inner::acquire_cascade`] does after the child's acquire, when there is a
+    /// parent or the child's stamp questions the planned policy.
+    async fn cascade_rest(
+        self: &Arc<Self>,
+        child: &Request,
+        mut lease: Lease,
+        parent: Option<Request>,
+        confirmed: bool,
+    ) -> Result<Lease> {
         let parent = match self
             .corrected_parent(child, &lease, parent, confirmed)
             .await
@@ -156,7 +173,7 @@ impl Inner {
             return Ok(parent);
         };
         let stamp = part.image.as_ref().and_then(|i| i.cascade);
-        if !stamp_questions_policy(child.cascade, stamp, confirmed) {
+        if !stamp_questioned(child, lease, confirmed) {
             return Ok(parent);
         }
         let now = self.clock().now_ms();
@@ -269,6 +286,16 @@ impl Inner {
             }
         }
     }
+}
+
+/// Whether the child's written item carries a cascade stamp that questions the planned
+/// policy (rule C3, `tollgate_core::cascade::stamp_questions_policy`): only then is the
+/// config re-read after the child's acquire.
+fn stamp_questioned(child: &Request, lease: &Lease, confirmed: bool) -> bool {
+    lease.parts.first().is_some_and(|part| {
+        let stamp = part.image.as_ref().and_then(|i| i.cascade);
+        stamp_questions_policy(child.cascade, stamp, confirmed)
+    })
 }
 
 #[cfg(test)]

@@ -171,8 +171,18 @@ impl Inner {
             }
             (Landed::LostLock(old), _) => {
                 let old = old.as_deref().map(BucketImage::decode).transpose()?;
-                self.after_lost_lock(req, shard, key, s, i64::MIN, &evals, old, now, known)
-                    .await
+                Box::pin(self.after_lost_lock(
+                    req,
+                    shard,
+                    key,
+                    s,
+                    i64::MIN,
+                    &evals,
+                    old,
+                    now,
+                    known,
+                ))
+                .await
             }
         }
     }

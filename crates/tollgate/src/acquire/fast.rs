@@ -61,7 +61,9 @@ impl Inner {
                 FastOnce::Admitted(lease) => return Ok(Fast::Granted(lease)),
                 FastOnce::Throttled => {
                     // Throttled: the partition is hot. Spread out if we can.
-                    let new_s = self.bump(req, s).await?;
+                    // Boxed (both bumps): a throttle is rare, and the answer it arrives with
+                    // held beside the bump's future would size every fast attempt.
+                    let new_s = Box::pin(self.bump(req, s)).await?;
                     if new_s > s {
                         return Ok(Fast::Slow(self.rng().draw(s as u32, new_s as u32), None));
                     }
@@ -93,7 +95,7 @@ impl Inner {
                 FastRoute::Reshape => return Ok(Fast::Slow(cur, img.map(Arc::new))),
                 FastRoute::Double => {
                     let img = img.ok_or_else(|| Error::Corrupt("no image".into()))?;
-                    let new_s = self.bump(req, img.shard_count.max(s)).await?;
+                    let new_s = Box::pin(self.bump(req, img.shard_count.max(s))).await?;
                     if new_s > s {
                         return Ok(Fast::Slow(self.rng().draw(s as u32, new_s as u32), None));
                     }

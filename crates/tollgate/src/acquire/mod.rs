@@ -314,11 +314,13 @@ impl Inner {
     pub(crate) async fn acquire(self: &Arc<Self>, req: &Request) -> Result<Lease> {
         let now = self.clock().now_ms();
         let cached = self.shards().get(&req.entity, &req.resource);
-        let r = match cached {
+        // The slow path is awaited in one place, after the fast path's answer has been
+        // taken apart: no answer is held across it, which keeps this future small.
+        let next = match cached {
             Some(s) if self.opts().speculative => match self.local_decision(req, s, now) {
                 Err(x) => {
                     Stats::bump(&self.stats().local_rejections);
-                    Err(Error::RateLimitExceeded(x))
+                    Fast::Rejected(x)
                 }
                 Ok(shard) => {
                     // Rule "plan from what the store last said": a shard this process last
@@ -329,20 +331,18 @@ impl Inner {
                         .get(&req.entity, &req.resource, shard)
                         .filter(|img| needs_materialising(img, req, now) && !img.disabled);
                     match known {
-                        Some(img) => self.slow(req, shard, Some(img)).await,
-                        None => match self.fast(req, shard, s, now).await? {
-                            Fast::Granted(l) => Ok(l),
-                            Fast::Rejected(x) => Err(Error::RateLimitExceeded(x)),
-                            Fast::Slow(shard, img) => self.slow(req, shard, img).await,
-                        },
+                        Some(img) => Fast::Slow(shard, Some(img)),
+                        None => self.fast(req, shard, s, now).await?,
                     }
                 }
             },
-            Some(s) => {
-                let shard = self.rng().draw(0, s as u32);
-                self.slow(req, shard, None).await
-            }
-            None => self.slow(req, 0, None).await,
+            Some(s) => Fast::Slow(self.rng().draw(0, s as u32), None),
+            None => Fast::Slow(0, None),
+        };
+        let r = match next {
+            Fast::Granted(l) => Ok(l),
+            Fast::Rejected(x) => Err(Error::RateLimitExceeded(x)),
+            Fast::Slow(shard, img) => self.slow(req, shard, img).await,
         };
         if let Err(Error::RateLimitExceeded(_)) = &r {
             Stats::bump(&self.stats().rejections);

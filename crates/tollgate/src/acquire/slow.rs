@@ -120,7 +120,9 @@ impl Inner {
             None => match self.store().get(key, true).await? {
                 None => {
                     let now = self.clock().now_ms();
-                    return self.create(req, shard, key, now, moves, known).await;
+                    // Boxed: a bucket is created once, and its future is the largest
+                    // this one holds; held in place it would size every warm attempt.
+                    return Box::pin(self.create(req, shard, key, now, moves, known)).await;
                 }
                 Some(item) => Arc::new(self.decode_shard(req, shard, &item, key.clone())?),
             },
@@ -258,7 +260,8 @@ impl Inner {
             }
             (Landed::LostLock(old), _) => {
                 let old = old.as_deref().map(BucketImage::decode).transpose()?;
-                self.after_lost_lock(req, shard, key, s, img_rf, &evals, old, now, known)
+                // Boxed, as `create` above: a lost lock is rare, its future large.
+                Box::pin(self.after_lost_lock(req, shard, key, s, img_rf, &evals, old, now, known))
                     .await
             }
         }
