@@ -450,10 +450,23 @@ async fn acquire_inner(
             opts,
         )
         .await;
+    // The answer is its own future: what it holds is not laid out beside the acquire's.
+    answer_acquire(app, &body, overrides.as_deref(), r).await
+}
+
+/// The answer to an acquire the limiter decided (`r`): the lease committed or held, the
+/// statuses, the RateLimit headers; a refusal as `429`.
+async fn answer_acquire(
+    app: &AppState,
+    body: &AcquireBody,
+    overrides: Option<&[Limit]>,
+    r: tollgate::Result<tollgate::Lease>,
+) -> ApiResult<Response> {
+    let lim = &app.limiter;
     // The limits, for the policy windows in the headers (cached by the limiter).
     let limits_for_headers = || async {
-        match &overrides {
-            Some(l) => l.clone(),
+        match overrides {
+            Some(l) => l.to_vec(),
             None => lim
                 .resolve_limits(&body.entity, &body.resource)
                 .await
@@ -472,7 +485,9 @@ async fn acquire_inner(
                 lease.commit().await?;
                 (None, None)
             } else {
-                let (token, expires) = hold(app, lease).await?;
+                // Boxed: holding a lease (a token signed, a slot taken) is as large as the
+                // acquire's own future, and held in place it would size every acquire's.
+                let (token, expires) = Box::pin(hold(app, lease)).await?;
                 (Some(token), Some(expires))
             };
             let mut resp = json_answer(

@@ -307,9 +307,15 @@ impl Lease {
                 self.finish_bypassed(rollback).await
             } else if rollback {
                 self.pending.clear();
-                self.refund_all().await
+                // Boxed, as `write_pending` below: each is as large as the rest of this
+                // future, and a commit with nothing pending (an acquire committed at once)
+                // needs neither.
+                Box::pin(self.refund_all()).await
+            } else if self.pending.is_empty() {
+                // What `write_pending` does with nothing pending: nothing.
+                Ok(())
             } else {
-                self.write_pending().await
+                Box::pin(self.write_pending()).await
             };
             self.close_after(&r);
         }
