@@ -48,6 +48,13 @@ impl<V> Default for ByShard<V> {
     }
 }
 
+impl<V> Slot<V> {
+    /// Whether this entry is (entity `e`, resource `r`, `shard`).
+    fn is(&self, e: &str, r: &str, shard: u32) -> bool {
+        self.shard == shard && &*self.entity == e && &*self.resource == r
+    }
+}
+
 /// The hash of (entity, resource, shard): the names apart by a byte no `str` holds.
 fn slot_hash(hasher: &foldhash::fast::RandomState, e: &str, r: &str, shard: u32) -> u64 {
     use std::hash::{BuildHasher, Hasher};
@@ -70,18 +77,14 @@ impl<V> ByShard<V> {
 
     pub(crate) fn get(&self, e: &str, r: &str, shard: u32) -> Option<&V> {
         self.table
-            .find(self.hash(e, r, shard), |s| {
-                s.shard == shard && &*s.entity == e && &*s.resource == r
-            })
+            .find(self.hash(e, r, shard), |s| s.is(e, r, shard))
             .map(|s| &s.value)
     }
 
     pub(crate) fn get_mut(&mut self, e: &str, r: &str, shard: u32) -> Option<&mut V> {
         let h = self.hash(e, r, shard);
         self.table
-            .find_mut(h, |s| {
-                s.shard == shard && &*s.entity == e && &*s.resource == r
-            })
+            .find_mut(h, |s| s.is(e, r, shard))
             .map(|s| &mut s.value)
     }
 
@@ -116,9 +119,7 @@ impl<V> ByShard<V> {
 
     fn remove(&mut self, e: &str, r: &str, shard: u32) {
         let h = self.hash(e, r, shard);
-        if let Ok(found) = self.table.find_entry(h, |s| {
-            s.shard == shard && &*s.entity == e && &*s.resource == r
-        }) {
+        if let Ok(found) = self.table.find_entry(h, |s| s.is(e, r, shard)) {
             found.remove();
         }
     }

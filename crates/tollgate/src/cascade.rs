@@ -113,7 +113,7 @@ impl Inner {
             self.parent_precheck(preq)?;
         }
         let lease = self.acquire(child).await?;
-        if parent.is_none() && !stamp_questioned(child, &lease, confirmed) {
+        if parent.is_none() && questioning_stamp(child, &lease, confirmed).is_none() {
             return Ok(lease);
         }
         // Boxed: the parent's acquire is as large as the child's; held in place, the rest
@@ -169,13 +169,9 @@ impl Inner {
         parent: Option<Request>,
         confirmed: bool,
     ) -> Result<Option<Request>> {
-        let Some(part) = lease.parts.first() else {
+        let Some((part, stamp)) = questioning_stamp(child, lease, confirmed) else {
             return Ok(parent);
         };
-        let stamp = part.image.as_ref().and_then(|i| i.cascade);
-        if !stamp_questioned(child, lease, confirmed) {
-            return Ok(parent);
-        }
         let now = self.clock().now_ms();
         let res = match self
             .config()
@@ -288,14 +284,17 @@ impl Inner {
     }
 }
 
-/// Whether the child's written item carries a cascade stamp that questions the planned
+/// The child's written shard and its cascade stamp, when that stamp questions the planned
 /// policy (rule C3, `tollgate_core::cascade::stamp_questions_policy`): only then is the
 /// config re-read after the child's acquire.
-fn stamp_questioned(child: &Request, lease: &Lease, confirmed: bool) -> bool {
-    lease.parts.first().is_some_and(|part| {
-        let stamp = part.image.as_ref().and_then(|i| i.cascade);
-        stamp_questions_policy(child.cascade, stamp, confirmed)
-    })
+fn questioning_stamp<'a>(
+    child: &Request,
+    lease: &'a Lease,
+    confirmed: bool,
+) -> Option<(&'a crate::lease::Part, Option<bool>)> {
+    let part = lease.parts.first()?;
+    let stamp = part.image.as_ref().and_then(|i| i.cascade);
+    stamp_questions_policy(child.cascade, stamp, confirmed).then_some((part, stamp))
 }
 
 #[cfg(test)]
