@@ -1,7 +1,6 @@
 //! The bucket item of one (entity, resource, shard), decoded: item-level attributes and the
 //! per-limit states `b_{n}_*` (spec-shards-windows-quotas.md §1.1–1.3).
 
-use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use crate::error::RuleError;
@@ -133,7 +132,7 @@ pub struct BucketImage {
     /// Parameter hash.
     pub params_hash: Option<AttrName>,
     /// User limits by name (complete states only).
-    pub limits: BTreeMap<AttrName, LimitState>,
+    pub limits: LimitMap,
     /// The `wcu` guard.
     pub wcu: Option<LimitState>,
     /// The (entity, resource) is disabled.
@@ -152,7 +151,9 @@ pub struct BucketImage {
 }
 
 mod layout;
+mod limit_map;
 pub use layout::{Layout, LayoutRef, Shapes, SHAPES_KEPT};
+pub use limit_map::LimitMap;
 
 /// The per-limit attribute schema: limit `n`'s field `f` is stored as `b_{n}_{f}`
 /// ([`crate::keys::battr`]). Every encoder, decoder and condition names a field through
@@ -582,7 +583,7 @@ impl BucketImage {
                 format!("out of range: {shard_count}"),
             ));
         }
-        let mut limits = BTreeMap::new();
+        let mut limits = LimitMap::with_capacity(fields.len());
         let mut wcu = None;
         for (n, fs) in fields {
             // A field's value, read as `num_of` / `string_of` read a top-level attribute.

@@ -383,7 +383,6 @@ pub fn doubling(old: ShardCount, max: i64) -> Option<Doubling> {
 
 #[cfg(test)]
 mod tests {
-    use std::collections::BTreeMap;
     use std::time::Duration;
 
     use super::*;
@@ -419,7 +418,7 @@ mod tests {
             limits: limits
                 .iter()
                 .map(|(l, st)| (l.name().into(), st.clone()))
-                .collect::<BTreeMap<_, _>>(),
+                .collect(),
             wcu: None,
             disabled: false,
             bypass: false,

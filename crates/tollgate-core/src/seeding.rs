@@ -416,7 +416,6 @@ pub fn move_updates(moves: &[Move]) -> Vec<(u32, Update, Condition)> {
 
 #[cfg(test)]
 mod tests {
-    use std::collections::BTreeMap;
     use std::time::Duration;
 
     use super::*;
@@ -435,7 +434,7 @@ mod tests {
             limits: limits
                 .iter()
                 .map(|(n, st)| ((*n).into(), st.clone()))
-                .collect::<BTreeMap<_, _>>(),
+                .collect(),
             wcu: None,
             disabled: false,
             bypass: false,
