@@ -10,6 +10,7 @@
 
 use std::cmp::Ordering;
 use std::fmt;
+use std::sync::{Arc, OnceLock};
 
 use serde::de::{MapAccess, Visitor};
 use serde::ser::SerializeMap;
@@ -19,11 +20,23 @@ use crate::value::{AttrName, Value};
 
 /// An item: attribute name → value, in name order. Includes the key attributes `PK` and
 /// `SK`.
-#[derive(Clone, Default, PartialEq, Eq)]
+#[derive(Clone, Default)]
 pub struct Item {
     /// Sorted by name (byte order, as `str` orders), each name once.
     attrs: Vec<Attr>,
+    /// Names known to be exactly this item's (see [`Item::has_names`]): set when a
+    /// comparison found them equal, kept while values change in place and by copies,
+    /// emptied by every change of a name. Not part of the item's value.
+    shape: OnceLock<Arc<Names>>,
 }
+
+impl PartialEq for Item {
+    fn eq(&self, other: &Self) -> bool {
+        self.attrs == other.attrs
+    }
+}
+
+impl Eq for Item {}
 
 /// One attribute, with the first eight bytes of its name as a number ([`prefix_of`]): a
 /// search compares that number first and reads the name only past it.
@@ -134,14 +147,29 @@ fn chunk8(s: &[u8], at: usize) -> [u8; 8] {
 impl Item {
     /// An empty item.
     pub const fn new() -> Self {
-        Item { attrs: Vec::new() }
+        Item {
+            attrs: Vec::new(),
+            shape: OnceLock::new(),
+        }
+    }
+
+    /// An item of these attributes (sorted, each name once), its shape not yet known.
+    fn of_attrs(attrs: Vec<Attr>) -> Self {
+        Item {
+            attrs,
+            shape: OnceLock::new(),
+        }
+    }
+
+    /// A name was added or removed: the shape known before is no longer this item's.
+    #[inline]
+    fn renamed(&mut self) {
+        self.shape.take();
     }
 
     /// An empty item with room for `n` attributes.
     pub fn with_capacity(n: usize) -> Self {
-        Item {
-            attrs: Vec::with_capacity(n),
-        }
+        Item::of_attrs(Vec::with_capacity(n))
     }
 
     /// Where `name` is (`Ok`), or where it would be inserted (`Err`).
@@ -214,6 +242,7 @@ impl Item {
             Ok(i) => Some(std::mem::replace(&mut self.attrs[i].value, value)),
             Err(i) => {
                 self.attrs.insert(i, Attr::new(name, value));
+                self.renamed();
                 None
             }
         }
@@ -222,7 +251,10 @@ impl Item {
     /// Remove `name`; the value it held.
     pub fn remove<Q: AsRef<str> + ?Sized>(&mut self, name: &Q) -> Option<Value> {
         match self.position(name.as_ref()) {
-            Ok(i) => Some(self.attrs.remove(i).value),
+            Ok(i) => {
+                self.renamed();
+                Some(self.attrs.remove(i).value)
+            }
             Err(_) => None,
         }
     }
@@ -231,6 +263,7 @@ impl Item {
     pub fn remove_entry<Q: AsRef<str> + ?Sized>(&mut self, name: &Q) -> Option<(AttrName, Value)> {
         match self.position(name.as_ref()) {
             Ok(i) => {
+                self.renamed();
                 let a = self.attrs.remove(i);
                 Some((a.name, a.value))
             }
@@ -252,12 +285,17 @@ impl Item {
 
     /// Remove every attribute (the memory is kept).
     pub fn clear(&mut self) {
+        self.renamed();
         self.attrs.clear();
     }
 
     /// Keep only the attributes `keep` says yes to.
     pub fn retain(&mut self, mut keep: impl FnMut(&AttrName, &mut Value) -> bool) {
+        let before = self.attrs.len();
         self.attrs.retain_mut(|a| keep(&a.name, &mut a.value));
+        if self.attrs.len() != before {
+            self.renamed();
+        }
     }
 
     /// The attributes in name order.
@@ -317,15 +355,25 @@ impl Item {
     /// place has the same name, only the value is written (a string value into its own
     /// buffer).
     pub fn clone_from_item(&mut self, src: &Item) {
-        let same_shape = self.attrs.len() == src.attrs.len()
-            && self
-                .attrs
-                .iter()
-                .zip(&src.attrs)
-                .all(|(a, b)| a.prefix == b.prefix && same_name(&a.name, &b.name));
+        let known_same = matches!(
+            (self.shape.get(), src.shape.get()),
+            (Some(a), Some(b)) if Arc::ptr_eq(a, b)
+        );
+        let same_shape = known_same
+            || self.attrs.len() == src.attrs.len()
+                && self
+                    .attrs
+                    .iter()
+                    .zip(&src.attrs)
+                    .all(|(a, b)| a.prefix == b.prefix && same_name(&a.name, &b.name));
         if !same_shape {
             self.attrs.clone_from(&src.attrs);
+            self.shape = src.shape.clone();
             return;
+        }
+        // The same names: a shape either knows is both's.
+        if let (None, Some(s)) = (self.shape.get(), src.shape.get()) {
+            let _ = self.shape.set(Arc::clone(s));
         }
         for (d, s) in self.attrs.iter_mut().zip(&src.attrs) {
             match (&mut d.value, &s.value) {
@@ -348,7 +396,7 @@ impl Item {
 
 /// The names of an item, in order, kept to tell whether another item has the same ones
 /// ([`Item::has_names`]).
-#[derive(Clone, Debug)]
+#[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Names(Box<[(u64, AttrName)]>);
 
 impl Item {
@@ -364,7 +412,29 @@ impl Item {
 
     /// Whether this item has exactly `names`, in order. Each name is compared by its
     /// prefix integer and its length, and past its eighth byte only when it is longer.
-    pub fn has_names(&self, names: &Names) -> bool {
+    ///
+    /// An item found to have them remembers which `names` they were (its shape), and a
+    /// later question about the same `names` is answered from that alone: an item updated
+    /// in place keeps its names, so a bucket decoded after every write (each of its ~30
+    /// attributes on its own cache line) is not walked again — only the attributes the
+    /// decoder reads are. Every change of a name forgets the shape ([`Item::renamed`]).
+    pub fn has_names(&self, names: &Arc<Names>) -> bool {
+        if let Some(known) = self.shape.get() {
+            if Arc::ptr_eq(known, names) {
+                debug_assert!(self.compare_names(names), "a known shape is the item's");
+                return true;
+            }
+        }
+        if !self.compare_names(names) {
+            return false;
+        }
+        // Already set (to an equal shape another decoder recorded): keep that one.
+        let _ = self.shape.set(Arc::clone(names));
+        true
+    }
+
+    /// [`Item::has_names`] by comparing every name.
+    fn compare_names(&self, names: &Names) -> bool {
         self.attrs.len() == names.0.len()
             && self.attrs.iter().zip(names.0.iter()).all(|(a, (p, n))| {
                 a.prefix == *p
@@ -485,7 +555,7 @@ impl FromIterator<(AttrName, Value)> for Item {
                 _ => out.push(a),
             }
         }
-        let item = Item { attrs: out };
+        let item = Item::of_attrs(out);
         debug_assert!(
             item.debug_sorted(),
             "an item is sorted by name, each name once"
@@ -746,6 +816,72 @@ mod tests {
         let back: Item = serde_json::from_str(r#"{"b":{"n":3},"a":{"n":2}}"#).unwrap_or_default();
         assert_eq!(back, item);
     }
+
+    /// A shape found by [`Item::has_names`] answers for the item while only values
+    /// change, travels with copies, and is forgotten by every change of a name — after
+    /// which the same question compares the names again (and answers no).
+    #[test]
+    fn a_known_shape_lasts_until_a_name_changes() {
+        let item = |names: &[&str]| -> Item {
+            names
+                .iter()
+                .map(|n| (AttrName::from(*n), Value::N(1)))
+                .collect()
+        };
+        let shape = Arc::new(item(&["PK", "SK", "b_rpm_tk", "rf"]).names());
+        let mut it = item(&["PK", "SK", "b_rpm_tk", "rf"]);
+        assert!(it.shape.get().is_none(), "a new item knows no shape");
+        assert!(it.has_names(&shape));
+        assert!(Arc::ptr_eq(it.shape.get().expect("remembered"), &shape));
+        // Values change in place: the shape stays.
+        *it.get_mut("rf").expect("present") = Value::N(7);
+        it.insert("b_rpm_tk".into(), Value::N(9));
+        assert!(it.shape.get().is_some() && it.has_names(&shape));
+        let copy = it.clone();
+        assert!(copy.shape.get().is_some() && copy.has_names(&shape));
+        // The shape is not part of the value.
+        assert_eq!(
+            copy,
+            item(&["PK", "SK", "b_rpm_tk", "rf"]).tap(|i| {
+                *i.get_mut("rf").expect("present") = Value::N(7);
+                i.insert("b_rpm_tk".into(), Value::N(9));
+            })
+        );
+        // Every change of a name forgets it.
+        let renames: [fn(&mut Item); 5] = [
+            |i| drop(i.insert("vu".into(), Value::N(1))),
+            |i| drop(i.remove("rf")),
+            |i| drop(i.remove_entry("SK")),
+            |i| i.retain(|n, _| n != "PK"),
+            |i| i.clear(),
+        ];
+        for (k, rename) in renames.iter().enumerate() {
+            let mut i = it.clone();
+            rename(&mut i);
+            assert!(i.shape.get().is_none(), "change {k} forgets the shape");
+            assert!(!i.has_names(&shape), "change {k}: the names differ");
+        }
+        // A copy into an item of other names takes the source's shape; one into the same
+        // names keeps or learns it.
+        let mut other = item(&["a", "b"]);
+        other.clone_from_item(&it);
+        assert!(other.shape.get().is_some() && other.has_names(&shape) && other == it);
+        let mut same = item(&["PK", "SK", "b_rpm_tk", "rf"]);
+        same.clone_from_item(&it);
+        assert!(Arc::ptr_eq(same.shape.get().expect("learnt"), &shape));
+        // A retain that keeps everything renames nothing.
+        let mut kept = it.clone();
+        kept.retain(|_, _| true);
+        assert!(kept.shape.get().is_some());
+    }
+
+    trait Tap: Sized {
+        fn tap(mut self, f: impl FnOnce(&mut Self)) -> Self {
+            f(&mut self);
+            self
+        }
+    }
+    impl Tap for Item {}
 
     #[test]
     fn clone_from_item_reuses_a_same_shaped_copy() {

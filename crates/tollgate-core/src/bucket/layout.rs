@@ -19,8 +19,9 @@ use crate::value::{AttrName, Item};
 /// shape, by place — it is the same for every item with these names.
 #[derive(Debug)]
 pub struct Layout {
-    /// The shape: the item's names in order.
-    names: Names,
+    /// The shape: the item's names in order (shared: an item found to have them keeps
+    /// this reference, see [`Item::has_names`]).
+    names: Arc<Names>,
     /// The top-level attributes decoding reads, with their places.
     tops: Box<[(Top, u32)]>,
     /// Each limit's fields as places in the item, limits sorted by name (as gathered).
@@ -45,7 +46,7 @@ impl Layout {
             .iter()
             .all(|at| *at == ABSENT || (*at as usize) < item.len())));
         Some(Layout {
-            names: item.names(),
+            names: Arc::new(item.names()),
             tops: tops.into_boxed_slice(),
             fields: fields
                 .iter()
