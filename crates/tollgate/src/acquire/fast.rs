@@ -35,6 +35,7 @@ impl Inner {
         shard: u32,
         s: i64,
         now: i64,
+        first_at: Option<i64>,
     ) -> Result<Fast> {
         // At most 3 shards are tried: on the stack.
         let mut tried: SmallVec<[u32; 4]> = smallvec::smallvec![shard];
@@ -43,8 +44,12 @@ impl Inner {
         let mut reshaped = false;
         loop {
             // Each speculative write carries a fresh clock reading: its trust check is only
-            // as good as the `now` it compares.
-            let now = self.clock().now_ms();
+            // as good as the `now` it compares. The first may carry the one its caller
+            // judged the image at, read just before this call.
+            let now = match (tried.len(), first_at) {
+                (1, Some(at)) if !reshaped => at,
+                _ => self.clock().now_ms(),
+            };
             // ADR-151: shaped by the stamp this process last saw on the shard.
             let guess = self.guess_bypass(req, cur);
             let shaped;

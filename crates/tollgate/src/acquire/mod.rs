@@ -326,13 +326,25 @@ impl Inner {
                     // Rule "plan from what the store last said": a shard this process last
                     // saw past its trust horizon is materialised from that image, in one
                     // write, rather than refused by a speculative write first.
-                    let known = self
-                        .images()
-                        .get(&req.entity, &req.resource, shard)
-                        .filter(|img| needs_materialising(img, req, now) && !img.disabled);
-                    match known {
-                        Some(img) => Fast::Slow(shard, Some(img)),
-                        None => self.fast(req, shard, s, now).await?,
+                    match self.images().get(&req.entity, &req.resource, shard) {
+                        Some(img) if img.disabled => self.fast(req, shard, s, now, None).await?,
+                        // Past its horizon at `now`, so at every later instant too.
+                        Some(img) if needs_materialising(&img, req, now) => {
+                            Fast::Slow(shard, Some(img))
+                        }
+                        // Trusted at `now`, read before the image: judged again at the
+                        // instant the speculative write will carry, so a horizon passed in
+                        // between (a write that landed meanwhile may have left it) sends
+                        // the one materialising write, not a refused speculative one first.
+                        Some(img) => {
+                            let at = self.clock().now_ms();
+                            if needs_materialising(&img, req, at) {
+                                Fast::Slow(shard, Some(img))
+                            } else {
+                                self.fast(req, shard, s, now, Some(at)).await?
+                            }
+                        }
+                        None => self.fast(req, shard, s, now, None).await?,
                     }
                 }
             },

@@ -30,7 +30,9 @@ impl Inner {
     ) -> Result<Lease> {
         let gate = self.images().gate(&req.entity, &req.resource, shard);
         let (_turn, known) = match gate.try_lock() {
-            Ok(turn) => (Some(turn), known),
+            // A gated write may have landed between this pass's look at the cache and its
+            // turn, taken at once: the image it left is planned from when it is the newer.
+            Ok(turn) => (Some(turn), known.map(|k| self.newer_image(req, shard, k))),
             Err(_) => match tokio::time::timeout(self.gate_wait(), gate.lock()).await {
                 // The image the write ahead left replaces the one brought; a pass that
                 // would have read (none brought) reads after its wait.
@@ -62,6 +64,23 @@ impl Inner {
             },
             e => e,
         })
+    }
+
+    /// The image the cache holds for the shard when it is newer than `brought`: its `rf` is
+    /// later, and every rf-locked write moves `rf` forward (rule "monotonic rf",
+    /// `tollgate_core::writes::next_rf`). Otherwise `brought` — on a tie too, as a failed
+    /// write's old item, read from the store, is at least as recent as this process's
+    /// cache.
+    fn newer_image(
+        &self,
+        req: &Request,
+        shard: u32,
+        brought: Arc<BucketImage>,
+    ) -> Arc<BucketImage> {
+        match self.images().get(&req.entity, &req.resource, shard) {
+            Some(cached) if cached.refilled_at_ms > brought.refilled_at_ms => cached,
+            _ => brought,
+        }
     }
 
     /// One slow-path pass with its re-plans (no retries across passes), moves as given.

@@ -368,6 +368,91 @@ pub async fn concurrent_writers_of_one_shard_write_once_each(b: &Backend) {
     }
 }
 
+/// A clock that reads `first` for its next `left` readings and `then` after them.
+struct Scripted {
+    first: std::sync::atomic::AtomicI64,
+    left: std::sync::atomic::AtomicI64,
+    then: std::sync::atomic::AtomicI64,
+}
+
+impl Scripted {
+    fn at(&self, first: i64, readings: i64, then: i64) {
+        use std::sync::atomic::Ordering::SeqCst;
+        self.first.store(first, SeqCst);
+        self.left.store(readings, SeqCst);
+        self.then.store(then, SeqCst);
+    }
+}
+
+impl crate::Clock for Scripted {
+    fn now_ms(&self) -> i64 {
+        use std::sync::atomic::Ordering::SeqCst;
+        if self.left.fetch_sub(1, SeqCst) > 0 {
+            self.first.load(SeqCst)
+        } else {
+            self.then.load(SeqCst)
+        }
+    }
+}
+
+/// Rule "plan from what the store last said": the image a warm acquire finds is judged at
+/// the instant its speculative write will carry, not at the one read before the image was
+/// looked up. Here a bucket always full again a millisecond after its write (10⁹ per
+/// second) is trusted at the acquire's first readings and past its horizon one millisecond
+/// later, when the write would be sent: the acquire sends the one materialising write. It
+/// sent a speculative write first, refused (`Boundary`), and then that write (two in all)
+/// when the image was judged at the earlier reading — what 16 concurrent writers on a
+/// ticking clock hit now and then (`concurrent_writers_of_one_shard_write_once_each`).
+pub async fn a_horizon_passed_before_the_write_costs_one_write(b: &Backend) {
+    let h = b.harness(T0).await;
+    entity_limits(
+        &h,
+        "e",
+        "api",
+        &[Limit::per_second("rps", 1_000_000_000).unwrap()],
+    )
+    .await;
+    let clock = std::sync::Arc::new(Scripted {
+        first: T0.into(),
+        left: i64::MAX.into(),
+        then: T0.into(),
+    });
+    let lim = crate::Limiter::builder(h.store.clone())
+        .clock(clock.clone())
+        .options(opts())
+        .build()
+        .unwrap();
+    lim.acquire("e", "api", &[("rps", 1)]).await.unwrap();
+    let fu = h
+        .n("e", "api", 0, "b_rps_fu")
+        .expect("a dripping limit has a horizon");
+    assert_eq!(
+        fu,
+        T0 + 1,
+        "full again within the millisecond after its write"
+    );
+    // Two readings at the write's instant (the config's and the acquire's), then one
+    // millisecond later: the horizon.
+    clock.at(T0, 2, fu);
+    let before = h.stats();
+    lim.acquire("e", "api", &[("rps", 1)]).await.unwrap();
+    let after = h.stats();
+    assert_eq!(
+        (
+            after.updates - before.updates,
+            after.reads() - before.reads()
+        ),
+        (1, 0),
+        "one write, planned from the image this process holds"
+    );
+    assert_eq!(
+        h.n("e", "api", 0, "rf"),
+        Some(fu),
+        "the write materialised at the horizon"
+    );
+    assert_eq!(h.n("e", "api", 0, "b_rps_tc"), Some(2000));
+}
+
 /// Scenario 8: a refund that would leave a balance above its ceiling. For a quota, a refund
 /// of a debit from a period that has since reset is recorded in `tc` only (the reset already
 /// forgave it; crediting it would lift the new period). For a rate limit, the refund lands,

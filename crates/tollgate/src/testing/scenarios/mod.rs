@@ -71,6 +71,7 @@ macro_rules! scenario_tests {
             basics::dropped_lease_keeps_its_debit_only,
             basics::l3_lost_lock_retries_consumption_only,
             basics::concurrent_writers_of_one_shard_write_once_each,
+            basics::a_horizon_passed_before_the_write_costs_one_write,
             basics::s08_refund_above_ceiling_is_clamped,
             basics::reset_is_a_set_despite_a_concurrent_refund,
             basics::refund_after_a_reset_stays_in_its_period,
