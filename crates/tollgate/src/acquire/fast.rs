@@ -42,14 +42,12 @@ impl Inner {
         let mut images: Vec<BucketImage> = Vec::new();
         let mut cur = shard;
         let mut reshaped = false;
+        let mut first_at = first_at;
         loop {
             // Each speculative write carries a fresh clock reading: its trust check is only
             // as good as the `now` it compares. The first may carry the one its caller
             // judged the image at, read just before this call.
-            let now = match (tried.len(), first_at) {
-                (1, Some(at)) if !reshaped => at,
-                _ => self.clock().now_ms(),
-            };
+            let now = first_at.take().unwrap_or_else(|| self.clock().now_ms());
             // ADR-151: shaped by the stamp this process last saw on the shard.
             let guess = self.guess_bypass(req, cur);
             let shaped;

@@ -307,6 +307,30 @@ pub async fn l3_lost_lock_retries_consumption_only(b: &Backend) {
     }
 }
 
+/// A harness whose entity `e` has `api` at 10⁹ per second — a bucket full again within the
+/// millisecond after every write, so each acquire materialises under the rf lock — and a
+/// limiter of its own on the harness's store, reading `clock`.
+async fn always_full(
+    b: &Backend,
+    clock: std::sync::Arc<dyn crate::Clock>,
+    options: crate::Options,
+) -> (H, crate::Limiter) {
+    let h = b.harness(T0).await;
+    entity_limits(
+        &h,
+        "e",
+        "api",
+        &[Limit::per_second("rps", 1_000_000_000).unwrap()],
+    )
+    .await;
+    let lim = crate::Limiter::builder(h.store.clone())
+        .clock(clock)
+        .options(options)
+        .build()
+        .unwrap();
+    (h, lim)
+}
+
 /// A clock one millisecond later at every reading: every write of the scenario below carries
 /// its own `rf`, so an rf-locked write planned from an image another write replaced fails.
 struct Ticking(std::sync::atomic::AtomicI64);
@@ -325,24 +349,15 @@ impl crate::Clock for Ticking {
 pub async fn concurrent_writers_of_one_shard_write_once_each(b: &Backend) {
     const N: i64 = 16;
     for speculative in [true, false] {
-        let h = b.harness(T0).await;
-        entity_limits(
-            &h,
-            "e",
-            "api",
-            &[Limit::per_second("rps", 1_000_000_000).unwrap()],
-        )
-        .await;
-        let lim = crate::Limiter::builder(h.store.clone())
-            .clock(std::sync::Arc::new(Ticking(
-                std::sync::atomic::AtomicI64::new(T0),
-            )))
-            .options(crate::Options {
+        let (h, lim) = always_full(
+            b,
+            std::sync::Arc::new(Ticking(std::sync::atomic::AtomicI64::new(T0))),
+            crate::Options {
                 speculative,
                 ..opts()
-            })
-            .build()
-            .unwrap();
+            },
+        )
+        .await;
         lim.acquire("e", "api", &[("rps", 1)]).await.unwrap();
         let before = h.stats();
         let mut tasks = tokio::task::JoinSet::new();
@@ -404,24 +419,12 @@ impl crate::Clock for Scripted {
 /// when the image was judged at the earlier reading — what 16 concurrent writers on a
 /// ticking clock hit now and then (`concurrent_writers_of_one_shard_write_once_each`).
 pub async fn a_horizon_passed_before_the_write_costs_one_write(b: &Backend) {
-    let h = b.harness(T0).await;
-    entity_limits(
-        &h,
-        "e",
-        "api",
-        &[Limit::per_second("rps", 1_000_000_000).unwrap()],
-    )
-    .await;
     let clock = std::sync::Arc::new(Scripted {
         first: T0.into(),
         left: i64::MAX.into(),
         then: T0.into(),
     });
-    let lim = crate::Limiter::builder(h.store.clone())
-        .clock(clock.clone())
-        .options(opts())
-        .build()
-        .unwrap();
+    let (h, lim) = always_full(b, clock.clone(), opts()).await;
     lim.acquire("e", "api", &[("rps", 1)]).await.unwrap();
     let fu = h
         .n("e", "api", 0, "b_rps_fu")
