@@ -101,6 +101,7 @@ fn run_batch(
     // Nothing of a batch that did not commit is published.
     memo.published.clear();
     let now = Instant::now();
+    memo.tidy_spares(now);
     let mut jobs = Vec::with_capacity(batch.len());
     let mut replies = Vec::with_capacity(batch.len());
     let mut items = 0;
