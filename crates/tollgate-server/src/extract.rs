@@ -1,14 +1,18 @@
 //! Extractors whose rejections are this API's JSON errors (never axum's plain-text ones).
 
+use std::sync::Arc;
+
 use axum::body::Bytes;
 use axum::extract::{FromRequest, FromRequestParts, Path, Request};
 use axum::http::request::Parts;
 use axum::http::StatusCode;
+use http_body_util::BodyExt;
 use serde::de::DeserializeOwned;
 use smallvec::SmallVec;
 use std::collections::HashSet;
 
 use crate::error::ApiError;
+use crate::AppState;
 
 /// A JSON body. Accepted whatever the `Content-Type` (clients such as `curl -d` send
 /// form types); a syntax error is `invalid_json`, well-formed JSON of the wrong shape is
@@ -258,29 +262,62 @@ impl<'de> serde::de::Visitor<'de> for KeyVisitor {
     }
 }
 
-impl<S, T> FromRequest<S> for JsonBody<T>
+impl<T> FromRequest<Arc<AppState>> for JsonBody<T>
 where
-    S: Send + Sync,
     T: DeserializeOwned,
 {
     type Rejection = ApiError;
 
-    async fn from_request(req: Request, state: &S) -> Result<Self, Self::Rejection> {
-        let bytes = Bytes::from_request(req, state)
-            .await
-            .map_err(|e| body_error(&e))?;
+    async fn from_request(req: Request, state: &Arc<AppState>) -> Result<Self, Self::Rejection> {
+        let bytes = read_body(req, state.config.body_limit).await?;
         parse_json(&bytes).map(JsonBody)
     }
 }
 
-/// The error of a body that could not be read: too large (`413 payload_too_large`), not sent
-/// in time (`408 body_timeout`, see [`crate::ServerConfig::body_timeout`]), or broken off
-/// (`400 invalid_request`).
-fn body_error(e: &axum::extract::rejection::BytesRejection) -> ApiError {
-    let status = e.status();
-    if status == StatusCode::PAYLOAD_TOO_LARGE {
-        return ApiError::new(status, "payload_too_large", e.body_text());
+/// The whole body of `req`, at most `limit` bytes (more is `413 payload_too_large`, as
+/// axum's `Bytes` extractor under `DefaultBodyLimit` answers): its frames are read here
+/// rather than through axum's `Limited` and `Collect` layers, and a body that comes in one
+/// frame (every request of a client that sends its body with its headers) is that frame's
+/// bytes, not a copy.
+async fn read_body(req: Request, limit: usize) -> Result<Bytes, ApiError> {
+    let mut body = req.into_body();
+    let mut first = Bytes::new();
+    let mut joined: Vec<u8> = Vec::new();
+    while let Some(frame) = body.frame().await {
+        let frame = frame.map_err(|e| body_error(&e))?;
+        let Ok(data) = frame.into_data() else {
+            // Trailers: not part of the body.
+            continue;
+        };
+        let total = first.len() + joined.len() + data.len();
+        if total > limit {
+            return Err(ApiError::new(
+                StatusCode::PAYLOAD_TOO_LARGE,
+                "payload_too_large",
+                "Failed to buffer the request body: length limit exceeded",
+            ));
+        }
+        if first.is_empty() && joined.is_empty() {
+            first = data;
+        } else {
+            if joined.is_empty() {
+                joined.reserve(total);
+                joined.extend_from_slice(&first);
+                first = Bytes::new();
+            }
+            joined.extend_from_slice(&data);
+        }
     }
+    Ok(if joined.is_empty() {
+        first
+    } else {
+        Bytes::from(joined)
+    })
+}
+
+/// The error of a body that could not be read: not sent in time (`408 body_timeout`, see
+/// [`crate::ServerConfig::body_timeout`]), or broken off (`400 invalid_request`).
+fn body_error(e: &axum::Error) -> ApiError {
     let mut source: Option<&(dyn std::error::Error + 'static)> = Some(e);
     while let Some(err) = source {
         if err.is::<tower_http::timeout::TimeoutError>() {
@@ -291,7 +328,7 @@ fn body_error(e: &axum::extract::rejection::BytesRejection) -> ApiError {
     ApiError::new(
         StatusCode::BAD_REQUEST,
         "invalid_request",
-        format!("the request body could not be read: {}", e.body_text()),
+        format!("the request body could not be read: Failed to buffer the request body: {e}"),
     )
 }
 

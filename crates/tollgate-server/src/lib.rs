@@ -49,6 +49,7 @@
 //! debit was written by the acquire); another server finishes the lease from its token.
 
 pub mod access;
+mod acquire_json;
 pub mod aggregate;
 pub mod auth;
 pub mod cron;

@@ -315,14 +315,6 @@ struct AcquireBody {
     commit: bool,
 }
 
-#[derive(Debug, Serialize)]
-struct AcquireOk<'a> {
-    lease_id: Option<String>,
-    lease_expires_at_ms: Option<i64>,
-    statuses: &'a [LimitStatus],
-    degraded: bool,
-}
-
 /// `429 Too Many Requests` with `body`, `Retry-After` when the refusal says when, and the
 /// RateLimit headers of the refused statuses (`limits`: the policies they name).
 pub(crate) fn too_many_requests<T: Serialize>(
@@ -345,6 +337,15 @@ pub(crate) fn too_many_requests<T: Serialize>(
 /// thread and copied out at its final size: one allocation, and one header map the caller
 /// adds to.
 pub(crate) fn json_answer<T: Serialize>(status: StatusCode, value: &T) -> Response {
+    json_answer_written(status, |out| serde_json::to_writer(out, value))
+}
+
+/// [`json_answer`] with the body written by `write` (the JSON of `value`, for a body
+/// written without serde: [`crate::acquire_json`]).
+pub(crate) fn json_answer_written(
+    status: StatusCode,
+    write: impl FnOnce(&mut Vec<u8>) -> serde_json::Result<()>,
+) -> Response {
     /// The largest buffer a thread keeps between answers.
     const KEPT: usize = 64 * 1024;
     thread_local! {
@@ -358,8 +359,7 @@ pub(crate) fn json_answer<T: Serialize>(status: StatusCode, value: &T) -> Respon
             Err(_) => &mut fresh,
         };
         out.clear();
-        let r = serde_json::to_writer(&mut *out, value)
-            .map(|()| axum::body::Bytes::copy_from_slice(out));
+        let r = write(&mut *out).map(|()| axum::body::Bytes::copy_from_slice(out));
         if out.capacity() > KEPT {
             *out = Vec::new();
         }
@@ -490,15 +490,16 @@ async fn answer_acquire(
                 let (token, expires) = Box::pin(hold(app, lease)).await?;
                 (Some(token), Some(expires))
             };
-            let mut resp = json_answer(
-                StatusCode::OK,
-                &AcquireOk {
-                    lease_id,
+            let mut resp = json_answer_written(StatusCode::OK, |out| {
+                crate::acquire_json::write_acquire_ok(
+                    out,
+                    lease_id.as_deref(),
                     lease_expires_at_ms,
-                    statuses: &statuses,
+                    &statuses,
                     degraded,
-                },
-            );
+                );
+                Ok(())
+            });
             add_ratelimit_headers(resp.headers_mut(), &statuses, &limits, now);
             Ok(resp)
         }

@@ -216,3 +216,55 @@ async fn the_connection_cap_holds_until_a_connection_closes() {
     assert_eq!(a.status, 200);
     srv.stop().await;
 }
+
+/// Send a POST of `/v1/acquire` whose body comes in `chunks` (chunked transfer encoding,
+/// one write per chunk, a pause between them so that each arrives on its own); its answer.
+async fn chunked_acquire(addr: std::net::SocketAddr, chunks: &[&[u8]]) -> common::Answer {
+    let mut s = TcpStream::connect(addr).await.unwrap();
+    s.write_all(b"POST /v1/acquire HTTP/1.1\r\nhost: x\r\ntransfer-encoding: chunked\r\n\r\n")
+        .await
+        .unwrap();
+    for c in chunks {
+        let mut frame = format!("{:x}\r\n", c.len()).into_bytes();
+        frame.extend_from_slice(c);
+        frame.extend_from_slice(b"\r\n");
+        s.write_all(&frame).await.unwrap();
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    s.write_all(b"0\r\n\r\n").await.unwrap();
+    let mut buf = Vec::new();
+    read_answer(&mut s, &mut buf, false)
+        .await
+        .expect("an answer")
+}
+
+/// A body that comes in several pieces is read whole: a field in its last piece is seen
+/// (an unknown one is refused by name), and the limit counts every piece (`413`).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_body_in_pieces_is_read_whole_and_limited_whole() {
+    let srv = Running::start(ServerConfig::default()).await;
+    let a = chunked_acquire(
+        srv.addr,
+        &[
+            b"{\"entity\":\"e\",",
+            b"\"resource\":\"r\",",
+            b"\"bogus_field\":1}",
+        ],
+    )
+    .await;
+    assert_eq!(a.status, 400, "{a:?}");
+    assert_eq!(a.body["error"], "invalid_request", "{a:?}");
+    assert!(
+        a.body["message"]
+            .as_str()
+            .unwrap_or("")
+            .contains("bogus_field"),
+        "{a:?}"
+    );
+    // 3 pieces of 30,000 bytes: each under the 64 KiB limit, together over it.
+    let piece = vec![b' '; 30_000];
+    let a = chunked_acquire(srv.addr, &[&piece, &piece, &piece]).await;
+    assert_eq!(a.status, 413, "{a:?}");
+    assert_eq!(a.body["error"], "payload_too_large", "{a:?}");
+    srv.stop().await;
+}
