@@ -433,6 +433,27 @@ impl Item {
         true
     }
 
+    /// Whether this item and `other` are known to have the same names in the same order:
+    /// both remember the same shape ([`Item::has_names`]). Then the attribute at an index of
+    /// one has the same name at that index of the other, and a name found in one need not
+    /// be searched for in the other.
+    pub fn shares_shape(&self, other: &Item) -> bool {
+        let same = matches!(
+            (self.shape.get(), other.shape.get()),
+            (Some(a), Some(b)) if Arc::ptr_eq(a, b)
+        );
+        debug_assert!(
+            !same
+                || self
+                    .attrs
+                    .iter()
+                    .map(|a| &a.name)
+                    .eq(other.attrs.iter().map(|a| &a.name)),
+            "a shared shape is both items' names"
+        );
+        same
+    }
+
     /// [`Item::has_names`] by comparing every name.
     fn compare_names(&self, names: &Names) -> bool {
         self.attrs.len() == names.0.len()
