@@ -15,6 +15,7 @@ pub mod expr;
 pub mod grant;
 pub mod ids;
 pub mod item;
+pub mod json_text;
 pub mod keys;
 pub mod lease;
 pub mod limit;

@@ -57,10 +57,10 @@ fn status(out: &mut Vec<u8>, s: &LimitStatus) {
     out.push(b'}');
 }
 
-/// A JSON string: copied between quotes when no byte needs an escape (serde_json escapes
-/// the control bytes, `"` and `\`, nothing else), else written by serde_json.
+/// A JSON string: copied between quotes when no byte needs an escape
+/// ([`tollgate_core::json_text::is_plain_json_string`]), else written by serde_json.
 fn string(out: &mut Vec<u8>, s: &str) {
-    if s.bytes().all(|b| b >= 0x20 && b != b'"' && b != b'\\') {
+    if tollgate_core::json_text::is_plain_json_string(s) {
         out.push(b'"');
         out.extend_from_slice(s.as_bytes());
         out.push(b'"');

@@ -50,15 +50,10 @@ pub(crate) fn write_value(value: &Value, out: &mut String) -> Result<(), serde_j
     Ok(())
 }
 
-/// A JSON string: copied between quotes when nothing in it needs escaping (no `"`, no `\`,
-/// no control character below U+0020 — what `serde_json` escapes), else `serde_json`'s.
+/// A JSON string: copied between quotes when nothing in it needs escaping
+/// ([`tollgate_core::json_text::is_plain_json_string`]), else `serde_json`'s.
 pub(crate) fn write_str(s: &str, out: &mut String) -> Result<(), serde_json::Error> {
-    // Every byte looked at, without an early exit: the compiler turns the loop into vector
-    // compares (names and values are short, and almost never need an escape).
-    let escapes = s
-        .bytes()
-        .fold(false, |e, b| e | (b < 0x20) | (b == b'"') | (b == b'\\'));
-    if escapes {
+    if !tollgate_core::json_text::is_plain_json_string(s) {
         out.push_str(&serde_json::to_string(s)?);
     } else {
         out.reserve(s.len() + 2);
