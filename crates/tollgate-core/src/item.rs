@@ -454,6 +454,19 @@ impl Item {
         same
     }
 
+    /// Whether this item and `other` have the same names in the same order: at once when
+    /// they share a shape ([`Item::shares_shape`]), otherwise compared name by name, each by
+    /// its prefix integer and length, and past its eighth byte only when it is longer.
+    pub fn same_names(&self, other: &Item) -> bool {
+        self.shares_shape(other)
+            || (self.attrs.len() == other.attrs.len()
+                && self.attrs.iter().zip(other.attrs.iter()).all(|(a, b)| {
+                    a.prefix == b.prefix
+                        && a.name.len() == b.name.len()
+                        && (a.name.len() <= 8 || a.name.as_bytes()[8..] == b.name.as_bytes()[8..])
+                }))
+    }
+
     /// [`Item::has_names`] by comparing every name.
     fn compare_names(&self, names: &Names) -> bool {
         self.attrs.len() == names.0.len()
@@ -894,6 +907,39 @@ mod tests {
         let mut kept = it.clone();
         kept.retain(|_, _| true);
         assert!(kept.shape.get().is_some());
+    }
+
+    /// `same_names` answers as comparing the name lists would, shared shape or not:
+    /// names equal in their first eight bytes are told apart by their length and the rest.
+    #[test]
+    fn same_names_is_the_names_compared() {
+        let item = |names: &[&str]| -> Item {
+            names
+                .iter()
+                .enumerate()
+                .map(|(i, n)| (AttrName::from(*n), Value::N(i as i64)))
+                .collect()
+        };
+        let lists: [&[&str]; 7] = [
+            &[],
+            &["PK"],
+            &["PK", "SK", "b_rpm_tk_long", "rf"],
+            &["PK", "SK", "b_rpm_tk_lone", "rf"],
+            &["PK", "SK", "b_rpm_tk_longer", "rf"],
+            &["PK", "SK", "b_rpm_tk", "rf"],
+            &["PK", "SK", "b_rpm_tk", "rf", "wt"],
+        ];
+        for a in lists {
+            for b in lists {
+                let (x, mut y) = (item(a), item(b));
+                // Other values, the same names.
+                y.iter_mut().for_each(|(_, v)| *v = Value::S("x".into()));
+                assert_eq!(x.same_names(&y), a == b, "{a:?} and {b:?}");
+            }
+        }
+        let shape = Arc::new(item(lists[2]).names());
+        let (x, y) = (item(lists[2]), item(lists[2]));
+        assert!(x.has_names(&shape) && y.has_names(&shape) && x.same_names(&y));
     }
 
     trait Tap: Sized {

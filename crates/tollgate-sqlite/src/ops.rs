@@ -32,6 +32,7 @@ use tollgate_store::{
 
 use crate::error::from_sqlite;
 use crate::feed::OldImage;
+use crate::json::Layout;
 use crate::recent::Published;
 use crate::schema::INDEXES;
 
@@ -75,10 +76,12 @@ fn decode_each(key: &Key, raw: ValueRef<'_>) -> Result<Item, Undecodable> {
 
 /// The stored text of `item` (`json.rs`); `room` is the length expected (the text it
 /// replaces), so the text is written into one allocation.
-fn encode(key: &Key, item: &Item, room: usize) -> Result<String, StoreError> {
+fn encode(key: &Key, item: &Item, room: usize) -> Result<(String, Layout), StoreError> {
     let mut out = String::with_capacity(room.max(64) + 64);
-    crate::json::write_item(item, &mut out).map_err(|e| unencodable(key, e))?;
-    Ok(out)
+    let mut layout = Layout::default();
+    crate::json::write_item_laid_out(item, &mut out, &mut layout)
+        .map_err(|e| unencodable(key, e))?;
+    Ok((out, layout))
 }
 
 /// An item (or a difference of two) that JSON cannot hold.
@@ -129,6 +132,8 @@ fn read_raw(conn: &Connection, key: &Key) -> Result<Option<(i64, String)>, Store
 /// (where an update in place rewrites it).
 struct Stored {
     raw: String,
+    /// Where `raw`'s attributes lie, when the writer wrote it (empty: unknown).
+    layout: Layout,
     item: Arc<Item>,
     id: i64,
     /// Taken from the [`Memo`] (trusted, or its text found stored): a write that ends up
@@ -141,6 +146,8 @@ struct Stored {
 struct Held {
     /// The row's stored text, byte for byte.
     text: String,
+    /// Where its attributes lie (empty: unknown, the text was read from the file).
+    layout: Layout,
     /// The item decoded from it (or encoded into it).
     item: Arc<Item>,
     /// The row's id (`items.id`).
@@ -154,6 +161,7 @@ impl From<Held> for Stored {
     fn from(h: Held) -> Self {
         Stored {
             raw: h.text,
+            layout: h.layout,
             item: h.item,
             id: h.id,
             remembered: true,
@@ -196,8 +204,8 @@ pub struct Memo {
     pub published: Vec<(i64, Published)>,
 }
 
-/// Most rows [`Memo`] remembers (each a decoded item and its text, about 3 KB for a bucket
-/// of one limit): past it, it starts over.
+/// Most rows [`Memo`] remembers (each a decoded item, its text and its layout, about 3.4 KB
+/// for a bucket of one limit): past it, it starts over.
 const MEMO_ROWS: usize = 4_096;
 
 /// Most replaced versions [`Memo`] keeps for reuse (about 2 KB each for a bucket of one
@@ -281,13 +289,14 @@ impl Memo {
 
     /// Remember what a write stored at `key`, trusted for the rest of the batch (the
     /// writer holds the write lock) and beyond it under [`Memo::begin_batch`]'s rule.
-    fn remember(&mut self, key: &Key, text: String, item: Arc<Item>, id: i64) {
+    fn remember(&mut self, key: &Key, text: String, layout: Layout, item: Arc<Item>, id: i64) {
         if self.rows.len() >= MEMO_ROWS && !self.rows.contains_key(key) {
             self.rows.clear();
         }
         let epoch = self.epoch;
         let held = Held {
             text,
+            layout,
             item,
             id,
             epoch,
@@ -332,7 +341,7 @@ impl Memo {
     fn give_back(&mut self, key: &Key, stored: Stored) -> Arc<Item> {
         let item = Arc::clone(&stored.item);
         if stored.remembered {
-            self.remember(key, stored.raw, stored.item, stored.id);
+            self.remember(key, stored.raw, stored.layout, stored.item, stored.id);
         }
         item
     }
@@ -387,6 +396,7 @@ fn read_stored(
         };
         Ok(Stored {
             raw,
+            layout: Layout::default(),
             item: Arc::new(item),
             id,
             remembered: false,
@@ -434,15 +444,16 @@ fn write_item(
     item: Option<&Item>,
     prior: Prior<'_>,
 ) -> Result<Written, StoreError> {
-    let (old, old_id, old_item) = match prior {
+    let (old, old_id, old_item, old_layout) = match prior {
         Prior::Unread => match read_raw(conn, key)? {
-            Some((id, text)) => (Some(Cow::Owned(text)), Some(id), None),
-            None => (None, None, None),
+            Some((id, text)) => (Some(Cow::Owned(text)), Some(id), None, None),
+            None => (None, None, None, None),
         },
         Prior::Read(p) => (
             p.map(|s| Cow::Borrowed(s.raw.as_str())),
             p.map(|s| s.id),
             p.map(|s| &*s.item),
+            p.map(|s| &s.layout),
         ),
     };
     let at = now_ms();
@@ -459,6 +470,7 @@ fn write_item(
             seq,
             at_ms: at,
             text: None,
+            layout: Layout::default(),
             id: 0,
             existed: true,
         });
@@ -468,7 +480,22 @@ fn write_item(
         Some(key),
         "items are stamped before writing"
     );
-    let json = encode(key, item, old.as_deref().map_or(0, str::len))?;
+    // The new text and the old image's difference from it, written from the old text
+    // when the writer laid that out and the two items have the same names (nearly every
+    // limiter write: `json::rewrite`); otherwise encoded whole, the difference below.
+    let mut diff = String::new();
+    let (json, layout, diffed) = match (old.as_deref(), old_item, old_layout) {
+        (Some(text), Some(o), Some(l)) if l.covers(o) && o.same_names(item) => {
+            let (mut json, mut layout) = (String::new(), Layout::default());
+            crate::json::rewrite(text, l, o, item, &mut json, &mut layout, &mut diff)
+                .map_err(|e| unencodable(key, e))?;
+            (json, layout, true)
+        }
+        _ => {
+            let (json, layout) = encode(key, item, old.as_deref().map_or(0, str::len))?;
+            (json, layout, false)
+        }
+    };
     let in_place = match (old_id, old_item) {
         (Some(id), Some(o)) => index_cols(o).eq(index_cols(item)).then_some(id),
         _ => None,
@@ -508,12 +535,13 @@ fn write_item(
     };
     // The old image goes on the feed as its difference from the new one when the writer
     // holds it decoded and the difference is the shorter (`diff.rs`).
-    let mut diff = String::new();
     let existed = old.is_some();
     let old = match (old.as_deref(), old_item) {
         (None, _) => OldImage::None,
         (Some(text), Some(o)) if text != json => {
-            crate::diff::write_diff(o, item, &mut diff).map_err(|e| unencodable(key, e))?;
+            if !diffed {
+                crate::diff::write_diff(o, item, &mut diff).map_err(|e| unencodable(key, e))?;
+            }
             if diff.len() < text.len() {
                 OldImage::Diff { text, diff: &diff }
             } else {
@@ -527,6 +555,7 @@ fn write_item(
         seq,
         at_ms: at,
         text: Some(json),
+        layout,
         id,
         existed,
     })
@@ -541,6 +570,8 @@ struct Written {
     at_ms: i64,
     /// The text stored (`None`: the item was deleted, or nothing was written).
     text: Option<String>,
+    /// Where its attributes lie.
+    layout: Layout,
     /// The row id of the text stored.
     id: i64,
     /// Whether there was a row before the write.
@@ -768,7 +799,7 @@ fn put(conn: &Connection, req: PutRequest, memo: &mut Memo) -> Result<(), StoreE
         None => {}
     }
     if let Some(text) = w.text {
-        memo.remember(&req.key, text, item, w.id);
+        memo.remember(&req.key, text, w.layout, item, w.id);
     }
     Ok(())
 }
@@ -824,7 +855,7 @@ fn update(
         }
         memo.publish(&w, &req.key, old, Some(Arc::clone(new)));
         if let Some(text) = w.text {
-            memo.remember(&req.key, text, Arc::clone(new), w.id);
+            memo.remember(&req.key, text, w.layout, Arc::clone(new), w.id);
         }
     }
     // Absent before and after: nothing written.
@@ -1070,7 +1101,7 @@ fn transact_body(
         let new = new.map(Arc::new);
         memo.publish(&w, key, old.shared(), new.clone());
         if let (Some(text), Some(new)) = (w.text, new) {
-            memo.remember(key, text, new, w.id);
+            memo.remember(key, text, w.layout, new, w.id);
         }
     }
     if let (Some(t), Some(fp)) = (token, fingerprint) {
