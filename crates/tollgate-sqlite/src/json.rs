@@ -82,44 +82,45 @@ pub fn write_item_laid_out(
 /// (`"name":old value`) are copied from `old_text` too.
 ///
 /// Only for two items with the same names in the same order ([`Item::same_names`]) and a
-/// text of `old` laid out by `old_layout` ([`Layout::covers`]); `out`, `layout` and `diff`
-/// are overwritten. The bytes are exactly [`write_item`]'s and
-/// [`crate::diff::write_diff`]'s (debug builds check every call; `tests` below draw pairs).
+/// text of `old` laid out by its layout ([`Layout::covers`]). The bytes are exactly
+/// [`write_item`]'s and [`crate::diff::write_diff`]'s (debug builds check every call;
+/// `tests` below draw pairs). It also tells whether an attribute whose name `watched`
+/// picks changed its value.
 pub fn rewrite(
-    old_text: &str,
-    old_layout: &Layout,
-    old: &Item,
+    old: LaidOut<'_>,
     new: &Item,
-    out: &mut String,
-    layout: &mut Layout,
-    diff: &mut String,
-) -> Result<(), serde_json::Error> {
-    debug_assert!(old.same_names(new), "the same names");
-    debug_assert!(old_layout.covers(old), "a laid-out text of the old item");
-    out.clear();
-    diff.clear();
-    layout.0.clear();
-    layout.0.reserve(new.len());
+    watched: impl Fn(&str) -> bool,
+) -> Result<Rewritten, serde_json::Error> {
+    debug_assert!(old.item.same_names(new), "the same names");
+    debug_assert!(
+        old.layout.covers(old.item),
+        "a laid-out text of the old item"
+    );
+    let old_text = old.text;
     // One allocation each: the new text is about the old one's length, and a limiter
     // write's difference (its ~7 changed members) about a hundred bytes.
-    out.reserve(old_text.len() + 16);
-    diff.reserve(256);
+    let mut out = String::with_capacity(old_text.len() + 16);
+    let mut diff = String::with_capacity(256);
+    let mut layout = Layout(Vec::with_capacity(new.len()));
     diff.push('{');
     // The next byte of `old_text` not yet copied, and how far the new text's bytes from
     // there on stand from the old text's (the sum of the changed values' growth).
     let mut copied = 0usize;
     let mut shift = 0isize;
     let at = |o: u32, shift: isize| (o as usize).wrapping_add_signed(shift);
-    for (span, ((_, a), (_, b))) in old_layout.spans().iter().zip(old.iter().zip(new.iter())) {
+    let mut watched_changed = false;
+    let pairs = old.item.iter().zip(new.iter());
+    for (span, ((n, a), (_, b))) in old.layout.spans().iter().zip(pairs) {
         let [name, value, end] = *span;
         if a == b {
             layout.push([at(name, shift), at(value, shift), at(end, shift)]);
             continue;
         }
+        watched_changed |= watched(n.as_str());
         let (name, value, end) = (name as usize, value as usize, end as usize);
         out.push_str(&old_text[copied..value]);
         let new_value = out.len();
-        write_value(b, out)?;
+        write_value(b, &mut out)?;
         layout.push([name.wrapping_add_signed(shift), new_value, out.len()]);
         shift = out.len() as isize - end as isize;
         copied = end;
@@ -147,13 +148,42 @@ pub fn rewrite(
         diff.as_str(),
         {
             let mut d = String::new();
-            crate::diff::write_diff(old, new, &mut d)
+            crate::diff::write_diff(old.item, new, &mut d)
                 .map(|()| d)
                 .unwrap_or_default()
         },
         "a rewritten difference is the difference"
     );
-    Ok(())
+    Ok(Rewritten {
+        text: out,
+        layout,
+        diff,
+        watched_changed,
+    })
+}
+
+/// An item's text as this module wrote it, with its layout.
+#[derive(Debug, Clone, Copy)]
+pub struct LaidOut<'a> {
+    /// The text.
+    pub text: &'a str,
+    /// Where its attributes lie.
+    pub layout: &'a Layout,
+    /// The item it is the text of.
+    pub item: &'a Item,
+}
+
+/// What [`rewrite`] wrote.
+#[derive(Debug)]
+pub struct Rewritten {
+    /// The new item's text.
+    pub text: String,
+    /// Where its attributes lie.
+    pub layout: Layout,
+    /// The difference that turns the new item back into the old (`diff.rs`).
+    pub diff: String,
+    /// Whether an attribute `watched` picks changed its value.
+    pub watched_changed: bool,
 }
 
 /// One value: `{"n":…}`, `{"s":…}`, `{"bool":…}` here, anything else by `serde_json`.
@@ -293,10 +323,17 @@ mod tests {
             let mut prev = (first, text, layout);
             for next in [second, third] {
                 proptest::prop_assert!(prev.0.same_names(&next));
-                let (mut out, mut out_layout, mut diff) = (String::new(), Layout::default(), String::new());
+                let (mut out, mut out_layout) = (String::new(), Layout::default());
                 if prev.2.covers(&prev.0) {
-                    rewrite(&prev.1, &prev.2, &prev.0, &next, &mut out, &mut out_layout, &mut diff)
-                        .unwrap();
+                    let watched = |n: &str| n.starts_with('a');
+                    let old = LaidOut { text: &prev.1, layout: &prev.2, item: &prev.0 };
+                    let r = rewrite(old, &next, watched).unwrap();
+                    proptest::prop_assert_eq!(
+                        r.watched_changed,
+                        prev.0.iter().zip(next.iter()).any(|((n, a), (_, b))| watched(n.as_str()) && a != b)
+                    );
+                    let diff = r.diff;
+                    (out, out_layout) = (r.text, r.layout);
                     let (mut whole, mut whole_layout) = (String::new(), Layout::default());
                     write_item_laid_out(&next, &mut whole, &mut whole_layout).unwrap();
                     proptest::prop_assert_eq!(&out, &whole);

@@ -423,15 +423,22 @@ fn index_col<'i>(item: &'i Item, attr: &str) -> Option<&'i str> {
     item.get(attr).and_then(|v| v.as_s())
 }
 
+/// The greatest of [`INDEX_ATTRS`] in `str`'s order.
+const LAST_INDEX_ATTR: &str = "GSI4SK";
+
 /// The index columns' values an item holds (its string-valued index attributes), in name
-/// order: one walk over the item, no look-up.
+/// order: one walk over the item's first attributes, no look-up. An item's attributes come
+/// in name order (`str`'s), so the walk ends at the first name past [`LAST_INDEX_ATTR`]
+/// (a limiter bucket's index attributes are its first eight of about thirty).
 fn index_cols(item: &Item) -> impl Iterator<Item = (&str, &str)> + '_ {
-    item.iter().filter_map(|(n, v)| {
-        let n = n.as_str();
-        (n.starts_with("GSI") && INDEX_ATTRS.contains(&n))
-            .then(|| v.as_s().map(|s| (n, s)))
-            .flatten()
-    })
+    item.iter()
+        .map(|(n, v)| (n.as_str(), v))
+        .take_while(|(n, _)| *n <= LAST_INDEX_ATTR)
+        .filter_map(|(n, v)| {
+            (n.starts_with("GSI") && INDEX_ATTRS.contains(&n))
+                .then(|| v.as_s().map(|s| (n, s)))
+                .flatten()
+        })
 }
 
 /// Write (`Some`) or delete (`None`) one item, refreshing its index columns, and record the
@@ -484,22 +491,37 @@ fn write_item(
     // when the writer laid that out and the two items have the same names (nearly every
     // limiter write: `json::rewrite`); otherwise encoded whole, the difference below.
     let mut diff = String::new();
-    let (json, layout, diffed) = match (old.as_deref(), old_item, old_layout) {
+    // `rewritten`: `Some(whether an index attribute changed)` when written from the old text.
+    let (json, layout, rewritten) = match (old.as_deref(), old_item, old_layout) {
         (Some(text), Some(o), Some(l)) if l.covers(o) && o.same_names(item) => {
-            let (mut json, mut layout) = (String::new(), Layout::default());
-            crate::json::rewrite(text, l, o, item, &mut json, &mut layout, &mut diff)
+            let old = crate::json::LaidOut {
+                text,
+                layout: l,
+                item: o,
+            };
+            let r = crate::json::rewrite(old, item, |n| INDEX_ATTRS.contains(&n))
                 .map_err(|e| unencodable(key, e))?;
-            (json, layout, true)
+            diff = r.diff;
+            let (json, layout, index_changed) = (r.text, r.layout, r.watched_changed);
+            (json, layout, Some(index_changed))
         }
         _ => {
             let (json, layout) = encode(key, item, old.as_deref().map_or(0, str::len))?;
-            (json, layout, false)
+            (json, layout, None)
         }
     };
-    let in_place = match (old_id, old_item) {
-        (Some(id), Some(o)) => index_cols(o).eq(index_cols(item)).then_some(id),
+    // In place when the index columns stay: with the same names, exactly when no index
+    // attribute's value changed.
+    let in_place = match (old_id, old_item, rewritten) {
+        (Some(id), Some(_), Some(index_changed)) => (!index_changed).then_some(id),
+        (Some(id), Some(o), None) => index_cols(o).eq(index_cols(item)).then_some(id),
         _ => None,
     };
+    debug_assert!(
+        in_place.is_none()
+            == (old_id.is_none() || old_item.is_none_or(|o| !index_cols(o).eq(index_cols(item)))),
+        "rewritten in place exactly when the index columns stay"
+    );
     let id = if let Some(id) = in_place {
         // By its row id: the key index is not searched, let alone written.
         let n = conn
@@ -539,7 +561,7 @@ fn write_item(
     let old = match (old.as_deref(), old_item) {
         (None, _) => OldImage::None,
         (Some(text), Some(o)) if text != json => {
-            if !diffed {
+            if rewritten.is_none() {
                 crate::diff::write_diff(o, item, &mut diff).map_err(|e| unencodable(key, e))?;
             }
             if diff.len() < text.len() {
@@ -1243,6 +1265,45 @@ fn scan_index(
 mod tests {
     use super::*;
     use std::time::{Duration, Instant};
+    use tollgate_core::value::Value;
+
+    /// The walk for the index columns stops past [`LAST_INDEX_ATTR`], which is the greatest
+    /// index attribute: it finds every string-valued one, wherever the other names sort.
+    #[test]
+    fn index_columns_are_found_before_the_walk_stops() {
+        assert!(INDEX_ATTRS.contains(&LAST_INDEX_ATTR));
+        assert!(INDEX_ATTRS.iter().all(|a| *a <= LAST_INDEX_ATTR));
+        let mut item = Item::new();
+        for (i, n) in [
+            "A", "GSI", "GSI1", "GSI4SJ", "GSI4SKX", "PK", "SK", "b_x", "zz",
+        ]
+        .into_iter()
+        .enumerate()
+        {
+            item.insert(n.into(), Value::N(i as i64));
+        }
+        for (i, a) in INDEX_ATTRS.iter().enumerate() {
+            let v = if i == 3 {
+                Value::N(3)
+            } else {
+                Value::S(format!("v{i}"))
+            };
+            item.insert((*a).into(), v);
+        }
+        let found: Vec<(&str, &str)> = index_cols(&item).collect();
+        let want: Vec<(&str, String)> = INDEX_ATTRS
+            .iter()
+            .enumerate()
+            .filter(|(i, _)| *i != 3)
+            .map(|(i, a)| (*a, format!("v{i}")))
+            .collect();
+        assert_eq!(
+            found,
+            want.iter()
+                .map(|(a, v)| (*a, v.as_str()))
+                .collect::<Vec<_>>()
+        );
+    }
 
     /// A replaced version is handed out again only once nothing else holds it, oldest
     /// first; and every [`SPARES_PERIOD`] the spares are cut to what the period replaced.
