@@ -57,12 +57,15 @@
 //! A write reads its row once, or not at all when the writer remembers it and may trust
 //! that memory (no other connection has committed since, nothing was rolled back: see
 //! `ops::Memo::begin_batch`); an existing row whose index columns stay the same is
-//! rewritten in place (`UPDATE` of the item text, no index touched). The feed reader of a
-//! process takes both images of each change that process's writer committed from the
-//! writer, already decoded (`recent.rs`), without copying the stored texts; only other
-//! processes' changes are decoded from text, each old image shared with the previous
-//! change's new one of the same key. A trim removes the oldest changes up to the first
-//! still retained, walking only those.
+//! rewritten in place (`UPDATE` of the item text, no index touched). A row the writer wrote
+//! itself is written again from its old text when the names stay the same: only the
+//! changed values are encoded, the rest copied, and the feed's old-image difference is the
+//! changed members of the old text (`json::rewrite`, the same bytes as a whole encoding).
+//! The feed reader of a process takes both images of each change that process's writer
+//! committed from the writer, already decoded (`recent.rs`), without copying the stored
+//! texts; only other processes' changes are decoded from text, each old image shared with
+//! the previous change's new one of the same key. A trim removes the oldest changes up to
+//! the first still retained, walking only those.
 //!
 //! # Async
 //!
