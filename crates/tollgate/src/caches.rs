@@ -118,6 +118,11 @@ impl<V> ByShard<V> {
     }
 
     fn remove(&mut self, e: &str, r: &str, shard: u32) {
+        // Nothing to hash for (an admitted acquire forgets its shard's refusals, of which
+        // there are usually none).
+        if self.table.is_empty() {
+            return;
+        }
         let h = self.hash(e, r, shard);
         if let Ok(found) = self.table.find_entry(h, |s| s.is(e, r, shard)) {
             found.remove();

@@ -165,7 +165,7 @@ impl Inner {
                     "SK".into(),
                     tollgate_core::value::Value::S(key.sk.to_string()),
                 );
-                let new = self.remember(req, shard, key, Some(&full))?;
+                let new = self.remember(req, shard, key, Some(&full), None)?;
                 self.after_materialise(req, shard, s, &evals).await;
                 Ok(self.lease(req, shard, key.clone(), &evals, None, new, s, now))
             }

@@ -272,7 +272,7 @@ impl Inner {
                     self.rejections()
                         .forget(&req.entity, &req.resource, m.shard);
                 }
-                let new = self.remember(req, shard, key, new.as_deref())?;
+                let new = self.remember(req, shard, key, new.as_deref(), Some(&img))?;
                 debug_assert!(new.as_ref().is_none_or(|n| n.refilled_at_ms == rf_written));
                 self.after_materialise(req, shard, s, &evals).await;
                 Ok(self.lease(req, shard, key.clone(), &evals, None, new, s, now))

@@ -62,17 +62,30 @@ impl Inner {
     }
 
     /// Remember the image a write returned (`ALL_NEW`) for the next plan; `None` when the
-    /// write returned nothing (a transaction): the shard's entry is dropped.
+    /// write returned nothing (a transaction): the shard's entry is dropped. `planned`: the
+    /// image the write was planned from, when there is one — the returned item is decoded
+    /// like it (by its layout, when the names are the same: the image is the same either
+    /// way), with no look-up in the cache.
     pub(crate) fn remember(
         &self,
         req: &Request,
         shard: u32,
         key: &Key,
         new: Option<&tollgate_core::value::Item>,
+        planned: Option<&BucketImage>,
     ) -> Result<Option<Arc<BucketImage>>> {
         match new {
             Some(i) => {
-                let img = Arc::new(self.decode_shard(req, shard, i, key.clone())?);
+                let decoded = match planned {
+                    Some(like) => BucketImage::decode_known(
+                        i,
+                        key.clone(),
+                        Some(like),
+                        self.images().shapes(),
+                    )?,
+                    None => self.decode_shard(req, shard, i, key.clone())?,
+                };
+                let img = Arc::new(decoded);
                 self.images()
                     .put(&req.entity, &req.resource, shard, Arc::clone(&img));
                 Ok(Some(img))

@@ -303,7 +303,7 @@ impl Inner {
                         crate::shards::fan_out(self, req, shard, s, &t.evals).await;
                     }
                     if let (Some(new), Some(t)) = (new, touched.first()) {
-                        self.remember(req, t.landing.shard, &t.landing.key, new.as_ref())?;
+                        self.remember(req, t.landing.shard, &t.landing.key, new.as_ref(), None)?;
                     }
                     return Ok(Charged::Landed(touched));
                 }

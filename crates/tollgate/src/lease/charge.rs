@@ -180,7 +180,7 @@ impl Lease {
         let old = match r {
             Ok(new) => {
                 self.land(0, deltas);
-                lim.remember(&req, shard, &key, new.as_ref())?;
+                lim.remember(&req, shard, &key, new.as_ref(), None)?;
                 return Ok(());
             }
             Err(StoreError::ConditionFailed { old: None }) => {

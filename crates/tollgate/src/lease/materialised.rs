@@ -162,7 +162,7 @@ impl Inner {
             }
             match landed {
                 Ok(new) => {
-                    self.remember(req, shard, key, new.as_ref())?;
+                    self.remember(req, shard, key, new.as_ref(), None)?;
                     crate::shards::fan_out(self, req, shard, s, &evals).await;
                     return Ok(vec![crate::entity::Landing {
                         shard,
