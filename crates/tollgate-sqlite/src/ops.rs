@@ -510,11 +510,13 @@ fn write_item(
             (json, layout, None)
         }
     };
-    // In place when the index columns stay: with the same names, exactly when no index
-    // attribute's value changed.
+    // In place when the index columns stay: with the same names, surely when no index
+    // attribute's value changed; otherwise (one did, or the text was encoded whole) the
+    // columns are compared (a value may change between two that are not strings, which no
+    // column holds).
     let in_place = match (old_id, old_item, rewritten) {
-        (Some(id), Some(_), Some(index_changed)) => (!index_changed).then_some(id),
-        (Some(id), Some(o), None) => index_cols(o).eq(index_cols(item)).then_some(id),
+        (Some(id), Some(_), Some(false)) => Some(id),
+        (Some(id), Some(o), _) => index_cols(o).eq(index_cols(item)).then_some(id),
         _ => None,
     };
     debug_assert!(

@@ -449,3 +449,84 @@ async fn updates_written_into_reused_versions_are_the_updates() {
     }
     feed_is_as_stored(&s, &path).await;
 }
+
+/// A row this store wrote is written again from its text (`json::rewrite`). A changed index
+/// attribute that no column holds (a number: only strings are indexed) leaves the row in
+/// place; a changed string moves it in its index. Every text stored is the item's whole
+/// encoding, and the index answers by the new values.
+#[tokio::test]
+async fn rewritten_rows_keep_their_index_columns_true() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("memo.db");
+    let s = SqliteStore::open(&path).unwrap();
+    let raw = Connection::open(&path).unwrap();
+    let k = Key::new("memo", "ix");
+    let rowid = |raw: &Connection| -> i64 {
+        raw.query_row(
+            "SELECT id FROM items WHERE pk = 'memo' AND sk = 'ix'",
+            [],
+            |r| r.get(0),
+        )
+        .expect("the row")
+    };
+    let item: Item = [
+        ("n".into(), Value::N(0)),
+        ("GSI1PK".into(), Value::N(1)),
+        ("GSI2PK".into(), Value::S("a".into())),
+        ("GSI2SK".into(), Value::S("x".into())),
+    ]
+    .into_iter()
+    .collect();
+    s.put(PutRequest {
+        key: k.clone(),
+        item,
+        condition: None,
+    })
+    .await
+    .expect("put");
+    let first = rowid(&raw);
+    let whole = |i: Option<Item>| serde_json::to_string(&i.expect("the item")).unwrap();
+    let update = |u: Update| UpdateRequest {
+        key: k.clone(),
+        update: u,
+        condition: None,
+        returns: ReturnValues::AllNew,
+    };
+    // Twice, so the second is written from the first's text.
+    for n in [1, 2] {
+        let got = s
+            .update(update(
+                Update::new().add("n", 1).set("GSI1PK", Value::N(n + 1)),
+            ))
+            .await
+            .expect("update");
+        assert_eq!(n_of(got.as_ref()), Some(n));
+        assert_eq!(stored_text(&raw, &k), Some(whole(got)));
+        assert_eq!(rowid(&raw), first, "a number's change moves nothing");
+    }
+    let got = s
+        .update(update(
+            Update::new()
+                .add("n", 1)
+                .set("GSI2PK", Value::S("b".into())),
+        ))
+        .await
+        .expect("update");
+    assert_eq!(stored_text(&raw, &k), Some(whole(got)));
+    let found = |pk: &str| {
+        let q = tollgate_store::Query::index("GSI2", pk, None);
+        let s = &s;
+        async move { s.query(q).await.expect("query").len() }
+    };
+    assert_eq!((found("a").await, found("b").await), (0, 1));
+    // And once more from that text, in place again.
+    let moved = rowid(&raw);
+    let got = s
+        .update(update(Update::new().add("n", 1)))
+        .await
+        .expect("update");
+    assert_eq!(n_of(got.as_ref()), Some(4));
+    assert_eq!(stored_text(&raw, &k), Some(whole(got)));
+    assert_eq!(rowid(&raw), moved);
+    feed_is_as_stored(&s, &path).await;
+}
