@@ -137,6 +137,13 @@ pub fn same_name(a: &str, b: &str) -> bool {
     a.len() == b.len() && cmp_names(a, b) == Ordering::Equal
 }
 
+/// Whether two names, each with its [`prefix_of`], are the same: the prefixes and lengths
+/// equal, and past the eighth byte the rest (the prefix holds the first eight).
+#[inline]
+fn same_prefixed((p, a): (u64, &str), (q, b): (u64, &str)) -> bool {
+    p == q && a.len() == b.len() && (a.len() <= 8 || a.as_bytes()[8..] == b.as_bytes()[8..])
+}
+
 #[inline]
 fn chunk8(s: &[u8], at: usize) -> [u8; 8] {
     let mut c = [0u8; 8];
@@ -460,21 +467,21 @@ impl Item {
     pub fn same_names(&self, other: &Item) -> bool {
         self.shares_shape(other)
             || (self.attrs.len() == other.attrs.len()
-                && self.attrs.iter().zip(other.attrs.iter()).all(|(a, b)| {
-                    a.prefix == b.prefix
-                        && a.name.len() == b.name.len()
-                        && (a.name.len() <= 8 || a.name.as_bytes()[8..] == b.name.as_bytes()[8..])
-                }))
+                && self
+                    .attrs
+                    .iter()
+                    .zip(other.attrs.iter())
+                    .all(|(a, b)| same_prefixed((a.prefix, &a.name), (b.prefix, &b.name))))
     }
 
     /// [`Item::has_names`] by comparing every name.
     fn compare_names(&self, names: &Names) -> bool {
         self.attrs.len() == names.0.len()
-            && self.attrs.iter().zip(names.0.iter()).all(|(a, (p, n))| {
-                a.prefix == *p
-                    && a.name.len() == n.len()
-                    && (n.len() <= 8 || a.name.as_bytes()[8..] == n.as_bytes()[8..])
-            })
+            && self
+                .attrs
+                .iter()
+                .zip(names.0.iter())
+                .all(|(a, (p, n))| same_prefixed((a.prefix, &a.name), (*p, n)))
     }
 }
 

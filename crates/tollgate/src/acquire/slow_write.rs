@@ -51,14 +51,26 @@ impl Inner {
         item: &tollgate_core::value::Item,
         key: Key,
     ) -> Result<BucketImage> {
+        self.decode_shard_like(req, shard, item, key, None)
+    }
+
+    /// [`Inner::decode_shard`], like `planned` when there is one (the image a write was
+    /// planned from: no look-up in the cache).
+    fn decode_shard_like(
+        &self,
+        req: &Request,
+        shard: u32,
+        item: &tollgate_core::value::Item,
+        key: Key,
+        planned: Option<&BucketImage>,
+    ) -> Result<BucketImage> {
         let images = self.images();
-        let like = images.get(&req.entity, &req.resource, shard);
-        Ok(BucketImage::decode_known(
-            item,
-            key,
-            like.as_deref(),
-            images.shapes(),
-        )?)
+        let cached = match planned {
+            Some(_) => None,
+            None => images.get(&req.entity, &req.resource, shard),
+        };
+        let like = planned.or(cached.as_deref());
+        Ok(BucketImage::decode_known(item, key, like, images.shapes())?)
     }
 
     /// Remember the image a write returned (`ALL_NEW`) for the next plan; `None` when the
@@ -76,16 +88,7 @@ impl Inner {
     ) -> Result<Option<Arc<BucketImage>>> {
         match new {
             Some(i) => {
-                let decoded = match planned {
-                    Some(like) => BucketImage::decode_known(
-                        i,
-                        key.clone(),
-                        Some(like),
-                        self.images().shapes(),
-                    )?,
-                    None => self.decode_shard(req, shard, i, key.clone())?,
-                };
-                let img = Arc::new(decoded);
+                let img = Arc::new(self.decode_shard_like(req, shard, i, key.clone(), planned)?);
                 self.images()
                     .put(&req.entity, &req.resource, shard, Arc::clone(&img));
                 Ok(Some(img))
