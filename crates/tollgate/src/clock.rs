@@ -18,9 +18,22 @@ pub trait Clock: Send + Sync {
 pub struct SystemClock;
 
 impl Clock for SystemClock {
+    /// Read on every acquire (two or three times): `std`'s clock and integer arithmetic,
+    /// not `jiff::Timestamp::now`, whose range-checked conversion cost ~250 instructions a
+    /// read. A clock set before 1970 reads as negative milliseconds, as jiff's did.
     fn now_ms(&self) -> i64 {
-        jiff::Timestamp::now().as_millisecond()
+        match std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH) {
+            Ok(d) => epoch_ms(d),
+            Err(e) => -epoch_ms(e.duration()),
+        }
     }
+}
+
+/// Whole milliseconds of `d` (truncated), saturating far past any real clock.
+fn epoch_ms(d: std::time::Duration) -> i64 {
+    let secs = i64::try_from(d.as_secs()).unwrap_or(i64::MAX / 1000);
+    secs.saturating_mul(1000)
+        .saturating_add(i64::from(d.subsec_millis()))
 }
 
 /// A clock that moves only when told to (tests, simulation).
@@ -95,5 +108,33 @@ impl ShardRng for PinnedRng {
         self.0
             .load(Ordering::SeqCst)
             .clamp(lo, hi.saturating_sub(1).max(lo))
+    }
+}
+
+#[cfg(test)]
+mod clock_tests {
+    use super::*;
+
+    #[test]
+    fn the_system_clock_reads_as_jiff_does() {
+        let before = jiff::Timestamp::now().as_millisecond();
+        let ours = SystemClock.now_ms();
+        let after = jiff::Timestamp::now().as_millisecond();
+        assert!(
+            before <= ours && ours <= after,
+            "{before} <= {ours} <= {after}"
+        );
+    }
+
+    #[test]
+    fn durations_become_whole_milliseconds() {
+        use std::time::Duration;
+        assert_eq!(
+            epoch_ms(Duration::new(1_796_633_730, 246_999_999)),
+            1_796_633_730_246
+        );
+        assert_eq!(epoch_ms(Duration::ZERO), 0);
+        assert_eq!(-epoch_ms(Duration::from_micros(1_500)), -1);
+        assert_eq!(epoch_ms(Duration::MAX), i64::MAX);
     }
 }
