@@ -121,7 +121,7 @@ impl Limiter {
         }
         let s = s.max(stored_s);
         let full = crate::request::Request {
-            amounts: all,
+            amounts: all.into(),
             ..req
         };
         let refs: Vec<Option<&BucketImage>> = images.iter().map(|i| i.as_ref()).collect();

@@ -16,8 +16,9 @@ pub(crate) struct Request {
     /// Shared with the lease granted for it.
     pub entity: Arc<str>,
     pub resource: Arc<str>,
-    /// Named amounts in millitokens.
-    pub amounts: Vec<(String, i64)>,
+    /// Named amounts in millitokens, shared with the lease granted for it (cloning a
+    /// request allocates nothing).
+    pub amounts: Arc<[(String, i64)]>,
     /// Shared with the config cache (and with the lease): cloning a request copies no limit.
     pub limits: Arc<[Limit]>,
     pub params_hash: Arc<str>,

@@ -17,7 +17,7 @@ impl Limiter {
         let req = Request {
             entity: entity.into(),
             resource: resource.into(),
-            amounts: Vec::new(),
+            amounts: Arc::from([]),
             limits: Vec::new().into(),
             params_hash: "".into(),
             ttl: TtlWrite::Remove,

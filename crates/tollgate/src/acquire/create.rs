@@ -81,11 +81,7 @@ impl Inner {
             }
             return Err(Flow::Fail(Error::RateLimitExceeded(x.clone())));
         }
-        let amounts: Vec<(String, i64)> = if refusal.is_some() {
-            Vec::new()
-        } else {
-            req.amounts.clone()
-        };
+        let amounts: &[(String, i64)] = if refusal.is_some() { &[] } else { &req.amounts };
         let rf = next_rf(now, None, &evals);
         let stamp = ItemStamp {
             refilled_at_ms: rf,
@@ -105,7 +101,7 @@ impl Inner {
             shard,
             shard_count: s,
         };
-        let mut item = create_item(&id, &stamp, &req.limits, &evals, &amounts);
+        let mut item = create_item(&id, &stamp, &req.limits, &evals, amounts);
         if req.bypass {
             tollgate_core::bypass::stamp_created(&mut item, &evals);
         }
@@ -196,7 +192,7 @@ impl Inner {
         moves: bool,
     ) -> Result<()> {
         let empty = Request {
-            amounts: Vec::new(),
+            amounts: Arc::from([]),
             ..req.clone()
         };
         let key = self.bucket_key(req, shard);

@@ -283,7 +283,7 @@ impl Inner {
             entity: entity.into(),
             resource: resource.into(),
             params_hash: ph.unwrap_or_else(|| params_hash(&limits).into()),
-            amounts,
+            amounts: amounts.into(),
             limits,
             ttl,
             cascade: false,

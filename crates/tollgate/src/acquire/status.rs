@@ -77,7 +77,7 @@ impl Inner {
         }
         // Inserted one by one: collecting into a map first gathers the pairs in a vector.
         let mut held = BTreeMap::new();
-        for (n, a) in &req.amounts {
+        for (n, a) in req.amounts.iter() {
             held.insert(n.clone(), *a);
         }
         let part = Part {

@@ -58,7 +58,7 @@ fn request(entity: &str, resource: &str, limits: Vec<Limit>, ph: &str) -> Result
     Ok(Request {
         entity: entity.into(),
         resource: resource.into(),
-        amounts: Vec::new(),
+        amounts: Arc::from([]),
         limits: limits.into(),
         params_hash: ph.into(),
         ttl: TtlWrite::Remove,

@@ -284,7 +284,7 @@ pub(super) fn doc_of(inner: &Inner, l: &Lease) -> Doc {
         entity: l.entity.to_string(),
         resource: l.resource.to_string(),
         req: l.req.as_ref().map(|r| ReqDoc {
-            amounts: r.amounts.clone(),
+            amounts: r.amounts.to_vec(),
             limits: r.limits.iter().map(LimitSpec::from).collect(),
             ph: r.params_hash.to_string(),
             ttl: match r.ttl {
@@ -344,7 +344,7 @@ pub(super) fn lease_of(inner: &Arc<Inner>, d: Doc, depth: u32) -> Result<Lease> 
             Some(Request {
                 entity: d.entity.as_str().into(),
                 resource: d.resource.as_str().into(),
-                amounts: r.amounts,
+                amounts: r.amounts.into(),
                 limits: limits.into(),
                 params_hash: r.ph.into(),
                 ttl: r.ttl.map_or(TtlWrite::Remove, TtlWrite::Set),

@@ -114,7 +114,7 @@ impl Limiter {
                     BucketOp::TopUp(_) if !created => {
                         created = true;
                         let anchor = Request {
-                            amounts: Vec::new(),
+                            amounts: Arc::from([]),
                             ..req.clone()
                         };
                         inner.acquire(&anchor).await?;
