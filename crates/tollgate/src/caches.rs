@@ -5,6 +5,7 @@ use std::cmp::Reverse;
 use std::collections::{BinaryHeap, HashMap};
 use std::sync::{Arc, Mutex};
 
+use compact_str::CompactString;
 use tollgate_core::bucket::{BucketImage, Shapes};
 
 /// The caches' hash map: foldhash, seeded per process, instead of SipHash — every acquire
@@ -12,11 +13,15 @@ use tollgate_core::bucket::{BucketImage, Shapes};
 /// of its cost.
 pub(crate) type Map<K, V> = HashMap<K, V, foldhash::fast::RandomState>;
 
-/// One entry of a [`ByShard`]: its (entity, resource, shard) and value.
+/// One entry of a [`ByShard`]: its (entity, resource, shard) and value. The names are held
+/// in the slot itself up to 24 bytes each (`CompactString`), so a look-up compares them in
+/// the cache line it probed: boxed, each name was one more line to load per look-up, cold
+/// at thousands of entities (cachegrind on the warm acquire at 10,000 entities: the name
+/// comparison took ~6.7 of its ~280 first-level data-cache misses).
 #[derive(Debug)]
 struct Slot<V> {
-    entity: Box<str>,
-    resource: Box<str>,
+    entity: CompactString,
+    resource: CompactString,
     shard: u32,
     value: V,
 }
@@ -51,7 +56,7 @@ impl<V> Default for ByShard<V> {
 impl<V> Slot<V> {
     /// Whether this entry is (entity `e`, resource `r`, `shard`).
     fn is(&self, e: &str, r: &str, shard: u32) -> bool {
-        self.shard == shard && &*self.entity == e && &*self.resource == r
+        self.shard == shard && self.entity == e && self.resource == r
     }
 }
 
