@@ -204,3 +204,43 @@ fn warm_acquire_allocation_count_is_bounded() {
         "1 limit, change feed on: {feed_1} allocations"
     );
 }
+
+/// Entities under one resource's limits share that one copy of the limits (and of their
+/// parameter hash): an acquire reads them, and a copy per entity was cold memory per
+/// acquire at thousands of entities.
+#[test]
+fn entities_under_one_policy_share_its_limits() {
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("runtime");
+    rt.block_on(async {
+        let lim = Limiter::new(Arc::new(MemoryStore::new())).expect("limiter");
+        lim.admin()
+            .set_limits(
+                &Scope::Resource("api".into()),
+                &[Limit::per_second("rps", 1_000).expect("limit")],
+            )
+            .await
+            .expect("set limits");
+        let a = lim.acquire("a", "api", &[("rps", 1)]).await.expect("a");
+        let b = lim.acquire("b", "api", &[("rps", 1)]).await.expect("b");
+        let (la, lb) = (a.judged_by().expect("a's"), b.judged_by().expect("b's"));
+        assert!(
+            Arc::ptr_eq(&la, &lb),
+            "two entities, one copy of the limits"
+        );
+        // An entity with limits of its own has its own copy.
+        lim.admin()
+            .set_limits(
+                &Scope::Entity("c".into(), Some("api".into())),
+                &[Limit::per_second("rps", 5).expect("limit")],
+            )
+            .await
+            .expect("set entity limits");
+        let c = lim.acquire("c", "api", &[("rps", 1)]).await.expect("c");
+        let lc = c.judged_by().expect("c's");
+        assert!(!Arc::ptr_eq(&la, &lc));
+        assert_eq!(lc[..], [Limit::per_second("rps", 5).expect("limit")]);
+    });
+}

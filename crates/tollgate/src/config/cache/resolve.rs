@@ -229,16 +229,19 @@ impl ConfigCache {
         let mode = tollgate_core::bypass::scope_mode(
             &[0, 1, 2, 3].map(|i| found[i].as_ref().and_then(|e| e.enforcement)),
         );
+        let hash =
+            tollgate_core::bypass::policy_hash(&tollgate_core::writes::params_hash(&limits), mode);
+        let (params_hash, limits, resource_name) = {
+            let mut shared = self.shared();
+            let (h, l) = shared.policy(hash, limits);
+            (h, l, shared.resource(resource))
+        };
         let resolved = Resolved {
             entity: entity.into(),
-            resource: resource.into(),
-            params_hash: tollgate_core::bypass::policy_hash(
-                &tollgate_core::writes::params_hash(&limits),
-                mode,
-            )
-            .into(),
+            resource: resource_name,
+            params_hash,
             mode,
-            limits: limits.into(),
+            limits,
             source,
             on_unavailable,
             parent_id,
@@ -257,7 +260,7 @@ impl ConfigCache {
                 resource,
                 0,
                 Whole {
-                    ns: ns.to_string(),
+                    ns: ns.into(),
                     expires_at,
                     resolved: resolved.clone(),
                 },
