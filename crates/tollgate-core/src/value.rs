@@ -6,6 +6,10 @@ use std::sync::Arc;
 use serde::{Deserialize, Serialize};
 
 /// One attribute value. Numbers are `i64` (milli-tokens, epoch milliseconds, counters).
+///
+/// The collections are boxed: they are rare (metadata, audit), and held in place they made
+/// every value 32 bytes where 24 hold a number or a string — a bucket item's ~30 attributes
+/// are then ~4 cache lines fewer for every acquire that reads it.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum Value {
@@ -16,14 +20,18 @@ pub enum Value {
     /// A boolean (DynamoDB `BOOL`).
     Bool(bool),
     /// A string set (DynamoDB `SS`); never empty when stored.
-    Ss(BTreeSet<String>),
+    Ss(Box<BTreeSet<String>>),
     /// A map (DynamoDB `M`), used only where needed (metadata).
-    M(BTreeMap<String, Value>),
+    M(Box<BTreeMap<String, Value>>),
     /// A list (DynamoDB `L`).
-    L(Vec<Value>),
+    L(Box<Vec<Value>>),
     /// DynamoDB `NULL`.
     Null,
 }
+
+// The boxed collections keep a value at 24 bytes (a string's size; see the enum's docs).
+#[cfg(target_pointer_width = "64")]
+const _: () = assert!(std::mem::size_of::<Value>() == 24);
 
 impl Value {
     /// Short type tag, as DynamoDB names it.

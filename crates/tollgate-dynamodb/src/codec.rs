@@ -53,18 +53,18 @@ pub fn from_av(attr: &str, av: &AttributeValue) -> Result<Value, StoreError> {
         })?),
         AttributeValue::S(s) => Value::S(s.clone()),
         AttributeValue::Bool(b) => Value::Bool(*b),
-        AttributeValue::Ss(ss) => Value::Ss(ss.iter().cloned().collect()),
-        AttributeValue::M(m) => Value::M(
+        AttributeValue::Ss(ss) => Value::Ss(Box::new(ss.iter().cloned().collect())),
+        AttributeValue::M(m) => Value::M(Box::new(
             m.iter()
                 .map(|(k, v)| Ok((k.clone(), from_av(&format!("{attr}.{k}"), v)?)))
                 .collect::<Result<_, StoreError>>()?,
-        ),
-        AttributeValue::L(l) => Value::L(
+        )),
+        AttributeValue::L(l) => Value::L(Box::new(
             l.iter()
                 .enumerate()
                 .map(|(i, v)| from_av(&format!("{attr}[{i}]"), v))
                 .collect::<Result<_, _>>()?,
-        ),
+        )),
         AttributeValue::Null(_) => Value::Null,
         other => {
             return Err(StoreError::Corrupt(format!(
@@ -79,21 +79,21 @@ pub fn from_av(attr: &str, av: &AttributeValue) -> Result<Value, StoreError> {
 pub fn from_av_owned(attr: &str, av: AttributeValue) -> Result<Value, StoreError> {
     Ok(match av {
         AttributeValue::S(s) => Value::S(s),
-        AttributeValue::Ss(ss) => Value::Ss(ss.into_iter().collect()),
-        AttributeValue::M(m) => Value::M(
+        AttributeValue::Ss(ss) => Value::Ss(Box::new(ss.into_iter().collect())),
+        AttributeValue::M(m) => Value::M(Box::new(
             m.into_iter()
                 .map(|(k, v)| {
                     let v = from_av_owned(&format!("{attr}.{k}"), v)?;
                     Ok((k, v))
                 })
                 .collect::<Result<_, StoreError>>()?,
-        ),
-        AttributeValue::L(l) => Value::L(
+        )),
+        AttributeValue::L(l) => Value::L(Box::new(
             l.into_iter()
                 .enumerate()
                 .map(|(i, v)| from_av_owned(&format!("{attr}[{i}]"), v))
                 .collect::<Result<_, _>>()?,
-        ),
+        )),
         // Numbers parse either way; the rest holds no heap data worth moving.
         other => from_av(attr, &other)?,
     })
@@ -189,15 +189,15 @@ mod tests {
         item.insert("b".into(), Value::Bool(true));
         item.insert(
             "ss".into(),
-            Value::Ss(BTreeSet::from(["a".to_string(), "b".to_string()])),
+            Value::Ss(Box::new(BTreeSet::from(["a".to_string(), "b".to_string()]))),
         );
         item.insert(
             "m".into(),
-            Value::M(BTreeMap::from([("k".to_string(), Value::N(1))])),
+            Value::M(Box::new(BTreeMap::from([("k".to_string(), Value::N(1))]))),
         );
         item.insert(
             "l".into(),
-            Value::L(vec![Value::N(1), Value::S("y".into())]),
+            Value::L(Box::new(vec![Value::N(1), Value::S("y".into())])),
         );
         item.insert("z".into(), Value::Null);
         let av = item_to_av(&item).expect("encodes");
@@ -247,7 +247,7 @@ mod tests {
     #[test]
     fn empty_set_is_refused() {
         assert!(matches!(
-            to_av("tags", &Value::Ss(BTreeSet::new())),
+            to_av("tags", &Value::Ss(Box::default())),
             Err(StoreError::Validation(_))
         ));
     }

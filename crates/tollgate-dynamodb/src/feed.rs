@@ -35,18 +35,18 @@ fn value(attr: &str, av: &AttributeValue) -> Result<Value, StoreError> {
         })?),
         AttributeValue::S(s) => Value::S(s.clone()),
         AttributeValue::Bool(b) => Value::Bool(*b),
-        AttributeValue::Ss(ss) => Value::Ss(ss.iter().cloned().collect()),
-        AttributeValue::M(m) => Value::M(
+        AttributeValue::Ss(ss) => Value::Ss(Box::new(ss.iter().cloned().collect())),
+        AttributeValue::M(m) => Value::M(Box::new(
             m.iter()
                 .map(|(k, v)| Ok((k.clone(), value(&format!("{attr}.{k}"), v)?)))
                 .collect::<Result<_, StoreError>>()?,
-        ),
-        AttributeValue::L(l) => Value::L(
+        )),
+        AttributeValue::L(l) => Value::L(Box::new(
             l.iter()
                 .enumerate()
                 .map(|(i, v)| value(&format!("{attr}[{i}]"), v))
                 .collect::<Result<_, _>>()?,
-        ),
+        )),
         AttributeValue::Null(_) => Value::Null,
         other => {
             return Err(StoreError::Corrupt(format!(

@@ -277,21 +277,21 @@ fn decode(attr: &str, av: Av<'_>) -> Result<Value, StoreError> {
         Av::S(s) => Value::S(s.into_owned()),
         Av::Bool(b) => Value::Bool(b),
         Av::Null(_) => Value::Null,
-        Av::Ss(ss) => Value::Ss(ss.into_iter().collect()),
-        Av::M(m) => Value::M(
+        Av::Ss(ss) => Value::Ss(Box::new(ss.into_iter().collect())),
+        Av::M(m) => Value::M(Box::new(
             m.0.into_iter()
                 .map(|(k, v)| {
                     let v = decode(&format!("{attr}.{k}"), v)?;
                     Ok((k.into_owned(), v))
                 })
                 .collect::<Result<_, StoreError>>()?,
-        ),
-        Av::L(l) => Value::L(
+        )),
+        Av::L(l) => Value::L(Box::new(
             l.into_iter()
                 .enumerate()
                 .map(|(i, v)| decode(&format!("{attr}[{i}]"), v))
                 .collect::<Result<_, _>>()?,
-        ),
+        )),
         Av::B(_) | Av::Bs(_) | Av::Ns(_) => {
             let t = match av {
                 Av::B(_) => "B",
@@ -362,18 +362,18 @@ mod tests {
         item.insert("b".into(), Value::Bool(true));
         item.insert(
             "ss".into(),
-            Value::Ss(BTreeSet::from(["a".to_string(), "b".to_string()])),
+            Value::Ss(Box::new(BTreeSet::from(["a".to_string(), "b".to_string()]))),
         );
         item.insert(
             "m".into(),
-            Value::M(BTreeMap::from([
+            Value::M(Box::new(BTreeMap::from([
                 ("k".to_string(), Value::N(1)),
-                ("l".to_string(), Value::L(vec![Value::Null])),
-            ])),
+                ("l".to_string(), Value::L(Box::new(vec![Value::Null]))),
+            ]))),
         );
         item.insert(
             "l".into(),
-            Value::L(vec![Value::N(1), Value::S("y".into())]),
+            Value::L(Box::new(vec![Value::N(1), Value::S("y".into())])),
         );
         item.insert("z".into(), Value::Null);
         item
@@ -512,7 +512,7 @@ mod tests {
     fn an_empty_set_is_refused() {
         let mut buf = Vec::new();
         assert!(matches!(
-            push_value(&mut buf, "tags", &Value::Ss(BTreeSet::new())),
+            push_value(&mut buf, "tags", &Value::Ss(Box::default())),
             Err(StoreError::Validation(_))
         ));
     }

@@ -149,7 +149,10 @@ async fn condition_failures_carry_the_old_item() {
         key: k.clone(),
         item: item(&[
             ("n", Value::N(3)),
-            ("tags", Value::Ss(BTreeSet::from(["a".to_string()]))),
+            (
+                "tags",
+                Value::Ss(Box::new(BTreeSet::from(["a".to_string()]))),
+            ),
         ]),
         condition: None,
     })
@@ -740,17 +743,20 @@ async fn direct_and_sdk_writes_agree() {
         ("b", Value::Bool(false)),
         (
             "tags",
-            Value::Ss(BTreeSet::from(["a".to_string(), "b c".to_string()])),
+            Value::Ss(Box::new(BTreeSet::from([
+                "a".to_string(),
+                "b c".to_string(),
+            ]))),
         ),
         (
             "m",
-            Value::M(std::collections::BTreeMap::from([
+            Value::M(Box::new(std::collections::BTreeMap::from([
                 ("k.1".to_string(), Value::N(1)),
                 (
                     "l".to_string(),
-                    Value::L(vec![Value::Null, Value::S("x".into())]),
+                    Value::L(Box::new(vec![Value::Null, Value::S("x".into())])),
                 ),
-            ])),
+            ]))),
         ),
         ("z", Value::Null),
     ]);
@@ -828,7 +834,7 @@ async fn direct_and_sdk_writes_agree() {
             Out::Unit(
                 s.put(PutRequest {
                     key: Key::new("p", "empty-set"),
-                    item: item(&[("e", Value::Ss(BTreeSet::new()))]),
+                    item: item(&[("e", Value::Ss(Box::default()))]),
                     condition: None,
                 })
                 .await,

@@ -151,12 +151,14 @@ mod tests {
             "[a-z\"\\\\\u{1}é]{0,6}".prop_map(Value::S),
             any::<bool>().prop_map(Value::Bool),
             Just(Value::Null),
-            proptest::collection::btree_set("[a-z]{1,3}", 1..3).prop_map(Value::Ss),
+            proptest::collection::btree_set("[a-z]{1,3}", 1..3)
+                .prop_map(|s| Value::Ss(Box::new(s))),
         ];
         leaf.prop_recursive(2, 8, 3, |inner| {
             prop_oneof![
-                proptest::collection::vec(inner.clone(), 0..3).prop_map(Value::L),
-                proptest::collection::btree_map("[a-z]{1,3}", inner, 0..3).prop_map(Value::M),
+                proptest::collection::vec(inner.clone(), 0..3).prop_map(|l| Value::L(Box::new(l))),
+                proptest::collection::btree_map("[a-z]{1,3}", inner, 0..3)
+                    .prop_map(|m| Value::M(Box::new(m))),
             ]
         })
     }

@@ -263,15 +263,15 @@ mod tests {
         item.insert("f".into(), Value::Bool(false));
         item.insert("null".into(), Value::Null);
         let set: BTreeSet<String> = ["a", "b\"", "c\n"].iter().map(|s| s.to_string()).collect();
-        item.insert("ss".into(), Value::Ss(set));
+        item.insert("ss".into(), Value::Ss(Box::new(set)));
         let mut m = BTreeMap::new();
         m.insert("k\"".to_string(), Value::N(1));
         m.insert(
             "l".to_string(),
-            Value::L(vec![Value::S("x".into()), Value::Null]),
+            Value::L(Box::new(vec![Value::S("x".into()), Value::Null])),
         );
-        item.insert("m".into(), Value::M(m));
-        item.insert("l".into(), Value::L(vec![]));
+        item.insert("m".into(), Value::M(Box::new(m)));
+        item.insert("l".into(), Value::L(Box::default()));
         same_as_serde(&item);
         same_as_serde(&Item::new());
     }

@@ -476,13 +476,13 @@ fn rand_value(r: &mut Lcg) -> Value {
     match r.below(5) {
         0 => Value::S(["g1", "g2", "x", "é"][r.below(4) as usize].into()),
         1 => Value::Bool(r.below(2) == 0),
-        2 => Value::Ss(
+        2 => Value::Ss(Box::new(
             ["a", "b"]
                 .iter()
                 .take(r.below(3) as usize)
                 .map(|s| s.to_string())
                 .collect(),
-        ),
+        )),
         _ => Value::N(r.below(7) as i64 - 2),
     }
 }

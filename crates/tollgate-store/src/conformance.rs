@@ -18,7 +18,7 @@
 
 pub mod feed;
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeMap;
 use std::future::Future;
 use std::pin::Pin;
 use std::task::Poll;
@@ -93,7 +93,7 @@ fn stored(key: &Key, pairs: &[(&str, Value)]) -> Item {
 }
 
 fn ss(members: &[&str]) -> Value {
-    Value::Ss(members.iter().map(|m| (*m).to_string()).collect())
+    Value::Ss(Box::new(members.iter().map(|m| (*m).to_string()).collect()))
 }
 
 async fn put(s: &dyn Store, key: &Key, pairs: &[(&str, Value)]) -> CheckResult {
@@ -1567,19 +1567,23 @@ pub async fn map_list_null_round_trip(s: &dyn Store) -> CheckResult {
     m.insert("n".to_string(), Value::N(-3));
     m.insert(
         "inner".to_string(),
-        Value::L(vec![Value::Null, Value::Bool(false)]),
+        Value::L(Box::new(vec![Value::Null, Value::Bool(false)])),
     );
     let vals = [
-        ("m", Value::M(m.clone())),
+        ("m", Value::M(Box::new(m.clone()))),
         (
             "l",
-            Value::L(vec![Value::N(1), Value::S("two".into()), Value::M(m)]),
+            Value::L(Box::new(vec![
+                Value::N(1),
+                Value::S("two".into()),
+                Value::M(Box::new(m)),
+            ])),
         ),
         ("null", Value::Null),
         ("t", Value::Bool(true)),
         ("empty_s", Value::S(String::new())),
-        ("empty_m", Value::M(BTreeMap::new())),
-        ("empty_l", Value::L(vec![])),
+        ("empty_m", Value::M(Box::default())),
+        ("empty_l", Value::L(Box::default())),
         ("set", ss(&["a", "b"])),
     ];
     put(s, &k, &vals).await?;
@@ -1590,8 +1594,8 @@ pub async fn map_list_null_round_trip(s: &dyn Store) -> CheckResult {
         s,
         &k,
         Update::new()
-            .set("m2", Value::M(BTreeMap::new()))
-            .set("null", Value::L(vec![Value::Null])),
+            .set("m2", Value::M(Box::default()))
+            .set("null", Value::L(Box::new(vec![Value::Null]))),
         None,
         ReturnValues::UpdatedNew,
     )
@@ -1600,8 +1604,8 @@ pub async fn map_list_null_round_trip(s: &dyn Store) -> CheckResult {
     ensure_eq(
         new,
         Some(attrs(&[
-            ("m2", Value::M(BTreeMap::new())),
-            ("null", Value::L(vec![Value::Null])),
+            ("m2", Value::M(Box::default())),
+            ("null", Value::L(Box::new(vec![Value::Null]))),
         ])),
         "update with documents",
     )
@@ -1610,7 +1614,7 @@ pub async fn map_list_null_round_trip(s: &dyn Store) -> CheckResult {
 /// Empty string sets cannot be stored (put, `SET`, `ADD`).
 pub async fn empty_set_is_validation(s: &dyn Store) -> CheckResult {
     let k = Key::new("conf/empty_set", "#STATE");
-    let empty = Value::Ss(BTreeSet::new());
+    let empty = Value::Ss(Box::default());
     expect_validation(
         s.put(PutRequest {
             key: k.clone(),

@@ -251,7 +251,9 @@ fn plan_action(action: &Action, old: &Item, current: Option<&Value>) -> Result<E
                     .ok_or_else(|| StoreError::Validation("number overflow".into()))?,
             ),
             (None, Value::Ss(s)) => Value::Ss(s.clone()),
-            (Some(Value::Ss(a)), Value::Ss(s)) => Value::Ss(a.union(s).cloned().collect()),
+            (Some(Value::Ss(a)), Value::Ss(s)) => {
+                Value::Ss(Box::new(a.union(s).cloned().collect()))
+            }
             (Some(o), v) => {
                 return Err(StoreError::Validation(format!(
                     "an operand in the update expression has an incorrect data type: ADD {} to {}",
@@ -413,11 +415,11 @@ mod tests {
 
     #[test]
     fn static_checks() {
-        let empty = Value::Ss(BTreeSet::new());
+        let empty = Value::Ss(Box::default());
         assert!(validate_value(&empty).is_err());
-        assert!(validate_value(&Value::L(vec![Value::M(
+        assert!(validate_value(&Value::L(Box::new(vec![Value::M(Box::new(
             [("x".to_string(), empty.clone())].into_iter().collect()
-        )]))
+        ))])))
         .is_err());
         assert!(validate_update(&Update::new().set("a", empty)).is_err());
         let mut up = Update::new();

@@ -152,12 +152,12 @@ impl Limiter {
         item.insert(config::CASCADE.into(), Value::Bool(e.cascade));
         item.insert(
             "metadata".into(),
-            Value::M(
+            Value::M(Box::new(
                 e.metadata
                     .iter()
                     .map(|(k, v)| (k.clone(), Value::S(v.clone())))
                     .collect(),
-            ),
+            )),
         );
         match &e.parent_id {
             Some(p) => {

@@ -191,10 +191,13 @@ pub fn encode_merge(item: &mut Item, m: &Merge) {
         item.insert(INHERIT.into(), Value::Bool(true));
     }
     if !m.exclude.is_empty() {
-        item.insert(EXCLUDE.into(), Value::Ss(m.exclude.clone()));
+        item.insert(EXCLUDE.into(), Value::Ss(Box::new(m.exclude.clone())));
     }
     if !m.patch.is_empty() {
-        item.insert(PATCH.into(), Value::Ss(m.patch.keys().cloned().collect()));
+        item.insert(
+            PATCH.into(),
+            Value::Ss(Box::new(m.patch.keys().cloned().collect())),
+        );
         for (n, s) in &m.patch {
             item.insert(format!("p_{n}_sched").into(), Value::S(s.encode()));
         }
@@ -208,7 +211,7 @@ pub fn decode_merge(item: &Item) -> Result<Merge> {
     let set = |a: &str| -> Result<std::collections::BTreeSet<String>> {
         match item.get(a) {
             None | Some(Value::Null) => Ok(Default::default()),
-            Some(Value::Ss(s)) => Ok(s.clone()),
+            Some(Value::Ss(s)) => Ok((**s).clone()),
             Some(_) => Err(corrupt(&key, a, "expected a string set")),
         }
     };
