@@ -29,11 +29,10 @@ impl Clock for SystemClock {
     }
 }
 
-/// Whole milliseconds of `d` (truncated), saturating far past any real clock.
+/// Whole milliseconds of `d` (truncated), saturating far past any real clock (the
+/// crate's usual conversion of a `Duration`, as the builder's TTLs make).
 fn epoch_ms(d: std::time::Duration) -> i64 {
-    let secs = i64::try_from(d.as_secs()).unwrap_or(i64::MAX / 1000);
-    secs.saturating_mul(1000)
-        .saturating_add(i64::from(d.subsec_millis()))
+    i64::try_from(d.as_millis()).unwrap_or(i64::MAX)
 }
 
 /// A clock that moves only when told to (tests, simulation).
