@@ -20,6 +20,23 @@ use tollgate_store::{
 };
 
 /// `ADD n` under `condition`, answering the new item.
+/// A store on a new file named `name` in a temporary directory (kept while the first
+/// element lives), its path, and a second, raw connection to the same file.
+fn store_and_raw(
+    name: &str,
+) -> (
+    tempfile::TempDir,
+    std::path::PathBuf,
+    SqliteStore,
+    Connection,
+) {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join(name);
+    let s = SqliteStore::open(&path).unwrap();
+    let raw = Connection::open(&path).unwrap();
+    (dir, path, s, raw)
+}
+
 fn add(k: &Key, n: i64, condition: Option<Condition>) -> UpdateRequest {
     UpdateRequest {
         key: k.clone(),
@@ -102,10 +119,7 @@ async fn remembered(s: &SqliteStore, k: &Key) -> i64 {
 /// byte for byte, as the change's old image.
 #[tokio::test]
 async fn a_row_another_connection_wrote_between_two_of_our_writes_is_read() {
-    let dir = tempfile::tempdir().unwrap();
-    let path = dir.path().join("memo.db");
-    let s = SqliteStore::open(&path).unwrap();
-    let raw = Connection::open(&path).unwrap();
+    let (_dir, path, s, raw) = store_and_raw("memo.db");
     let k = Key::new("memo", "k");
 
     // update: the condition holds only on the other's value.
@@ -246,10 +260,7 @@ fn fail_changes_of_boom(raw: &Connection, action: &str) {
 /// transaction.
 #[tokio::test]
 async fn a_write_after_a_rolled_back_transaction_sees_the_value_before_it() {
-    let dir = tempfile::tempdir().unwrap();
-    let path = dir.path().join("savepoint.db");
-    let s = SqliteStore::open(&path).unwrap();
-    let raw = Connection::open(&path).unwrap();
+    let (_dir, path, s, raw) = store_and_raw("savepoint.db");
     fail_changes_of_boom(&raw, "ABORT");
     let k = Key::new("memo", "k");
     assert_eq!(remembered(&s, &k).await, 2);
@@ -456,10 +467,7 @@ async fn updates_written_into_reused_versions_are_the_updates() {
 /// encoding, and the index answers by the new values.
 #[tokio::test]
 async fn rewritten_rows_keep_their_index_columns_true() {
-    let dir = tempfile::tempdir().unwrap();
-    let path = dir.path().join("memo.db");
-    let s = SqliteStore::open(&path).unwrap();
-    let raw = Connection::open(&path).unwrap();
+    let (_dir, path, s, raw) = store_and_raw("memo.db");
     let k = Key::new("memo", "ix");
     let rowid = |raw: &Connection| -> i64 {
         raw.query_row(
