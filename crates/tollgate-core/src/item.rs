@@ -587,16 +587,17 @@ impl FromIterator<(AttrName, Value)> for Item {
     /// As a `BTreeMap` collects: a name given twice keeps the last value.
     fn from_iter<I: IntoIterator<Item = (AttrName, Value)>>(iter: I) -> Self {
         let mut attrs: Vec<Attr> = iter.into_iter().map(|(n, v)| Attr::new(n, v)).collect();
-        // Stable: of equal names, the later stays later; keep it.
+        // Stable: of equal names, the later stays later; keep its value (in place: of a
+        // run of equal names the first is kept, holding the last one's value).
         attrs.sort_by(|a, b| cmp_names(&a.name, &b.name));
-        let mut out: Vec<Attr> = Vec::with_capacity(attrs.len());
-        for a in attrs {
-            match out.last_mut() {
-                Some(last) if last.name == a.name => last.value = a.value,
-                _ => out.push(a),
+        attrs.dedup_by(|later, kept| {
+            let same = later.name == kept.name;
+            if same {
+                std::mem::swap(&mut later.value, &mut kept.value);
             }
-        }
-        let item = Item::of_attrs(out);
+            same
+        });
+        let item = Item::of_attrs(attrs);
         debug_assert!(
             item.debug_sorted(),
             "an item is sorted by name, each name once"

@@ -324,8 +324,17 @@ impl Wire {
                 StoreError::Ambiguous(format!("table {table}: unreadable response: {}", chain(&e)))
             })?
             .into_bytes();
+        // The body checked as UTF-8 once, then read as text: `serde_json` reading bytes
+        // checks every string it meets again (~90 strings an image, ~70 instructions each).
+        // Text that is not UTF-8 is no JSON, as reading it as bytes would have said.
+        let text = std::str::from_utf8(&bytes);
         if (200..300).contains(&status) {
-            let out: Output<'_> = serde_json::from_slice(&bytes).map_err(|e| {
+            let text = text.map_err(|e| {
+                StoreError::Ambiguous(format!(
+                    "table {table}: unreadable response (HTTP {status}): not UTF-8: {e}"
+                ))
+            })?;
+            let out: Output<'_> = serde_json::from_str(text).map_err(|e| {
                 StoreError::Ambiguous(format!(
                     "table {table}: unreadable response (HTTP {status}): {e}"
                 ))
@@ -335,7 +344,7 @@ impl Wire {
                 _ => Ok(None),
             };
         }
-        let parsed: Option<ErrorBody<'_>> = serde_json::from_slice(&bytes).ok();
+        let parsed: Option<ErrorBody<'_>> = text.ok().and_then(|t| serde_json::from_str(t).ok());
         let code = header_code
             .as_deref()
             .filter(|c| !c.is_empty())
@@ -389,5 +398,125 @@ impl Wire {
         }
         *req.body_mut() = SdkBody::from(body);
         HttpRequest::try_from(req).map_err(|e| e.to_string())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use aws_credential_types::provider::SharedCredentialsProvider;
+    use aws_types::region::Region;
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    use tollgate_core::value::Value;
+
+    /// A server on loopback that answers one request with `status`, `headers` and `body`,
+    /// then closes the connection.
+    async fn answer_once(status: &str, headers: &str, body: &[u8]) -> String {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("bind");
+        let addr = listener.local_addr().expect("address");
+        let mut response = format!(
+            "HTTP/1.1 {status}\r\ncontent-type: application/x-amz-json-1.0\r\n{headers}\
+             content-length: {}\r\nconnection: close\r\n\r\n",
+            body.len()
+        )
+        .into_bytes();
+        response.extend_from_slice(body);
+        tokio::spawn(async move {
+            let Ok((mut s, _)) = listener.accept().await else {
+                return;
+            };
+            // The request: its head, then as many body bytes as it says.
+            let mut got = Vec::new();
+            let mut chunk = [0u8; 4096];
+            loop {
+                let Ok(n) = s.read(&mut chunk).await else {
+                    return;
+                };
+                if n == 0 {
+                    return;
+                }
+                got.extend_from_slice(&chunk[..n]);
+                let text = String::from_utf8_lossy(&got);
+                if let Some(end) = text.find("\r\n\r\n") {
+                    let len = text[..end]
+                        .lines()
+                        .find_map(|l| l.strip_prefix("content-length: "))
+                        .and_then(|v| v.trim().parse::<usize>().ok())
+                        .unwrap_or(0);
+                    if got.len() >= end + 4 + len {
+                        break;
+                    }
+                }
+            }
+            let _ = s.write_all(&response).await;
+            let _ = s.shutdown().await;
+        });
+        format!("http://{addr}")
+    }
+
+    fn wire(endpoint: &str) -> Wire {
+        let sdk = SdkConfig::builder()
+            .behavior_version(BehaviorVersion::latest())
+            .region(Region::from_static("us-east-1"))
+            .endpoint_url(endpoint)
+            .credentials_provider(SharedCredentialsProvider::new(Credentials::new(
+                "test", "test", None, None, "test",
+            )))
+            .build();
+        let t = TimeoutConfig::builder()
+            .operation_timeout(Duration::from_secs(5))
+            .build();
+        Wire::new(&sdk, &t).expect("a wire client")
+    }
+
+    async fn send(status: &str, headers: &str, body: &[u8]) -> Result<Returned, StoreError> {
+        let endpoint = answer_once(status, headers, body).await;
+        wire(&endpoint).send(Op::Update, b"{}".to_vec(), "t").await
+    }
+
+    /// A returned image is read as text once checked as UTF-8: its strings (escaped or
+    /// not, ASCII or not) come out as DynamoDB sent them.
+    #[tokio::test]
+    async fn a_returned_image_is_read_from_the_checked_text() {
+        let body = r#"{"Attributes":{"n":{"N":"7"},"s":{"S":"é \"q\""},"a":{"S":"plain"}}}"#;
+        let item = send("200 OK", "", body.as_bytes())
+            .await
+            .expect("a success")
+            .expect("an image");
+        assert_eq!(item.get("n"), Some(&Value::N(7)));
+        assert_eq!(item.get("s"), Some(&Value::S("é \"q\"".into())));
+        assert_eq!(item.get("a"), Some(&Value::S("plain".into())));
+        assert_eq!(item.len(), 3);
+    }
+
+    /// A success whose body is not UTF-8 is unreadable: the write may have been applied,
+    /// so the outcome is unknown.
+    #[tokio::test]
+    async fn a_success_that_is_not_utf8_is_ambiguous() {
+        let body = b"{\"Attributes\":{\"s\":{\"S\":\"\xff\"}}}";
+        match send("200 OK", "", body).await {
+            Err(StoreError::Ambiguous(m)) => assert!(m.contains("not UTF-8"), "{m}"),
+            other => panic!("expected Ambiguous, got {other:?}"),
+        }
+    }
+
+    /// A failed condition returns its old item; an error body that is not UTF-8 still
+    /// gives its code from the header.
+    #[tokio::test]
+    async fn errors_keep_their_code_and_old_item() {
+        let body = br#"{"__type":"com.amazonaws.dynamodb.v20120810#ConditionalCheckFailedException","message":"no","Item":{"n":{"N":"3"}}}"#;
+        match send("400 Bad Request", "", body).await {
+            Err(StoreError::ConditionFailed { old: Some(old) }) => {
+                assert_eq!(old.get("n"), Some(&Value::N(3)));
+            }
+            other => panic!("expected ConditionFailed, got {other:?}"),
+        }
+        let headers = "x-amzn-errortype: ConditionalCheckFailedException:http://internal\r\n";
+        match send("400 Bad Request", headers, b"\xff\xfe").await {
+            Err(StoreError::ConditionFailed { old: None }) => {}
+            other => panic!("expected ConditionFailed without an item, got {other:?}"),
+        }
     }
 }
