@@ -588,10 +588,16 @@ impl FromIterator<(AttrName, Value)> for Item {
     fn from_iter<I: IntoIterator<Item = (AttrName, Value)>>(iter: I) -> Self {
         let mut attrs: Vec<Attr> = iter.into_iter().map(|(n, v)| Attr::new(n, v)).collect();
         // Stable: of equal names, the later stays later; keep its value (in place: of a
-        // run of equal names the first is kept, holding the last one's value).
-        attrs.sort_by(|a, b| cmp_names(&a.name, &b.name));
+        // run of equal names the first is kept, holding the last one's value). Compared
+        // as `position` compares: the prefixes, and only past them the names (the order
+        // of `cmp_names`).
+        attrs.sort_by(|a, b| {
+            a.prefix
+                .cmp(&b.prefix)
+                .then_with(|| cmp_after(a.name.as_bytes(), b.name.as_bytes()))
+        });
         attrs.dedup_by(|later, kept| {
-            let same = later.name == kept.name;
+            let same = same_prefixed((later.prefix, &later.name), (kept.prefix, &kept.name));
             if same {
                 std::mem::swap(&mut later.value, &mut kept.value);
             }

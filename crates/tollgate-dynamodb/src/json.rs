@@ -497,6 +497,44 @@ mod tests {
         assert!(buf.is_empty());
     }
 
+    /// A value the item model cannot hold names the first such attribute (nested ones by
+    /// their path) while the rest of the body is still read; JSON that is not DynamoDB's
+    /// typed values (no type, two types, an unknown one) fails to parse, as before.
+    #[test]
+    fn decoding_failures_name_the_first_attribute_and_malformed_values_do_not_parse() {
+        for (body, needle) in [
+            (
+                r#"{"Item":{"a":{"N":"1.5"},"b":{"B":"AQ=="},"c":{"S":"ok"}}}"#,
+                "attribute a: number",
+            ),
+            (
+                r#"{"Item":{"c":{"S":"ok"},"l":{"L":[{"N":"1"},{"NS":["1"]}]},"z":{"N":"x"}}}"#,
+                "attribute l[1]: unsupported DynamoDB type NS",
+            ),
+            (
+                r#"{"Item":{"m":{"M":{"k":{"L":[{"N":"9223372036854775808"}]}}}}}"#,
+                "attribute m.k[0]: number",
+            ),
+        ] {
+            let out: Output<'_> = serde_json::from_str(body).expect("parses");
+            let image = out.image.expect("image");
+            assert!(!image.is_empty());
+            match image.into_item() {
+                Err(StoreError::Corrupt(m)) => assert!(m.contains(needle), "{m}"),
+                other => panic!("expected Corrupt, got {other:?}"),
+            }
+        }
+        for body in [
+            r#"{"Item":{"a":{}}}"#,
+            r#"{"Item":{"a":{"N":"1","S":"x"}}}"#,
+            r#"{"Item":{"a":{"X":"1"}}}"#,
+            r#"{"Item":{"a":{"N":1}}}"#,
+            r#"{"Item":{"a":"1"}}"#,
+        ] {
+            assert!(serde_json::from_str::<Output<'_>>(body).is_err(), "{body}");
+        }
+    }
+
     /// `push_str` writes the bytes `serde_json` writes, for strings copied as they are and
     /// for strings that need escapes.
     #[test]

@@ -73,6 +73,7 @@ pub mod error;
 mod feed;
 mod json;
 pub mod render;
+mod scan;
 pub mod settings;
 mod sigv4;
 mod store;

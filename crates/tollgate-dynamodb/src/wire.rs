@@ -334,6 +334,10 @@ impl Wire {
                     "table {table}: unreadable response (HTTP {status}): not UTF-8: {e}"
                 ))
             })?;
+            // A hot-path image is scanned (`scan.rs`); any other body is read by serde.
+            if let Some(image) = crate::scan::image(text) {
+                return Ok(image);
+            }
             let out: Output<'_> = serde_json::from_str(text).map_err(|e| {
                 StoreError::Ambiguous(format!(
                     "table {table}: unreadable response (HTTP {status}): {e}"

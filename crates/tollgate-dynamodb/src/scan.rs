@@ -1,0 +1,273 @@
+//! The returned image of a hot-path write read by a scanner, not by serde.
+//!
+//! A warm acquire's `UpdateItem` returns its bucket item (`ReturnValues = ALL_NEW`): ~30
+//! attributes, every one a number, a plain string, a boolean or a null, in DynamoDB's
+//! compact typed JSON (`{"Attributes":{"b_rps_tk":{"N":"1000"},"PK":{"S":"…"},…}}`).
+//! Read through `serde_json` into [`crate::json`]'s typed values and then into an
+//! [`Item`], that body cost ~38 k instructions, a quarter of the client's own work per
+//! acquire (callgrind, `benches/client_cpu.rs`); scanned here, a few thousand.
+//!
+//! The scanner takes only that shape: one `Attributes` or `Item` member, no whitespace,
+//! values of type `N` (an `i64`), `S` (no escape), `BOOL` or `NULL` (`true`). On anything
+//! else — an escape, a set, a map or list, a number that is not an `i64`, whitespace,
+//! another member such as `ConsumedCapacity`, malformed JSON — it answers `None` and the
+//! caller reads the body with serde as before, which decides every error. So the scanner
+//! never answers differently from serde: it answers less often (tested against it).
+
+use tollgate_core::value::{Item, Value};
+
+/// The image of a successful response's `body`: `Some(Some(item))`, `Some(None)` when it
+/// holds none (`{}`, or an empty image), or `None` when the body is not of the shape this
+/// module reads (the caller then reads it with serde).
+pub(crate) fn image(body: &str) -> Option<Option<Item>> {
+    let mut s = Scan {
+        text: body,
+        b: body.as_bytes(),
+        at: 0,
+    };
+    s.eat(b"{")?;
+    if s.eat(b"}").is_some() {
+        return s.end().map(|()| None);
+    }
+    if s.eat(b"\"Attributes\":").is_none() {
+        s.eat(b"\"Item\":")?;
+    }
+    s.eat(b"{")?;
+    let mut attrs = Vec::with_capacity(32);
+    if s.eat(b"}").is_none() {
+        loop {
+            let name = s.string()?;
+            s.eat(b":{\"")?;
+            let value = s.value()?;
+            s.eat(b"}")?;
+            attrs.push((name.into(), value));
+            if s.eat(b",").is_none() {
+                s.eat(b"}")?;
+                break;
+            }
+        }
+    }
+    s.eat(b"}")?;
+    s.end()?;
+    // Sorted once (a name sent twice keeps its last value, as serde's reading does), not
+    // each inserted into its place.
+    Some((!attrs.is_empty()).then(|| attrs.into_iter().collect::<Item>()))
+}
+
+/// A position in a body.
+struct Scan<'a> {
+    text: &'a str,
+    /// `text`'s bytes.
+    b: &'a [u8],
+    at: usize,
+}
+
+impl<'a> Scan<'a> {
+    /// Step over `lit` if the body continues with it.
+    #[inline]
+    fn eat(&mut self, lit: &[u8]) -> Option<()> {
+        let rest = self.b.get(self.at..)?;
+        if rest.starts_with(lit) {
+            self.at += lit.len();
+            Some(())
+        } else {
+            None
+        }
+    }
+
+    /// The body ends here.
+    fn end(&self) -> Option<()> {
+        (self.at == self.b.len()).then_some(())
+    }
+
+    /// A string without escapes or control characters (which JSON forbids unescaped),
+    /// opening quote included; its text.
+    #[inline]
+    fn string(&mut self) -> Option<&'a str> {
+        self.eat(b"\"")?;
+        let start = self.at;
+        let rest = self.b.get(start..)?;
+        let len = rest
+            .iter()
+            .position(|&c| c == b'"' || c == b'\\' || c < 0x20)?;
+        if rest[len] != b'"' {
+            return None;
+        }
+        self.at = start + len + 1;
+        // Both ends are next to an ASCII quote, so on character boundaries of the text.
+        self.text.get(start..start + len)
+    }
+
+    /// A typed value after its opening `{"`, up to its closing brace (not eaten).
+    #[inline]
+    fn value(&mut self) -> Option<Value> {
+        if self.eat(b"N\":").is_some() {
+            // As serde's reading parses it; anything else (a fraction, an exponent, out of
+            // range) is left to it, which reports the attribute.
+            let n = self.string()?;
+            return n.parse::<i64>().ok().map(Value::N);
+        }
+        if self.eat(b"S\":").is_some() {
+            return self.string().map(|t| Value::S(t.to_string()));
+        }
+        if self.eat(b"BOOL\":").is_some() {
+            if self.eat(b"true").is_some() {
+                return Some(Value::Bool(true));
+            }
+            self.eat(b"false")?;
+            return Some(Value::Bool(false));
+        }
+        self.eat(b"NULL\":true")?;
+        Some(Value::Null)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::json::Output;
+    use tollgate_core::value::{Key, PK, SK};
+    use tollgate_store::StoreError;
+
+    /// What serde's reading of `body` answers (the wire's success path).
+    fn by_serde(body: &str) -> Result<Option<Item>, String> {
+        let out: Output<'_> = serde_json::from_str(body).map_err(|e| e.to_string())?;
+        match out.image {
+            Some(i) if !i.is_empty() => i.into_item().map(Some).map_err(|e| match e {
+                StoreError::Corrupt(m) => m,
+                other => format!("{other:?}"),
+            }),
+            _ => Ok(None),
+        }
+    }
+
+    /// Whenever the scanner answers, serde answers the same.
+    fn agrees(body: &str) -> bool {
+        match image(body) {
+            Some(got) => {
+                assert_eq!(Ok(got), by_serde(body), "{body}");
+                true
+            }
+            None => false,
+        }
+    }
+
+    #[test]
+    fn a_bucket_image_is_scanned_as_serde_reads_it() {
+        let body = r##"{"Attributes":{"b_rps_tk":{"N":"999000"},"PK":{"S":"default/BUCKET#e#r#0"},"SK":{"S":"#STATE"},"bypass":{"BOOL":false},"disabled":{"BOOL":true},"gone":{"NULL":true},"neg":{"N":"-9223372036854775808"},"max":{"N":"9223372036854775807"},"é":{"S":"ü 🦀"},"empty":{"S":""}}}"##;
+        assert!(agrees(body));
+        let item = image(body).flatten().expect("an item");
+        assert_eq!(item.get("b_rps_tk"), Some(&Value::N(999_000)));
+        assert_eq!(item.get("neg"), Some(&Value::N(i64::MIN)));
+        assert_eq!(item.get("é"), Some(&Value::S("ü 🦀".into())));
+        assert_eq!(item.get("gone"), Some(&Value::Null));
+        assert_eq!(item.len(), 10);
+        // `Item` as the member's name (GetItem), a repeated name (the last value wins),
+        // no image, an empty one.
+        assert!(agrees(r#"{"Item":{"a":{"N":"1"},"a":{"N":"2"}}}"#));
+        assert_eq!(
+            image(r#"{"Item":{"a":{"N":"1"},"a":{"N":"2"}}}"#)
+                .flatten()
+                .and_then(|i| i.get("a").cloned()),
+            Some(Value::N(2))
+        );
+        assert!(agrees("{}"));
+        assert!(agrees(r#"{"Attributes":{}}"#));
+        assert_eq!(image("{}"), Some(None));
+    }
+
+    /// Every other shape is left to serde, which decides it (and its errors) as before.
+    #[test]
+    fn other_shapes_are_left_to_serde() {
+        for body in [
+            r#"{"Attributes":{"s":{"S":"a\"b"}}}"#,
+            r#"{"Attributes":{"a\u0041":{"N":"1"}}}"#,
+            r#"{"Attributes":{"ss":{"SS":["a"]}}}"#,
+            r#"{"Attributes":{"m":{"M":{}}}}"#,
+            r#"{"Attributes":{"l":{"L":[]}}}"#,
+            r#"{"Attributes":{"n":{"N":"1.5"}}}"#,
+            r#"{"Attributes":{"n":{"N":"9223372036854775808"}}}"#,
+            r#"{"Attributes":{"n":{"N":" 7"}}}"#,
+            r#"{"Attributes":{"b":{"B":"AQ=="}}}"#,
+            r#"{"Attributes":{"x":{"NULL":false}}}"#,
+            r#"{"Attributes": {"n":{"N":"1"}}}"#,
+            r#"{"Attributes":{"n":{"N":"1"}},"ConsumedCapacity":{"CapacityUnits":1}}"#,
+            r#"{"Attributes":{"n":{"N":"1"}}} "#,
+            r#"{"Attributes":{"n":{"N":"1"}}"#,
+            r#"{"Attributes":{"n":{"N":"1"},}}"#,
+            r#"{"Attributes":{"n":{"N":"1","S":"x"}}}"#,
+            r#"{"Attributes":{"n":{}}}"#,
+            r#"{"Other":{}}"#,
+            "{\"Attributes\":{\"s\":{\"S\":\"tab\there\"}}}",
+            "",
+            "{",
+            "[]",
+        ] {
+            assert_eq!(image(body), None, "{body}");
+        }
+    }
+
+    /// Generated images (names and strings from an alphabet with quotes, backslashes and
+    /// control characters, numbers across i64, every scalar type; whitespace and extra
+    /// members sometimes): the scanner agrees with serde on every one it reads, and reads
+    /// every plain one.
+    #[test]
+    fn the_scanner_agrees_with_serde_on_generated_images() {
+        let mut x: u64 = 0x9e37_79b9_7f4a_7c15;
+        let mut next = move || {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x
+        };
+        const ALPHABET: &[&str] = &["a", "b", "_", "#", "/", "é", "🦀", " ", "\"", "\\", "\n"];
+        let mut read = 0;
+        for round in 0..3000 {
+            let text = |n: &mut dyn FnMut() -> u64, plain: bool| {
+                let len = n() % 12;
+                (0..len)
+                    .map(|_| {
+                        let k = if plain { 8 } else { ALPHABET.len() as u64 };
+                        ALPHABET[(n() % k) as usize]
+                    })
+                    .collect::<String>()
+            };
+            let plain = round % 3 != 0;
+            let mut item = Item::new();
+            for _ in 0..(next() % 40) {
+                let name = text(&mut next, plain);
+                let value = match next() % 6 {
+                    0 => Value::N(next() as i64),
+                    1 => Value::N((next() % 2000) as i64 - 1000),
+                    2 => Value::S(text(&mut next, plain)),
+                    3 => Value::Bool(next() % 2 == 0),
+                    4 => Value::Null,
+                    _ => Value::N(i64::MIN + (next() % 3) as i64),
+                };
+                item.insert(name.as_str().into(), value);
+            }
+            let key = Key::new(text(&mut next, plain), text(&mut next, plain));
+            let mut buf = b"{".to_vec();
+            crate::json::push_item(&mut buf, &key, &item).expect("encodes");
+            buf.push(b'}');
+            let mut body = String::from_utf8(buf).expect("text");
+            body = body.replacen("{\"Item\":", "{\"Attributes\":", 1);
+            match next() % 10 {
+                0 => body = body.replacen(':', ": ", 1),
+                1 => body.insert_str(body.len() - 1, ",\"ConsumedCapacity\":{}"),
+                _ => {}
+            }
+            if agrees(&body) {
+                read += 1;
+                let got = image(&body).flatten().expect("an item");
+                assert_eq!(got.get(PK), Some(&Value::S(key.pk.to_string())));
+                assert_eq!(got.get(SK), Some(&Value::S(key.sk.to_string())));
+            } else {
+                // Only bodies with something to leave to serde are left to it.
+                let plain_body = plain && !body.contains(": ") && !body.contains("Consumed");
+                assert!(!plain_body, "a plain body was not read: {body}");
+            }
+        }
+        assert!(read > 1500, "the scanner read {read} of 3000");
+    }
+}
