@@ -36,42 +36,46 @@ pub(crate) fn push_str(buf: &mut Vec<u8>, s: &str) {
     }
 }
 
-/// Whether JSON escapes none of `s`'s bytes: none is below 0x20, `"` or `\`. Eight bytes
-/// at a time (the last ones padded with spaces), each word tested by the "has a byte less
-/// than n" and "has a zero byte" word tricks, which are exact for bytes below 0x80 and
-/// never fire on a byte of 0x80 or more (UTF-8's, which JSON keeps as they are).
+/// Whether JSON escapes none of `s`'s bytes (none is [`special`]).
 fn is_plain(s: &[u8]) -> bool {
-    const ONES: u64 = u64::from_ne_bytes([1; 8]);
-    const HIGH: u64 = u64::from_ne_bytes([0x80; 8]);
-    /// Whether some byte of `x` is below `n` (`n` at most 0x80).
-    fn has_less(x: u64, n: u8) -> bool {
-        x.wrapping_sub(ONES * u64::from(n)) & !x & HIGH != 0
-    }
-    fn has_byte(x: u64, b: u8) -> bool {
-        has_less(x ^ (ONES * u64::from(b)), 1)
-    }
-    fn word_is_plain(w: [u8; 8]) -> bool {
-        let x = u64::from_ne_bytes(w);
-        !(has_less(x, 0x20) || has_byte(x, b'"') || has_byte(x, b'\\'))
-    }
+    first_special(s).is_none()
+}
+
+/// Whether JSON treats `c` specially in a string: its end, an escape, or a control
+/// character (which it forbids there).
+fn special(c: u8) -> bool {
+    c == b'"' || c == b'\\' || c < 0x20
+}
+
+/// Where the first [`special`] byte of `s` is. Eight bytes at a time: a word's bytes below
+/// 0x20, equal to `"` or to `\` are flagged by the "has a byte less than n" and "has a
+/// zero byte" word tricks, whose lowest flag is always a true one (a false flag can only
+/// come from a borrow out of a true one below it); the last bytes one by one.
+pub(crate) fn first_special(s: &[u8]) -> Option<usize> {
+    const ONES: u64 = u64::from_le_bytes([1; 8]);
+    const HIGH: u64 = u64::from_le_bytes([0x80; 8]);
+    let less = |x: u64, n: u8| x.wrapping_sub(ONES * u64::from(n)) & !x & HIGH;
     let mut words = s.chunks_exact(8);
+    let mut at = 0;
     for w in &mut words {
         let mut a = [0u8; 8];
         a.copy_from_slice(w);
-        if !word_is_plain(a) {
-            return false;
+        let x = u64::from_le_bytes(a);
+        let flags = less(x, 0x20)
+            | less(x ^ (ONES * u64::from(b'"')), 1)
+            | less(x ^ (ONES * u64::from(b'\\')), 1);
+        if flags != 0 {
+            let i = at + (flags.trailing_zeros() / 8) as usize;
+            debug_assert!(special(s[i]) && !s[at..i].iter().any(|&c| special(c)));
+            return Some(i);
         }
+        at += 8;
     }
-    let rest = words.remainder();
-    let mut last = [b' '; 8];
-    last[..rest.len()].copy_from_slice(rest);
-    let plain = word_is_plain(last);
-    debug_assert_eq!(
-        plain,
-        s.iter().all(|&b| b >= 0x20 && b != b'"' && b != b'\\'),
-        "the word test answers as the byte test"
-    );
-    plain
+    words
+        .remainder()
+        .iter()
+        .position(|&c| special(c))
+        .map(|p| at + p)
 }
 
 /// Append `"name":` to `buf`.
@@ -563,21 +567,28 @@ mod tests {
         }
     }
 
-    /// The word test answers as a byte-by-byte test, for every byte value at every place
-    /// of strings of 1 to 17 bytes.
+    /// The word test and the word search answer as byte-by-byte ones, for every byte
+    /// value at every place of strings of 1 to 20 bytes, alone and before a later quote.
     #[test]
-    fn the_word_test_is_the_byte_test() {
+    fn the_word_tests_are_the_byte_tests() {
         let plain = |s: &[u8]| s.iter().all(|&b| b >= 0x20 && b != b'"' && b != b'\\');
-        for len in 1..=17 {
+        let by_byte = |s: &[u8]| s.iter().position(|&c| special(c));
+        for len in 1..=20 {
             for at in 0..len {
                 for b in 0..=255u8 {
                     let mut s = vec![b'a'; len];
                     s[at] = b;
                     assert_eq!(is_plain(&s), plain(&s), "{s:?}");
+                    assert_eq!(first_special(&s), by_byte(&s), "{s:?}");
+                    if at + 1 < len {
+                        s[at + 1] = b'"';
+                        assert_eq!(first_special(&s), by_byte(&s), "{s:?}");
+                    }
                 }
             }
         }
         assert!(is_plain(b""));
+        assert_eq!(first_special(b""), None);
     }
 
     /// An image's attributes, in whatever order DynamoDB sends them, make the item that

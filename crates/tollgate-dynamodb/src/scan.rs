@@ -87,7 +87,7 @@ impl<'a> Scan<'a> {
         self.eat(b"\"")?;
         let start = self.at;
         let rest = self.b.get(start..)?;
-        let len = first_special(rest)?;
+        let len = crate::json::first_special(rest)?;
         if rest[len] != b'"' {
             return None;
         }
@@ -118,43 +118,6 @@ impl<'a> Scan<'a> {
         self.eat(b"NULL\":true")?;
         Some(Value::Null)
     }
-}
-
-/// Whether JSON treats `c` specially in a string: its end, an escape, or a control
-/// character (which it forbids there).
-fn special(c: u8) -> bool {
-    c == b'"' || c == b'\\' || c < 0x20
-}
-
-/// Where the first [`special`] byte of `s` is. Eight bytes at a time: a word's bytes below
-/// 0x20, equal to `"` or to `\\` are flagged by the "has a byte less than n" and "has a
-/// zero byte" word tricks, whose lowest flag is always a true one (a false flag can only
-/// come from a borrow out of a true one below it); the last bytes one by one.
-fn first_special(s: &[u8]) -> Option<usize> {
-    const ONES: u64 = u64::from_le_bytes([1; 8]);
-    const HIGH: u64 = u64::from_le_bytes([0x80; 8]);
-    let less = |x: u64, n: u8| x.wrapping_sub(ONES * u64::from(n)) & !x & HIGH;
-    let mut words = s.chunks_exact(8);
-    let mut at = 0;
-    for w in &mut words {
-        let mut a = [0u8; 8];
-        a.copy_from_slice(w);
-        let x = u64::from_le_bytes(a);
-        let flags = less(x, 0x20)
-            | less(x ^ (ONES * u64::from(b'"')), 1)
-            | less(x ^ (ONES * u64::from(b'\\')), 1);
-        if flags != 0 {
-            let i = at + (flags.trailing_zeros() / 8) as usize;
-            debug_assert!(special(s[i]) && !s[at..i].iter().any(|&c| special(c)));
-            return Some(i);
-        }
-        at += 8;
-    }
-    words
-        .remainder()
-        .iter()
-        .position(|&c| special(c))
-        .map(|p| at + p)
 }
 
 #[cfg(test)]
@@ -209,27 +172,6 @@ mod tests {
         assert!(agrees("{}"));
         assert!(agrees(r#"{"Attributes":{}}"#));
         assert_eq!(image("{}"), Some(None));
-    }
-
-    /// The word search finds what a byte-by-byte search finds, for every byte value at
-    /// every place of 1 to 20 bytes, alone and after an earlier special byte.
-    #[test]
-    fn the_word_search_is_the_byte_search() {
-        let by_byte = |s: &[u8]| s.iter().position(|&c| special(c));
-        for len in 1..=20 {
-            for at in 0..len {
-                for b in 0..=255u8 {
-                    let mut s = vec![b'a'; len];
-                    s[at] = b;
-                    assert_eq!(first_special(&s), by_byte(&s), "{s:?}");
-                    if at + 1 < len {
-                        s[at + 1] = b'"';
-                        assert_eq!(first_special(&s), by_byte(&s), "{s:?}");
-                    }
-                }
-            }
-        }
-        assert_eq!(first_special(b""), None);
     }
 
     /// Every other shape is left to serde, which decides it (and its errors) as before.

@@ -19,7 +19,6 @@ use tollgate_store::{
     UpdateRequest,
 };
 
-/// `ADD n` under `condition`, answering the new item.
 /// A store on a new file named `name` in a temporary directory (kept while the first
 /// element lives), its path, and a second, raw connection to the same file.
 fn store_and_raw(
@@ -37,6 +36,7 @@ fn store_and_raw(
     (dir, path, s, raw)
 }
 
+/// `ADD n` under `condition`, answering the new item.
 fn add(k: &Key, n: i64, condition: Option<Condition>) -> UpdateRequest {
     UpdateRequest {
         key: k.clone(),
