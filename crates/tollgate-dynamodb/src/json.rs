@@ -79,7 +79,7 @@ pub(crate) fn first_special(s: &[u8]) -> Option<usize> {
 }
 
 /// Append `"name":` to `buf`.
-fn push_field(buf: &mut Vec<u8>, name: &str) {
+pub(crate) fn push_field(buf: &mut Vec<u8>, name: &str) {
     push_str(buf, name);
     buf.push(b':');
 }
@@ -196,6 +196,12 @@ impl JsonAliases {
     /// Append `,"ExpressionAttributeNames":{…}` and `,"ExpressionAttributeValues":{…}` for
     /// the aliases made, each only when not empty (DynamoDB refuses empty maps).
     pub(crate) fn finish(self, buf: &mut Vec<u8>) {
+        self.push_names(buf);
+        self.push_values(buf);
+    }
+
+    /// Append `,"ExpressionAttributeNames":{…}` (nothing without names).
+    pub(crate) fn push_names(&self, buf: &mut Vec<u8>) {
         if !self.names.is_empty() {
             buf.extend_from_slice(b",\"ExpressionAttributeNames\":{");
             let mut alias = String::with_capacity(6);
@@ -210,6 +216,10 @@ impl JsonAliases {
             }
             buf.push(b'}');
         }
+    }
+
+    /// Append `,"ExpressionAttributeValues":{…}` (nothing without values).
+    pub(crate) fn push_values(&self, buf: &mut Vec<u8>) {
         if self.n_values > 0 {
             buf.extend_from_slice(b",\"ExpressionAttributeValues\":{");
             buf.extend_from_slice(&self.values);

@@ -6,7 +6,9 @@
 //! * Typed [`Condition`](tollgate_core::expr::Condition)s and
 //!   [`Update`](tollgate_core::expr::Update)s are rendered into expression strings
 //!   ([`render`]); every attribute name is an `ExpressionAttributeNames` alias (limit names may
-//!   hold `-` and `.`) and every literal an `ExpressionAttributeValues` placeholder.
+//!   hold `-` and `.`) and every literal an `ExpressionAttributeValues` placeholder. The
+//!   direct writes render once per shape of write and reuse the text with new literals
+//!   (`src/shape.rs`).
 //! * Values map to `AttributeValue`s in [`codec`]: numbers are `i64` decimal strings, and a
 //!   stored number that is not an `i64` is [`StoreError::Corrupt`](tollgate_store::StoreError)
 //!   naming the attribute.
@@ -75,6 +77,7 @@ mod json;
 pub mod render;
 mod scan;
 pub mod settings;
+mod shape;
 mod sigv4;
 mod store;
 mod table;

@@ -33,6 +33,7 @@ use crate::error::{map_sdk, DynamoDbError, Effect};
 use crate::json::{push_item, push_key, push_str, JsonAliases};
 use crate::render::{write_condition, write_update, AliasTable, Aliases};
 use crate::settings::{self, Role, DEFAULT_DEADLINE};
+use crate::shape::{Shape, Shapes};
 use crate::table::{self, TableCheck};
 use crate::wire::{Op, Wire};
 
@@ -63,6 +64,8 @@ pub struct DynamoDbStore {
     /// Single-item writes as signed HTTP requests (see [`crate::wire`]); `None` when the
     /// configuration needs the SDK for them (`write_client` then sends them).
     wire: Option<std::sync::Arc<Wire>>,
+    /// The expressions `wire` sends, rendered once per shape ([`crate::shape`]).
+    shapes: std::sync::Arc<Shapes>,
 }
 
 /// Builds a [`DynamoDbStore`] from the standard AWS configuration chain (environment,
@@ -300,6 +303,7 @@ impl DynamoDbStore {
         };
         DynamoDbStore {
             wire,
+            shapes: Default::default(),
             table,
             deadline,
             client: Client::from_conf(conf),
@@ -456,6 +460,12 @@ const ALL_OLD_ON_FAILURE: &[u8] = b",\"ReturnValuesOnConditionCheckFailure\":\"A
 
 /// Append the update and condition expressions that are there, and the alias maps.
 fn push_expressions(body: &mut Vec<u8>, u: Option<&str>, c: Option<&str>, a: JsonAliases) {
+    push_expression_text(body, u, c);
+    a.finish(body);
+}
+
+/// Append the update and condition expressions that are there.
+pub(crate) fn push_expression_text(body: &mut Vec<u8>, u: Option<&str>, c: Option<&str>) {
     if let Some(u) = u {
         body.extend_from_slice(b",\"UpdateExpression\":");
         push_str(body, u);
@@ -464,7 +474,6 @@ fn push_expressions(body: &mut Vec<u8>, u: Option<&str>, c: Option<&str>, a: Jso
         body.extend_from_slice(b",\"ConditionExpression\":");
         push_str(body, c);
     }
-    a.finish(body);
 }
 
 fn build_err(e: impl std::fmt::Display) -> StoreError {
@@ -472,7 +481,7 @@ fn build_err(e: impl std::fmt::Display) -> StoreError {
 }
 
 /// Render an optional condition, with `attribute_exists(PK)` added when `require_item`.
-fn render_condition<A: AliasTable>(
+pub(crate) fn render_condition<A: AliasTable>(
     a: &mut A,
     c: Option<&Condition>,
     require_item: bool,
@@ -499,7 +508,7 @@ fn render_condition<A: AliasTable>(
 }
 
 /// Render an update expression (`None` for an empty update).
-fn render_update<A: AliasTable>(
+pub(crate) fn render_update<A: AliasTable>(
     a: &mut A,
     u: &tollgate_core::expr::Update,
 ) -> Result<Option<String>, StoreError> {
@@ -786,12 +795,27 @@ impl Store for DynamoDbStore {
                 .all(|a| matches!(a, Action::Remove(_)));
         let res = match &self.wire {
             Some(w) => {
-                let mut a = JsonAliases::new();
-                let c = render_condition(&mut a, req.condition.as_ref(), only_removes)?;
-                let u = render_update(&mut a, &req.update)?;
+                let shape = Shape::of(req.condition.as_ref(), only_removes, &req.update);
+                let text = match self.shapes.get(&shape) {
+                    Some(text) => {
+                        // The whole test suite checks every reuse against the renderer.
+                        debug_assert_eq!(
+                            shape.text().ok().as_deref(),
+                            Some(&*text),
+                            "a shape's kept text is what the renderer writes for this write"
+                        );
+                        text
+                    }
+                    None => {
+                        let text: std::sync::Arc<[u8]> = shape.text()?.into();
+                        self.shapes.insert(&shape, text.clone());
+                        text
+                    }
+                };
                 let mut body = self.body_start(BODY_CAPACITY);
                 push_key(&mut body, &req.key);
-                push_expressions(&mut body, u.as_deref(), c.as_deref(), a);
+                body.extend_from_slice(&text);
+                shape.push_values(&mut body)?;
                 body.extend_from_slice(match req.returns {
                     ReturnValues::None => b",\"ReturnValues\":\"NONE\"",
                     ReturnValues::AllNew => b",\"ReturnValues\":\"ALL_NEW\"",
