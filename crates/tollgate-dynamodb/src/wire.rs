@@ -137,12 +137,11 @@ impl CachedCredentials {
 #[derive(Debug)]
 pub(crate) struct Wire {
     connector: Connector,
-    /// The endpoint, path `/`.
-    uri: http::Uri,
+    /// The endpoint, path `/` (text: what the connector's request keeps beside the parsed
+    /// URI).
+    uri: String,
     /// The `Host` header: the endpoint's authority without a default port.
     host: String,
-    /// `host` as a header value.
-    host_value: http::HeaderValue,
     signer: Signer,
     credentials: CachedCredentials,
     /// The bound on a whole call: the least of the attempt and operation timeouts.
@@ -231,11 +230,12 @@ impl Wire {
             (Some(a), Some(o)) => Some(a.min(o)),
             (a, o) => a.or(o),
         };
-        let host_value = http::HeaderValue::from_str(&host).map_err(|e| e.to_string())?;
+        // The `Host` header's value must be one (checked here once; each request then
+        // copies the checked text).
+        http::HeaderValue::from_str(&host).map_err(|e| e.to_string())?;
         Ok(Wire {
-            host_value,
             connector,
-            uri,
+            uri: uri.to_string(),
             host,
             signer: Signer::new(region, SERVICE),
             credentials: CachedCredentials {
@@ -366,8 +366,11 @@ impl Wire {
         Err(from_code(&code, msg, Some(status), Effect::Write, table))
     }
 
-    /// The request of `op` with `body`, signed with `creds` now.
+    /// The request of `op` with `body`, signed with `creds` now, built as the connector takes
+    /// it (an `http::Request` would be converted: its headers copied into a new map and its
+    /// URI formatted again, on every call).
     fn signed(&self, op: Op, body: Vec<u8>, creds: &Credentials) -> Result<HttpRequest, String> {
+        use http::header::{self, HeaderName};
         let target = op.target();
         let sig = self.signer.sign(
             creds,
@@ -377,31 +380,30 @@ impl Wire {
             target,
             &body,
         );
-        use http::header::{self, HeaderName, HeaderValue};
-        let value = |v: String| HeaderValue::try_from(v).map_err(|e| e.to_string());
-        let mut req = http::Request::new(SdkBody::empty());
-        *req.method_mut() = http::Method::POST;
-        *req.uri_mut() = self.uri.clone();
+        let mut req = HttpRequest::new(SdkBody::empty());
+        req.set_method("POST").map_err(|e| e.to_string())?;
+        req.set_uri(self.uri.clone()).map_err(|e| e.to_string())?;
         let h = req.headers_mut();
-        h.reserve(9);
-        h.insert(header::CONTENT_TYPE, HeaderValue::from_static(CONTENT_TYPE));
-        h.insert(header::HOST, self.host_value.clone());
-        h.insert(
-            HeaderName::from_static("x-amz-target"),
-            HeaderValue::from_static(target),
-        );
-        h.insert(HeaderName::from_static("x-amz-date"), value(sig.amz_date)?);
-        h.insert(header::AUTHORIZATION, value(sig.authorization)?);
-        h.insert(header::CONTENT_LENGTH, HeaderValue::from(body.len()));
-        h.insert(header::USER_AGENT, HeaderValue::from_static(USER_AGENT));
+        // Constant values are taken as they are; every other value is checked (a value
+        // from the configuration or the credentials that is no header value is an error).
+        h.insert(header::CONTENT_TYPE, CONTENT_TYPE);
+        h.insert(HeaderName::from_static("x-amz-target"), target);
+        h.insert(header::USER_AGENT, USER_AGENT);
+        let mut checked = |name: HeaderName, value: String| {
+            h.try_insert(name, value).map(drop).map_err(|e| e.to_string())
+        };
+        checked(header::HOST, self.host.clone())?;
+        checked(HeaderName::from_static("x-amz-date"), sig.amz_date)?;
+        checked(header::AUTHORIZATION, sig.authorization)?;
+        checked(
+            header::CONTENT_LENGTH,
+            itoa::Buffer::new().format(body.len()).to_owned(),
+        )?;
         if let Some(t) = creds.session_token() {
-            h.insert(
-                HeaderName::from_static("x-amz-security-token"),
-                HeaderValue::from_str(t).map_err(|e| e.to_string())?,
-            );
+            checked(HeaderName::from_static("x-amz-security-token"), t.to_owned())?;
         }
         *req.body_mut() = SdkBody::from(body);
-        HttpRequest::try_from(req).map_err(|e| e.to_string())
+        Ok(req)
     }
 }
 
