@@ -19,7 +19,9 @@
 //! Each task works on its own entity, so no call fails its condition. `TOLLGATE_BENCH_CALLS`
 //! (default 4000) calls per row after 200 warm-up calls; `TOLLGATE_BENCH_TASKS` (default
 //! `1,64`) the task counts; `TOLLGATE_BENCH_DEADLINE_MS` the store's deadline (default 1 s;
-//! raise it under valgrind). Without `TOLLGATE_DYNAMODB_ENDPOINT` it prints a note and exits 0.
+//! raise it under valgrind); `TOLLGATE_BENCH_REFILL=second` a limit that is full again
+//! between two acquires (every acquire a materialising write, see [`bench_limit`]). Without
+//! `TOLLGATE_DYNAMODB_ENDPOINT` it prints a note and exits 0.
 
 // The `tollgate` binary (`serve --store dynamodb`) runs on mimalloc: measure the client as
 // it runs there (the system allocator costs about a sixth more instructions per acquire).
@@ -64,8 +66,15 @@ struct Target {
     entity: String,
 }
 
-/// The limit every row charges: 10,000,000 an hour (a constant, valid definition).
+/// The limit every row charges: 10,000,000 an hour (a constant, valid definition), so a
+/// warm acquire debits a balance it trusts (the fast path). With
+/// `TOLLGATE_BENCH_REFILL=second`, 10,000,000 a second, as the hot rows of `dynamodb.rs`:
+/// the balance is full again before the next acquire, so every acquire materialises it
+/// (the slow path's write).
 fn bench_limit() -> Limit {
+    if std::env::var("TOLLGATE_BENCH_REFILL").is_ok_and(|r| r == "second") {
+        return Limit::per_second(LIMIT, 10_000_000).expect("a valid constant limit");
+    }
     Limit::per_hour(LIMIT, 10_000_000).expect("a valid constant limit")
 }
 
