@@ -11,7 +11,7 @@
 //! `Authorization` header equals the one `aws_sigv4::http_request::sign` makes for the
 //! same request, with and without a session token.
 
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use aws_credential_types::Credentials;
@@ -39,6 +39,13 @@ struct Cached {
     amz_date: String,
     /// The credentials and day the key is for: access key ID, secret, `YYYYMMDD`.
     key_for: (String, String, String),
+    /// The day's scope and key, shared with the signatures that use them (not copied).
+    day: Arc<DayKey>,
+}
+
+/// What one day of signing shares.
+#[derive(Debug, Default)]
+struct DayKey {
     /// `YYYYMMDD/region/service/aws4_request`.
     scope: String,
     key: Vec<u8>,
@@ -74,7 +81,7 @@ impl Signer {
         body: &[u8],
     ) -> Signed {
         let second = now.duration_since(UNIX_EPOCH).map_or(0, |d| d.as_secs());
-        let (amz_date, scope, key) = {
+        let (amz_date, day) = {
             let mut c = self.cached.lock().unwrap_or_else(|e| e.into_inner());
             if c.amz_date.is_empty() || c.second != second {
                 c.second = second;
@@ -91,16 +98,19 @@ impl Signer {
                     self.service,
                 );
                 let day = day.to_string();
-                c.scope = format!("{day}/{}/{}/aws4_request", self.region, self.service);
-                c.key = key.as_ref().to_vec();
+                c.day = Arc::new(DayKey {
+                    scope: format!("{day}/{}/{}/aws4_request", self.region, self.service),
+                    key: key.as_ref().to_vec(),
+                });
                 c.key_for = (
                     creds.access_key_id().to_string(),
                     creds.secret_access_key().to_string(),
                     day,
                 );
             }
-            (c.amz_date.clone(), c.scope.clone(), c.key.clone())
+            (c.amz_date.clone(), Arc::clone(&c.day))
         };
+        let (scope, key) = (&day.scope, &day.key);
         let token = creds.session_token();
         let signed_headers = if token.is_some() {
             "content-type;host;x-amz-date;x-amz-security-token;x-amz-target"
@@ -127,11 +137,11 @@ impl Signer {
         h.update(hex32(&Sha256::digest(body)));
         let creq_hash = hex32(&h.finalize());
         let mut sts = Vec::with_capacity(160);
-        for part in [ALGORITHM, "\n", &amz_date, "\n", &scope, "\n"] {
+        for part in [ALGORITHM, "\n", &amz_date, "\n", scope, "\n"] {
             sts.extend_from_slice(part.as_bytes());
         }
         sts.extend_from_slice(&creq_hash);
-        let signature = hmac_hex(&key, &sts);
+        let signature = hmac_hex(key, &sts);
         // Hex digits are ASCII.
         let signature = std::str::from_utf8(&signature).unwrap_or_default();
         let mut authorization = String::with_capacity(220);
@@ -140,7 +150,7 @@ impl Signer {
             " Credential=",
             creds.access_key_id(),
             "/",
-            &scope,
+            scope,
             ", SignedHeaders=",
             signed_headers,
             ", Signature=",

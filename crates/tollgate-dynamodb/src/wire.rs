@@ -380,7 +380,8 @@ impl Wire {
             target,
             &body,
         );
-        let mut req = HttpRequest::new(SdkBody::empty());
+        let content_length = itoa::Buffer::new().format(body.len()).to_owned();
+        let mut req = HttpRequest::new(SdkBody::from(body));
         req.set_method("POST").map_err(|e| e.to_string())?;
         req.set_uri(self.uri.clone()).map_err(|e| e.to_string())?;
         let h = req.headers_mut();
@@ -395,14 +396,10 @@ impl Wire {
         checked(header::HOST, self.host.clone())?;
         checked(HeaderName::from_static("x-amz-date"), sig.amz_date)?;
         checked(header::AUTHORIZATION, sig.authorization)?;
-        checked(
-            header::CONTENT_LENGTH,
-            itoa::Buffer::new().format(body.len()).to_owned(),
-        )?;
+        checked(header::CONTENT_LENGTH, content_length)?;
         if let Some(t) = creds.session_token() {
             checked(HeaderName::from_static("x-amz-security-token"), t.to_owned())?;
         }
-        *req.body_mut() = SdkBody::from(body);
         Ok(req)
     }
 }
