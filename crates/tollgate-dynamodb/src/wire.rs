@@ -391,14 +391,19 @@ impl Wire {
         h.insert(HeaderName::from_static("x-amz-target"), target);
         h.insert(header::USER_AGENT, USER_AGENT);
         let mut checked = |name: HeaderName, value: String| {
-            h.try_insert(name, value).map(drop).map_err(|e| e.to_string())
+            h.try_insert(name, value)
+                .map(drop)
+                .map_err(|e| e.to_string())
         };
         checked(header::HOST, self.host.clone())?;
         checked(HeaderName::from_static("x-amz-date"), sig.amz_date)?;
         checked(header::AUTHORIZATION, sig.authorization)?;
         checked(header::CONTENT_LENGTH, content_length)?;
         if let Some(t) = creds.session_token() {
-            checked(HeaderName::from_static("x-amz-security-token"), t.to_owned())?;
+            checked(
+                HeaderName::from_static("x-amz-security-token"),
+                t.to_owned(),
+            )?;
         }
         Ok(req)
     }
