@@ -109,9 +109,10 @@ impl<'a> Shape<'a> {
             }
             None => s.key.push(b'-'),
         }
-        // Three passes, as the renderer makes them; the key also records each action's
-        // place in the request, so two updates whose clauses interleave differently do
-        // not meet.
+        // The renderer writes the SET clause's literals, then the ADD clause's (REMOVE has
+        // none). One pass keys every action in request order (so two updates whose clauses
+        // interleave differently do not meet) and collects the SET literals; a second
+        // collects the ADD literals.
         for act in &u.actions {
             match act {
                 Action::Set(n, v) => {
