@@ -14,12 +14,82 @@
 //! caller reads the body with serde as before, which decides every error. So the scanner
 //! never answers differently from serde: it answers less often (tested against it).
 
-use tollgate_core::value::{Item, Value};
+use std::sync::{Arc, Mutex, PoisonError};
+
+use tollgate_core::item::Listing;
+use tollgate_core::value::{AttrName, Item, Value};
+
+/// Most orders of names remembered ([`Listings`]).
+const MAX_LISTINGS: usize = 8;
+
+/// Once the table is full, one miss in this many replaces its oldest order: a source whose
+/// order never repeats costs a listing's making only that often.
+const RELIST_EVERY: u32 = 64;
+
+/// The orders DynamoDB listed the returned items' names in, remembered so that an item
+/// listed the same way again is placed in name order without sorting
+/// ([`Item::from_listed`]). DynamoDB lists a map's attributes in an order of its own, the
+/// same for the same names: a bucket comes back alike on every write.
+#[derive(Debug, Default)]
+pub(crate) struct Listings {
+    known: Mutex<Known>,
+}
+
+#[derive(Debug, Default)]
+struct Known {
+    orders: Vec<Arc<Listing>>,
+    /// The next to replace once full.
+    oldest: usize,
+    /// Misses since the table was last changed while full.
+    misses: u32,
+}
+
+impl Listings {
+    /// The item of `names[i]` = `values[i]`, as listed: from a remembered order when
+    /// `names` are listed as one was, otherwise collected (sorted), its order remembered.
+    fn item(&self, names: &[&str], values: Vec<Value>) -> Item {
+        let found = {
+            let known = self.known.lock().unwrap_or_else(PoisonError::into_inner);
+            known.orders.iter().find(|l| l.lists(names)).cloned()
+        };
+        let values = match found {
+            // `lists` checked the count, so the values are one per name.
+            Some(l) => match Item::from_listed(&l, values) {
+                Ok(item) => return item,
+                Err(values) => values,
+            },
+            None => values,
+        };
+        let item = names
+            .iter()
+            .zip(values)
+            .map(|(n, v)| (AttrName::from(*n), v))
+            .collect();
+        let mut known = self.known.lock().unwrap_or_else(PoisonError::into_inner);
+        if known.orders.len() < MAX_LISTINGS {
+            if let Some(l) = Listing::of(names.iter().copied()) {
+                known.orders.push(Arc::new(l));
+            }
+        } else {
+            known.misses += 1;
+            if known.misses >= RELIST_EVERY {
+                known.misses = 0;
+                if let Some(l) = Listing::of(names.iter().copied()) {
+                    let at = known.oldest;
+                    known.orders[at] = Arc::new(l);
+                    known.oldest = (at + 1) % MAX_LISTINGS;
+                }
+            }
+        }
+        item
+    }
+}
 
 /// The image of a successful response's `body`: `Some(Some(item))`, `Some(None)` when it
 /// holds none (`{}`, or an empty image), or `None` when the body is not of the shape this
-/// module reads (the caller then reads it with serde).
-pub(crate) fn image(body: &str) -> Option<Option<Item>> {
+/// module reads (the caller then reads it with serde). `listings` remembers the orders
+/// names came in.
+pub(crate) fn image(body: &str, listings: &Listings) -> Option<Option<Item>> {
     let mut s = Scan {
         text: body,
         b: body.as_bytes(),
@@ -33,14 +103,14 @@ pub(crate) fn image(body: &str) -> Option<Option<Item>> {
         s.eat(b"\"Item\":")?;
     }
     s.eat(b"{")?;
-    let mut attrs = Vec::with_capacity(32);
+    let mut names = Vec::with_capacity(32);
+    let mut values = Vec::with_capacity(32);
     if s.eat(b"}").is_none() {
         loop {
-            let name = s.string()?;
+            names.push(s.string()?);
             s.eat(b":{\"")?;
-            let value = s.value()?;
+            values.push(s.value()?);
             s.eat(b"}")?;
-            attrs.push((name.into(), value));
             if s.eat(b",").is_none() {
                 s.eat(b"}")?;
                 break;
@@ -49,9 +119,9 @@ pub(crate) fn image(body: &str) -> Option<Option<Item>> {
     }
     s.eat(b"}")?;
     s.end()?;
-    // Sorted once (a name sent twice keeps its last value, as serde's reading does), not
-    // each inserted into its place.
-    Some((!attrs.is_empty()).then(|| attrs.into_iter().collect::<Item>()))
+    // Placed by a remembered order, or sorted once (a name sent twice keeps its last
+    // value, as serde's reading does), not each inserted into its place.
+    Some((!names.is_empty()).then(|| listings.item(&names, values)))
 }
 
 /// A position in a body.
@@ -137,6 +207,16 @@ mod tests {
             }),
             _ => Ok(None),
         }
+    }
+
+    /// The scanner's reading of `body`, twice: the second time from the order of names the
+    /// first remembered (placed, not sorted). Both readings agree.
+    fn image(body: &str) -> Option<Option<Item>> {
+        let known = Listings::default();
+        let first = super::image(body, &known);
+        let again = super::image(body, &known);
+        assert_eq!(first, again, "{body}");
+        first
     }
 
     /// Whenever the scanner answers, serde answers the same.
@@ -267,5 +347,61 @@ mod tests {
             }
         }
         assert!(read > 1500, "the scanner read {read} of 3000");
+    }
+
+    /// An order seen is remembered and used: the second item listed alike is placed from
+    /// it (the same item as sorting gives), one listed otherwise is sorted and its order
+    /// remembered too, a name listed twice is never remembered, and a full table takes a
+    /// new order only once in `RELIST_EVERY` misses.
+    #[test]
+    fn orders_of_names_are_remembered_and_bounded() {
+        let known = Listings::default();
+        let count = |k: &Listings| k.known.lock().map(|k| k.orders.len()).unwrap_or(0);
+        let a = r#"{"Attributes":{"z":{"N":"1"},"PK":{"S":"p"},"b_rps_tk":{"N":"-5"},"a":{"BOOL":true}}}"#;
+        let first = super::image(a, &known).flatten().expect("an item");
+        assert_eq!(count(&known), 1);
+        // The same names in the same order, other values: placed from the order.
+        let a2 = a.replace("\"-5\"", "\"7\"");
+        let placed = super::image(&a2, &known).flatten().expect("an item");
+        assert_eq!(count(&known), 1, "no new order");
+        assert_eq!(Ok(Some(placed.clone())), by_serde(&a2));
+        assert_eq!(placed.get("b_rps_tk"), Some(&Value::N(7)));
+        assert_eq!(
+            placed.keys().map(|k| k.as_str()).collect::<Vec<_>>(),
+            ["PK", "a", "b_rps_tk", "z"]
+        );
+        assert_ne!(first, placed);
+        // The same names in another order: sorted, and remembered.
+        let b = r#"{"Attributes":{"a":{"BOOL":true},"z":{"N":"1"},"PK":{"S":"p"},"b_rps_tk":{"N":"-5"}}}"#;
+        assert_eq!(super::image(b, &known).flatten(), Some(first));
+        assert_eq!(count(&known), 2);
+        // A name listed twice: read (the last value wins), not remembered.
+        let twice = r#"{"Item":{"a":{"N":"1"},"a":{"N":"2"}}}"#;
+        assert!(agrees(twice));
+        let _ = super::image(twice, &known);
+        assert_eq!(count(&known), 2);
+        // Fill the table, then miss: a new order only once in RELIST_EVERY misses.
+        for i in count(&known)..MAX_LISTINGS {
+            let _ = super::image(&format!(r#"{{"Item":{{"n{i}":{{"N":"1"}}}}}}"#), &known);
+        }
+        assert_eq!(count(&known), MAX_LISTINGS);
+        let fresh = |i: u32| format!(r#"{{"Item":{{"m{i}":{{"N":"1"}},"x":{{"NULL":true}}}}}}"#);
+        let lists = |k: &Listings, i: u32| {
+            let name = format!("m{i}");
+            k.known
+                .lock()
+                .map(|k| k.orders.iter().any(|l| l.lists(&[&name, "x"])))
+                .unwrap_or(false)
+        };
+        for i in 0..RELIST_EVERY - 1 {
+            let _ = super::image(&fresh(i), &known);
+            assert!(!lists(&known, i), "miss {i} takes no order");
+        }
+        let _ = super::image(&fresh(RELIST_EVERY), &known);
+        assert!(
+            lists(&known, RELIST_EVERY),
+            "the last miss replaces the oldest order"
+        );
+        assert_eq!(count(&known), MAX_LISTINGS);
     }
 }

@@ -146,6 +146,8 @@ pub(crate) struct Wire {
     credentials: CachedCredentials,
     /// The bound on a whole call: the least of the attempt and operation timeouts.
     bound: Option<Duration>,
+    /// The orders returned images listed their names in ([`crate::scan::Listings`]).
+    listings: crate::scan::Listings,
 }
 
 impl Wire {
@@ -244,6 +246,7 @@ impl Wire {
                 refreshing: Default::default(),
             },
             bound,
+            listings: Default::default(),
         })
     }
 
@@ -335,7 +338,7 @@ impl Wire {
                 ))
             })?;
             // A hot-path image is scanned (`scan.rs`); any other body is read by serde.
-            if let Some(image) = crate::scan::image(text) {
+            if let Some(image) = crate::scan::image(text, &self.listings) {
                 return Ok(image);
             }
             let out: Output<'_> = serde_json::from_str(text).map_err(|e| {
