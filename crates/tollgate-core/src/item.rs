@@ -822,12 +822,7 @@ mod tests {
             })
         };
         let mut x: u64 = 0x9E37_79B9_7F4A_7C15;
-        let mut next = move || {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            x
-        };
+        let mut next = move || crate::test_rng::step(&mut x);
         for _ in 0..2_000 {
             let mut item = Item::new();
             let keep = next();
@@ -873,12 +868,7 @@ mod tests {
             "\u{0}",
         ];
         let mut x: u64 = 0x2545_F491_4F6C_DD1D;
-        let mut draw = |n: u64| {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            (x % n) as usize
-        };
+        let mut draw = |n: u64| (crate::test_rng::step(&mut x) % n) as usize;
         let mut item = Item::new();
         let mut map: BTreeMap<AttrName, Value> = BTreeMap::new();
         for step in 0..5_000 {
@@ -1094,12 +1084,7 @@ mod tests {
             "b_rpm-x.y_tk",
         ];
         let mut x: u64 = 0x2545_f491_4f6c_dd1d;
-        let mut next = move || {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            x
-        };
+        let mut next = move || crate::test_rng::step(&mut x);
         for round in 0..2000 {
             // A random subset of the pool in a random order.
             let mut names: Vec<&str> = pool.iter().copied().filter(|_| next() % 2 == 0).collect();

@@ -38,6 +38,9 @@ pub mod value;
 pub mod window;
 pub mod writes;
 
+#[cfg(test)]
+pub(crate) mod test_rng;
+
 pub use error::RuleError;
 pub use limit::{Limit, LimitSpec, Refill, MILLI};
 pub use status::LimitStatus;

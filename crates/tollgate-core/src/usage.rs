@@ -813,12 +813,7 @@ mod tests {
             "a_q_tc",
         ];
         let mut x: u64 = 0x2545_F491_4F6C_DD1D;
-        let mut next = move || {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            x
-        };
+        let mut next = move || crate::test_rng::step(&mut x);
         let k = key();
         let mut draw = |always: &[&str]| -> Item {
             let mut i = Item::new();
@@ -865,10 +860,7 @@ mod tests {
             let new = draw(&["entity_id", "resource"]);
             let mut old = Item::new();
             for (n, _) in new.iter() {
-                y ^= y << 13;
-                y ^= y >> 7;
-                y ^= y << 17;
-                let r = y;
+                let r = crate::test_rng::step(&mut y);
                 let v = match (r >> 8) % 8 {
                     0 => Value::S("e1".into()),
                     1 => Value::Bool(true),

@@ -292,12 +292,7 @@ mod tests {
     #[test]
     fn the_scanner_agrees_with_serde_on_generated_images() {
         let mut x: u64 = 0x9e37_79b9_7f4a_7c15;
-        let mut next = move || {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            x
-        };
+        let mut next = move || crate::shape::tests::step(&mut x);
         const ALPHABET: &[&str] = &["a", "b", "_", "#", "/", "é", "🦀", " ", "\"", "\\", "\n"];
         let mut read = 0;
         for round in 0..3000 {

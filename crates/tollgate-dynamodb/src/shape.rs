@@ -186,6 +186,14 @@ impl<'a> Shape<'a> {
         self.key.extend_from_slice(n.as_bytes());
     }
 
+    /// A literal written to `attr` (which names it in errors): its type in the key, the
+    /// literal itself the next placeholder's.
+    fn literal(&mut self, attr: &'a str, v: &'a Value) {
+        self.key.push(b'v');
+        self.key.push(type_tag(v));
+        self.values.push((attr, v));
+    }
+
     /// A count of children.
     fn count(&mut self, n: usize) {
         self.key.extend_from_slice(&(n as u32).to_le_bytes());
@@ -206,11 +214,7 @@ impl<'a> Shape<'a> {
                 self.key.push(op_tag(*op));
                 self.name(n);
                 match rhs {
-                    Operand::Value(v) => {
-                        self.key.push(b'v');
-                        self.key.push(type_tag(v));
-                        self.values.push((n, v));
-                    }
+                    Operand::Value(v) => self.literal(n, v),
                     Operand::Attr(x) => {
                         self.key.push(b'a');
                         self.name(x);
@@ -238,11 +242,7 @@ impl<'a> Shape<'a> {
     /// A `SET`'s right-hand side, its literals attributed to `target` as the renderer does.
     fn set_value(&mut self, target: &'a str, v: &'a SetValue) {
         match v {
-            SetValue::Value(v) => {
-                self.key.push(b'v');
-                self.key.push(type_tag(v));
-                self.values.push((target, v));
-            }
+            SetValue::Value(v) => self.literal(target, v),
             SetValue::Path(p) => {
                 self.key.push(b'p');
                 self.name(p);
@@ -250,8 +250,7 @@ impl<'a> Shape<'a> {
             SetValue::IfNotExists(p, d) => {
                 self.key.push(b'i');
                 self.name(p);
-                self.key.push(type_tag(d));
-                self.values.push((target, d));
+                self.literal(target, d);
             }
             SetValue::Plus(l, r) | SetValue::Minus(l, r) => {
                 self.key.push(if matches!(v, SetValue::Plus(..)) {
@@ -292,7 +291,7 @@ fn op_tag(op: CmpOp) -> u8 {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
     use std::collections::BTreeSet;
     use tollgate_core::expr::Name;
@@ -323,7 +322,9 @@ mod tests {
         v: u64,
     }
 
-    fn step(x: &mut u64) -> u64 {
+    /// The tests' pseudo-random numbers: one xorshift64 step (13, 7, 17), the formula
+    /// `tollgate-core`'s tests draw from.
+    pub(crate) fn step(x: &mut u64) -> u64 {
         *x ^= *x << 13;
         *x ^= *x >> 7;
         *x ^= *x << 17;

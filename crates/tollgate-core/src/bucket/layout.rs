@@ -210,12 +210,7 @@ mod tests {
         // each in an eighth of the items.
         let edges = ["b__tk", "b_odd_cp"];
         let mut x: u64 = 0x9E37_79B9_7F4A_7C15;
-        let mut draw = |n: u64| {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            x % n
-        };
+        let mut draw = |n: u64| crate::test_rng::step(&mut x) % n;
         // Mostly the type the name stores (so most items decode), sometimes another.
         let value = |name: &str, draw: &mut dyn FnMut(u64) -> u64| {
             let text = ["PK", "SK", "ph", "op", "entity_id"].contains(&name)
