@@ -108,7 +108,7 @@ impl Limiter {
             })
             .collect();
         let req = inner.request(entity, resource, asked.clone(), res.limits, res.source, now)?;
-        let s = inner.shards().get(entity, resource).unwrap_or(1);
+        let s = inner.shards().count(entity, resource).unwrap_or(1);
         let mut images = read_shards(inner, &req, s).await?;
         let stored_s = images
             .first()

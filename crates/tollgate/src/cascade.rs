@@ -267,7 +267,7 @@ impl Inner {
     /// child is never debited, so there is nothing to roll back). The cache only refuses;
     /// it never admits.
     fn parent_precheck(&self, preq: &Request) -> Result<()> {
-        let Some(s) = self.shards().get(&preq.entity, &preq.resource) else {
+        let Some(s) = self.shards().count(&preq.entity, &preq.resource) else {
             return Ok(());
         };
         if !self.opts().speculative {

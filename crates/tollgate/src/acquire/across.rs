@@ -81,7 +81,7 @@ impl Inner {
                         bypassed: false,
                     });
                 }
-                let s_now = self.shards().get(&req.entity, &req.resource).unwrap_or(s);
+                let s_now = self.shards().count(&req.entity, &req.resource).unwrap_or(s);
                 let statuses = req
                     .limits
                     .iter()

@@ -15,7 +15,7 @@ impl Inner {
         moves: bool,
         known: &mut Option<Arc<BucketImage>>,
     ) -> Pass<Lease> {
-        let cached = self.shards().get(&req.entity, &req.resource).unwrap_or(1);
+        let cached = self.shards().count(&req.entity, &req.resource).unwrap_or(1);
         let shaped;
         let mut req = req;
         if shard != 0 {

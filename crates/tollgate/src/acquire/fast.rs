@@ -116,7 +116,7 @@ impl Inner {
             // Probe up to 2 untried shards before refusing (ADR-134).
             let s_now = self
                 .shards()
-                .get(&req.entity, &req.resource)
+                .count(&req.entity, &req.resource)
                 .unwrap_or(s)
                 .max(s);
             if s_now <= 1 || tried.len() >= 3 || tried.len() as i64 >= s_now {
@@ -128,7 +128,7 @@ impl Inner {
         }
         let s_now = self
             .shards()
-            .get(&req.entity, &req.resource)
+            .count(&req.entity, &req.resource)
             .unwrap_or(s)
             .max(s);
         if s_now > 1 {

@@ -313,7 +313,7 @@ impl Inner {
 
     pub(crate) async fn acquire(self: &Arc<Self>, req: &Request) -> Result<Lease> {
         let now = self.clock().now_ms();
-        let cached = self.shards().get(&req.entity, &req.resource);
+        let cached = self.shards().count(&req.entity, &req.resource);
         // The slow path is awaited in one place, after the fast path's answer has been
         // taken apart: no answer is held across it, which keeps this future small.
         let next = match cached {

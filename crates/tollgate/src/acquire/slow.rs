@@ -16,12 +16,12 @@ impl Inner {
     /// admit a contended entity without limit, and never a refusal that would claim the
     /// entity cannot pay.
     ///
-    /// Rule "one rf-locked writer per shard in a process" ([`ImageCache::gate`]): the pass
+    /// Rule "one rf-locked writer per shard in a process" ([`ShardCache::gate`]): the pass
     /// runs holding the shard's gate; one that waited for it plans from the image the write
     /// before it left, not from the one it came with (one that came with none reads, after
     /// its wait).
     ///
-    /// [`ImageCache::gate`]: crate::caches::ImageCache::gate
+    /// [`ShardCache::gate`]: crate::caches::ShardCache::gate
     pub(crate) async fn slow(
         self: &Arc<Self>,
         req: &Request,
@@ -182,7 +182,7 @@ impl Inner {
             }
         };
         let img_rf = img.refilled_at_ms;
-        let cached = self.shards().get(&req.entity, &req.resource).unwrap_or(1);
+        let cached = self.shards().count(&req.entity, &req.resource).unwrap_or(1);
         let missing: Vec<&Limit> = req
             .limits
             .iter()

@@ -85,7 +85,7 @@ impl Lease {
             }
             let s = lim
                 .shards()
-                .get(&req.entity, &req.resource)
+                .count(&req.entity, &req.resource)
                 .unwrap_or(1)
                 .max(2);
             let landed = lim
@@ -117,7 +117,7 @@ impl Lease {
         lim.rejections().forget(&req.entity, &req.resource, shard);
         let s = lim
             .shards()
-            .get(&req.entity, &req.resource)
+            .count(&req.entity, &req.resource)
             .unwrap_or(1)
             .max(1);
         let refunds: Vec<(String, i64)> = deltas

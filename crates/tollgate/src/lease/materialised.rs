@@ -37,7 +37,7 @@ impl Inner {
             let now = self.clock().now_ms();
             let mut s = self
                 .shards()
-                .get(&req.entity, &req.resource)
+                .count(&req.entity, &req.resource)
                 .unwrap_or(1)
                 .max(img.shard_count);
             let at = |s: i64| -> Vec<tollgate_core::materialize::Evaluated> {

@@ -49,7 +49,7 @@ impl Lease {
         }
         let s = lim
             .shards()
-            .get(&req.entity, &req.resource)
+            .count(&req.entity, &req.resource)
             .unwrap_or(1)
             .max(1);
         struct One {

@@ -276,7 +276,7 @@ pub(super) fn doc_of(inner: &Inner, l: &Lease) -> Doc {
         .filter_map(|p| p.image.as_ref().map(|i| i.shard_count));
     let shard_count = inner
         .shards()
-        .get(&l.entity, &l.resource)
+        .count(&l.entity, &l.resource)
         .into_iter()
         .chain(seen)
         .max();

@@ -7,7 +7,7 @@ use tollgate_core::ids::validate_entity_id;
 use tollgate_store::Store;
 
 use super::{Inner, Limiter, Options, Stats};
-use crate::caches::{ImageCache, RejectionCache, ShardCounts};
+use crate::caches::{RejectionCache, ShardCache};
 use crate::clock::{Clock, SeededRng, ShardRng, SystemClock};
 use crate::config::{ConfigCache, OnUnavailable};
 use crate::error::Result;
@@ -128,9 +128,8 @@ impl LimiterBuilder {
                 config: ConfigCache::new(ttl_ms)
                     .with_stale_max(stale_ms)
                     .registered(self.registered),
-                shards: ShardCounts::default(),
+                shards: ShardCache::default(),
                 rejections: RejectionCache::new(rej_ms),
-                images: ImageCache::default(),
                 stats: Stats::default(),
                 closures: Default::default(),
                 audit_ids: crate::recording::AuditIds::new(self.audit_seed),

@@ -14,7 +14,7 @@ use std::sync::Arc;
 
 use tollgate_store::Store;
 
-use crate::caches::{ImageCache, RejectionCache, ShardCounts};
+use crate::caches::{RejectionCache, ShardCache};
 use crate::clock::{Clock, ShardRng};
 use crate::config::ConfigCache;
 
@@ -29,9 +29,9 @@ pub struct Inner {
     rng: Arc<dyn ShardRng>,
     opts: Options,
     config: ConfigCache,
-    shards: ShardCounts,
+    /// Shard counts, images and write gates, one entry per shard.
+    shards: ShardCache,
     rejections: RejectionCache,
-    images: ImageCache,
     stats: Stats,
     /// Closure records of shared leases to delete later (stores without native TTL).
     closures: crate::caches::Closures,
@@ -80,17 +80,20 @@ impl Inner {
     pub(crate) fn config(&self) -> &ConfigCache {
         &self.config
     }
-    /// The shard counts this process has seen, per (entity, resource).
-    pub(crate) fn shards(&self) -> &ShardCounts {
+    /// The shard counts this process has seen, per (entity, resource): the shard cache,
+    /// named for what these callers take from it ([`ShardCache::count`],
+    /// [`ShardCache::raise`]).
+    pub(crate) fn shards(&self) -> &ShardCache {
         &self.shards
     }
     /// The rejection cache.
     pub(crate) fn rejections(&self) -> &RejectionCache {
         &self.rejections
     }
-    /// The bucket images this process last saw.
-    pub(crate) fn images(&self) -> &ImageCache {
-        &self.images
+    /// The bucket images this process last saw and the shards' write gates: the same
+    /// shard cache as [`Inner::shards`], named for what these callers take from it.
+    pub(crate) fn images(&self) -> &ShardCache {
+        &self.shards
     }
     /// The counters.
     pub(crate) fn stats(&self) -> &Stats {
@@ -162,6 +165,6 @@ impl Limiter {
     pub(crate) fn forget_cached(&self) {
         self.inner.config.clear();
         self.inner.rejections.clear();
-        self.inner.images.clear();
+        self.inner.images().clear();
     }
 }

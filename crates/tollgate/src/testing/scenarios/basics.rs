@@ -341,7 +341,7 @@ impl crate::Clock for Ticking {
     }
 }
 
-/// Rule "one rf-locked writer per shard in a process" (`ImageCache::gate`): 16 concurrent
+/// Rule "one rf-locked writer per shard in a process" (`ShardCache::gate`): 16 concurrent
 /// acquires of one bucket that is always full — each one materialises under the rf lock —
 /// send one write each (and the slow client one read each), all admitted and all counted.
 /// Without the gate they were planned from the same image and all but one lost the lock and
