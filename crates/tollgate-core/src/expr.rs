@@ -27,6 +27,16 @@ pub enum CmpOp {
 }
 
 impl CmpOp {
+    /// Every operator, in declaration order (for checks that try each one).
+    pub const ALL: [CmpOp; 6] = [
+        CmpOp::Eq,
+        CmpOp::Ne,
+        CmpOp::Lt,
+        CmpOp::Le,
+        CmpOp::Gt,
+        CmpOp::Ge,
+    ];
+
     /// The operator as DynamoDB writes it.
     pub fn symbol(self) -> &'static str {
         match self {

@@ -397,14 +397,7 @@ pub(crate) mod tests {
                 0 => Condition::Exists(self.name()),
                 1 => Condition::NotExists(self.name()),
                 2 => {
-                    let op = [
-                        CmpOp::Eq,
-                        CmpOp::Ne,
-                        CmpOp::Lt,
-                        CmpOp::Le,
-                        CmpOp::Gt,
-                        CmpOp::Ge,
-                    ][self.s(6) as usize];
+                    let op = CmpOp::ALL[self.s(CmpOp::ALL.len() as u64) as usize];
                     Condition::Cmp(self.name(), op, Operand::Value(self.value(false)))
                 }
                 3 => Condition::Cmp(self.name(), CmpOp::Le, Operand::Attr(self.name())),

@@ -310,14 +310,7 @@ pub async fn put_replaces_whole_item(s: &dyn Store) -> CheckResult {
 pub async fn missing_attribute_compares_false(s: &dyn Store) -> CheckResult {
     let k = Key::new("conf/missing_cmp", "#STATE");
     put(s, &k, &[("present", Value::N(1))]).await?;
-    for op in [
-        CmpOp::Eq,
-        CmpOp::Ne,
-        CmpOp::Lt,
-        CmpOp::Le,
-        CmpOp::Gt,
-        CmpOp::Ge,
-    ] {
+    for op in CmpOp::ALL {
         let holds = op == CmpOp::Ne;
         expect_holds(s, &k, Condition::cmp("absent", op, 1), holds).await?;
         expect_holds(
