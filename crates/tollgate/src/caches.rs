@@ -264,11 +264,11 @@ impl ShardTable {
             .get_or_insert_with(e, r, shard, ShardEntry::default)
     }
 
-    /// Take one part out of every entry (`drop` empties it), dropping entries left with
-    /// nothing.
-    fn drop_all(&mut self, mut drop: impl FnMut(&mut ShardEntry)) {
+    /// Take a part out of every entry (`drop` is given each entry's entity and empties what
+    /// it takes), dropping entries left with nothing.
+    fn drop_all(&mut self, mut drop: impl FnMut(&str, &mut ShardEntry)) {
         self.map.table.retain(|s| {
-            drop(&mut s.value);
+            drop(&s.entity, &mut s.value);
             !s.value.is_empty()
         });
     }
@@ -339,7 +339,7 @@ impl ShardCache {
             return;
         }
         if g.counts >= COUNT_CAP {
-            g.drop_all(|x| x.count = None);
+            g.drop_all(|_, x| x.count = None);
             g.counts = 0;
         }
         g.entry(e, r, 0).count = Some(s);
@@ -351,11 +351,10 @@ impl ShardCache {
     pub fn forget_entity(&self, e: &str) {
         let mut g = self.lock();
         let mut n = 0;
-        g.map.table.retain(|s| {
-            if s.entity == e && s.value.count.take().is_some() {
+        g.drop_all(|entity, x| {
+            if entity == e && x.count.take().is_some() {
                 n += 1;
             }
-            !s.value.is_empty()
         });
         g.counts -= n;
         g.check();
@@ -383,7 +382,7 @@ impl ShardCache {
             return;
         }
         if g.images >= CAP {
-            g.drop_all(|x| x.image = None);
+            g.drop_all(|_, x| x.image = None);
             g.images = 0;
         }
         g.entry(e, r, shard).image = Some(img);
@@ -411,7 +410,7 @@ impl ShardCache {
     /// Forget every image (administrative writes); counts and gates stay.
     pub fn clear(&self) {
         let mut g = self.lock();
-        g.drop_all(|x| x.image = None);
+        g.drop_all(|_, x| x.image = None);
         g.images = 0;
         g.check();
     }
@@ -432,7 +431,7 @@ impl ShardCache {
             return Arc::clone(gate);
         }
         if g.gates >= CAP {
-            g.drop_all(|x| x.gate = None);
+            g.drop_all(|_, x| x.gate = None);
             g.gates = 0;
         }
         let gate = Gate::default();
