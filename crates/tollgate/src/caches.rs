@@ -54,6 +54,16 @@ impl<V> Default for ByShard<V> {
 }
 
 impl<V> Slot<V> {
+    /// The entry of (entity `e`, resource `r`, `shard`) holding `value`.
+    fn new(e: &str, r: &str, shard: u32, value: V) -> Self {
+        Slot {
+            entity: e.into(),
+            resource: r.into(),
+            shard,
+            value,
+        }
+    }
+
     /// Whether this entry is (entity `e`, resource `r`, `shard`).
     fn is(&self, e: &str, r: &str, shard: u32) -> bool {
         self.shard == shard && self.entity == e && self.resource == r
@@ -93,24 +103,25 @@ impl<V> ByShard<V> {
             .map(|s| &mut s.value)
     }
 
-    /// Insert; the entity's and resource's names are copied only for a new entry.
-    pub(crate) fn insert(&mut self, e: &str, r: &str, shard: u32, v: V) {
-        if let Some(old) = self.get_mut(e, r, shard) {
-            *old = v;
-            return;
-        }
+    /// The table's entry for (e, r, shard): one hash, one probe.
+    fn entry(&mut self, e: &str, r: &str, shard: u32) -> hashbrown::hash_table::Entry<'_, Slot<V>> {
         let h = self.hash(e, r, shard);
         let hasher = &self.hasher;
-        self.table.insert_unique(
+        self.table.entry(
             h,
-            Slot {
-                entity: e.into(),
-                resource: r.into(),
-                shard,
-                value: v,
-            },
+            |s| s.is(e, r, shard),
             |s| slot_hash(hasher, &s.entity, &s.resource, s.shard),
-        );
+        )
+    }
+
+    /// Insert; the entity's and resource's names are copied only for a new entry.
+    pub(crate) fn insert(&mut self, e: &str, r: &str, shard: u32, v: V) {
+        match self.entry(e, r, shard) {
+            hashbrown::hash_table::Entry::Occupied(mut old) => old.get_mut().value = v,
+            hashbrown::hash_table::Entry::Vacant(new) => {
+                new.insert(Slot::new(e, r, shard, v));
+            }
+        }
     }
 
     /// The value of (e, r, shard), made by `make` when absent (the names copied then only).
@@ -121,23 +132,11 @@ impl<V> ByShard<V> {
         shard: u32,
         make: impl FnOnce() -> V,
     ) -> &mut V {
-        let h = self.hash(e, r, shard);
-        let hasher = &self.hasher;
-        let slot = self
-            .table
-            .entry(
-                h,
-                |s| s.is(e, r, shard),
-                |s| slot_hash(hasher, &s.entity, &s.resource, s.shard),
-            )
-            .or_insert_with(|| Slot {
-                entity: e.into(),
-                resource: r.into(),
-                shard,
-                value: make(),
-            })
-            .into_mut();
-        &mut slot.value
+        &mut self
+            .entry(e, r, shard)
+            .or_insert_with(|| Slot::new(e, r, shard, make()))
+            .into_mut()
+            .value
     }
 
     fn remove(&mut self, e: &str, r: &str, shard: u32) {
