@@ -177,7 +177,12 @@ async fn tokens_roles_and_the_overrides_gate() {
     );
     s.stop();
 
-    // --allow-limit-overrides opens the gate for clients.
+    // --allow-limit-overrides opens the gate for clients. On an entity of its own: user-1's
+    // bucket is spent, and a raised capacity mints nothing (it refills toward the new cap
+    // at the new rate from its `rf`), so whether the override's first acquire found a
+    // token there hung on how long ago that `rf` was last stamped (the refill pass of the
+    // aggregator `serve` runs stamps it too): once, in a loaded CI run, one millisecond
+    // short (429 with `retry_after_ms` 1).
     let s = ServerProc::start(
         &dir.path().join("t.db"),
         &[
@@ -186,12 +191,14 @@ async fn tokens_roles_and_the_overrides_gate() {
             "--allow-limit-overrides",
         ],
     );
+    let mut fresh = over.clone();
+    fresh["entity"] = json!("user-2");
     let r = send(
         &http,
         "POST",
         &s.url("/v1/acquire"),
         Some(CLIENT),
-        Some(over),
+        Some(fresh),
     )
     .await;
     assert_eq!(r.status, 200, "{}", r.text);
