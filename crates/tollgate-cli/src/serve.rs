@@ -322,14 +322,15 @@ pub async fn run(a: ServeArgs, json_out: bool) -> Result<(), Failure> {
     let store_metrics = StoreMetrics::new();
     let embedded = !matches!(a.store.store, store::StoreSpec::DynamoDb(_));
     let aggregating = !a.no_aggregate && (a.aggregate || embedded);
-    let (limiter, run) = if aggregating {
-        let (limiter, run) = crate::usage::open_run(&a.store, &a.usage, Access::Create, |s| {
-            store_metrics.wrap(s)
-        })
-        .await?;
-        (limiter, Some(run))
+    let (limiter, run, probe) = if aggregating {
+        let (limiter, run, probe) =
+            crate::usage::open_run(&a.store, &a.usage, Access::Create, |s| {
+                store_metrics.wrap(s)
+            })
+            .await?;
+        (limiter, Some(run), probe)
     } else {
-        let raw = store::open(
+        let (raw, probe) = store::open_probed(
             &a.store.store,
             a.store.endpoint.as_deref(),
             Access::Create,
@@ -345,7 +346,7 @@ pub async fn run(a: ServeArgs, json_out: bool) -> Result<(), Failure> {
             .apply(Limiter::builder(store_metrics.wrap(raw)))
             .open_namespace(&a.store.namespace)
             .await?;
-        (limiter, None)
+        (limiter, None, probe)
     };
     positive("--limits-poll", a.limits_poll)?;
     let follower = match &a.limits {
@@ -396,6 +397,9 @@ pub async fn run(a: ServeArgs, json_out: bool) -> Result<(), Failure> {
     }
     if let Some(run) = run {
         builder = builder.aggregator(run);
+    }
+    if let Some(store) = probe {
+        builder = builder.group_commit(store);
     }
     let server = builder.build();
     reload_on_hangup(auth.clone(), follower.clone())?;

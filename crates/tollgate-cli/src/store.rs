@@ -4,6 +4,7 @@ use std::path::Path;
 use std::str::FromStr;
 use std::sync::Arc;
 
+use tollgate_sqlite::SqliteStore;
 use tollgate_store::{ChangeFeed, MemoryStore, Store};
 
 use crate::fail::Failure;
@@ -92,24 +93,37 @@ pub async fn open(
     access: Access,
     deadline: std::time::Duration,
 ) -> Result<Arc<dyn Store>, Failure> {
-    if let StoreSpec::Memory = spec {
-        // Nobody reads its feed: a memory store keeps none (its writes copy nothing).
-        return Ok(Arc::new(MemoryStore::new()));
-    }
-    open_feed(spec, endpoint, access, deadline)
+    open_probed(spec, endpoint, access, deadline)
         .await
-        .map(|s| s as Arc<dyn Store>)
+        .map(|(s, _)| s)
 }
 
-/// Open the store with its change feed (every backend has one).
-pub async fn open_feed(
+/// [`open`], with a handle to the SQLite store when it is one (as [`open_feed_probed`]).
+pub async fn open_probed(
     spec: &StoreSpec,
     endpoint: Option<&str>,
     access: Access,
     deadline: std::time::Duration,
-) -> Result<Arc<dyn ChangeFeed>, Failure> {
+) -> Result<(Arc<dyn Store>, Option<SqliteStore>), Failure> {
+    if let StoreSpec::Memory = spec {
+        // Nobody reads its feed: a memory store keeps none (its writes copy nothing).
+        return Ok((Arc::new(MemoryStore::new()), None));
+    }
+    open_feed_probed(spec, endpoint, access, deadline)
+        .await
+        .map(|(s, probe)| (s as Arc<dyn Store>, probe))
+}
+
+/// Open the store with its change feed (every backend has one), with a handle to the
+/// SQLite store when it is one (for its group-commit counters at `/metrics`).
+pub async fn open_feed_probed(
+    spec: &StoreSpec,
+    endpoint: Option<&str>,
+    access: Access,
+    deadline: std::time::Duration,
+) -> Result<(Arc<dyn ChangeFeed>, Option<SqliteStore>), Failure> {
     match spec {
-        StoreSpec::Memory => Ok(Arc::new(MemoryStore::with_change_feed())),
+        StoreSpec::Memory => Ok((Arc::new(MemoryStore::with_change_feed()), None)),
         StoreSpec::Sqlite(p) => {
             let missing = !Path::new(p).exists();
             if access != Access::Create && missing {
@@ -125,15 +139,13 @@ pub async fn open_feed(
                 .with_deadline(deadline)
                 .with_busy_timeout(deadline);
             let r = match access {
-                Access::ReadOnly => tollgate_sqlite::SqliteStore::open_read_only_with(p, &config),
-                Access::Create | Access::Existing => {
-                    tollgate_sqlite::SqliteStore::open_with(p, &config)
-                }
+                Access::ReadOnly => SqliteStore::open_read_only_with(p, &config),
+                Access::Create | Access::Existing => SqliteStore::open_with(p, &config),
             };
-            r.map(|s| Arc::new(s) as Arc<dyn ChangeFeed>)
+            r.map(|s| (Arc::new(s.clone()) as Arc<dyn ChangeFeed>, Some(s)))
                 .map_err(|e| Failure::Unavailable(format!("cannot open {spec}: {e}")))
         }
-        StoreSpec::DynamoDb(t) => open_dynamodb(t, endpoint, deadline).await,
+        StoreSpec::DynamoDb(t) => Ok((open_dynamodb(t, endpoint, deadline).await?, None)),
     }
 }
 

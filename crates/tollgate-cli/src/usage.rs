@@ -68,13 +68,13 @@ pub async fn open_run(
     wrap: impl FnOnce(
         std::sync::Arc<dyn tollgate_store::Store>,
     ) -> std::sync::Arc<dyn tollgate_store::Store>,
-) -> Result<(Limiter, AggregatorRun), Failure> {
+) -> Result<(Limiter, AggregatorRun, Option<tollgate_sqlite::SqliteStore>), Failure> {
     if usage.aggregate_interval.is_zero() {
         return Err(Failure::BadInput(
             "--aggregate-interval must be positive".into(),
         ));
     }
-    let feed = store::open_feed(
+    let (feed, probe) = store::open_feed_probed(
         &store.store,
         store.endpoint.as_deref(),
         access,
@@ -98,7 +98,11 @@ pub async fn open_run(
         opts.absorb = true;
     }
     let agg = FeedAggregator::new(&limiter, feed, opts)?;
-    Ok((limiter, AggregatorRun::new(agg, usage.aggregate_interval)))
+    Ok((
+        limiter,
+        AggregatorRun::new(agg, usage.aggregate_interval),
+        probe,
+    ))
 }
 
 /// Arguments of `aggregate`.
@@ -115,7 +119,7 @@ pub struct AggregateArgs {
 
 /// `tollgate aggregate`.
 pub async fn aggregate(a: AggregateArgs, json: bool) -> Result<(), Failure> {
-    let (_, run) = open_run(&a.store, &a.usage, Access::Existing, |s| s).await?;
+    let (_, run, _) = open_run(&a.store, &a.usage, Access::Existing, |s| s).await?;
     if a.once {
         let p = run.pass().await?;
         if json {

@@ -205,6 +205,13 @@ async fn serve_limit_reject_lease_restart() {
         .await
         .unwrap();
     assert!(m.contains("tollgate_http_requests_total"), "{m}");
+    // `serve` on a SQLite file exposes its store's group-commit counters; none of its
+    // writes waited past its deadline in the writer's queue.
+    assert!(m.contains("tollgate_sqlite_commit_requests_count"), "{m}");
+    assert!(
+        m.contains("tollgate_sqlite_expired_requests_total 0"),
+        "{m}"
+    );
     s.stop();
 }
 

@@ -178,9 +178,18 @@ pub struct ServerBuilder {
     auth: Option<Arc<Auth>>,
     store_metrics: Option<StoreMetrics>,
     aggregator: Option<aggregate::AggregatorRun>,
+    group_commit: Option<tollgate_sqlite::SqliteStore>,
 }
 
 impl ServerBuilder {
+    /// Expose the group-commit counters of the limiter's embedded store at `/metrics`
+    /// (`tollgate_sqlite_*`): pass the same [`tollgate_sqlite::SqliteStore`] (a handle: its
+    /// clones share one writer).
+    pub fn group_commit(mut self, store: tollgate_sqlite::SqliteStore) -> Self {
+        self.group_commit = Some(store);
+        self
+    }
+
     /// Run this feed aggregator in-process while serving (its counters go to `/metrics`).
     pub fn aggregator(mut self, run: aggregate::AggregatorRun) -> Self {
         self.aggregator = Some(run);
@@ -220,6 +229,9 @@ impl ServerBuilder {
         if let Some(a) = &self.aggregator {
             metrics.aggregator(a.stats.clone());
         }
+        if let Some(store) = self.group_commit {
+            metrics.group_commit(store);
+        }
         Server {
             state: Arc::new(AppState {
                 limiter: self.limiter,
@@ -248,6 +260,7 @@ impl Server {
             auth: None,
             store_metrics: None,
             aggregator: None,
+            group_commit: None,
         }
     }
 

@@ -19,6 +19,13 @@
 //!   what the in-process feed aggregator did, when the server runs one;
 //! - `tollgate_feed_lag_seconds`: the age of the oldest change its last pass read (0 when
 //!   it was caught up);
+//! - `tollgate_sqlite_commit_requests` (a histogram: its count the group commits, its sum
+//!   the store requests they carried, its buckets the commits by size in requests),
+//!   `tollgate_sqlite_commit_items_total`, `tollgate_sqlite_largest_commit_requests`, and
+//!   `tollgate_sqlite_{queued,expired,abandoned}_requests_total`: how the embedded store's
+//!   writer gathered writes into transactions, and the writes it refused unapplied because
+//!   their deadline passed while queued or their caller stopped waiting; when the store is
+//!   SQLite ([`tollgate_sqlite::SqliteStore::group_commit_stats`]);
 //! - `tollgate_build_info{version, backend}`: always 1.
 //!
 //! Every label takes a bounded set of values: an HTTP method outside the standard ones is
@@ -513,7 +520,87 @@ impl Collector for AggregatorCollector {
     }
 }
 
+/// The group-commit counters of an embedded store (`tollgate_sqlite_*`).
+#[derive(Debug)]
+struct GroupCommitCollector(tollgate_sqlite::SqliteStore);
+
+/// The upper bounds (in requests) of `tollgate_sqlite_commit_requests`'s buckets: those of
+/// [`tollgate_sqlite::GroupCommitStats::batches_by_size`] (1, 2–3, 4–7, …, 256 and more).
+fn commit_size_bounds() -> [f64; tollgate_sqlite::SIZE_BUCKETS] {
+    std::array::from_fn(|i| {
+        if i + 1 == tollgate_sqlite::SIZE_BUCKETS {
+            f64::MAX
+        } else {
+            f64::from((2u32 << i) - 1)
+        }
+    })
+}
+
+impl Collector for GroupCommitCollector {
+    fn encode(&self, mut encoder: DescriptorEncoder) -> Result<(), std::fmt::Error> {
+        let s = self.0.group_commit_stats();
+        debug_assert_eq!(s.batches_by_size.iter().sum::<u64>(), s.batches);
+        let buckets: Vec<(f64, u64)> = commit_size_bounds()
+            .into_iter()
+            .zip(s.batches_by_size)
+            .collect();
+        let mut m = encoder.encode_descriptor(
+            "tollgate_sqlite_commit_requests",
+            "Store requests per group commit (one transaction and one fsync each)",
+            None,
+            prometheus_client::metrics::MetricType::Histogram,
+        )?;
+        m.encode_histogram::<prometheus_client::encoding::NoLabelSet>(
+            s.requests as f64,
+            s.batches,
+            &buckets,
+            None,
+        )?;
+        let counters: [(&str, &str, u64); 4] = [
+            (
+                "tollgate_sqlite_commit_items",
+                "Items the group commits wrote (a transaction counts its items)",
+                s.items,
+            ),
+            (
+                "tollgate_sqlite_queued_requests",
+                "Write requests queued for the writer",
+                s.submitted,
+            ),
+            (
+                "tollgate_sqlite_expired_requests",
+                "Write requests refused unapplied: their deadline passed while queued",
+                s.expired,
+            ),
+            (
+                "tollgate_sqlite_abandoned_requests",
+                "Write requests dropped unapplied: their caller stopped waiting first",
+                s.abandoned,
+            ),
+        ];
+        for (name, help, v) in counters {
+            let c = ConstCounter::new(v);
+            let m = encoder.encode_descriptor(name, help, None, c.metric_type())?;
+            c.encode(m)?;
+        }
+        let g = ConstGauge::new(i64::try_from(s.max_batch_requests).unwrap_or(i64::MAX));
+        let m = encoder.encode_descriptor(
+            "tollgate_sqlite_largest_commit_requests",
+            "The largest group commit so far, in store requests",
+            None,
+            g.metric_type(),
+        )?;
+        g.encode(m)
+    }
+}
+
 impl Metrics {
+    /// Also expose the group-commit counters of `store`, the limiter's embedded store.
+    pub fn group_commit(&mut self, store: tollgate_sqlite::SqliteStore) {
+        self.registry
+            .register_collector(Box::new(GroupCommitCollector(store)));
+    }
+
     /// Also expose the counters of an in-process feed aggregator.
     pub fn aggregator(&mut self, stats: Arc<crate::aggregate::AggregatorStats>) {
         self.registry

@@ -1,0 +1,136 @@
+//! The embedded store's group-commit counters at `/metrics` (`tollgate_sqlite_*`), on a
+//! SQLite file: every queued write is counted once, in one commit, and a warm admitted
+//! acquire adds one write (and, called alone, one commit).
+
+use std::sync::Arc;
+
+use axum::body::Body;
+use axum::http::{Request, StatusCode};
+use axum::Router;
+use http_body_util::BodyExt;
+use serde_json::json;
+use tollgate::{Limiter, ManualClock};
+use tollgate_server::{Server, ServerConfig};
+use tollgate_sqlite::SqliteStore;
+use tower::ServiceExt;
+
+const T0: i64 = 1_700_000_000_000;
+
+async fn call(
+    app: &Router,
+    method: &str,
+    path: &str,
+    body: Option<String>,
+) -> (StatusCode, String) {
+    let req = Request::builder()
+        .method(method)
+        .uri(path)
+        .header("content-type", "application/json")
+        .body(body.map(Body::from).unwrap_or_else(Body::empty))
+        .expect("request");
+    let resp = app.clone().oneshot(req).await.expect("answer");
+    let status = resp.status();
+    let bytes = resp.into_body().collect().await.expect("body").to_bytes();
+    (status, String::from_utf8_lossy(&bytes).into_owned())
+}
+
+/// The value of the sample `name` (a whole line's first field) in the metrics text.
+fn sample(text: &str, name: &str) -> f64 {
+    text.lines()
+        .find_map(|l| l.strip_prefix(name)?.strip_prefix(' '))
+        .unwrap_or_else(|| panic!("no sample {name} in\n{text}"))
+        .parse()
+        .unwrap_or_else(|e| panic!("sample {name}: {e}"))
+}
+
+struct Counts {
+    commits: f64,
+    requests: f64,
+    all_buckets: f64,
+    single: f64,
+    queued: f64,
+    expired: f64,
+    abandoned: f64,
+    items: f64,
+    largest: f64,
+}
+
+async fn counts(app: &Router) -> Counts {
+    let (status, t) = call(app, "GET", "/metrics", None).await;
+    assert_eq!(status, StatusCode::OK);
+    Counts {
+        commits: sample(&t, "tollgate_sqlite_commit_requests_count"),
+        requests: sample(&t, "tollgate_sqlite_commit_requests_sum"),
+        all_buckets: sample(&t, r#"tollgate_sqlite_commit_requests_bucket{le="+Inf"}"#),
+        single: sample(&t, r#"tollgate_sqlite_commit_requests_bucket{le="1.0"}"#),
+        queued: sample(&t, "tollgate_sqlite_queued_requests_total"),
+        expired: sample(&t, "tollgate_sqlite_expired_requests_total"),
+        abandoned: sample(&t, "tollgate_sqlite_abandoned_requests_total"),
+        items: sample(&t, "tollgate_sqlite_commit_items_total"),
+        largest: sample(&t, "tollgate_sqlite_largest_commit_requests"),
+    }
+}
+
+#[tokio::test]
+async fn group_commit_counters_count_each_write_once() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let store = SqliteStore::open(dir.path().join("t.db")).expect("open");
+    let limiter = Limiter::builder(Arc::new(store.clone()))
+        .clock(Arc::new(ManualClock::new(T0)))
+        .build()
+        .expect("limiter");
+    let app = Server::builder(limiter)
+        .config(ServerConfig::default())
+        .group_commit(store.clone())
+        .build()
+        .router();
+
+    let limits = json!({ "limits": [
+        { "name": "rpm", "capacity": 100, "refill_amount": 100, "refill_period_ms": 60000 }
+    ]});
+    let (status, body) = call(
+        &app,
+        "PUT",
+        "/v1/limits/resources/gpt-4",
+        Some(limits.to_string()),
+    )
+    .await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    let acquire = || {
+        let app = app.clone();
+        async move {
+            let body = json!({ "entity": "u1", "resource": "gpt-4", "amounts": { "rpm": 1 } });
+            let (status, text) = call(&app, "POST", "/v1/acquire", Some(body.to_string())).await;
+            assert_eq!(status, StatusCode::OK, "{text}");
+        }
+    };
+    // The first acquire creates the bucket; the next five find it warm.
+    acquire().await;
+    let before = counts(&app).await;
+    assert!(
+        before.commits >= 2.0,
+        "the limits and the bucket were written"
+    );
+    for _ in 0..5 {
+        acquire().await;
+    }
+    let after = counts(&app).await;
+
+    // Five warm admitted acquires, one after another: five writes, each its own commit.
+    assert_eq!(after.requests - before.requests, 5.0);
+    assert_eq!(after.commits - before.commits, 5.0);
+    assert_eq!(after.single - before.single, 5.0);
+    // Every queued write was committed once: none expired, none abandoned.
+    for c in [&before, &after] {
+        assert_eq!(c.all_buckets, c.commits);
+        assert_eq!(c.queued, c.requests);
+        assert_eq!(c.expired, 0.0);
+        assert_eq!(c.abandoned, 0.0);
+        assert!(c.items >= c.requests);
+        assert!(c.largest >= 1.0);
+    }
+    // The same numbers as the store's own.
+    let s = store.group_commit_stats();
+    assert_eq!(s.batches as f64, after.commits);
+    assert_eq!(s.requests as f64, after.requests);
+}
