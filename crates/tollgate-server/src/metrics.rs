@@ -539,7 +539,9 @@ fn commit_size_bounds() -> [f64; tollgate_sqlite::SIZE_BUCKETS] {
 impl Collector for GroupCommitCollector {
     fn encode(&self, mut encoder: DescriptorEncoder) -> Result<(), std::fmt::Error> {
         let s = self.0.group_commit_stats();
-        debug_assert_eq!(s.batches_by_size.iter().sum::<u64>(), s.batches);
+        // The count is the buckets' total, so the `+Inf` bucket equals it even when a
+        // commit lands while the counters are read (each is its own atomic).
+        let commits: u64 = s.batches_by_size.iter().sum();
         let buckets: Vec<(f64, u64)> = commit_size_bounds()
             .into_iter()
             .zip(s.batches_by_size)
@@ -552,7 +554,7 @@ impl Collector for GroupCommitCollector {
         )?;
         m.encode_histogram::<prometheus_client::encoding::NoLabelSet>(
             s.requests as f64,
-            s.batches,
+            commits,
             &buckets,
             None,
         )?;

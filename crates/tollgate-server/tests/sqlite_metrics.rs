@@ -133,4 +133,26 @@ async fn group_commit_counters_count_each_write_once() {
     let s = store.group_commit_stats();
     assert_eq!(s.batches as f64, after.commits);
     assert_eq!(s.requests as f64, after.requests);
+
+    // Forty acquires at once, on entities of their own: each queued write is counted in
+    // exactly one commit, however they grouped.
+    let mut tasks = tokio::task::JoinSet::new();
+    for i in 0..40 {
+        let app = app.clone();
+        tasks.spawn(async move {
+            let body =
+                json!({ "entity": format!("e{i}"), "resource": "gpt-4", "amounts": { "rpm": 1 } });
+            call(&app, "POST", "/v1/acquire", Some(body.to_string())).await
+        });
+    }
+    while let Some(r) = tasks.join_next().await {
+        let (status, text) = r.expect("task");
+        assert_eq!(status, StatusCode::OK, "{text}");
+    }
+    let end = counts(&app).await;
+    assert!(end.requests - after.requests >= 40.0, "every acquire wrote");
+    assert!(end.commits - after.commits <= end.requests - after.requests);
+    assert_eq!(end.all_buckets, end.commits);
+    assert_eq!(end.queued, end.requests);
+    assert_eq!((end.expired, end.abandoned), (0.0, 0.0));
 }
