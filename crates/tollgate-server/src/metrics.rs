@@ -437,19 +437,13 @@ impl Collector for LimiterCollector {
                 s.degraded,
             ),
         ];
-        for (name, help, v) in counters {
-            let c = ConstCounter::new(v);
-            let m = encoder.encode_descriptor(name, help, None, c.metric_type())?;
-            c.encode(m)?;
-        }
-        let g = ConstGauge::new(i64::try_from(self.leases.len()).unwrap_or(i64::MAX));
-        let m = encoder.encode_descriptor(
+        encode_counters(&mut encoder, &counters)?;
+        encode_one(
+            &mut encoder,
             "tollgate_leases_held",
             "Leases held by the server (open or closed, until expiry)",
-            None,
-            g.metric_type(),
-        )?;
-        g.encode(m)
+            &ConstGauge::new(i64::try_from(self.leases.len()).unwrap_or(i64::MAX)),
+        )
     }
 }
 
@@ -504,20 +498,35 @@ impl Collector for AggregatorCollector {
                 s.background_writes.load(Relaxed),
             ),
         ];
-        for (name, help, v) in counters {
-            let c = ConstCounter::new(v);
-            let m = encoder.encode_descriptor(name, help, None, c.metric_type())?;
-            c.encode(m)?;
-        }
-        let g = ConstGauge::new(s.lag_ms.load(Relaxed) as f64 / 1000.0);
-        let m = encoder.encode_descriptor(
+        encode_counters(&mut encoder, &counters)?;
+        encode_one(
+            &mut encoder,
             "tollgate_feed_lag_seconds",
             "Age of the oldest change the aggregator's last pass read (0: caught up)",
-            None,
-            g.metric_type(),
-        )?;
-        g.encode(m)
+            &ConstGauge::new(s.lag_ms.load(Relaxed) as f64 / 1000.0),
+        )
     }
+}
+
+/// Encode one metric of its own, `name` described by `help`.
+fn encode_one(
+    encoder: &mut DescriptorEncoder,
+    name: &str,
+    help: &str,
+    metric: &impl EncodeMetric,
+) -> Result<(), std::fmt::Error> {
+    metric.encode(encoder.encode_descriptor(name, help, None, metric.metric_type())?)
+}
+
+/// Encode each of `counters` (name, help, value) as a counter of its own.
+fn encode_counters(
+    encoder: &mut DescriptorEncoder,
+    counters: &[(&str, &str, u64)],
+) -> Result<(), std::fmt::Error> {
+    for &(name, help, v) in counters {
+        encode_one(encoder, name, help, &ConstCounter::new(v))?;
+    }
+    Ok(())
 }
 
 /// The group-commit counters of an embedded store (`tollgate_sqlite_*`).
@@ -580,19 +589,13 @@ impl Collector for GroupCommitCollector {
                 s.abandoned,
             ),
         ];
-        for (name, help, v) in counters {
-            let c = ConstCounter::new(v);
-            let m = encoder.encode_descriptor(name, help, None, c.metric_type())?;
-            c.encode(m)?;
-        }
-        let g = ConstGauge::new(i64::try_from(s.max_batch_requests).unwrap_or(i64::MAX));
-        let m = encoder.encode_descriptor(
+        encode_counters(&mut encoder, &counters)?;
+        encode_one(
+            &mut encoder,
             "tollgate_sqlite_largest_commit_requests",
             "The largest group commit so far, in store requests",
-            None,
-            g.metric_type(),
-        )?;
-        g.encode(m)
+            &ConstGauge::new(i64::try_from(s.max_batch_requests).unwrap_or(i64::MAX)),
+        )
     }
 }
 
