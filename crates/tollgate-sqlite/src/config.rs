@@ -31,15 +31,21 @@ pub struct SqliteConfig {
     /// The most operations one group commit (one `BEGIN IMMEDIATE` … `COMMIT`, one fsync)
     /// carries; a transaction counts its items. A request larger than this goes alone.
     pub max_batch_ops: usize,
+    /// The most changes a feed read that must rebuild changes from their rows keeps beyond
+    /// the batch it returns, for the reads after it (`feed::REBUILD_WINDOW` by default;
+    /// see `feed::read_in`): memory against the walks a lagging reader makes.
+    pub feed_rebuild_window: usize,
 }
 
 impl Default for SqliteConfig {
-    /// Deadline 1 s ([`DEFAULT_DEADLINE`]), busy timeout 5 s, batches of at most 256 operations.
+    /// Deadline 1 s ([`DEFAULT_DEADLINE`]), busy timeout 5 s, batches of at most 256
+    /// operations, feed rebuilds kept for 16,384 changes.
     fn default() -> Self {
         SqliteConfig {
             deadline: DEFAULT_DEADLINE,
             busy_timeout: DEFAULT_BUSY_TIMEOUT,
             max_batch_ops: DEFAULT_MAX_BATCH_OPS,
+            feed_rebuild_window: crate::feed::REBUILD_WINDOW,
         }
     }
 }
@@ -60,6 +66,12 @@ impl SqliteConfig {
     /// Set the group commit bound (1 = one transaction per operation, as before group commit).
     pub fn with_max_batch_ops(mut self, max_batch_ops: usize) -> Self {
         self.max_batch_ops = max_batch_ops;
+        self
+    }
+
+    /// Set how many rebuilt changes a feed read keeps for the next reads (0: none).
+    pub fn with_feed_rebuild_window(mut self, changes: usize) -> Self {
+        self.feed_rebuild_window = changes;
         self
     }
 

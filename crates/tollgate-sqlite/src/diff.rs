@@ -1,4 +1,4 @@
-//! A change's old image stored as its difference from the new one (schema version 4).
+//! A change's old image stored as its difference from the new one (schema version 4 on).
 //!
 //! A limiter write changes a handful of a bucket's ~35 attributes (`rf`, `tk`, `tc`, `fu`,
 //! `rq`, `wt`, `ttl`), yet the change feed kept both images whole: about 1,700 bytes of
@@ -16,8 +16,10 @@
 //! to its old value, as the item's own JSON writes it (`{"n":…}`, `{"s":…}`, …); an
 //! attribute only the new image holds maps to `null` (no value is ever written as a bare
 //! `null`: DynamoDB's `NULL` is `"null"`). The old image is the new one with each member
-//! applied: set, or removed for `null`. The writer stores the difference only when it is
-//! shorter than the old image's own text, and only for a change with both images.
+//! applied: set, or removed for `null`. The writer stores a difference for a change with
+//! both images whose old one it holds decoded; since version 5 the row then leaves the new
+//! image out, the reader taking it from the change after (`feed::Form`). (Version 4 stored
+//! the difference only when it was the shorter.)
 
 use std::cmp::Ordering;
 
@@ -78,19 +80,26 @@ pub fn write_diff(old: &Item, new: &Item, out: &mut String) -> Result<(), serde_
 
 /// The old image: `new` with the difference `diff` (written by [`write_diff`]) applied.
 pub fn apply(new: &Item, diff: &str) -> Result<Item, serde_json::Error> {
-    let members = serde_json::from_str::<serde_json::Map<String, serde_json::Value>>(diff)?;
     let mut old = new.clone();
+    apply_in_place(&mut old, diff)?;
+    Ok(old)
+}
+
+/// Turn `image` (a new image) into the old one by applying `diff` ([`apply`] without a
+/// copy). On an error `image` may be partly changed.
+pub fn apply_in_place(image: &mut Item, diff: &str) -> Result<(), serde_json::Error> {
+    let members = serde_json::from_str::<serde_json::Map<String, serde_json::Value>>(diff)?;
     for (name, v) in members {
         match v {
             serde_json::Value::Null => {
-                old.remove(&name);
+                image.remove(&name);
             }
             v => {
-                old.insert(name.into(), serde_json::from_value::<Value>(v)?);
+                image.insert(name.into(), serde_json::from_value::<Value>(v)?);
             }
         }
     }
-    Ok(old)
+    Ok(())
 }
 
 #[cfg(test)]

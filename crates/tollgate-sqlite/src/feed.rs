@@ -16,6 +16,15 @@
 //! guarantee is now the rule above, and an upgraded file whose feed was trimmed empty keeps
 //! its highest number in a [`MARKER`] row.)
 //!
+//! A row keeps only what its neighbours do not already give (schema version 5, [`Form`]):
+//! an update keeps its old image's difference from the new one (`diff.rs`), and its new
+//! image is the one after it — the next change's old image, or the item as the file holds
+//! it. A reader rebuilds a batch newest first. Version 4 kept every new image whole, ~810
+//! of a bucket change's ~1,000 bytes, which every commit wrote to the WAL, fsynced, and the
+//! checkpointer copied again; this process's own reader never reads them (it takes the
+//! images the writer holds, `recent.rs`), so they were written for the rare reader in
+//! another process or after a restart. A version-5 update row is ~200 bytes.
+//!
 //! The consumer's cursor is not kept here: the aggregator stores it as an item of the same
 //! file, in the transaction that writes what it derived, so several processes on one file
 //! share one feed and one checkpoint.
@@ -30,9 +39,11 @@ use tollgate_store::{Change, FeedBatch, FeedCursor, FeedPosition, StoreError};
 use crate::error::from_sqlite;
 use crate::recent::{Published, Recent};
 
-/// The table (schema version 4). A change's old image is in `old` as its whole text, or in
-/// `old_diff` as its difference from `new` (`diff.rs`), never in both; a change without an
-/// old image (a creation) has neither. Version 3's table had no `old_diff` (the upgrade adds
+/// The table (schema versions 4 and 5: what a row holds is [`Form`]). A change's old image
+/// is in `old` as its whole text, or in `old_diff` as its difference from the new one
+/// (`diff.rs`), never in both; a change without an old image (a creation) has neither.
+/// Version 4 stored every new image in `new`; version 5 stores it only when the old image
+/// is whole and the item not deleted. Version 3's table had no `old_diff` (the upgrade adds
 /// it, last, as SQLite's `ADD COLUMN` does); version 2's was version 3's with
 /// `AUTOINCREMENT`.
 pub const CHANGES_TABLE: &str = "
@@ -84,23 +95,37 @@ pub const MARKER: &str =
 
 /// Record that the item at `key` went from `old` to `new` (stored JSON text): the change's
 /// sequence number. Nothing (`None`) when the write changed nothing.
+///
+/// With `omit_new`, the row leaves out a new image the change after it gives ([`Form`]);
+/// the writer sets it only for a batch whose changes this process's feed reader will take
+/// from memory (`recent.rs` has room for them, and no other connection has written since
+/// the writer's previous batch, so this process's reader sees every change). A reader
+/// elsewhere, or after a restart, rebuilds such a change from the changes after it
+/// ([`read_in`]): a walk back from the end of the feed, which the rule keeps to the few
+/// changes a process had not yet read when it stopped. Otherwise the row stores the new
+/// image whole, and any reader reads it in one step, as version 4 did.
 pub fn record(
     conn: &Connection,
     key: &Key,
     old: OldImage<'_>,
     new: Option<&str>,
+    omit_new: bool,
     at_ms: i64,
 ) -> Result<Option<i64>, StoreError> {
     if old.text() == new {
         return Ok(None);
     }
-    let (whole, diff) = match old {
-        OldImage::None => (None, None),
-        OldImage::Text(t) => (Some(t), None),
-        OldImage::Diff { diff, .. } => {
-            debug_assert!(new.is_some(), "a difference is from a new image");
-            (None, Some(diff))
-        }
+    // What the row keeps (see [`Form`]): a deletion its old image; with `omit_new`, a
+    // creation nothing and an update the difference of its old image, their new image
+    // being the one after them; otherwise the new image whole, and the old one as the
+    // writer has it.
+    let (whole, new, diff) = match (old, new) {
+        (old, None) => (old.text(), None, None),
+        (OldImage::None, Some(_)) if omit_new => (None, None, None),
+        (OldImage::Diff { diff, .. }, Some(_)) if omit_new => (None, None, Some(diff)),
+        (OldImage::None, Some(n)) => (None, Some(n), None),
+        (OldImage::Diff { diff, .. }, Some(n)) => (None, Some(n), Some(diff)),
+        (OldImage::Text(t), Some(n)) => (Some(t), Some(n), None),
     };
     conn.prepare_cached(
         "INSERT INTO changes (pk, sk, old, new, at_ms, old_diff) VALUES (?1, ?2, ?3, ?4, ?5, ?6)",
@@ -110,25 +135,24 @@ pub fn record(
     Ok(Some(conn.last_insert_rowid()))
 }
 
-/// Decode a stored image (`None`: the column is NULL).
-fn image(key: &Key, seq: i64, raw: Option<&str>) -> Result<Option<Item>, StoreError> {
-    raw.map(|t| {
-        serde_json::from_str::<Item>(t).map_err(|e| {
-            StoreError::Corrupt(format!(
-                "change {seq} of item {key}: stored image is not an item: {e}"
-            ))
-        })
+/// Decode a stored image.
+fn decode(key: &Key, seq: i64, raw: &str) -> Result<Item, StoreError> {
+    serde_json::from_str::<Item>(raw).map_err(|e| {
+        StoreError::Corrupt(format!(
+            "change {seq} of item {key}: stored image is not an item: {e}"
+        ))
     })
-    .transpose()
 }
 
 /// The old image of change `seq`: `new` with the stored difference applied.
 fn old_from_diff(key: &Key, seq: i64, new: &Item, diff: &str) -> Result<Item, StoreError> {
-    crate::diff::apply(new, diff).map_err(|e| {
-        StoreError::Corrupt(format!(
-            "change {seq} of item {key}: stored old image difference is not one: {e}"
-        ))
-    })
+    crate::diff::apply(new, diff).map_err(|e| corrupt_diff(key, seq, e))
+}
+
+fn corrupt_diff(key: &Key, seq: i64, e: serde_json::Error) -> StoreError {
+    StoreError::Corrupt(format!(
+        "change {seq} of item {key}: stored old image difference is not one: {e}"
+    ))
 }
 
 /// A text column borrowed from the row (`None`: NULL).
@@ -160,12 +184,13 @@ pub fn read(
     conn: &Connection,
     cursor: &FeedCursor,
     limit: usize,
+    window: usize,
     recent: &Recent,
 ) -> Result<FeedBatch, StoreError> {
     let tx = conn
         .unchecked_transaction()
         .map_err(|e| from_sqlite("begin feed read", e))?;
-    let out = read_in(&tx, cursor, limit, recent)?;
+    let out = read_in(&tx, cursor, limit, window, recent)?;
     tx.finish().map_err(|e| from_sqlite("end feed read", e))?;
     Ok(out)
 }
@@ -173,16 +198,21 @@ pub fn read(
 /// [`read`] inside the connection's open transaction.
 ///
 /// A change this process's writer committed (held by `recent`) is taken as the writer left
-/// it: its stored texts are not copied, let alone decoded. Another process's change is
-/// decoded from the row, its old image shared with the previous change's new one of the
-/// same key when the two texts are the same (they are, unless a change between them is
-/// missing). The held changes are looked up once per read, for the sequence numbers the
-/// read can return (`after + 1` to `after + limit`: the feed has no gaps past `after`; a
-/// change past that range, were there one, would only be decoded).
+/// it: its stored texts are not copied, let alone decoded. So is a change an earlier read
+/// rebuilt. Otherwise the read decodes the batch's rows ([`read_rows`]) when each stores
+/// its new image, as every row did before version 5 and as every row does that this
+/// process's reader did not hold when it was written ([`record`]'s rule). A row that
+/// leaves its new image to the change after it ([`Form`]) is rebuilt ([`rebuild`]): the
+/// changes are rebuilt newest first, from the end of the feed back to the cursor, each from
+/// the image its key had just after it. That read returns the first `limit` and keeps the
+/// next ones, up to `window` of them ([`REBUILD_WINDOW`] by default), for the reads that
+/// follow (`recent`), so a reader rebuilds each change once or a few times, not once per
+/// batch.
 pub fn read_in(
     tx: &Connection,
     cursor: &FeedCursor,
     limit: usize,
+    window: usize,
     recent: &Recent,
 ) -> Result<FeedBatch, StoreError> {
     let after = cursor.single_seq()?;
@@ -193,12 +223,90 @@ pub fn read_in(
         )));
     }
     let limit = i64::try_from(limit.max(1)).unwrap_or(i64::MAX);
-    let held = recent.range(after.saturating_add(1), after.saturating_add(limit));
-    if let Some(batch) = held_batch(tx, cursor, after, limit, end, &held)? {
-        recent.release_through(after + i64::try_from(batch.changes.len()).unwrap_or(0));
-        return Ok(batch);
+    let (from, to) = (after.saturating_add(1), after.saturating_add(limit));
+    for held in [recent.range(from, to), recent.rebuilt_range(from, to)] {
+        if let Some(batch) = held_batch(tx, cursor, after, limit, end, &held)? {
+            recent.release_through(after + i64::try_from(batch.changes.len()).unwrap_or(0));
+            return Ok(batch);
+        }
     }
-    let mut held = held.into_iter().peekable();
+    if after == end {
+        return Ok(FeedBatch {
+            changes: Vec::new(),
+            cursor: cursor.clone(),
+        });
+    }
+    // The feed has no gaps past the oldest change it holds: `after + 1` is held unless a
+    // trim removed it.
+    let first = tx
+        .prepare_cached("SELECT min(seq) FROM changes WHERE seq > ?1")
+        .and_then(|mut s| s.query_row(params![after], |r| r.get::<_, Option<i64>>(0)))
+        .map_err(|e| from_sqlite("read feed", e))?;
+    if first != Some(after + 1) {
+        return Err(StoreError::Validation(format!(
+            "the feed no longer holds the changes after {after} (trimmed; next held: {first:?})"
+        )));
+    }
+    let rows = match read_rows(tx, after, limit, recent)? {
+        Some(rows) => rows,
+        None => {
+            let window = i64::try_from(window).unwrap_or(i64::MAX);
+            let keep_to = after.saturating_add(limit).saturating_add(window);
+            let mut rows = rebuild(tx, after, keep_to, recent)?;
+            let rest = rows.split_off(rows.len().min(usize::try_from(limit).unwrap_or(usize::MAX)));
+            recent.keep_rebuilt(
+                rest.into_iter()
+                    .filter_map(|(seq, p)| Some((seq, p?)))
+                    .collect(),
+            );
+            rows
+        }
+    };
+    debug_assert!(rows.len() <= usize::try_from(limit).unwrap_or(usize::MAX));
+    let mut next = cursor.clone();
+    if let Some((last, _)) = rows.last() {
+        // Positions only grow along the read: the cursor moves once, to the last row read.
+        next.advance(&position_of(*last));
+        recent.release_through(*last);
+    }
+    let changes = rows
+        .into_iter()
+        .filter_map(|(seq, p)| {
+            p.map(|p| Change {
+                old: p.old,
+                new: p.new,
+                key: p.key,
+                position: position_of(seq),
+                at_ms: p.at_ms,
+            })
+        })
+        .collect();
+    Ok(FeedBatch {
+        changes,
+        cursor: next,
+    })
+}
+
+/// A change's image, decoded (`None`: the item did not exist).
+type Image = Option<Arc<Item>>;
+
+/// A row of the feed as a read returns it: its number and its change (`None`: a marker).
+type Row = (i64, Option<Published>);
+
+/// The changes numbered `after + 1` on, at most `limit` rows, in order (`None` in a row's
+/// place: a marker), when each is held by `recent` or stores its new image: what version 4
+/// read. `None` when one leaves its new image to the change after it, which then only a
+/// walk from the end of the feed gives ([`rebuild`]).
+fn read_rows(
+    tx: &Connection,
+    after: i64,
+    limit: i64,
+    recent: &Recent,
+) -> Result<Option<Vec<Row>>, StoreError> {
+    let mut held = recent
+        .range(after.saturating_add(1), after.saturating_add(limit))
+        .into_iter()
+        .peekable();
     let mut stmt = tx
         .prepare_cached(
             "SELECT seq, pk, sk, at_ms, old, new, old_diff FROM changes
@@ -208,118 +316,297 @@ pub fn read_in(
     let mut rows = stmt
         .query(params![after, limit])
         .map_err(|e| from_sqlite("read feed", e))?;
-    let mut next = cursor.clone();
-    let mut changes = Vec::new();
-    // The image each key was last left with in this batch by a change decoded from text, as
-    // stored and decoded: a change's old image is, byte for byte, the previous change's new
-    // one, so it is shared rather than decoded again (half the decoding of a batch that
-    // writes a key repeatedly).
-    let mut last: HashMap<Key, (String, Arc<Item>)> = HashMap::new();
-    // Whether a row (a change or a marker) was read, and the last one's position.
-    let mut read_any = false;
-    let mut last_position: Option<(i64, FeedPosition)> = None;
+    let mut out = Vec::new();
     while let Some(row) = rows.next().map_err(|e| from_sqlite("read feed", e))? {
         let col = |i: usize| {
             row.get::<_, i64>(i)
                 .map_err(|e| from_sqlite("read feed", e))
         };
         let (seq, at_ms) = (col(0)?, col(3)?);
-        let first = !read_any;
-        read_any = true;
-        if first && after < end && seq != after + 1 {
-            return Err(StoreError::Validation(format!(
-                "the feed no longer holds the changes after {after} (trimmed; next held: {:?})",
-                Some(seq)
-            )));
-        }
-        let position = position_of(seq);
         let (pk, sk) = (text(row, 1)?.unwrap_or(""), text(row, 2)?.unwrap_or(""));
-        // The images' texts are taken (and SQLite copies them out) only for a change
-        // decoded from them, and to tell a marker (empty key, no image) from a change.
-        if pk.is_empty()
-            && sk.is_empty()
-            && text(row, 4)?.is_none()
-            && text(row, 5)?.is_none()
-            && text(row, 6)?.is_none()
-        {
+        let texts = Texts {
+            old: text(row, 4)?,
+            new: text(row, 5)?,
+            diff: text(row, 6)?,
+        };
+        if pk.is_empty() && sk.is_empty() && texts.is_empty() {
             // A marker, not a change (see [`MARKER`]): read past.
-            last_position = Some((seq, position));
+            out.push((seq, None));
             continue;
         }
         while held.next_if(|h| h.0 < seq).is_some() {}
         // Committed by this process's writer: its images are decoded already.
-        let mine = held
-            .next_if(|h| h.0 == seq && *h.1.key.pk == *pk && *h.1.key.sk == *sk)
-            .map(|h| h.1);
-        let (key, old, new) = match mine {
-            Some(p) => {
-                // A later change decoded from text cannot share this one's image.
-                last.remove(&p.key);
-                (p.key, p.old, p.new)
-            }
-            None => {
-                let key = Key::new(pk, sk);
-                let old = match text(row, 4)? {
-                    None => None,
-                    Some(t) => match last.get(&key) {
-                        Some((seen, img)) if seen == t => Some(Arc::clone(img)),
-                        _ => image(&key, seq, Some(t))?.map(Arc::new),
-                    },
-                };
-                let new = match text(row, 5)? {
-                    None => {
-                        last.remove(&key);
-                        None
-                    }
-                    Some(t) => {
-                        let img = image(&key, seq, Some(t))?.map(Arc::new);
-                        if let Some(img) = &img {
-                            last.insert(key.clone(), (t.to_string(), Arc::clone(img)));
-                        }
-                        img
-                    }
-                };
-                let old = match (old, text(row, 6)?, &new) {
-                    (None, Some(d), Some(n)) => Some(Arc::new(old_from_diff(&key, seq, n, d)?)),
-                    (None, Some(_), None) => {
-                        return Err(StoreError::Corrupt(format!(
-                            "change {seq} of item {key}: an old image stored as a difference \
-                             from no new image"
-                        )))
-                    }
-                    (Some(_), Some(_), _) => {
-                        return Err(StoreError::Corrupt(format!(
-                            "change {seq} of item {key}: both a whole old image and a \
-                             difference"
-                        )))
-                    }
-                    (old, None, _) => old,
-                };
-                (key, old, new)
-            }
+        if let Some((_, p)) =
+            held.next_if(|h| h.0 == seq && *h.1.key.pk == *pk && *h.1.key.sk == *sk)
+        {
+            out.push((seq, Some(p)));
+            continue;
+        }
+        let key = Key::new(pk, sk);
+        if texts.form(&key, seq)?.new_follows() {
+            return Ok(None);
+        }
+        let (old, new) = images_of(&key, seq, texts, None)?;
+        out.push((
+            seq,
+            Some(Published {
+                key,
+                old,
+                new,
+                at_ms,
+            }),
+        ));
+    }
+    Ok(Some(out))
+}
+
+/// The most changes a read rebuilds from the rows beyond the batch it returns, kept for the
+/// reads after it, by default (`SqliteConfig::feed_rebuild_window`). A rebuild walks the feed from its end back to the read's cursor, so a
+/// reader `L` changes behind rebuilds its backlog in `L / REBUILD_WINDOW` walks. Each kept
+/// change holds one decoded image (~2 KB for a bucket of one limit): at most ~32 MB.
+pub const REBUILD_WINDOW: usize = 16_384;
+
+/// The changes numbered `after + 1` to `keep_to` (or the end), in order, rebuilt from the
+/// rows of one snapshot (`None`: a marker row). The walk goes from the newest row down, so
+/// that each change's new image, when its row leaves it out, is known: the next change's
+/// old image, or the item as the file holds it for a key's newest change. A change `recent`
+/// holds is taken as held, and its old image carries the walk on.
+fn rebuild(
+    tx: &Connection,
+    after: i64,
+    keep_to: i64,
+    recent: &Recent,
+) -> Result<Vec<Row>, StoreError> {
+    let mut held: HashMap<i64, Published> = recent
+        .range(after.saturating_add(1), i64::MAX)
+        .into_iter()
+        .collect();
+    // Each key's image just after the rows walked so far (`None`: deleted).
+    let mut state: HashMap<Key, Option<Arc<Item>>> = HashMap::new();
+    let mut out = Vec::new();
+    let mut current = tx
+        .prepare_cached("SELECT item FROM items WHERE pk = ?1 AND sk = ?2")
+        .map_err(|e| from_sqlite("read feed", e))?;
+    let mut stmt = tx
+        .prepare_cached(
+            "SELECT seq, pk, sk, at_ms, old, new, old_diff FROM changes
+             WHERE seq > ?1 ORDER BY seq DESC",
+        )
+        .map_err(|e| from_sqlite("read feed", e))?;
+    let mut rows = stmt
+        .query(params![after])
+        .map_err(|e| from_sqlite("read feed", e))?;
+    while let Some(row) = rows.next().map_err(|e| from_sqlite("read feed", e))? {
+        let col = |i: usize| {
+            row.get::<_, i64>(i)
+                .map_err(|e| from_sqlite("read feed", e))
         };
-        last_position = Some((seq, position.clone()));
-        changes.push(Change {
-            old,
-            new,
-            key,
-            position,
-            at_ms,
-        });
+        let (seq, at_ms) = (col(0)?, col(3)?);
+        let kept = seq <= keep_to;
+        let (pk, sk) = (text(row, 1)?.unwrap_or(""), text(row, 2)?.unwrap_or(""));
+        let texts = Texts {
+            old: text(row, 4)?,
+            new: text(row, 5)?,
+            diff: text(row, 6)?,
+        };
+        if pk.is_empty() && sk.is_empty() && texts.is_empty() {
+            // A marker, not a change (see [`MARKER`]): read past.
+            if kept {
+                out.push((seq, None));
+            }
+            continue;
+        }
+        let key = Key::new(pk, sk);
+        if !kept {
+            // Past the changes kept: only the key's image before this change matters, and
+            // it is made from the one after it in place where it can be.
+            let next = match state.remove(&key) {
+                Some(img) => img,
+                None => item_now(&mut current, &key)?,
+            };
+            let before = match held.remove(&seq).filter(|p| p.key == key) {
+                Some(p) => p.old,
+                None => image_before(&key, seq, texts, next)?,
+            };
+            state.insert(key, before);
+            continue;
+        }
+        if let Some(p) = held.remove(&seq).filter(|p| p.key == key) {
+            // Committed by this process's writer: its images are decoded already.
+            state.insert(key, p.old.clone());
+            if kept {
+                out.push((seq, Some(p)));
+            }
+            continue;
+        }
+        let next = match state.get(&key) {
+            Some(img) => img.clone(),
+            // The key's newest change: the image after it is the item as it is now.
+            None => item_now(&mut current, &key)?,
+        };
+        let (old, new) = images_of(&key, seq, texts, next.as_ref())?;
+        state.insert(key.clone(), old.clone());
+        if kept {
+            out.push((
+                seq,
+                Some(Published {
+                    key,
+                    old,
+                    new,
+                    at_ms,
+                }),
+            ));
+        }
     }
-    // Positions only grow along the read: the cursor moves once, to the last.
-    if let Some((seq, p)) = &last_position {
-        next.advance(p);
-        recent.release_through(*seq);
+    out.reverse();
+    debug_assert!(out.windows(2).all(|w| w[0].0 < w[1].0));
+    Ok(out)
+}
+
+/// The item at `key` as the file holds it (`None`: none).
+fn item_now(
+    current: &mut rusqlite::CachedStatement<'_>,
+    key: &Key,
+) -> Result<Option<Arc<Item>>, StoreError> {
+    let raw: Option<String> = current
+        .query_row(params![key.pk, key.sk], |r| r.get(0))
+        .optional()
+        .map_err(|e| from_sqlite("read feed", e))?;
+    raw.map(|t| {
+        serde_json::from_str::<Item>(&t).map(Arc::new).map_err(|e| {
+            StoreError::Corrupt(format!("item {key}: stored text is not an item: {e}"))
+        })
+    })
+    .transpose()
+}
+
+/// The image columns of a change row.
+#[derive(Debug, Clone, Copy)]
+struct Texts<'r> {
+    /// `old`: the old image whole.
+    old: Option<&'r str>,
+    /// `new`: the new image whole.
+    new: Option<&'r str>,
+    /// `old_diff`: the old image as its difference from the new one.
+    diff: Option<&'r str>,
+}
+
+impl<'r> Texts<'r> {
+    fn is_empty(&self) -> bool {
+        self.old.is_none() && self.new.is_none() && self.diff.is_none()
     }
-    if !read_any && after < end {
-        return Err(StoreError::Validation(format!(
-            "the feed no longer holds the changes after {after} (trimmed; next held: None)"
-        )));
+
+    /// The row's [`Form`]; a row that is none of them is corrupt.
+    fn form(&self, key: &Key, seq: i64) -> Result<Form<'r>, StoreError> {
+        match (self.old, self.new, self.diff) {
+            (Some(_), _, Some(_)) => Err(StoreError::Corrupt(format!(
+                "change {seq} of item {key}: both a whole old image and a difference"
+            ))),
+            (old, Some(new), diff) => Ok(Form::Whole { new, old, diff }),
+            (Some(old), None, None) => Ok(Form::Deletion { old }),
+            (None, None, None) => Ok(Form::Creation),
+            (None, None, Some(diff)) => Ok(Form::Update { diff }),
+        }
     }
-    Ok(FeedBatch {
-        changes,
-        cursor: next,
+}
+
+/// What a change row holds (schema version 5; a row written by version 4 is always
+/// [`Form::Whole`]), from its image columns:
+///
+/// | `old` | `new` | `old_diff` | the change |
+/// |---|---|---|---|
+/// | any | text | any but with `old` | [`Form::Whole`]: its new image stored |
+/// | text | NULL | NULL | [`Form::Deletion`] |
+/// | NULL | NULL | NULL | [`Form::Creation`], its new image the one after it |
+/// | NULL | NULL | text | [`Form::Update`], its new image the one after it |
+///
+/// The writer leaves a new image out only under [`record`]'s rule.
+///
+/// "The one after it" is the image its item had just after the change: the old image of
+/// the key's next change on the feed, or, when there is none, the item as the file holds
+/// it. Every write of an item records its change in the same transaction (`ops.rs`), so the
+/// two agree; a trim removes the oldest changes first, so every change after a held one is
+/// held too.
+#[derive(Debug, Clone, Copy)]
+enum Form<'a> {
+    /// The new image is stored whole; the old one whole, as a difference from it, or none.
+    Whole {
+        new: &'a str,
+        old: Option<&'a str>,
+        diff: Option<&'a str>,
+    },
+    /// The item was deleted: its old image stored whole.
+    Deletion { old: &'a str },
+    /// The item was created; its image follows.
+    Creation,
+    /// The item was changed: its old image stored as a difference from the new one, which
+    /// follows.
+    Update { diff: &'a str },
+}
+
+impl Form<'_> {
+    /// Whether the change's new image is the one after it (not stored).
+    fn new_follows(&self) -> bool {
+        matches!(self, Form::Creation | Form::Update { .. })
+    }
+}
+
+/// The old image alone of change `seq` of `key` ([`images_of`]), given `next` by value: an
+/// update's difference is applied to it in place when nothing else holds it.
+fn image_before(
+    key: &Key,
+    seq: i64,
+    texts: Texts<'_>,
+    next: Option<Arc<Item>>,
+) -> Result<Image, StoreError> {
+    match texts.form(key, seq)? {
+        Form::Update { diff } => {
+            let Some(mut img) = next else {
+                return images_of(key, seq, texts, None).map(|(old, _)| old);
+            };
+            crate::diff::apply_in_place(Arc::make_mut(&mut img), diff)
+                .map_err(|e| corrupt_diff(key, seq, e))?;
+            Ok(Some(img))
+        }
+        _ => images_of(key, seq, texts, next.as_ref()).map(|(old, _)| old),
+    }
+}
+
+/// The images (old, new) of change `seq` of `key`, stored as `texts`, given `next`: the
+/// image its item had just after it (the next change's old image, or the item as it is
+/// now; `None`: none, the item was deleted). A change whose new image follows it needs
+/// `next`; one without it, or with a stored image or difference that is not one, is corrupt.
+fn images_of(
+    key: &Key,
+    seq: i64,
+    texts: Texts<'_>,
+    next: Option<&Arc<Item>>,
+) -> Result<(Image, Image), StoreError> {
+    let follows = || {
+        next.cloned().ok_or_else(|| {
+            StoreError::Corrupt(format!(
+                "change {seq} of item {key}: its new image is the one after it, and the item \
+                 has none after it (deleted, or changed without a change recorded)"
+            ))
+        })
+    };
+    Ok(match texts.form(key, seq)? {
+        Form::Whole { new, old, diff } => {
+            let new = Arc::new(decode(key, seq, new)?);
+            let old = match (old, diff) {
+                (Some(t), _) => Some(Arc::new(decode(key, seq, t)?)),
+                (None, Some(d)) => Some(Arc::new(old_from_diff(key, seq, &new, d)?)),
+                (None, None) => None,
+            };
+            (old, Some(new))
+        }
+        Form::Deletion { old } => (Some(Arc::new(decode(key, seq, old)?)), None),
+        Form::Creation => (None, Some(follows()?)),
+        Form::Update { diff } => {
+            let new = follows()?;
+            let old = old_from_diff(key, seq, &new, diff)?;
+            (Some(Arc::new(old)), Some(new))
+        }
     })
 }
 

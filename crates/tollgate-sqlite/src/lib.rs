@@ -50,7 +50,7 @@
 //! whole as JSON, with the key attributes of the indexes `GSI1` … `GSI4` copied into columns
 //! for index queries; a `tokens` table of transaction idempotency tokens; a `changes` table,
 //! the change feed (one row per applied write, in the write's transaction: see `feed.rs`);
-//! the schema version in `PRAGMA user_version` (4; a file of version 1 to 3 is upgraded
+//! the schema version in `PRAGMA user_version` (5; a file of version 1 to 4 is upgraded
 //! on open). Why the items have a rowid since version 3 is in `schema.rs`: a limiter bucket
 //! no longer spills to an overflow page, so a write rewrites one page of the table.
 //!
@@ -136,6 +136,8 @@ struct Inner {
     threads: Mutex<Vec<JoinHandle<()>>>,
     /// What the writer committed, decoded, for the feed reader (`recent.rs`).
     recent: Arc<Recent>,
+    /// [`SqliteConfig::feed_rebuild_window`].
+    rebuild_window: usize,
     /// The checkpointer's pacer of a file store (`checkpoint.rs`).
     pacer: Option<Arc<checkpoint::Pacer>>,
 }
@@ -252,6 +254,7 @@ impl SqliteStore {
             path: Arc::from(shown.as_str()),
             deadline: config.deadline,
             recent,
+            rebuild_window: config.feed_rebuild_window,
             pacer,
             threads: Mutex::new(vec![writer]),
         };
@@ -577,6 +580,7 @@ impl tollgate_store::ChangeFeed for SqliteStore {
         let r = Read::Feed {
             cursor: cursor.clone(),
             limit,
+            window: self.inner.rebuild_window,
             recent: Arc::clone(&self.inner.recent),
         };
         match self.read(r).await? {

@@ -202,6 +202,11 @@ pub struct Memo {
     /// The changes the current batch recorded whose images the writer knows decoded, with
     /// their sequence numbers: for [`crate::recent::Recent`] once the batch has committed.
     pub published: Vec<(i64, Published)>,
+    /// Whether no other connection committed between the last batch and this one.
+    solo: bool,
+    /// Whether this batch's change rows may leave out the new images of the changes it
+    /// publishes (`feed::record`); the writer sets it for each batch.
+    pub omit_new: bool,
 }
 
 /// Most rows [`Memo`] remembers (each a decoded item, its text and its layout, about 3.4 KB
@@ -247,9 +252,16 @@ impl Memo {
         if !unchanged {
             self.distrust();
         }
+        self.solo = unchanged;
         self.batch_version = data_version;
         // Until this batch commits, what it remembers may be rolled back.
         self.committed_version = None;
+    }
+
+    /// Whether no other connection committed between the previous batch, which committed,
+    /// and this one ([`Memo::begin_batch`]'s rule).
+    pub fn solo(&self) -> bool {
+        self.solo
     }
 
     /// The batch begun by [`Memo::begin_batch`] committed: what it remembered is stored.
@@ -450,6 +462,7 @@ fn write_item(
     key: &Key,
     item: Option<&Item>,
     prior: Prior<'_>,
+    omit_new: bool,
 ) -> Result<Written, StoreError> {
     let (old, old_id, old_item, old_layout) = match prior {
         Prior::Unread => match read_raw(conn, key)? {
@@ -472,7 +485,7 @@ fn write_item(
             .and_then(|mut s| s.execute(params![key.pk, key.sk]))
             .map_err(|e| from_sqlite("delete", e))?;
         let old = old.as_deref().map_or(OldImage::None, OldImage::Text);
-        let seq = crate::feed::record(conn, key, old, None, at)?;
+        let seq = crate::feed::record(conn, key, old, None, omit_new, at)?;
         return Ok(Written {
             seq,
             at_ms: at,
@@ -558,7 +571,7 @@ fn write_item(
         conn.last_insert_rowid()
     };
     // The old image goes on the feed as its difference from the new one when the writer
-    // holds it decoded and the difference is the shorter (`diff.rs`).
+    // holds it decoded (`diff.rs`): the row then leaves the new image out (`feed::Form`).
     let existed = old.is_some();
     let old = match (old.as_deref(), old_item) {
         (None, _) => OldImage::None,
@@ -566,15 +579,11 @@ fn write_item(
             if rewritten.is_none() {
                 crate::diff::write_diff(o, item, &mut diff).map_err(|e| unencodable(key, e))?;
             }
-            if diff.len() < text.len() {
-                OldImage::Diff { text, diff: &diff }
-            } else {
-                OldImage::Text(text)
-            }
+            OldImage::Diff { text, diff: &diff }
         }
         (Some(text), _) => OldImage::Text(text),
     };
-    let seq = crate::feed::record(conn, key, old, Some(&json), at)?;
+    let seq = crate::feed::record(conn, key, old, Some(&json), omit_new, at)?;
     Ok(Written {
         seq,
         at_ms: at,
@@ -629,6 +638,8 @@ pub enum Read {
         cursor: tollgate_store::FeedCursor,
         /// At most this many changes.
         limit: usize,
+        /// How many rebuilt changes to keep for the next reads.
+        window: usize,
         /// What this process's writer committed, decoded.
         recent: Arc<crate::recent::Recent>,
     },
@@ -720,14 +731,16 @@ pub fn read(conn: &Connection, r: &Read) -> Result<Outcome, StoreError> {
         Read::Feed {
             cursor,
             limit,
+            window,
             recent,
         } => {
             if !conn.is_autocommit() {
                 // Inside the writer's transaction (an in-memory database): its state is
                 // the snapshot.
-                return crate::feed::read_in(conn, cursor, *limit, recent).map(Outcome::Feed);
+                return crate::feed::read_in(conn, cursor, *limit, *window, recent)
+                    .map(Outcome::Feed);
             }
-            crate::feed::read(conn, cursor, *limit, recent).map(Outcome::Feed)
+            crate::feed::read(conn, cursor, *limit, *window, recent).map(Outcome::Feed)
         }
     }
 }
@@ -813,7 +826,7 @@ fn put(conn: &Connection, req: PutRequest, memo: &mut Memo) -> Result<(), StoreE
         Some(h) => Prior::Read(Some(h)),
         None => Prior::Unread,
     };
-    let w = write_item(conn, &req.key, Some(&item), prior)?;
+    let w = write_item(conn, &req.key, Some(&item), prior, memo.omit_new)?;
     let item = Arc::new(item);
     // Published only when the old image is known decoded (the memo held it, or there was
     // none): a put does not decode the item it replaces.
@@ -836,7 +849,7 @@ fn purge(conn: &Connection, key: &Key, memo: &mut Memo) -> Result<(), StoreError
         Some(h) => Prior::Read(Some(h)),
         None => Prior::Unread,
     };
-    let w = write_item(conn, key, None, prior)?;
+    let w = write_item(conn, key, None, prior, memo.omit_new)?;
     if let Some(h) = held {
         memo.publish(&w, key, Some(h.item), None);
     }
@@ -871,7 +884,13 @@ fn update(
     // An update of an item that exists always writes it.
     debug_assert!(prior.is_none() || new.is_some());
     if let Some(new) = &new {
-        let w = write_item(conn, &req.key, Some(new), Prior::Read(prior.as_ref()))?;
+        let w = write_item(
+            conn,
+            &req.key,
+            Some(new),
+            Prior::Read(prior.as_ref()),
+            memo.omit_new,
+        )?;
         // Decoded already: the feed reader of this process takes both images from here.
         let old = prior.as_ref().map(|s| Arc::clone(&s.item));
         if let Some(o) = &old {
@@ -938,7 +957,7 @@ fn delete(
         }
     }
     if let Some(p) = &prior {
-        let w = write_item(conn, &req.key, None, Prior::Read(Some(p)))?;
+        let w = write_item(conn, &req.key, None, Prior::Read(Some(p)), memo.omit_new)?;
         memo.publish(&w, &req.key, Some(Arc::clone(&p.item)), None);
     }
     Ok(prior.map(|s| Arc::unwrap_or_clone(s.item)))
@@ -1121,7 +1140,7 @@ fn transact_body(
             Found::Held(s) => Prior::Read(Some(s)),
             Found::Read(_) => Prior::Unread,
         };
-        let w = write_item(conn, key, new.as_ref(), prior)?;
+        let w = write_item(conn, key, new.as_ref(), prior, memo.omit_new)?;
         let new = new.map(Arc::new);
         memo.publish(&w, key, old.shared(), new.clone());
         if let (Some(text), Some(new)) = (w.text, new) {

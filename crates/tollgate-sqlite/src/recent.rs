@@ -10,12 +10,17 @@
 //! reads only to skip.
 //!
 //! Only committed changes are published: a rolled-back batch's (or transaction's) sequence
-//! numbers are given again, to other changes, but a committed number never is
-//! (`AUTOINCREMENT`), so an entry is always the change stored under its number. Changes
-//! another process wrote are not here and are read from their text. Nothing is kept until
-//! the process first reads the feed (a store whose feed nobody here reads holds no
-//! images); an entry is let go once a read has returned it (the next pass reads after it),
-//! and at most [`CAP`] entries are kept, the newest.
+//! numbers are given again, to other changes, but a committed number never is (the
+//! newest change is never trimmed: `feed.rs`), so an entry is always the change stored
+//! under its number. Changes another process wrote are not here and are read from their
+//! rows. Nothing is kept until the process first reads the feed (a store whose feed nobody
+//! here reads holds no images); an entry is let go once a read has returned it (the next
+//! pass reads after it), and at most [`CAP`] entries are kept, the oldest: past it, a
+//! change is not kept, and the writer stores its row's new image whole
+//! ([`Recent::has_room`], `feed::record`).
+//!
+//! It also keeps the changes a feed read rebuilt beyond the batch it returned, for the
+//! reads after it (`feed::read_in`).
 
 use std::collections::VecDeque;
 use std::sync::{Arc, Mutex};
@@ -28,7 +33,9 @@ use tollgate_core::value::{Item, Key};
 /// embedded store's peak rate on the development machine. At 16,384 a pass at ~18,000
 /// writes a second (the pass itself takes about half a second) found only the newest half
 /// held and decoded the rest from text again. Entries a read returned are let go at once,
-/// so a server whose aggregator keeps up holds only what it has not read yet.
+/// so a server whose aggregator keeps up holds only what it has not read yet. A reader
+/// further behind finds the oldest held and reads the newer ones from their rows, which
+/// then store their new images whole.
 pub const CAP: usize = 32_768;
 
 /// One committed change's images, decoded (the old one is, as a rule, the previous
@@ -54,6 +61,9 @@ pub struct Recent(Mutex<Held>);
 #[derive(Debug, Default)]
 struct Held {
     entries: VecDeque<(i64, Published)>,
+    /// The changes a feed read rebuilt from the rows beyond the batch it returned, in
+    /// sequence order, for the reads after it (`feed::rebuild`).
+    rebuilt: Vec<(i64, Published)>,
     /// Whether this process has read the feed: until it does, nothing is kept.
     read: bool,
 }
@@ -80,9 +90,17 @@ impl Recent {
             debug_assert!(false, "published out of sequence order");
             held.clear();
         }
-        held.extend(committed);
-        let over = held.len().saturating_sub(CAP);
-        held.drain(..over);
+        // Past the cap the newest are not kept (the reader needs the oldest first, and the
+        // writer omits a row's new image only for changes kept: [`Recent::has_room`]).
+        let room = CAP.saturating_sub(held.len());
+        held.extend(committed.into_iter().take(room));
+    }
+
+    /// Whether `n` more changes would be kept: the feed has been read, and they fit under
+    /// [`CAP`]. Only the writer adds changes, so the answer holds until it publishes.
+    pub fn has_room(&self, n: usize) -> bool {
+        let g = self.lock();
+        g.read && g.entries.len().saturating_add(n) <= CAP
     }
 
     /// The published changes numbered `from` to `to` (inclusive), in order. From the first
@@ -103,6 +121,25 @@ impl Recent {
         let mut g = self.lock();
         let through = g.entries.partition_point(|e| e.0 <= seq);
         g.entries.drain(..through);
+        let through = g.rebuilt.partition_point(|e| e.0 <= seq);
+        g.rebuilt.drain(..through);
+    }
+
+    /// Keep `rebuilt` (in sequence order), in place of what an earlier read kept.
+    pub fn keep_rebuilt(&self, rebuilt: Vec<(i64, Published)>) {
+        debug_assert!(rebuilt.windows(2).all(|w| w[0].0 < w[1].0));
+        self.lock().rebuilt = rebuilt;
+    }
+
+    /// The rebuilt changes numbered `from` to `to` (inclusive), in order.
+    pub fn rebuilt_range(&self, from: i64, to: i64) -> Vec<(i64, Published)> {
+        let g = self.lock();
+        let start = g.rebuilt.partition_point(|e| e.0 < from);
+        g.rebuilt[start..]
+            .iter()
+            .take_while(|e| e.0 <= to)
+            .cloned()
+            .collect()
     }
 }
 
@@ -120,7 +157,7 @@ mod tests {
     }
 
     #[test]
-    fn a_range_holds_what_was_published_in_it_and_the_oldest_go_past_the_cap() {
+    fn a_range_holds_what_was_published_in_it_and_the_newest_go_past_the_cap() {
         let r = Recent::default();
         // Nothing is kept before the feed is first read.
         r.publish(vec![(1, change("z"))]);
@@ -133,12 +170,17 @@ mod tests {
         assert_eq!(seqs(r.range(8, 9)), Vec::<i64>::new());
         let many: Vec<_> = (10..10 + CAP as i64).map(|s| (s, change("x"))).collect();
         r.publish(many);
+        // Past the cap the newest are not kept, and there is no room for more.
         let held = r.range(0, i64::MAX);
         assert_eq!(held.len(), CAP);
-        assert_eq!(held.first().map(|e| e.0), Some(10));
-        // What a read returned is let go.
+        assert_eq!(held.first().map(|e| e.0), Some(3));
+        assert_eq!(held.last().map(|e| e.0), Some(10 + CAP as i64 - 4));
+        assert!(!r.has_room(1));
+        // What a read returned is let go, which makes room.
         r.release_through(15);
         assert_eq!(r.range(0, i64::MAX).first().map(|e| e.0), Some(16));
-        assert_eq!(r.range(0, i64::MAX).len(), CAP - 6);
+        assert_eq!(r.range(0, i64::MAX).len(), CAP - 9);
+        assert!(r.has_room(9));
+        assert!(!r.has_room(10));
     }
 }

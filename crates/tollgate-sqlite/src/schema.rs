@@ -6,12 +6,14 @@ use tollgate_store::StoreError;
 
 use crate::error::{from_open, SchemaError};
 
-/// The schema version this build writes and understands: 4. Version 2 added the `changes`
+/// The schema version this build writes and understands: 5. Version 2 added the `changes`
 /// table of the change feed to version 1; version 3 keeps the items in a rowid table (see
 /// [`ITEMS_V3`]) and numbers the changes without `AUTOINCREMENT` (see `feed.rs`); version 4
 /// adds the `old_diff` column, where a change's old image is kept as its difference from
-/// the new one (`diff.rs`). A file of version 1 to 3 is upgraded when opened.
-pub const SCHEMA_VERSION: i64 = 4;
+/// the new one (`diff.rs`); version 5 leaves out a change's new image when the image after
+/// it gives it (`feed::Form`: the same table, rows a version-4 reader would misread, hence
+/// the new number). A file of version 1 to 4 is upgraded when opened.
+pub const SCHEMA_VERSION: i64 = 5;
 
 /// Indexes whose key attributes (`GSI{n}PK` / `GSI{n}SK`) get their own columns.
 pub const INDEXES: [&str; 4] = ["GSI1", "GSI2", "GSI3", "GSI4"];
@@ -199,6 +201,8 @@ pub fn ensure(conn: &mut Connection, path: &str) -> Result<(), StoreError> {
         if found < 3 {
             upgrade_items_to_v3(&tx, path)?;
         }
+        // Version 5 changes no table: every row a version-4 file holds stores its new image
+        // and reads as before (`feed::Form::Whole`).
         if found == 3 {
             // Version 4: old images may be stored as differences. Every row already held
             // keeps its whole old image (`old_diff` NULL), read as before.

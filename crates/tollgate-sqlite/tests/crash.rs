@@ -1,7 +1,8 @@
 //! Crash consistency: a writer process doing conditional debits is SIGKILLed again and again;
 //! after every kill the file is reopened, passes `PRAGMA integrity_check`, and the stored
 //! counter reflects every debit the writer saw acknowledged, plus at most the ones in flight
-//! (one per debiting task: with several tasks the store group-commits their debits).
+//! (one per debiting task: with several tasks the store group-commits their debits). At the
+//! end the change feed holds every applied debit, exactly.
 
 use std::io::{BufRead, BufReader};
 use std::process::{Command, Stdio};
@@ -10,7 +11,7 @@ use std::time::Duration;
 
 use tollgate_core::value::{Item, Key, Value};
 use tollgate_sqlite::SqliteStore;
-use tollgate_store::{PutRequest, Store};
+use tollgate_store::{ChangeFeed, FeedCursor, PutRequest, Store};
 
 const START: i64 = 1_000_000;
 const ROUNDS: u64 = 24;
@@ -124,6 +125,34 @@ async fn kill_and_check(tasks: i64, rounds: u64) {
         acknowledged_total > 0,
         "the writer never got a debit acknowledged"
     );
+    feed_holds_every_debit(&path, START, expected).await;
+}
+
+/// The change feed, read by a store that holds nothing, shows the stock put and then
+/// every applied debit, one by one, each change's old image the previous one's new image:
+/// including the changes a killed writer left without their new images (`feed.rs`).
+async fn feed_holds_every_debit(path: &std::path::Path, start: i64, end: i64) {
+    let s = SqliteStore::open(path).unwrap();
+    let n = |i: &Option<std::sync::Arc<Item>>| i.as_ref().and_then(|i| i.get("n")?.as_n());
+    let mut cursor = FeedCursor::start();
+    let mut last: Option<i64> = None;
+    let mut changes = 0i64;
+    loop {
+        let b = s.read_feed(&cursor, 1000).await.expect("read the feed");
+        if b.changes.is_empty() {
+            break;
+        }
+        for c in &b.changes {
+            assert_eq!(n(&c.old), last, "change {}", c.position.seq);
+            let want = last.map_or(start, |l| l - 1);
+            assert_eq!(n(&c.new), Some(want), "change {}", c.position.seq);
+            last = n(&c.new);
+            changes += 1;
+        }
+        cursor = b.cursor;
+    }
+    assert_eq!(last, Some(end));
+    assert_eq!(changes, 1 + start - end);
 }
 
 /// Two writer processes on one file, each debiting until the stock is gone: together they

@@ -87,7 +87,7 @@ async fn a_version_1_file_is_upgraded_and_its_feed_starts_at_the_upgrade() {
     drop(raw);
     let s = SqliteStore::open(&path).expect("a version-1 file opens");
     assert_eq!(user_version(&path), SCHEMA_VERSION);
-    assert_eq!(SCHEMA_VERSION, 4);
+    assert_eq!(SCHEMA_VERSION, 5);
     // The item written under version 1 is still there.
     let old = s.get(&Key::new("p", "old"), true).await.unwrap();
     assert!(old.is_some(), "the version-1 item survives the upgrade");
@@ -181,7 +181,7 @@ async fn a_version_2_file_is_upgraded_with_its_items_indexes_and_feed() {
     s.integrity_check().unwrap();
 }
 
-/// A version-3 file (old images stored whole) is upgraded to version 4 in place: its
+/// A version-3 file (old images stored whole) is upgraded to version 5 in place: its
 /// changes read as before, and the changes written after it store their old images as
 /// differences, which another store on the file reads back exactly.
 #[tokio::test]
@@ -218,7 +218,7 @@ async fn a_version_3_file_is_upgraded_and_its_whole_old_images_still_read() {
         SqliteStore::open(&path).expect("a version-3 file opens"),
         SqliteStore::open(&path).expect("and again"),
     );
-    assert_eq!(user_version(&path), 4);
+    assert_eq!(user_version(&path), SCHEMA_VERSION);
     let raw = rusqlite::Connection::open(&path).unwrap();
     a.update(add(&Key::new("p", "a"), 5)).await.unwrap();
     // Read by the store that did not write: every image decoded from the rows.
@@ -232,13 +232,74 @@ async fn a_version_3_file_is_upgraded_and_its_whole_old_images_still_read() {
         shape,
         vec![(None, Some(1)), (Some(1), Some(2)), (Some(2), Some(7))]
     );
-    let stored: (Option<String>, Option<String>) = raw
-        .query_row("SELECT old, old_diff FROM changes WHERE seq = 3", [], |r| {
-            Ok((r.get(0)?, r.get(1)?))
-        })
+    let stored: (Option<String>, Option<String>, Option<String>) = raw
+        .query_row(
+            "SELECT old, old_diff, new FROM changes WHERE seq = 3",
+            [],
+            |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)),
+        )
         .unwrap();
-    assert_eq!(stored, (None, Some(r#"{"n":{"n":2}}"#.to_string())));
+    // The writer's first batch stores its new image whole (`feed::record`'s rule).
+    assert_eq!(stored.0, None);
+    assert_eq!(stored.1.as_deref(), Some(r#"{"n":{"n":2}}"#));
+    assert!(stored.2.is_some());
     a.integrity_check().unwrap();
+}
+
+/// A version-4 file (every new image stored whole) is upgraded to version 5 by its number
+/// alone: its rows read as before, and the rows written after it, which leave their new
+/// images to the item, read back exactly around them.
+#[tokio::test]
+async fn a_version_4_file_is_upgraded_and_its_whole_new_images_still_read() {
+    let (dir, a, _b) = two_stores("v4.db");
+    let k = Key::new("p", "a");
+    put(&a, &k, 1).await;
+    a.update(add(&k, 1)).await.unwrap();
+    drop((a, _b));
+    let path = dir.path().join("v4.db");
+    let raw = rusqlite::Connection::open(&path).unwrap();
+    // As version 4 wrote them: each row with its new image whole.
+    raw.execute_batch(
+        "UPDATE changes SET new = '{\"PK\":{\"s\":\"p\"},\"SK\":{\"s\":\"a\"},\"n\":{\"n\":1}}'
+            WHERE seq = 1;
+         UPDATE changes SET new = '{\"PK\":{\"s\":\"p\"},\"SK\":{\"s\":\"a\"},\"n\":{\"n\":2}}'
+            WHERE seq = 2;
+         PRAGMA user_version = 4;",
+    )
+    .unwrap();
+    let (a, b) = (
+        SqliteStore::open(&path).expect("a version-4 file opens"),
+        SqliteStore::open(&path).expect("and again"),
+    );
+    assert_eq!(user_version(&path), SCHEMA_VERSION);
+    // A reads the feed, so it holds its changes from here on (`feed::record`'s rule).
+    a.read_feed(&after(2), 10).await.unwrap();
+    a.update(add(&k, 5)).await.unwrap();
+    put(&a, &Key::new("p", "b"), 9).await;
+    let got = b.read_feed(&FeedCursor::start(), 10).await.unwrap();
+    let shape: Vec<_> = got
+        .changes
+        .iter()
+        .map(|c| (n_of(c.old.as_ref()), n_of(c.new.as_ref())))
+        .collect();
+    assert_eq!(
+        shape,
+        vec![
+            (None, Some(1)),
+            (Some(1), Some(2)),
+            (Some(2), Some(7)),
+            (None, Some(9))
+        ]
+    );
+    let new_whole: Vec<bool> = raw
+        .prepare("SELECT new IS NOT NULL FROM changes ORDER BY seq")
+        .unwrap()
+        .query_map([], |r| r.get(0))
+        .unwrap()
+        .collect::<Result<_, _>>()
+        .unwrap();
+    // Version 4's two rows, the writer's first batch, then a creation it holds.
+    assert_eq!(new_whole, vec![true, true, true, false]);
 }
 
 /// A bucket-sized item (thirty attributes) of which a write changes three: the change row
@@ -247,6 +308,7 @@ async fn a_version_3_file_is_upgraded_and_its_whole_old_images_still_read() {
 #[tokio::test]
 async fn a_write_of_a_few_attributes_stores_its_old_image_as_their_difference() {
     let (_dir, a, b) = two_stores("diff.db");
+    a.read_feed(&FeedCursor::start(), 10).await.unwrap();
     let k = Key::new("default/BUCKET#user-1#api#0", "#STATE");
     let mut first: tollgate_core::value::Item = (0..30)
         .map(|i| (format!("b_limit{i:02}_tk").into(), Value::N(1_000_000 + i)))
@@ -283,28 +345,33 @@ async fn a_write_of_a_few_attributes_stores_its_old_image_as_their_difference() 
     assert_eq!(change.old.as_deref(), Some(&want_old));
     assert_eq!(change.new.as_deref(), Some(&second));
     let raw = rusqlite::Connection::open(_dir.path().join("diff.db")).unwrap();
-    let (old, diff, new): (Option<String>, String, String) = raw
+    let (old, diff, new): (Option<String>, String, Option<String>) = raw
         .query_row(
             "SELECT old, old_diff, new FROM changes WHERE seq = 2",
             [],
             |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)),
         )
         .unwrap();
-    assert_eq!(old, None);
+    // The row keeps neither image whole: the new one is the item's.
+    assert_eq!((old, new), (None, None));
     assert_eq!(
         diff,
         r#"{"b_limit03_tk":{"n":1000003},"gone":{"bool":true},"rf":null}"#
     );
+    let item: String = raw
+        .query_row("SELECT item FROM items", [], |r| r.get(0))
+        .unwrap();
     assert!(
-        diff.len() * 10 < new.len(),
+        diff.len() * 10 < item.len(),
         "{} of {}",
         diff.len(),
-        new.len()
+        item.len()
     );
 }
 
-/// A stored difference that is not one, or that comes with a whole old image too, or
-/// without a new image, is reported as corrupt data, not taken for an image.
+/// A stored difference that is not one, or that comes with a whole old image too, or a
+/// change whose new image is the one after it when there is none, is reported as corrupt
+/// data, not taken for an image.
 #[tokio::test]
 async fn a_corrupt_old_image_difference_is_reported() {
     for (old, diff, new) in [
@@ -315,7 +382,10 @@ async fn a_corrupt_old_image_difference_is_reported() {
             Some("{}"),
             Some(r#"{"n":{"n":2}}"#),
         ),
+        // An update or a creation whose new image is the one after it, of an item the file
+        // does not hold (a change recorded without its write).
         (None, Some("{}"), None),
+        (None, None, None),
     ] {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("corrupt.db");
@@ -670,4 +740,253 @@ async fn a_row_another_process_wrote_since_is_decoded_again() {
         .map(|c| n_of(c.old.as_ref()))
         .collect();
     assert_eq!(olds, vec![None, Some(1), Some(11), Some(111)]);
+}
+
+/// Which rows leave their new image out (`feed::record`'s rule): only the changes this
+/// process's feed reader will take from memory — none before the feed is first read here,
+/// none in the writer's first batch or in a batch after another connection wrote — and
+/// every one reads back exactly, from memory or, in another store, from the rows.
+#[tokio::test]
+async fn a_row_leaves_its_new_image_out_only_for_changes_read_here() {
+    let (dir, a, b) = two_stores("rule.db");
+    let k = Key::new("p", "a");
+    put(&a, &k, 1).await; // 1: nobody reads here yet
+    a.update(add(&k, 1)).await.unwrap(); // 2: still nobody
+    let first = a.read_feed(&FeedCursor::start(), 10).await.unwrap();
+    a.update(add(&k, 1)).await.unwrap(); // 3: read here, no one else wrote: left out
+    put(&a, &Key::new("p", "c"), 5).await; // 4: a creation, left out
+    put(&b, &Key::new("p", "b"), 1).await; // 5: B does not read its feed
+    a.update(add(&k, 1)).await.unwrap(); // 6: B wrote since A's last batch
+    a.update(add(&k, 1)).await.unwrap(); // 7: left out again
+    let raw = rusqlite::Connection::open(dir.path().join("rule.db")).unwrap();
+    let new_whole: Vec<bool> = raw
+        .prepare("SELECT new IS NOT NULL FROM changes ORDER BY seq")
+        .unwrap()
+        .query_map([], |r| r.get(0))
+        .unwrap()
+        .collect::<Result<_, _>>()
+        .unwrap();
+    assert_eq!(new_whole, vec![true, true, false, false, true, true, false]);
+    let shape = |b: &tollgate_store::FeedBatch| {
+        b.changes
+            .iter()
+            .map(|c| (n_of(c.old.as_ref()), n_of(c.new.as_ref())))
+            .collect::<Vec<_>>()
+    };
+    let want = vec![
+        (None, Some(1)),
+        (Some(1), Some(2)),
+        (Some(2), Some(3)),
+        (None, Some(5)),
+        (None, Some(1)),
+        (Some(3), Some(4)),
+        (Some(4), Some(5)),
+    ];
+    assert_eq!(shape(&first), want[..2]);
+    // From memory where A holds them, and from the rows in B.
+    let next = a.read_feed(&first.cursor, 10).await.unwrap();
+    assert_eq!(shape(&next), want[2..]);
+    assert_eq!(
+        shape(&b.read_feed(&FeedCursor::start(), 10).await.unwrap()),
+        want
+    );
+}
+
+/// One write of [`the_feed_rebuilds_every_image_for_any_reader`]: by store A or B, on one of
+/// four keys.
+#[derive(Debug, Clone)]
+enum Write {
+    Put {
+        by_a: bool,
+        key: u8,
+        n: i64,
+        x: bool,
+    },
+    Add {
+        by_a: bool,
+        key: u8,
+        n: i64,
+    },
+    SetX {
+        by_a: bool,
+        key: u8,
+        x: Option<String>,
+    },
+    Delete {
+        by_a: bool,
+        key: u8,
+    },
+}
+
+fn write_strategy() -> impl proptest::strategy::Strategy<Value = Write> {
+    use proptest::prelude::*;
+    prop_oneof![
+        (any::<bool>(), 0u8..4, 1i64..1000, any::<bool>())
+            .prop_map(|(by_a, key, n, x)| Write::Put { by_a, key, n, x }),
+        (any::<bool>(), 0u8..4, 1i64..50).prop_map(|(by_a, key, n)| Write::Add { by_a, key, n }),
+        (any::<bool>(), 0u8..4, proptest::option::of("[a-z]{1,5}"))
+            .prop_map(|(by_a, key, x)| Write::SetX { by_a, key, x }),
+        (any::<bool>(), 0u8..4).prop_map(|(by_a, key)| Write::Delete { by_a, key }),
+    ]
+}
+
+type Image = Option<tollgate_core::value::Item>;
+
+/// Apply `w` to the stores and to `shadow` (what the file holds: a put's item, an update's
+/// answer, nothing after a delete): the change it records, if any (key, old image, new
+/// image).
+async fn apply_write(
+    a: &SqliteStore,
+    b: &SqliteStore,
+    shadow: &mut std::collections::BTreeMap<u8, tollgate_core::value::Item>,
+    w: &Write,
+) -> Option<(Key, Image, Image)> {
+    let key_of = |k: u8| Key::new("p", format!("k{k}"));
+    let stamped = |k: u8, mut i: tollgate_core::value::Item| {
+        let key = key_of(k);
+        i.insert("PK".into(), Value::S(key.pk.to_string()));
+        i.insert("SK".into(), Value::S(key.sk.to_string()));
+        i
+    };
+    let (by_a, k) = match w {
+        Write::Put { by_a, key, .. }
+        | Write::Add { by_a, key, .. }
+        | Write::SetX { by_a, key, .. }
+        | Write::Delete { by_a, key } => (*by_a, *key),
+    };
+    let s = if by_a { a } else { b };
+    let key = key_of(k);
+    let old = shadow.get(&k).cloned();
+    let new = match w {
+        Write::Put { n, x, .. } => {
+            let mut i = item(*n);
+            if *x {
+                i.insert("x".into(), Value::S(format!("put{n}")));
+            }
+            s.put(PutRequest {
+                key: key.clone(),
+                item: i.clone(),
+                condition: None,
+            })
+            .await
+            .expect("put");
+            Some(stamped(k, i))
+        }
+        Write::Add { n, .. } => {
+            // The item as the store answers it (`ALL_NEW`).
+            s.update(add(&key, *n)).await.expect("add")
+        }
+        Write::SetX { x, .. } => {
+            let update = match x {
+                Some(x) => tollgate_core::expr::Update::new().set("x", Value::S(x.clone())),
+                None => tollgate_core::expr::Update::new().remove("x"),
+            };
+            s.update(tollgate_store::UpdateRequest {
+                key: key.clone(),
+                update,
+                condition: None,
+                returns: tollgate_core::expr::ReturnValues::AllNew,
+            })
+            .await
+            .expect("set")
+        }
+        Write::Delete { .. } => {
+            s.delete(tollgate_store::DeleteRequest {
+                key: key.clone(),
+                condition: None,
+            })
+            .await
+            .expect("delete");
+            None
+        }
+    };
+    match &new {
+        Some(i) => shadow.insert(k, i.clone()),
+        None => shadow.remove(&k),
+    };
+    (old != new).then_some((key, old, new))
+}
+
+/// Read the whole feed from `from` in batches of `limit`, as (key, old, new) by number.
+async fn read_all(
+    s: &SqliteStore,
+    from: u64,
+    limit: usize,
+) -> Result<Vec<(u64, Key, Image, Image)>, StoreError> {
+    let mut cursor = after(from);
+    let mut out = Vec::new();
+    loop {
+        let b = s.read_feed(&cursor, limit).await?;
+        if b.changes.is_empty() {
+            return Ok(out);
+        }
+        assert!(b.changes.len() <= limit);
+        for c in b.changes {
+            out.push((
+                c.position.seq.parse().unwrap(),
+                c.key,
+                c.old.map(|i| (*i).clone()),
+                c.new.map(|i| (*i).clone()),
+            ));
+        }
+        cursor = b.cursor;
+    }
+}
+
+proptest::proptest! {
+    #![proptest_config(proptest::test_runner::Config::with_cases(48))]
+
+    /// Rows leave out the images their neighbours give (schema version 5): for any writes by
+    /// two stores on one file, every reader — a third store that holds nothing, the writer
+    /// that holds its own changes, from any position, in batches of any size, before and
+    /// after a trim — reads back exactly the old and new image of every change.
+    #[test]
+    fn the_feed_rebuilds_every_image_for_any_reader(
+        writes in proptest::collection::vec(write_strategy(), 1..40),
+        cut in 0usize..40,
+        window in 0usize..5,
+    ) {
+        let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+        rt.block_on(async {
+            let (dir, a, b) = two_stores("rebuild.db");
+            // A holds its own changes from its first read on.
+            a.read_feed(&FeedCursor::start(), 1).await.unwrap();
+            let mut shadow = std::collections::BTreeMap::new();
+            let mut want = Vec::new();
+            for w in &writes {
+                if let Some(c) = apply_write(&a, &b, &mut shadow, w).await {
+                    want.push(c);
+                }
+            }
+            let want: Vec<(u64, Key, Image, Image)> = want
+                .into_iter()
+                .enumerate()
+                .map(|(i, (k, o, n))| (i as u64 + 1, k, o, n))
+                .collect();
+            let c = SqliteStore::open(dir.path().join("rebuild.db")).unwrap();
+            for limit in [1, 2, 3, 7, 1000] {
+                assert_eq!(read_all(&c, 0, limit).await.unwrap(), want, "limit {limit}");
+            }
+            for from in 0..want.len() as u64 {
+                assert_eq!(read_all(&c, from, 2).await.unwrap(), want[from as usize..]);
+            }
+            assert_eq!(read_all(&a, 0, 3).await.unwrap(), want, "the writer, held and read");
+            // A reader that keeps few rebuilt changes: it walks the feed again and again.
+            let d = SqliteStore::open_with(
+                dir.path().join("rebuild.db"),
+                &tollgate_sqlite::SqliteConfig::default().with_feed_rebuild_window(window),
+            )
+            .unwrap();
+            for limit in [1, 2, 5] {
+                assert_eq!(read_all(&d, 0, limit).await.unwrap(), want, "window {window}");
+            }
+            // Trim the oldest changes: the rest still read back exactly.
+            let cut = (cut as u64).min(want.len() as u64);
+            a.trim_feed(&after(cut), i64::MAX).await.unwrap();
+            let kept = want.len().saturating_sub(1).min(cut as usize);
+            let from = kept as u64;
+            assert_eq!(read_all(&c, from, 3).await.unwrap(), want[kept..]);
+            assert_eq!(read_all(&b, from, 1000).await.unwrap(), want[kept..]);
+        });
+    }
 }

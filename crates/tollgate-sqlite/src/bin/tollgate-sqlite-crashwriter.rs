@@ -4,7 +4,8 @@
 //! flushes, so a parent that kills it with SIGKILL knows every debit the store acknowledged.
 //!
 //! An optional second argument runs that many concurrent debiting tasks (default 1), so the
-//! store's group commit batches several debits into one commit.
+//! store's group commit batches several debits into one commit. It reads the change feed
+//! once first, so its change rows are the kind a reading process writes.
 
 use std::io::Write;
 use std::process::ExitCode;
@@ -13,7 +14,7 @@ use std::sync::Arc;
 use tollgate_core::expr::{Condition, ReturnValues, Update};
 use tollgate_core::value::Key;
 use tollgate_sqlite::SqliteStore;
-use tollgate_store::{Store, StoreError, UpdateRequest};
+use tollgate_store::{ChangeFeed, FeedCursor, Store, StoreError, UpdateRequest};
 
 fn main() -> ExitCode {
     let mut args = std::env::args().skip(1);
@@ -47,6 +48,10 @@ fn main() -> ExitCode {
 
 async fn run(path: &str, tasks: usize) -> Result<(), Box<dyn std::error::Error>> {
     let store = Arc::new(SqliteStore::open(path)?);
+    // Read the feed once, as a server's aggregator does: from then on the store holds its
+    // changes and writes their rows without the new images (`feed::record`), which a kill
+    // leaves for the next reader to rebuild.
+    store.read_feed(&FeedCursor::start(), 1).await?;
     let handles: Vec<_> = (0..tasks)
         .map(|_| tokio::spawn(debit_until_empty(Arc::clone(&store))))
         .collect();
