@@ -315,6 +315,14 @@ impl SqliteStore {
             let version: i64 = conn
                 .query_row("PRAGMA user_version", [], |r| r.get(0))
                 .map_err(|e| StoreError::Unavailable(format!("sqlite {shown}: {e}")))?;
+            if (1..SCHEMA_VERSION).contains(&version) {
+                // Read-only: no upgrade here (another, older process may still use it).
+                return Err(StoreError::Unavailable(format!(
+                    "{shown} has schema version {version}, from an older tollgate; this build \
+                     reads {SCHEMA_VERSION}, and a command that writes (`tollgate serve`, \
+                     `tollgate limits set`) upgrades the file when it opens it"
+                )));
+            }
             if version != SCHEMA_VERSION {
                 return Err(StoreError::Unavailable(format!(
                     "{shown} has schema version {version}; this build reads {SCHEMA_VERSION}"

@@ -990,3 +990,33 @@ proptest::proptest! {
         });
     }
 }
+
+/// A read-only open of a file from an older tollgate refuses it without upgrading it, and
+/// says how to: a command that writes upgrades it.
+#[tokio::test]
+async fn a_read_only_open_of_an_older_file_says_how_to_upgrade_it() {
+    let (dir, a, _b) = two_stores("older.db");
+    drop((a, _b));
+    let path = dir.path().join("older.db");
+    rusqlite::Connection::open(&path)
+        .unwrap()
+        .execute_batch("PRAGMA user_version = 4;")
+        .unwrap();
+    let cfg = tollgate_sqlite::SqliteConfig::default();
+    match SqliteStore::open_read_only_with(&path, &cfg) {
+        Err(StoreError::Unavailable(m)) => {
+            assert!(
+                m.contains("schema version 4, from an older tollgate"),
+                "{m}"
+            );
+            assert!(m.contains("upgrades the file"), "{m}");
+        }
+        other => panic!(
+            "an older file must be refused read-only, got {:?}",
+            other.err()
+        ),
+    }
+    assert_eq!(user_version(&path), 4, "not upgraded by a read-only open");
+    SqliteStore::open(&path).expect("a writing open upgrades it");
+    assert_eq!(user_version(&path), SCHEMA_VERSION);
+}
