@@ -224,8 +224,9 @@ pub fn read_in(
     }
     let limit = i64::try_from(limit.max(1)).unwrap_or(i64::MAX);
     let (from, to) = (after.saturating_add(1), after.saturating_add(limit));
-    for held in [recent.range(from, to), recent.rebuilt_range(from, to)] {
-        if let Some(batch) = held_batch(tx, cursor, after, limit, end, &held)? {
+    let held = recent.range(from, to);
+    for run in [&held, &recent.rebuilt_range(from, to)] {
+        if let Some(batch) = held_batch(tx, cursor, after, limit, end, run)? {
             recent.release_through(after + i64::try_from(batch.changes.len()).unwrap_or(0));
             return Ok(batch);
         }
@@ -247,7 +248,7 @@ pub fn read_in(
             "the feed no longer holds the changes after {after} (trimmed; next held: {first:?})"
         )));
     }
-    let rows = match read_rows(tx, after, limit, recent)? {
+    let rows = match read_rows(tx, after, limit, held)? {
         Some(rows) => rows,
         None => {
             let window = i64::try_from(window).unwrap_or(i64::MAX);
@@ -294,19 +295,16 @@ type Image = Option<Arc<Item>>;
 type Row = (i64, Option<Published>);
 
 /// The changes numbered `after + 1` on, at most `limit` rows, in order (`None` in a row's
-/// place: a marker), when each is held by `recent` or stores its new image: what version 4
-/// read. `None` when one leaves its new image to the change after it, which then only a
+/// place: a marker), when each is in `held` (what `recent` holds of them, in order) or
+/// stores its new image: what version 4 read. `None` when one leaves its new image to the change after it, which then only a
 /// walk from the end of the feed gives ([`rebuild`]).
 fn read_rows(
     tx: &Connection,
     after: i64,
     limit: i64,
-    recent: &Recent,
+    held: Vec<(i64, Published)>,
 ) -> Result<Option<Vec<Row>>, StoreError> {
-    let mut held = recent
-        .range(after.saturating_add(1), after.saturating_add(limit))
-        .into_iter()
-        .peekable();
+    let mut held = held.into_iter().peekable();
     let mut stmt = tx
         .prepare_cached(
             "SELECT seq, pk, sk, at_ms, old, new, old_diff FROM changes

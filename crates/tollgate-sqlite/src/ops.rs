@@ -736,9 +736,9 @@ pub fn read(conn: &Connection, r: &Read) -> Result<Outcome, StoreError> {
         } => {
             if !conn.is_autocommit() {
                 // Inside the writer's transaction (an in-memory database): its state is
-                // the snapshot.
-                return crate::feed::read_in(conn, cursor, *limit, *window, recent)
-                    .map(Outcome::Feed);
+                // the snapshot. Nothing rebuilt is kept past the read: the batch around it
+                // has not committed yet.
+                return crate::feed::read_in(conn, cursor, *limit, 0, recent).map(Outcome::Feed);
             }
             crate::feed::read(conn, cursor, *limit, *window, recent).map(Outcome::Feed)
         }
