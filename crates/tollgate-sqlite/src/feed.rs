@@ -296,8 +296,8 @@ type Row = (i64, Option<Published>);
 
 /// The changes numbered `after + 1` on, at most `limit` rows, in order (`None` in a row's
 /// place: a marker), when each is in `held` (what `recent` holds of them, in order) or
-/// stores its new image: what version 4 read. `None` when one leaves its new image to the change after it, which then only a
-/// walk from the end of the feed gives ([`rebuild`]).
+/// stores its new image: what version 4 read. `None` when one leaves its new image to the
+/// change after it, which then only a walk from the end of the feed gives ([`rebuild`]).
 fn read_rows(
     tx: &Connection,
     after: i64,
@@ -359,9 +359,11 @@ fn read_rows(
 }
 
 /// The most changes a read rebuilds from the rows beyond the batch it returns, kept for the
-/// reads after it, by default (`SqliteConfig::feed_rebuild_window`). A rebuild walks the feed from its end back to the read's cursor, so a
-/// reader `L` changes behind rebuilds its backlog in `L / REBUILD_WINDOW` walks. Each kept
-/// change holds one decoded image (~2 KB for a bucket of one limit): at most ~32 MB.
+/// reads after it, by default (`SqliteConfig::feed_rebuild_window`). A rebuild walks the
+/// feed from its end back to the read's cursor, so a reader `L` changes behind a stretch of
+/// rows without new images rebuilds it in `L / REBUILD_WINDOW` walks of up to `L` rows
+/// each. Each kept change holds one decoded image (~2 KB for a bucket of one limit): at
+/// most ~32 MB.
 pub const REBUILD_WINDOW: usize = 16_384;
 
 /// The changes numbered `after + 1` to `keep_to` (or the end), in order, rebuilt from the
