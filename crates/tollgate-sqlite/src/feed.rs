@@ -308,7 +308,7 @@ fn read_rows(
     let mut stmt = tx
         .prepare_cached(
             "SELECT seq, pk, sk, at_ms, old, new, old_diff FROM changes
-             WHERE seq > ?1 ORDER BY seq LIMIT ?2",
+             WHERE seq > ?1 ORDER BY seq LIMIT ?2", // FeedRow's columns
         )
         .map_err(|e| from_sqlite("read feed", e))?;
     let mut rows = stmt
@@ -316,31 +316,21 @@ fn read_rows(
         .map_err(|e| from_sqlite("read feed", e))?;
     let mut out = Vec::new();
     while let Some(row) = rows.next().map_err(|e| from_sqlite("read feed", e))? {
-        let col = |i: usize| {
-            row.get::<_, i64>(i)
-                .map_err(|e| from_sqlite("read feed", e))
-        };
-        let (seq, at_ms) = (col(0)?, col(3)?);
-        let (pk, sk) = (text(row, 1)?.unwrap_or(""), text(row, 2)?.unwrap_or(""));
-        let texts = Texts {
-            old: text(row, 4)?,
-            new: text(row, 5)?,
-            diff: text(row, 6)?,
-        };
-        if pk.is_empty() && sk.is_empty() && texts.is_empty() {
-            // A marker, not a change (see [`MARKER`]): read past.
-            out.push((seq, None));
+        let r = FeedRow::of(row)?;
+        if r.is_marker() {
+            out.push((r.seq, None));
             continue;
         }
+        let (seq, at_ms, texts) = (r.seq, r.at_ms, r.texts);
         while held.next_if(|h| h.0 < seq).is_some() {}
         // Committed by this process's writer: its images are decoded already.
         if let Some((_, p)) =
-            held.next_if(|h| h.0 == seq && *h.1.key.pk == *pk && *h.1.key.sk == *sk)
+            held.next_if(|h| h.0 == seq && *h.1.key.pk == *r.pk && *h.1.key.sk == *r.sk)
         {
             out.push((seq, Some(p)));
             continue;
         }
-        let key = Key::new(pk, sk);
+        let key = Key::new(r.pk, r.sk);
         if texts.form(&key, seq)?.new_follows() {
             return Ok(None);
         }
@@ -384,45 +374,32 @@ fn rebuild(
     // Each key's image just after the rows walked so far (`None`: deleted).
     let mut state: HashMap<Key, Option<Arc<Item>>> = HashMap::new();
     let mut out = Vec::new();
-    let mut current = tx
-        .prepare_cached("SELECT item FROM items WHERE pk = ?1 AND sk = ?2")
-        .map_err(|e| from_sqlite("read feed", e))?;
     let mut stmt = tx
         .prepare_cached(
             "SELECT seq, pk, sk, at_ms, old, new, old_diff FROM changes
-             WHERE seq > ?1 ORDER BY seq DESC",
+             WHERE seq > ?1 ORDER BY seq DESC", // FeedRow's columns
         )
         .map_err(|e| from_sqlite("read feed", e))?;
     let mut rows = stmt
         .query(params![after])
         .map_err(|e| from_sqlite("read feed", e))?;
     while let Some(row) = rows.next().map_err(|e| from_sqlite("read feed", e))? {
-        let col = |i: usize| {
-            row.get::<_, i64>(i)
-                .map_err(|e| from_sqlite("read feed", e))
-        };
-        let (seq, at_ms) = (col(0)?, col(3)?);
-        let kept = seq <= keep_to;
-        let (pk, sk) = (text(row, 1)?.unwrap_or(""), text(row, 2)?.unwrap_or(""));
-        let texts = Texts {
-            old: text(row, 4)?,
-            new: text(row, 5)?,
-            diff: text(row, 6)?,
-        };
-        if pk.is_empty() && sk.is_empty() && texts.is_empty() {
-            // A marker, not a change (see [`MARKER`]): read past.
+        let r = FeedRow::of(row)?;
+        let kept = r.seq <= keep_to;
+        if r.is_marker() {
             if kept {
-                out.push((seq, None));
+                out.push((r.seq, None));
             }
             continue;
         }
-        let key = Key::new(pk, sk);
+        let (seq, at_ms, texts) = (r.seq, r.at_ms, r.texts);
+        let key = Key::new(r.pk, r.sk);
         if !kept {
             // Past the changes kept: only the key's image before this change matters, and
             // it is made from the one after it in place where it can be.
             let next = match state.remove(&key) {
                 Some(img) => img,
-                None => item_now(&mut current, &key)?,
+                None => crate::ops::read_item(tx, &key)?.map(Arc::new),
             };
             let before = match held.remove(&seq).filter(|p| p.key == key) {
                 Some(p) => p.old,
@@ -434,50 +411,64 @@ fn rebuild(
         if let Some(p) = held.remove(&seq).filter(|p| p.key == key) {
             // Committed by this process's writer: its images are decoded already.
             state.insert(key, p.old.clone());
-            if kept {
-                out.push((seq, Some(p)));
-            }
+            out.push((seq, Some(p)));
             continue;
         }
         let next = match state.get(&key) {
             Some(img) => img.clone(),
             // The key's newest change: the image after it is the item as it is now.
-            None => item_now(&mut current, &key)?,
+            None => crate::ops::read_item(tx, &key)?.map(Arc::new),
         };
         let (old, new) = images_of(&key, seq, texts, next.as_ref())?;
         state.insert(key.clone(), old.clone());
-        if kept {
-            out.push((
-                seq,
-                Some(Published {
-                    key,
-                    old,
-                    new,
-                    at_ms,
-                }),
-            ));
-        }
+        out.push((
+            seq,
+            Some(Published {
+                key,
+                old,
+                new,
+                at_ms,
+            }),
+        ));
     }
     out.reverse();
     debug_assert!(out.windows(2).all(|w| w[0].0 < w[1].0));
     Ok(out)
 }
 
-/// The item at `key` as the file holds it (`None`: none).
-fn item_now(
-    current: &mut rusqlite::CachedStatement<'_>,
-    key: &Key,
-) -> Result<Option<Arc<Item>>, StoreError> {
-    let raw: Option<String> = current
-        .query_row(params![key.pk, key.sk], |r| r.get(0))
-        .optional()
-        .map_err(|e| from_sqlite("read feed", e))?;
-    raw.map(|t| {
-        serde_json::from_str::<Item>(&t).map(Arc::new).map_err(|e| {
-            StoreError::Corrupt(format!("item {key}: stored text is not an item: {e}"))
+/// A row of `changes` as both reads select it (`seq, pk, sk, at_ms, old, new, old_diff`),
+/// its texts borrowed from the row.
+struct FeedRow<'r> {
+    seq: i64,
+    at_ms: i64,
+    pk: &'r str,
+    sk: &'r str,
+    texts: Texts<'r>,
+}
+
+impl<'r> FeedRow<'r> {
+    fn of(row: &'r rusqlite::Row<'_>) -> Result<Self, StoreError> {
+        let col = |i: usize| {
+            row.get::<_, i64>(i)
+                .map_err(|e| from_sqlite("read feed", e))
+        };
+        Ok(FeedRow {
+            seq: col(0)?,
+            at_ms: col(3)?,
+            pk: text(row, 1)?.unwrap_or(""),
+            sk: text(row, 2)?.unwrap_or(""),
+            texts: Texts {
+                old: text(row, 4)?,
+                new: text(row, 5)?,
+                diff: text(row, 6)?,
+            },
         })
-    })
-    .transpose()
+    }
+
+    /// Whether the row is a marker, not a change (see [`MARKER`]): readers pass over it.
+    fn is_marker(&self) -> bool {
+        self.pk.is_empty() && self.sk.is_empty() && self.texts.is_empty()
+    }
 }
 
 /// The image columns of a change row.

@@ -112,7 +112,7 @@ fn with_row<T>(
 }
 
 /// Read one item within the connection's current transaction (or autocommit).
-fn read_item(conn: &Connection, key: &Key) -> Result<Option<Item>, StoreError> {
+pub(crate) fn read_item(conn: &Connection, key: &Key) -> Result<Option<Item>, StoreError> {
     with_row(conn, key, |_, raw| decode(key, raw))
 }
 
@@ -202,8 +202,6 @@ pub struct Memo {
     /// The changes the current batch recorded whose images the writer knows decoded, with
     /// their sequence numbers: for [`crate::recent::Recent`] once the batch has committed.
     pub published: Vec<(i64, Published)>,
-    /// Whether no other connection committed between the last batch and this one.
-    solo: bool,
     /// Whether this batch's change rows may leave out the new images of the changes it
     /// publishes (`feed::record`); the writer sets it for each batch.
     pub omit_new: bool,
@@ -247,21 +245,18 @@ impl Memo {
     /// previous batch rolled back, failed to commit or panicked) the memo is distrusted:
     /// every remembered row is read again before it is used. A SAVEPOINT rolled back
     /// within the batch distrusts it too ([`Memo::distrust`]).
-    pub fn begin_batch(&mut self, data_version: Option<i64>) {
+    ///
+    /// Returns whether the memo stayed trusted: no other connection committed between the
+    /// previous batch, which committed, and this one.
+    pub fn begin_batch(&mut self, data_version: Option<i64>) -> bool {
         let unchanged = data_version.is_some() && data_version == self.committed_version;
         if !unchanged {
             self.distrust();
         }
-        self.solo = unchanged;
         self.batch_version = data_version;
         // Until this batch commits, what it remembers may be rolled back.
         self.committed_version = None;
-    }
-
-    /// Whether no other connection committed between the previous batch, which committed,
-    /// and this one ([`Memo::begin_batch`]'s rule).
-    pub fn solo(&self) -> bool {
-        self.solo
+        unchanged
     }
 
     /// The batch begun by [`Memo::begin_batch`] committed: what it remembered is stored.

@@ -140,10 +140,10 @@ fn run_batch(
     let version = ops::data_version(&tx)
         .inspect_err(|e| tracing::warn!(error = %e, "sqlite writer: data_version unreadable"))
         .ok();
-    memo.begin_batch(version);
+    let solo = memo.begin_batch(version);
     // A change row leaves its new image out only when this process's feed reader will take
     // the change from memory (`feed.rs`: the rule and why).
-    memo.omit_new = memo.solo() && sinks.recent.has_room(items);
+    memo.omit_new = solo && sinks.recent.has_room(items);
     let mut results: Vec<Result<Outcome, StoreError>> = Vec::with_capacity(jobs.len());
     for job in jobs {
         let result = match job {

@@ -40,6 +40,24 @@ fn seqs(b: &tollgate_store::FeedBatch) -> Vec<&str> {
     b.changes.iter().map(|c| c.position.seq.as_str()).collect()
 }
 
+/// The attribute `n` of each change's old and new image, in order.
+fn shapes(b: &tollgate_store::FeedBatch) -> Vec<(Option<i64>, Option<i64>)> {
+    b.changes
+        .iter()
+        .map(|c| (n_of(c.old.as_ref()), n_of(c.new.as_ref())))
+        .collect()
+}
+
+/// Whether each change row, in order, stores its new image.
+fn new_stored(raw: &rusqlite::Connection) -> Vec<bool> {
+    raw.prepare("SELECT new IS NOT NULL FROM changes ORDER BY seq")
+        .unwrap()
+        .query_map([], |r| r.get(0))
+        .unwrap()
+        .collect::<Result<_, _>>()
+        .unwrap()
+}
+
 /// The schema version a file records.
 fn user_version(path: &std::path::Path) -> i64 {
     rusqlite::Connection::open(path)
@@ -223,13 +241,8 @@ async fn a_version_3_file_is_upgraded_and_its_whole_old_images_still_read() {
     a.update(add(&Key::new("p", "a"), 5)).await.unwrap();
     // Read by the store that did not write: every image decoded from the rows.
     let got = b.read_feed(&FeedCursor::start(), 10).await.unwrap();
-    let shape: Vec<_> = got
-        .changes
-        .iter()
-        .map(|c| (n_of(c.old.as_ref()), n_of(c.new.as_ref())))
-        .collect();
     assert_eq!(
-        shape,
+        shapes(&got),
         vec![(None, Some(1)), (Some(1), Some(2)), (Some(2), Some(7))]
     );
     let stored: (Option<String>, Option<String>, Option<String>) = raw
@@ -277,13 +290,8 @@ async fn a_version_4_file_is_upgraded_and_its_whole_new_images_still_read() {
     a.update(add(&k, 5)).await.unwrap();
     put(&a, &Key::new("p", "b"), 9).await;
     let got = b.read_feed(&FeedCursor::start(), 10).await.unwrap();
-    let shape: Vec<_> = got
-        .changes
-        .iter()
-        .map(|c| (n_of(c.old.as_ref()), n_of(c.new.as_ref())))
-        .collect();
     assert_eq!(
-        shape,
+        shapes(&got),
         vec![
             (None, Some(1)),
             (Some(1), Some(2)),
@@ -291,13 +299,7 @@ async fn a_version_4_file_is_upgraded_and_its_whole_new_images_still_read() {
             (None, Some(9))
         ]
     );
-    let new_whole: Vec<bool> = raw
-        .prepare("SELECT new IS NOT NULL FROM changes ORDER BY seq")
-        .unwrap()
-        .query_map([], |r| r.get(0))
-        .unwrap()
-        .collect::<Result<_, _>>()
-        .unwrap();
+    let new_whole = new_stored(&raw);
     // Version 4's two rows, the writer's first batch, then a creation it holds.
     assert_eq!(new_whole, vec![true, true, true, false]);
 }
@@ -759,20 +761,8 @@ async fn a_row_leaves_its_new_image_out_only_for_changes_read_here() {
     a.update(add(&k, 1)).await.unwrap(); // 6: B wrote since A's last batch
     a.update(add(&k, 1)).await.unwrap(); // 7: left out again
     let raw = rusqlite::Connection::open(dir.path().join("rule.db")).unwrap();
-    let new_whole: Vec<bool> = raw
-        .prepare("SELECT new IS NOT NULL FROM changes ORDER BY seq")
-        .unwrap()
-        .query_map([], |r| r.get(0))
-        .unwrap()
-        .collect::<Result<_, _>>()
-        .unwrap();
+    let new_whole = new_stored(&raw);
     assert_eq!(new_whole, vec![true, true, false, false, true, true, false]);
-    let shape = |b: &tollgate_store::FeedBatch| {
-        b.changes
-            .iter()
-            .map(|c| (n_of(c.old.as_ref()), n_of(c.new.as_ref())))
-            .collect::<Vec<_>>()
-    };
     let want = vec![
         (None, Some(1)),
         (Some(1), Some(2)),
@@ -782,12 +772,12 @@ async fn a_row_leaves_its_new_image_out_only_for_changes_read_here() {
         (Some(3), Some(4)),
         (Some(4), Some(5)),
     ];
-    assert_eq!(shape(&first), want[..2]);
+    assert_eq!(shapes(&first), want[..2]);
     // From memory where A holds them, and from the rows in B.
     let next = a.read_feed(&first.cursor, 10).await.unwrap();
-    assert_eq!(shape(&next), want[2..]);
+    assert_eq!(shapes(&next), want[2..]);
     assert_eq!(
-        shape(&b.read_feed(&FeedCursor::start(), 10).await.unwrap()),
+        shapes(&b.read_feed(&FeedCursor::start(), 10).await.unwrap()),
         want
     );
 }
