@@ -440,6 +440,12 @@ impl Item {
         true
     }
 
+    /// The names this item is known to have ([`Item::has_names`]), when it remembers them:
+    /// every item that shares this `Arc` has them, in the same order, at the same indices.
+    pub fn shape(&self) -> Option<&Arc<Names>> {
+        self.shape.get()
+    }
+
     /// Whether this item and `other` are known to have the same names in the same order:
     /// both remember the same shape ([`Item::has_names`]). Then the attribute at an index of
     /// one has the same name at that index of the other, and a name found in one need not

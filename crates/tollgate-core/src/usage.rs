@@ -17,9 +17,11 @@ use crate::bucket::attr as bucket_attr;
 use crate::bucket::field;
 use crate::expr::Update;
 use crate::ids::WCU;
+use crate::item::Names;
 use crate::keys::{battr, STATE};
 use crate::value::{Item, Key, Value};
 use smallvec::SmallVec;
+use std::sync::Arc;
 
 /// Item attributes of usage accounting on a bucket item.
 pub mod attr {
@@ -355,7 +357,33 @@ pub fn usage_view<'a>(
 ) -> Option<UsageView<'a>> {
     let ns = bucket_ns(key)?;
     let new = new?;
-    let n = Read::of(new);
+    view_of(ns, Read::of(new), old, new, at_ms)
+}
+
+/// [`usage_view`], the new image's names classified once per shape: a new image that
+/// remembers its shape ([`Item::shape`], as every bucket a decoder read does) is read at
+/// the indices `layouts` kept for that shape instead of walking its names (the aggregator
+/// sums every write of a bucket, each with the same names). The same answer either way.
+pub fn usage_view_in<'a>(
+    key: &'a Key,
+    old: Option<&Item>,
+    new: Option<&'a Item>,
+    at_ms: i64,
+    layouts: &mut ReadLayouts,
+) -> Option<UsageView<'a>> {
+    let ns = bucket_ns(key)?;
+    let new = new?;
+    view_of(ns, layouts.read(new), old, new, at_ms)
+}
+
+/// The rule of [`usage_view`] on what it read of the new image.
+fn view_of<'a>(
+    ns: &'a str,
+    n: Read<'a>,
+    old: Option<&Item>,
+    new: &'a Item,
+    at_ms: i64,
+) -> Option<UsageView<'a>> {
     let (entity, resource) = (n.entity?, n.resource?);
     // The old image is only looked up by the names the new one holds (its counters and
     // `rq`, `rf`): every limit that counts has a `tc` in the new image. When both are known
@@ -428,6 +456,7 @@ pub fn usage_view<'a>(
 }
 
 /// One limit's counters in an image, with the names they are held under.
+#[derive(Debug, PartialEq)]
 struct Counters<'a> {
     /// The limit's name.
     limit: &'a str,
@@ -439,6 +468,7 @@ struct Counters<'a> {
 
 /// What the usage rule reads of the new image of a write: six look-ups by name, and one
 /// walk over the limits' attributes (the names starting `b_`, adjacent in name order).
+#[derive(Debug, PartialEq)]
 struct Read<'a> {
     entity: Option<&'a str>,
     resource: Option<&'a str>,
@@ -455,20 +485,82 @@ struct Read<'a> {
 
 impl<'a> Read<'a> {
     fn of(item: &'a Item) -> Self {
-        let mut r = Read {
-            entity: item.get(bucket_attr::ENTITY).and_then(Value::as_s),
-            resource: item.get(bucket_attr::RESOURCE).and_then(Value::as_s),
-            rq: indexed(item, attr::RQ),
-            wt: item.get(attr::WT),
-            rf: indexed(item, bucket_attr::RF),
+        Read::at(item, &ReadLayout::of(item))
+    }
+
+    /// The values at the indices `layout` found in an item of `item`'s names.
+    fn at(item: &'a Item, layout: &ReadLayout) -> Self {
+        let value = |i: Option<usize>| i.map(|i| item.at(i).1);
+        let indexed = |i: Option<usize>| i.map(|i| (i, item.at(i).1));
+        let named = |i: usize| {
+            let (name, v) = item.at(i);
+            (i, name.as_str(), v)
+        };
+        Read {
+            entity: value(layout.entity).and_then(Value::as_s),
+            resource: value(layout.resource).and_then(Value::as_s),
+            rq: indexed(layout.rq),
+            wt: value(layout.wt),
+            rf: indexed(layout.rf),
+            bypass: layout.bypass,
+            limits: layout
+                .limits
+                .iter()
+                .filter_map(|c| {
+                    let tc = c.tc.map(named);
+                    let tk = c.tk.map(named);
+                    // `b_{limit}_tc` or `b_{limit}_tk`: the limit is the name less both.
+                    let (_, name, _) = tc.or(tk)?;
+                    let limit = name.get(2..name.len().checked_sub(3)?)?;
+                    Some(Counters { limit, tc, tk })
+                })
+                .collect(),
+        }
+    }
+}
+
+/// Where [`Read`] finds what it reads in an item: the indices of its names, a function of
+/// the names alone (so one layout serves every item of the same shape).
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct ReadLayout {
+    entity: Option<usize>,
+    resource: Option<usize>,
+    rq: Option<usize>,
+    wt: Option<usize>,
+    rf: Option<usize>,
+    bypass: bool,
+    /// Per limit with a `tc` or a `tk`, in name order: their indices.
+    limits: SmallVec<[CountersAt; 4]>,
+}
+
+/// A limit's `tc` and `tk` indices (at least one is present).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct CountersAt {
+    tc: Option<usize>,
+    tk: Option<usize>,
+}
+
+impl ReadLayout {
+    /// The rule's one reading of a bucket's names: six look-ups, and one walk over the names
+    /// starting `b_` (adjacent in name order), each `b_{limit}_tc` or `b_{limit}_tk` a
+    /// counter of `limit`.
+    fn of(item: &Item) -> Self {
+        let at = |name: &str| item.position(name).ok();
+        let mut layout = ReadLayout {
+            entity: at(bucket_attr::ENTITY),
+            resource: at(bucket_attr::RESOURCE),
+            rq: at(attr::RQ),
+            wt: at(attr::WT),
+            rf: at(bucket_attr::RF),
             bypass: item.contains_key(bucket_attr::BYPASS),
             limits: SmallVec::new(),
         };
+        // The limits' names, in the order of `layout.limits`.
+        let mut names: SmallVec<[&str; 4]> = SmallVec::new();
         // The names starting `b_` are the ones from `b_` on, up to the first that does not.
         let from = item.position("b_").unwrap_or_else(|i| i);
         for index in from..item.len() {
-            let (name, v) = item.at(index);
-            let name = name.as_str();
+            let name = item.at(index).0.as_str();
             let Some(rest) = name.strip_prefix("b_") else {
                 break;
             };
@@ -478,35 +570,69 @@ impl<'a> Read<'a> {
                 (None, None) => continue,
             };
             // A limit's attributes are adjacent in name order: the last entry, usually.
-            let at = match r.limits.last() {
-                Some(c) if c.limit == limit => r.limits.len() - 1,
-                _ => match r.limits.iter().position(|c| c.limit == limit) {
+            let at = match names.last() {
+                Some(l) if *l == limit => names.len() - 1,
+                _ => match names.iter().position(|l| *l == limit) {
                     Some(at) => at,
                     None => {
-                        r.limits.push(Counters {
-                            limit,
-                            tc: None,
-                            tk: None,
-                        });
-                        r.limits.len() - 1
+                        names.push(limit);
+                        layout.limits.push(CountersAt { tc: None, tk: None });
+                        names.len() - 1
                     }
                 },
             };
-            let c = &mut r.limits[at];
+            let c = &mut layout.limits[at];
             if is_tc {
-                c.tc = Some((index, name, v));
+                c.tc = Some(index);
             } else {
-                c.tk = Some((index, name, v));
+                c.tk = Some(index);
             }
         }
-        r
+        layout
     }
 }
 
-/// `name`'s index in `item` and its value.
-fn indexed<'a>(item: &'a Item, name: &str) -> Option<(usize, &'a Value)> {
-    let at = item.position(name).ok()?;
-    Some((at, item.at(at).1))
+/// How many shapes' layouts [`ReadLayouts`] keeps (a process sees a few per limit set; past
+/// this many it starts over).
+pub const READ_LAYOUTS_KEPT: usize = 32;
+
+/// The usage rule's layouts by item shape ([`usage_view_in`]), kept by a reader of many
+/// changes: each shape's names are classified once.
+#[derive(Debug, Default)]
+pub struct ReadLayouts {
+    /// Each kept shape (held, so its address names it) with its layout.
+    kept: Vec<(Arc<Names>, ReadLayout)>,
+}
+
+impl ReadLayouts {
+    /// What the rule reads of `item`: by the layout of its shape when it remembers one.
+    fn read<'a>(&mut self, item: &'a Item) -> Read<'a> {
+        let Some(shape) = item.shape() else {
+            return Read::of(item);
+        };
+        if let Some((_, layout)) = self.kept.iter().find(|(s, _)| Arc::ptr_eq(s, shape)) {
+            let r = Read::at(item, layout);
+            debug_assert_eq!(r, Read::of(item), "a shape's layout reads its items");
+            return r;
+        }
+        let layout = ReadLayout::of(item);
+        let r = Read::at(item, &layout);
+        if self.kept.len() >= READ_LAYOUTS_KEPT {
+            self.kept.clear();
+        }
+        self.kept.push((Arc::clone(shape), layout));
+        r
+    }
+
+    /// How many shapes' layouts are kept.
+    pub fn len(&self) -> usize {
+        self.kept.len()
+    }
+
+    /// Whether none is.
+    pub fn is_empty(&self) -> bool {
+        self.kept.is_empty()
+    }
 }
 
 /// The partition of an entity's usage snapshots.
@@ -855,6 +981,7 @@ mod tests {
         // The old image with the new one's names, both known to share them (the shape a
         // decoder records): read at the new image's indices, the same answer.
         let mut shared = 0;
+        let mut layouts = ReadLayouts::default();
         let mut y: u64 = 0x9E37_79B9_7F4A_7C15;
         for case in 0..4_000 {
             let new = draw(&["entity_id", "resource"]);
@@ -875,6 +1002,22 @@ mod tests {
             let lookups = usage_by_lookups(&k, Some(&old), Some(&new), 9);
             assert_eq!(walk, lookups, "case {case}: old {old:?} new {new:?}");
             shared += usize::from(walk.is_some_and(|v| !v.milli.is_empty()));
+            // By the layouts kept for the shapes seen so far: this shape's is learnt from
+            // `new`, then read back for a write the other way round (`old` after `new`,
+            // the same names), and for an item that remembers no shape.
+            let learnt = usage_view_in(&k, Some(&old), Some(&new), 9, &mut layouts);
+            assert_eq!(learnt, lookups, "case {case}: learnt from {new:?}");
+            let mut plain = Item::new();
+            for (n, v) in old.iter() {
+                plain.insert(n.clone(), v.clone());
+            }
+            let back = usage_view_in(&k, Some(&new), Some(&old), 9, &mut layouts);
+            let back_lookups = usage_by_lookups(&k, Some(&new), Some(&old), 9);
+            assert_eq!(back, back_lookups, "case {case}: kept for {old:?}");
+            assert!(plain.shape().is_none());
+            let unshaped = usage_view_in(&k, Some(&new), Some(&plain), 9, &mut layouts);
+            assert_eq!(unshaped, back_lookups, "case {case}: no shape");
+            assert!(layouts.len() <= READ_LAYOUTS_KEPT);
         }
         assert!(shared > 100, "the shared draws count usage: {shared}");
     }

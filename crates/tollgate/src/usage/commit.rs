@@ -229,7 +229,7 @@ impl FeedAggregator {
                 if claim.to.is_after(&c.position) {
                     continue;
                 }
-                if let Some(d) = usage(self.ns(), c) {
+                if let Some(d) = usage(self.ns(), c, &mut p.layouts) {
                     p.add(&self.opts.windows, &d);
                 }
             }

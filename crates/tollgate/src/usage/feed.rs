@@ -170,7 +170,7 @@ impl FeedAggregator {
     ) -> usize {
         let mut with_usage = 0;
         for c in changes {
-            let Some(d) = usage(self.ns(), c) else {
+            let Some(d) = usage(self.ns(), c, &mut sums.layouts) else {
                 continue;
             };
             with_usage += 1;

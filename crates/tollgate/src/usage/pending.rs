@@ -5,7 +5,9 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use smallvec::SmallVec;
 use tollgate_core::expr::{Condition, Name, ReturnValues};
-use tollgate_core::usage::{snapshot_key, snapshot_update, usage_view, UsageView, Window};
+use tollgate_core::usage::{
+    snapshot_key, snapshot_update, usage_view_in, ReadLayouts, UsageView, Window,
+};
 use tollgate_core::value::Key;
 use tollgate_store::{Change, TransactOp, UpdateRequest};
 
@@ -33,8 +35,14 @@ pub(super) struct Pending {
 /// The usage of change `c` in namespace `ns`, borrowed from it: `None` for a change that
 /// is not a bucket write of `ns` (the aggregator's own snapshot and checkpoint writes
 /// among them).
-pub(super) fn usage<'c>(ns: &str, c: &'c Change) -> Option<UsageView<'c>> {
-    usage_view(&c.key, c.old.as_deref(), c.new.as_deref(), c.at_ms).filter(|d| d.ns == ns)
+/// `layouts`: the rule's reading of each bucket shape seen so far.
+pub(super) fn usage<'c>(
+    ns: &str,
+    c: &'c Change,
+    layouts: &mut ReadLayouts,
+) -> Option<UsageView<'c>> {
+    usage_view_in(&c.key, c.old.as_deref(), c.new.as_deref(), c.at_ms, layouts)
+        .filter(|d| d.ns == ns)
 }
 
 /// The attribute on a snapshot item naming the last claimed pass of consumer `consumer`
@@ -76,6 +84,8 @@ pub(super) struct Summing {
     pairs: Vec<Pair>,
     by_name: crate::caches::Map<Box<str>, usize>,
     name: String,
+    /// The usage rule's layouts of the bucket shapes summed so far.
+    pub layouts: ReadLayouts,
 }
 
 /// Add `m` to `limit`'s entry (a name is copied only for a limit new to the sum).
