@@ -26,6 +26,11 @@
 //!   writer gathered writes into transactions, and the writes it refused unapplied because
 //!   their deadline passed while queued or their caller stopped waiting; when the store is
 //!   SQLite ([`tollgate_sqlite::SqliteStore::group_commit_stats`]);
+//! - `tollgate_sqlite_feed_{held,decoded,rebuilt}_changes_total`,
+//!   `tollgate_sqlite_feed_rebuilds_total` and `tollgate_sqlite_feed_rebuild_rows_total`: how
+//!   the change-feed reads of this process were served — from its memory, from rows that
+//!   store their images, or rebuilt by walks of the feed (and the rows the walks read) —
+//!   when the store is SQLite ([`tollgate_sqlite::SqliteStore::feed_read_stats`]);
 //! - `tollgate_build_info{version, backend}`: always 1.
 //!
 //! Every label takes a bounded set of values: an HTTP method outside the standard ones is
@@ -590,6 +595,35 @@ impl Collector for GroupCommitCollector {
             ),
         ];
         encode_counters(&mut encoder, &counters)?;
+        let f = self.0.feed_read_stats();
+        let feed: [(&str, &str, u64); 5] = [
+            (
+                "tollgate_sqlite_feed_held_changes",
+                "Changes the feed reads took from this process's memory (no row decoded)",
+                f.held_changes,
+            ),
+            (
+                "tollgate_sqlite_feed_decoded_changes",
+                "Changes the feed reads decoded from rows that store their images",
+                f.decoded_changes,
+            ),
+            (
+                "tollgate_sqlite_feed_rebuilt_changes",
+                "Changes the feed reads rebuilt by a walk of the feed",
+                f.rebuilt_changes,
+            ),
+            (
+                "tollgate_sqlite_feed_rebuilds",
+                "Feed reads that walked the feed back from its end to rebuild their changes",
+                f.rebuilds,
+            ),
+            (
+                "tollgate_sqlite_feed_rebuild_rows",
+                "Rows those walks read",
+                f.rebuild_rows,
+            ),
+        ];
+        encode_counters(&mut encoder, &feed)?;
         encode_one(
             &mut encoder,
             "tollgate_sqlite_largest_commit_requests",

@@ -156,3 +156,82 @@ async fn group_commit_counters_count_each_write_once() {
     assert_eq!(end.queued, end.requests);
     assert_eq!((end.expired, end.abandoned), (0.0, 0.0));
 }
+
+/// The feed-read counters at `/metrics` are the store's own (`feed_read_stats`): the first
+/// read decodes the rows written before this process read its feed; later writes are read
+/// from memory.
+#[tokio::test]
+async fn feed_read_counters_are_the_stores() {
+    use tollgate_store::{ChangeFeed, FeedCursor};
+    let dir = tempfile::tempdir().expect("tempdir");
+    let store = SqliteStore::open(dir.path().join("t.db")).expect("open");
+    let limiter = Limiter::builder(Arc::new(store.clone()))
+        .clock(Arc::new(ManualClock::new(T0)))
+        .build()
+        .expect("limiter");
+    let app = Server::builder(limiter)
+        .config(ServerConfig::default())
+        .group_commit(store.clone())
+        .build()
+        .router();
+    let limits = json!({ "limits": [
+        { "name": "rpm", "capacity": 100, "refill_amount": 100, "refill_period_ms": 60000 }
+    ]});
+    let (status, body) = call(
+        &app,
+        "PUT",
+        "/v1/limits/resources/gpt-4",
+        Some(limits.to_string()),
+    )
+    .await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    let acquire = |n: usize| {
+        let app = app.clone();
+        async move {
+            for _ in 0..n {
+                let body = json!({ "entity": "u1", "resource": "gpt-4", "amounts": { "rpm": 1 } });
+                let (status, text) =
+                    call(&app, "POST", "/v1/acquire", Some(body.to_string())).await;
+                assert_eq!(status, StatusCode::OK, "{text}");
+            }
+        }
+    };
+    let feed = |app: Router| async move {
+        let (status, t) = call(&app, "GET", "/metrics", None).await;
+        assert_eq!(status, StatusCode::OK);
+        [
+            "tollgate_sqlite_feed_held_changes_total",
+            "tollgate_sqlite_feed_decoded_changes_total",
+            "tollgate_sqlite_feed_rebuilt_changes_total",
+            "tollgate_sqlite_feed_rebuilds_total",
+            "tollgate_sqlite_feed_rebuild_rows_total",
+        ]
+        .map(|n| sample(&t, n) as u64)
+    };
+    let as_array = |s: tollgate_sqlite::FeedReadStats| {
+        [
+            s.held_changes,
+            s.decoded_changes,
+            s.rebuilt_changes,
+            s.rebuilds,
+            s.rebuild_rows,
+        ]
+    };
+    acquire(3).await;
+    assert_eq!(feed(app.clone()).await, [0; 5], "nothing read yet");
+    // Written before this process read its feed: decoded from the rows.
+    let first = store
+        .read_feed(&FeedCursor::start(), 1_000)
+        .await
+        .expect("read");
+    let decoded = first.changes.len() as u64;
+    assert!(decoded >= 4, "the limits and three acquires: {decoded}");
+    assert_eq!(feed(app.clone()).await, [0, decoded, 0, 0, 0]);
+    // Written after: taken from memory, no row decoded, no walk.
+    acquire(5).await;
+    let next = store.read_feed(&first.cursor, 1_000).await.expect("read");
+    assert_eq!(next.changes.len(), 5);
+    let seen = feed(app.clone()).await;
+    assert_eq!(seen, [5, decoded, 0, 0, 0]);
+    assert_eq!(seen, as_array(store.feed_read_stats()));
+}

@@ -228,6 +228,7 @@ pub fn read_in(
     for run in [&held, &recent.rebuilt_range(from, to)] {
         if let Some(batch) = held_batch(tx, cursor, after, limit, end, run)? {
             recent.release_through(after + i64::try_from(batch.changes.len()).unwrap_or(0));
+            recent.reads().served(batch.changes.len(), 0);
             return Ok(batch);
         }
     }
@@ -249,12 +250,19 @@ pub fn read_in(
         )));
     }
     let rows = match read_rows(tx, after, limit, held)? {
-        Some(rows) => rows,
+        Some((rows, from_memory)) => {
+            let changes = rows.iter().filter(|(_, p)| p.is_some()).count();
+            recent.reads().served(from_memory, changes - from_memory);
+            rows
+        }
         None => {
             let window = i64::try_from(window).unwrap_or(i64::MAX);
             let keep_to = after.saturating_add(limit).saturating_add(window);
-            let mut rows = rebuild(tx, after, keep_to, recent)?;
+            let (mut rows, walked) = rebuild(tx, after, keep_to, recent)?;
             let rest = rows.split_off(rows.len().min(usize::try_from(limit).unwrap_or(usize::MAX)));
+            recent
+                .reads()
+                .rebuilt(rows.iter().filter(|(_, p)| p.is_some()).count(), walked);
             recent.keep_rebuilt(
                 rest.into_iter()
                     .filter_map(|(seq, p)| Some((seq, p?)))
@@ -296,15 +304,18 @@ type Row = (i64, Option<Published>);
 
 /// The changes numbered `after + 1` on, at most `limit` rows, in order (`None` in a row's
 /// place: a marker), when each is in `held` (what `recent` holds of them, in order) or
-/// stores its new image: what version 4 read. `None` when one leaves its new image to the
-/// change after it, which then only a walk from the end of the feed gives ([`rebuild`]).
+/// stores its new image: what version 4 read; with the number of changes taken from
+/// `held`. `None` when one leaves its new image to the change after it, which then only a
+/// walk from the end of the feed gives ([`rebuild`]).
 fn read_rows(
     tx: &Connection,
     after: i64,
     limit: i64,
     held: Vec<(i64, Published)>,
-) -> Result<Option<Vec<Row>>, StoreError> {
+) -> Result<Option<(Vec<Row>, usize)>, StoreError> {
     let mut held = held.into_iter().peekable();
+    // How many of the changes read are taken from `held`.
+    let mut from_memory = 0;
     let mut stmt = tx
         .prepare_cached(
             "SELECT seq, pk, sk, at_ms, old, new, old_diff FROM changes
@@ -328,6 +339,7 @@ fn read_rows(
             held.next_if(|h| h.0 == seq && *h.1.key.pk == *r.pk && *h.1.key.sk == *r.sk)
         {
             out.push((seq, Some(p)));
+            from_memory += 1;
             continue;
         }
         let key = Key::new(r.pk, r.sk);
@@ -345,7 +357,7 @@ fn read_rows(
             }),
         ));
     }
-    Ok(Some(out))
+    Ok(Some((out, from_memory)))
 }
 
 /// The most changes a read rebuilds from the rows beyond the batch it returns, kept for the
@@ -357,7 +369,7 @@ fn read_rows(
 pub const REBUILD_WINDOW: usize = 16_384;
 
 /// The changes numbered `after + 1` to `keep_to` (or the end), in order, rebuilt from the
-/// rows of one snapshot (`None`: a marker row). The walk goes from the newest row down, so
+/// rows of one snapshot (`None`: a marker row), and the number of rows the walk read. The walk goes from the newest row down, so
 /// that each change's new image, when its row leaves it out, is known: the next change's
 /// old image, or the item as the file holds it for a key's newest change. A change `recent`
 /// holds is taken as held, and its old image carries the walk on.
@@ -366,7 +378,7 @@ fn rebuild(
     after: i64,
     keep_to: i64,
     recent: &Recent,
-) -> Result<Vec<Row>, StoreError> {
+) -> Result<(Vec<Row>, usize), StoreError> {
     let mut held: HashMap<i64, Published> = recent
         .range(after.saturating_add(1), i64::MAX)
         .into_iter()
@@ -383,7 +395,9 @@ fn rebuild(
     let mut rows = stmt
         .query(params![after])
         .map_err(|e| from_sqlite("read feed", e))?;
+    let mut walked = 0;
     while let Some(row) = rows.next().map_err(|e| from_sqlite("read feed", e))? {
+        walked += 1;
         let r = FeedRow::of(row)?;
         let kept = r.seq <= keep_to;
         if r.is_marker() {
@@ -433,7 +447,7 @@ fn rebuild(
     }
     out.reverse();
     debug_assert!(out.windows(2).all(|w| w[0].0 < w[1].0));
-    Ok(out)
+    Ok((out, walked))
 }
 
 /// A row of `changes` as both reads select it (`seq, pk, sk, at_ms, old, new, old_diff`),

@@ -106,7 +106,7 @@ pub use config::{SqliteConfig, DEFAULT_BUSY_TIMEOUT, DEFAULT_DEADLINE, DEFAULT_M
 pub use error::SchemaError;
 pub use feed::TRIM_MAX_CHANGES;
 pub use schema::SCHEMA_VERSION;
-pub use stats::{GroupCommitStats, SIZE_BUCKETS};
+pub use stats::{FeedReadStats, GroupCommitStats, SIZE_BUCKETS};
 
 use crate::error::from_open;
 use crate::ops::{Outcome, Read, Write};
@@ -345,6 +345,11 @@ impl SqliteStore {
     /// How the group commits formed so far.
     pub fn group_commit_stats(&self) -> GroupCommitStats {
         self.inner.queue.counters.snapshot()
+    }
+
+    /// How this store's change-feed reads were served so far.
+    pub fn feed_read_stats(&self) -> FeedReadStats {
+        self.inner.recent.reads().snapshot()
     }
 
     /// Run SQLite's `PRAGMA integrity_check`: `Ok` when the file is sound, otherwise

@@ -25,6 +25,8 @@
 use std::collections::VecDeque;
 use std::sync::{Arc, Mutex};
 
+use crate::stats::FeedReadCounters;
+
 use tollgate_core::value::{Item, Key};
 
 /// Most entries kept (each holds one decoded item, about 2 KB for a bucket of one limit: at
@@ -56,7 +58,7 @@ pub struct Published {
 /// batches one after another, and `AUTOINCREMENT` numbers every commit's changes after
 /// every earlier commit's, of any process).
 #[derive(Debug, Default)]
-pub struct Recent(Mutex<Held>);
+pub struct Recent(Mutex<Held>, FeedReadCounters);
 
 #[derive(Debug, Default)]
 struct Held {
@@ -71,6 +73,11 @@ struct Held {
 impl Recent {
     fn lock(&self) -> std::sync::MutexGuard<'_, Held> {
         self.0.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// How this process's feed reads were served.
+    pub fn reads(&self) -> &FeedReadCounters {
+        &self.1
     }
 
     /// Publish the changes of a committed batch, in sequence order (call only after its

@@ -1,4 +1,5 @@
-//! [`GroupCommitStats`]: how the writer's batches formed, counted as they commit.
+//! [`GroupCommitStats`]: how the writer's batches formed, counted as they commit; and
+//! [`FeedReadStats`]: how the feed reads of this process were served.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 
@@ -86,6 +87,61 @@ impl Counters {
             expired: get(&self.expired),
             abandoned: get(&self.abandoned),
             submitted: get(&self.submitted),
+        }
+    }
+}
+
+/// How the change-feed reads of one [`crate::SqliteStore`] were served since it opened
+/// (`feed::read_in`): from this process's memory, from rows that store their images, or
+/// rebuilt by a walk of the feed (schema version 5's rows that leave a new image out).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct FeedReadStats {
+    /// Changes returned as this process's writer left them (or as an earlier read rebuilt
+    /// them and kept them): no row decoded.
+    pub held_changes: u64,
+    /// Changes returned decoded from rows that store their images.
+    pub decoded_changes: u64,
+    /// Changes returned by reads that rebuilt their batch.
+    pub rebuilt_changes: u64,
+    /// Reads that rebuilt their batch: each walked the feed from its end back to the read's
+    /// cursor in one snapshot.
+    pub rebuilds: u64,
+    /// Rows those walks read.
+    pub rebuild_rows: u64,
+}
+
+/// The live counters behind [`FeedReadStats`].
+#[derive(Debug, Default)]
+pub(crate) struct FeedReadCounters {
+    held: AtomicU64,
+    decoded: AtomicU64,
+    rebuilt: AtomicU64,
+    rebuilds: AtomicU64,
+    rebuild_rows: AtomicU64,
+}
+
+impl FeedReadCounters {
+    /// A read returned `held` changes from memory and `decoded` from their rows.
+    pub fn served(&self, held: usize, decoded: usize) {
+        self.held.fetch_add(held as u64, Ordering::Relaxed);
+        self.decoded.fetch_add(decoded as u64, Ordering::Relaxed);
+    }
+
+    /// A read rebuilt its batch of `changes`, walking `rows` rows.
+    pub fn rebuilt(&self, changes: usize, rows: usize) {
+        self.rebuilt.fetch_add(changes as u64, Ordering::Relaxed);
+        self.rebuilds.fetch_add(1, Ordering::Relaxed);
+        self.rebuild_rows.fetch_add(rows as u64, Ordering::Relaxed);
+    }
+
+    pub fn snapshot(&self) -> FeedReadStats {
+        let get = |a: &AtomicU64| a.load(Ordering::Relaxed);
+        FeedReadStats {
+            held_changes: get(&self.held),
+            decoded_changes: get(&self.decoded),
+            rebuilt_changes: get(&self.rebuilt),
+            rebuilds: get(&self.rebuilds),
+            rebuild_rows: get(&self.rebuild_rows),
         }
     }
 }

@@ -3,7 +3,7 @@
 //! differences, trimming.
 
 use tollgate_core::value::{Key, Value};
-use tollgate_sqlite::{SqliteStore, SCHEMA_VERSION};
+use tollgate_sqlite::{FeedReadStats, SqliteStore, SCHEMA_VERSION};
 use tollgate_store::{ChangeFeed, FeedCursor, PutRequest, Store, StoreError};
 
 fn item(n: i64) -> tollgate_core::value::Item {
@@ -780,6 +780,28 @@ async fn a_row_leaves_its_new_image_out_only_for_changes_read_here() {
         shapes(&b.read_feed(&FeedCursor::start(), 10).await.unwrap()),
         want
     );
+    // How each read was served: A decoded its first two rows (its reader held nothing
+    // yet), then took 3, 4, 6 and 7 from memory and decoded B's 5; B, which holds none,
+    // rebuilt all seven in one walk of the seven rows.
+    let stats =
+        |held_changes, decoded_changes, rebuilt_changes, rebuilds, rebuild_rows| FeedReadStats {
+            held_changes,
+            decoded_changes,
+            rebuilt_changes,
+            rebuilds,
+            rebuild_rows,
+        };
+    assert_eq!(a.feed_read_stats(), stats(4, 3, 0, 0, 0));
+    assert_eq!(b.feed_read_stats(), stats(0, 0, 7, 1, 7));
+    // B again, three at a time: the walk returns three and keeps the other four, which the
+    // next read takes from memory, with no walk.
+    let three = b.read_feed(&FeedCursor::start(), 3).await.unwrap();
+    let rest = b.read_feed(&three.cursor, 10).await.unwrap();
+    assert_eq!(
+        (shapes(&three), shapes(&rest)),
+        (want[..3].to_vec(), want[3..].to_vec())
+    );
+    assert_eq!(b.feed_read_stats(), stats(4, 0, 10, 2, 14));
 }
 
 /// One write of [`the_feed_rebuilds_every_image_for_any_reader`]: by store A or B, on one of
