@@ -357,7 +357,7 @@ pub fn usage_view<'a>(
 ) -> Option<UsageView<'a>> {
     let ns = bucket_ns(key)?;
     let new = new?;
-    view_of(ns, Read::of(new), old, new, at_ms)
+    view_of(ns, new, &ReadLayout::of(new), old, at_ms)
 }
 
 /// [`usage_view`], the new image's names classified once per shape: a new image that
@@ -373,18 +373,25 @@ pub fn usage_view_in<'a>(
 ) -> Option<UsageView<'a>> {
     let ns = bucket_ns(key)?;
     let new = new?;
-    view_of(ns, layouts.read(new), old, new, at_ms)
+    match layouts.of(new) {
+        Some(layout) => view_of(ns, new, layout, old, at_ms),
+        None => view_of(ns, new, &ReadLayout::of(new), old, at_ms),
+    }
 }
 
-/// The rule of [`usage_view`] on what it read of the new image.
+/// The rule of [`usage_view`], reading the new image where `layout` (its names') says.
 fn view_of<'a>(
     ns: &'a str,
-    n: Read<'a>,
-    old: Option<&Item>,
     new: &'a Item,
+    layout: &ReadLayout,
+    old: Option<&Item>,
     at_ms: i64,
 ) -> Option<UsageView<'a>> {
-    let (entity, resource) = (n.entity?, n.resource?);
+    let value = |at: Option<usize>| at.map(|i| new.at(i).1);
+    let entity = value(layout.entity).and_then(Value::as_s)?;
+    let resource = value(layout.resource).and_then(Value::as_s)?;
+    let rf = value(layout.rf);
+    let rq = value(layout.rq);
     // The old image is only looked up by the names the new one holds (its counters and
     // `rq`, `rf`): every limit that counts has a `tc` in the new image. When both are known
     // to have the same names (an update in place, as nearly every write is), each is read
@@ -401,18 +408,29 @@ fn view_of<'a>(
             _ => o.get(name),
         }
     };
-    let old_rf = old_get(bucket_attr::RF, n.rf.map(|(i, _)| i));
+    let old_rf = old_get(bucket_attr::RF, layout.rf);
     let mut milli = SmallVec::new();
     let mut overdraw = SmallVec::new();
-    for c in &n.limits {
-        let limit = c.limit;
+    for c in &layout.limits {
         // Only a limit with a `tc` counts; `wcu` is the write guard, not usage.
-        let Some((tc_at, tc_name, tc)) = c.tc else {
+        let Some(tc_at) = c.tc else {
             continue;
         };
+        let (tc_name, tc) = new.at(tc_at);
+        let tc_name = tc_name.as_str();
+        // `b_{limit}_tc`: the limit is the name less both.
+        let limit = tc_name
+            .len()
+            .checked_sub(3)
+            .and_then(|end| tc_name.get(2..end))
+            .unwrap_or("");
         if limit == WCU || limit.is_empty() {
             continue;
         }
+        let tk = c.tk.map(|i| {
+            let (name, v) = new.at(i);
+            (i, name.as_str(), v)
+        });
         let was_tc = old_get(tc_name, Some(tc_at)).and_then(Value::as_n);
         let d = tc.as_n().unwrap_or(0) - was_tc.unwrap_or(0);
         if d != 0 {
@@ -421,17 +439,17 @@ fn view_of<'a>(
         // Only consumption can overdraw.
         let od = if d > 0 {
             let before = old.map(|o| Balances {
-                tk: match c.tk {
+                tk: match tk {
                     Some((tk_at, tk_name, _)) => old_get(tk_name, Some(tk_at)),
                     None => o.get(&*battr(limit, field::TK)),
                 },
                 rf: old_rf,
             });
             let after = Balances {
-                tk: c.tk.map(|(_, _, v)| v),
-                rf: n.rf.map(|(_, v)| v),
+                tk: tk.map(|(_, _, v)| v),
+                rf,
             };
-            let debited = debited_from(n.bypass, before, after);
+            let debited = debited_from(layout.bypass, before, after);
             overdraw_of(d, after.tk.and_then(Value::as_n).unwrap_or(0), debited)
         } else {
             0
@@ -441,8 +459,8 @@ fn view_of<'a>(
         }
     }
     let count = |rq: Option<&Value>| rq.and_then(Value::as_n).unwrap_or(0);
-    let requests = count(n.rq.map(|(_, v)| v)) - count(old_get(attr::RQ, n.rq.map(|(i, _)| i)));
-    let at_ms = n.wt.and_then(Value::as_n).unwrap_or(at_ms);
+    let requests = count(rq) - count(old_get(attr::RQ, layout.rq));
+    let at_ms = value(layout.wt).and_then(Value::as_n).unwrap_or(at_ms);
     let v = UsageView {
         ns,
         entity,
@@ -455,72 +473,9 @@ fn view_of<'a>(
     (v.requests != 0 || !v.milli.is_empty()).then_some(v)
 }
 
-/// One limit's counters in an image, with the names they are held under.
-#[derive(Debug, PartialEq)]
-struct Counters<'a> {
-    /// The limit's name.
-    limit: &'a str,
-    /// `b_{limit}_tc`: its index, name and value.
-    tc: Option<(usize, &'a str, &'a Value)>,
-    /// `b_{limit}_tk`: its index, name and value.
-    tk: Option<(usize, &'a str, &'a Value)>,
-}
-
-/// What the usage rule reads of the new image of a write: six look-ups by name, and one
-/// walk over the limits' attributes (the names starting `b_`, adjacent in name order).
-#[derive(Debug, PartialEq)]
-struct Read<'a> {
-    entity: Option<&'a str>,
-    resource: Option<&'a str>,
-    /// `rq`: its index and value.
-    rq: Option<(usize, &'a Value)>,
-    wt: Option<&'a Value>,
-    /// `rf`: its index and value.
-    rf: Option<(usize, &'a Value)>,
-    bypass: bool,
-    /// Every limit with a `tc` or a `tk`, in the order of the item's attribute names (a
-    /// limit's `tc` sorts before its `tk`).
-    limits: SmallVec<[Counters<'a>; 4]>,
-}
-
-impl<'a> Read<'a> {
-    fn of(item: &'a Item) -> Self {
-        Read::at(item, &ReadLayout::of(item))
-    }
-
-    /// The values at the indices `layout` found in an item of `item`'s names.
-    fn at(item: &'a Item, layout: &ReadLayout) -> Self {
-        let value = |i: Option<usize>| i.map(|i| item.at(i).1);
-        let indexed = |i: Option<usize>| i.map(|i| (i, item.at(i).1));
-        let named = |i: usize| {
-            let (name, v) = item.at(i);
-            (i, name.as_str(), v)
-        };
-        Read {
-            entity: value(layout.entity).and_then(Value::as_s),
-            resource: value(layout.resource).and_then(Value::as_s),
-            rq: indexed(layout.rq),
-            wt: value(layout.wt),
-            rf: indexed(layout.rf),
-            bypass: layout.bypass,
-            limits: layout
-                .limits
-                .iter()
-                .filter_map(|c| {
-                    let tc = c.tc.map(named);
-                    let tk = c.tk.map(named);
-                    // `b_{limit}_tc` or `b_{limit}_tk`: the limit is the name less both.
-                    let (_, name, _) = tc.or(tk)?;
-                    let limit = name.get(2..name.len().checked_sub(3)?)?;
-                    Some(Counters { limit, tc, tk })
-                })
-                .collect(),
-        }
-    }
-}
-
-/// Where [`Read`] finds what it reads in an item: the indices of its names, a function of
-/// the names alone (so one layout serves every item of the same shape).
+/// Where the usage rule ([`usage_view`]) finds what it reads in the new image of a write:
+/// the indices of its names, a function of the names alone (so one layout serves every
+/// item of the same shape).
 #[derive(Debug, Clone, PartialEq, Eq)]
 struct ReadLayout {
     entity: Option<usize>,
@@ -605,23 +560,27 @@ pub struct ReadLayouts {
 }
 
 impl ReadLayouts {
-    /// What the rule reads of `item`: by the layout of its shape when it remembers one.
-    fn read<'a>(&mut self, item: &'a Item) -> Read<'a> {
-        let Some(shape) = item.shape() else {
-            return Read::of(item);
-        };
-        if let Some((_, layout)) = self.kept.iter().find(|(s, _)| Arc::ptr_eq(s, shape)) {
-            let r = Read::at(item, layout);
-            debug_assert_eq!(r, Read::of(item), "a shape's layout reads its items");
-            return r;
+    /// The layout of `item`'s names when it remembers its shape (learnt from it the first
+    /// time); `None` for an item that does not.
+    fn of(&mut self, item: &Item) -> Option<&ReadLayout> {
+        let shape = item.shape()?;
+        match self.kept.iter().position(|(s, _)| Arc::ptr_eq(s, shape)) {
+            Some(at) => {
+                debug_assert_eq!(
+                    self.kept[at].1,
+                    ReadLayout::of(item),
+                    "a shape's layout is its items'"
+                );
+                Some(&self.kept[at].1)
+            }
+            None => {
+                if self.kept.len() >= READ_LAYOUTS_KEPT {
+                    self.kept.clear();
+                }
+                self.kept.push((Arc::clone(shape), ReadLayout::of(item)));
+                self.kept.last().map(|(_, layout)| layout)
+            }
         }
-        let layout = ReadLayout::of(item);
-        let r = Read::at(item, &layout);
-        if self.kept.len() >= READ_LAYOUTS_KEPT {
-            self.kept.clear();
-        }
-        self.kept.push((Arc::clone(shape), layout));
-        r
     }
 
     /// How many shapes' layouts are kept.
