@@ -346,16 +346,7 @@ fn read_rows(
         if texts.form(&key, seq)?.new_follows() {
             return Ok(None);
         }
-        let (old, new) = images_of(&key, seq, texts, None)?;
-        out.push((
-            seq,
-            Some(Published {
-                key,
-                old,
-                new,
-                at_ms,
-            }),
-        ));
+        out.push((seq, Some(change_of(key, seq, at_ms, texts, None)?)));
     }
     Ok(Some((out, from_memory)))
 }
@@ -433,17 +424,9 @@ fn rebuild(
             // The key's newest change: the image after it is the item as it is now.
             None => crate::ops::read_item(tx, &key)?.map(Arc::new),
         };
-        let (old, new) = images_of(&key, seq, texts, next.as_ref())?;
-        state.insert(key.clone(), old.clone());
-        out.push((
-            seq,
-            Some(Published {
-                key,
-                old,
-                new,
-                at_ms,
-            }),
-        ));
+        let change = change_of(key, seq, at_ms, texts, next.as_ref())?;
+        state.insert(change.key.clone(), change.old.clone());
+        out.push((seq, Some(change)));
     }
     out.reverse();
     debug_assert!(out.windows(2).all(|w| w[0].0 < w[1].0));
@@ -575,6 +558,24 @@ fn image_before(
         }
         _ => images_of(key, seq, texts, next.as_ref()).map(|(old, _)| old),
     }
+}
+
+/// Change `seq` of `key`, recorded at `at_ms`, as a read returns it: its images decoded
+/// from `texts` and `next` ([`images_of`]).
+fn change_of(
+    key: Key,
+    seq: i64,
+    at_ms: i64,
+    texts: Texts<'_>,
+    next: Option<&Arc<Item>>,
+) -> Result<Published, StoreError> {
+    let (old, new) = images_of(&key, seq, texts, next)?;
+    Ok(Published {
+        key,
+        old,
+        new,
+        at_ms,
+    })
 }
 
 /// The images (old, new) of change `seq` of `key`, stored as `texts`, given `next`: the
