@@ -71,8 +71,9 @@ async fn counts(app: &Router) -> Counts {
     }
 }
 
-#[tokio::test]
-async fn group_commit_counters_count_each_write_once() {
+/// A server on a fresh SQLite file (its store shared with the test), with 100 `rpm` for
+/// resource `gpt-4` stored.
+async fn server() -> (tempfile::TempDir, SqliteStore, Router) {
     let dir = tempfile::tempdir().expect("tempdir");
     let store = SqliteStore::open(dir.path().join("t.db")).expect("open");
     let limiter = Limiter::builder(Arc::new(store.clone()))
@@ -84,7 +85,6 @@ async fn group_commit_counters_count_each_write_once() {
         .group_commit(store.clone())
         .build()
         .router();
-
     let limits = json!({ "limits": [
         { "name": "rpm", "capacity": 100, "refill_amount": 100, "refill_period_ms": 60000 }
     ]});
@@ -96,6 +96,12 @@ async fn group_commit_counters_count_each_write_once() {
     )
     .await;
     assert_eq!(status, StatusCode::OK, "{body}");
+    (dir, store, app)
+}
+
+#[tokio::test]
+async fn group_commit_counters_count_each_write_once() {
+    let (_dir, store, app) = server().await;
     let acquire = || {
         let app = app.clone();
         async move {
@@ -163,28 +169,7 @@ async fn group_commit_counters_count_each_write_once() {
 #[tokio::test]
 async fn feed_read_counters_are_the_stores() {
     use tollgate_store::{ChangeFeed, FeedCursor};
-    let dir = tempfile::tempdir().expect("tempdir");
-    let store = SqliteStore::open(dir.path().join("t.db")).expect("open");
-    let limiter = Limiter::builder(Arc::new(store.clone()))
-        .clock(Arc::new(ManualClock::new(T0)))
-        .build()
-        .expect("limiter");
-    let app = Server::builder(limiter)
-        .config(ServerConfig::default())
-        .group_commit(store.clone())
-        .build()
-        .router();
-    let limits = json!({ "limits": [
-        { "name": "rpm", "capacity": 100, "refill_amount": 100, "refill_period_ms": 60000 }
-    ]});
-    let (status, body) = call(
-        &app,
-        "PUT",
-        "/v1/limits/resources/gpt-4",
-        Some(limits.to_string()),
-    )
-    .await;
-    assert_eq!(status, StatusCode::OK, "{body}");
+    let (_dir, store, app) = server().await;
     let acquire = |n: usize| {
         let app = app.clone();
         async move {
