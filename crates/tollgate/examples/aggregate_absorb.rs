@@ -7,47 +7,32 @@
 //! instructions at two ROUNDS, divided by the difference of changes, are the cost per
 //! change (the acquire's and the absorb's functions apart in the profile).
 
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 // As `tollgate serve` runs: on its allocator (the CLI's `main.rs`).
 #[global_allocator]
 static ALLOC: tollgate_alloc::Mimalloc = tollgate_alloc::Mimalloc;
 
-use tollgate::{FeedAggregator, Limit, Limiter, Scope, UsageOptions};
-use tollgate_store::MemoryStore;
+#[path = "support/feed.rs"]
+mod feed;
+use feed::{LIMIT, RESOURCE};
+
+use tollgate::UsageOptions;
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
-    let mut args = std::env::args().skip(1);
-    let mut count = |default: usize| -> Result<usize, std::num::ParseIntError> {
-        Ok(args
-            .next()
-            .map(|s| s.parse())
-            .transpose()?
-            .unwrap_or(default)
-            .max(1))
-    };
-    let (entities, rounds, each) = (count(1_000)?, count(200)?, count(200)?);
+    let [entities, rounds, each] = feed::counts([1_000, 200, 200])?;
     let ids: Vec<String> = (0..entities).map(|i| format!("user-{i}")).collect();
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()?;
-    let store = Arc::new(MemoryStore::with_change_feed());
-    let lim = Limiter::new(store.clone())?;
-    // As `serve` sets it on a memory store (tollgate-cli's `usage.rs`).
-    let opts = UsageOptions::default().feed_retention_ms(0).absorb(true);
-    let agg = FeedAggregator::new(&lim, store, opts)?;
     rt.block_on(async {
-        lim.admin()
-            .set_limits(
-                &Scope::Resource("api".into()),
-                &[Limit::per_second("rps", 1_000_000_000)?],
-            )
-            .await?;
+        // As `serve` sets it on a memory store (tollgate-cli's `usage.rs`).
+        let opts = UsageOptions::default().feed_retention_ms(0).absorb(true);
+        let (lim, agg) = feed::limiter_on_feed(opts).await?;
         // Every bucket created and its shape known before the count starts.
         for _ in 0..2 {
             for id in &ids {
-                lim.acquire(id, "api", &[("rps", 1)]).await?;
+                lim.acquire(id, RESOURCE, &[(LIMIT, 1)]).await?;
             }
         }
         agg.pass().await?;
@@ -56,7 +41,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         for _ in 0..rounds {
             let t = Instant::now();
             for _ in 0..each {
-                lim.acquire(&ids[at % entities], "api", &[("rps", 1)])
+                lim.acquire(&ids[at % entities], RESOURCE, &[(LIMIT, 1)])
                     .await?;
                 at += 1;
             }

@@ -6,50 +6,35 @@
 //! ROUNDS, divided by the difference of changes, is the cost per counted acquire; with
 //! EACH = 1 most of a pass's cost is per snapshot item (one change of each pair per pass).
 
-use std::sync::Arc;
-
 // As `tollgate serve` runs: on its allocator (the CLI's `main.rs`).
 #[global_allocator]
 static ALLOC: tollgate_alloc::Mimalloc = tollgate_alloc::Mimalloc;
 
-use tollgate::{FeedAggregator, Limit, Limiter, Scope, UsageOptions};
-use tollgate_store::MemoryStore;
+#[path = "support/feed.rs"]
+mod feed;
+use feed::{LIMIT, RESOURCE};
+
+use tollgate::UsageOptions;
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
-    let mut args = std::env::args().skip(1);
-    let mut count = |default: usize| -> Result<usize, std::num::ParseIntError> {
-        Ok(args
-            .next()
-            .map(|s| s.parse())
-            .transpose()?
-            .unwrap_or(default)
-            .max(1))
-    };
-    let (entities, rounds, each) = (count(1_000)?, count(10)?, count(1)?);
+    let [entities, rounds, each] = feed::counts([1_000, 10, 1])?;
     let ids: Vec<String> = (0..entities).map(|i| format!("user-{i}")).collect();
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()?;
-    let store = Arc::new(MemoryStore::with_change_feed());
-    let lim = Limiter::new(store.clone())?;
-    let agg = FeedAggregator::new(&lim, store, UsageOptions::default().feed_retention_ms(0))?;
     rt.block_on(async {
-        lim.admin()
-            .set_limits(
-                &Scope::Resource("api".into()),
-                &[Limit::per_second("rps", 1_000_000_000)?],
-            )
-            .await?;
+        let (lim, agg) =
+            feed::limiter_on_feed(UsageOptions::default().feed_retention_ms(0)).await?;
         // Every bucket created and counted once, so the measured pass sees only warm writes.
         for id in &ids {
-            lim.acquire(id, "api", &[("rps", 1)]).await?;
+            lim.acquire(id, RESOURCE, &[(LIMIT, 1)]).await?;
         }
         agg.pass().await?;
         let mut total = tollgate::PassReport::default();
         for _ in 0..rounds {
             for _ in 0..each {
                 for id in &ids {
-                    let l = lim.acquire(id, "api", &[("rps", 1)]).await?;
+                    let l = lim.acquire(id, RESOURCE, &[(LIMIT, 1)]).await?;
                     std::hint::black_box(l);
                 }
             }
